@@ -1,0 +1,163 @@
+"""The profile schema: one pydantic model that is the source of every number the stack runs with.
+
+A profile says what to host and how hard it will be used; `planner.plan` turns it into bytes,
+vLLM arguments and Ray resources. Sizes accept bytes or strings such as "1GiB" / "512MB".
+Relative paths are resolved against the directory the profile is loaded from (the project root
+when it lives in `configs/`), so Ray replicas, whose working directory differs, get absolute paths.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+
+
+def parse_size(value: int | float | str) -> int:
+    """'1.5GiB' -> 1610612736; plain numbers are bytes."""
+    if isinstance(value, bool):
+        raise ValueError("a size must be a number of bytes or a string like '4GiB'")
+    if isinstance(value, (int, float)):
+        return int(value)
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+    if not match or match.group(2).lower() not in _UNITS:
+        raise ValueError(f"cannot read size {value!r}: use bytes or e.g. '512MiB', '4GiB', '186GB'")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def _size_or_auto(value):
+    return value if value == "auto" or value is None else parse_size(value)
+
+
+Size = Annotated[int, BeforeValidator(parse_size)]
+SizeOrAuto = Annotated[int | Literal["auto"], BeforeValidator(_size_or_auto)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+class PoolSpec(_Strict):
+    """One node's memory pool (unified memory: CPU and GPU share it)."""
+
+    name: str = Field("local", description="Node name; replicas are placed per node.")
+    total: SizeOrAuto = Field("auto", description="Pool size: bytes, '186GB', or 'auto' (MemTotal, or the GPU's memory).")
+    reserve: Size = Field(parse_size("3GiB"), description="Kept free for the OS, page cache and runtimes outside the plan.")
+    cpus: float | Literal["auto"] = Field("auto", description="CPU cores the plan may hand out; 'auto' = os.cpu_count().")
+    gpu: bool = Field(False, description="True when replicas run on a GPU that shares this pool.")
+
+
+class SpeculativeSpec(_Strict):
+    """Speculative decoding; its bytes come out of the chat engine's budget."""
+
+    method: Literal["none", "ngram", "draft_model", "dspark", "mtp", "eagle", "eagle3"] = Field(
+        "none", description="vLLM speculative method, or none."
+    )
+    model: str | None = Field(None, description="Draft model folder (draft_model, dspark, eagle).")
+    num_speculative_tokens: int = Field(3, ge=1, le=16, description="Tokens proposed per step.")
+    prompt_lookup_min: int = Field(2, ge=1, description="ngram: shortest n-gram to match.")
+    prompt_lookup_max: int = Field(4, ge=1, description="ngram: longest n-gram to match.")
+
+
+class ChatSpec(_Strict):
+    """The vLLM chat engine."""
+
+    model_id: str = Field(..., description="Name clients send as `model`.")
+    model: str = Field(..., description="Model folder (config.json + weights), or a name under configs/models/.")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("bfloat16", description="Activation/weight dtype.")
+    max_model_len: int = Field(4096, ge=64, description="Longest prompt + completion, in tokens.")
+    max_num_seqs: int = Field(8, ge=1, description="Cap on sequences decoded together.")
+    max_num_batched_tokens: int = Field(2048, ge=64, description="Chunked-prefill token budget per step (drives activations).")
+    kv_cache_bytes: SizeOrAuto = Field("auto", description="KV pool; 'auto' sizes it for max_num_seqs x expected_tokens_per_seq.")
+    expected_tokens_per_seq: int = Field(1024, ge=16, description="Typical prompt + answer length, for max_num_seqs.")
+    enable_prefix_caching: bool = Field(True, description="Reuse KV of shared prompt prefixes (RAG system prompts).")
+    num_cpus: float = Field(0.5, gt=0, description="Ray CPUs for the engine (fractional on small machines).")
+    omp_threads: int | None = Field(None, ge=1, description="OpenMP threads for the vLLM CPU worker; None = planner decides.")
+    speculative: SpeculativeSpec = Field(default_factory=SpeculativeSpec)
+    warmup_prompt: str = Field("Say OK.", description="Sent once before the replica reports ready.")
+
+
+class EmbedderSpec(_Strict):
+    model_id: str = Field(..., description="Name clients send as `model` to /v1/embeddings.")
+    model: str = Field(..., description="sentence-transformers folder.")
+    batch_size: int = Field(32, ge=1, le=1024, description="Texts embedded per forward pass.")
+    num_cpus: float = Field(0.3, gt=0, description="Ray CPUs for the embedder.")
+    torch_threads: int = Field(1, ge=1, description="torch intra-op threads.")
+
+
+class RetrieverSpec(_Strict):
+    index: Literal["flat", "hnsw"] = Field("flat", description="FAISS index kind (Flat: exact; HNSW: approximate, for large sets).")
+    capacity_chunks: int = Field(200_000, ge=1, description="Chunks the index is planned to hold.")
+    hnsw_m: int = Field(32, ge=4, description="HNSW graph degree.")
+    num_cpus: float = Field(0.1, gt=0, description="Ray CPUs for the retriever.")
+    faiss_threads: int = Field(1, ge=1, description="FAISS OpenMP threads.")
+
+
+class RagSpec(_Strict):
+    chunk_tokens: int = Field(200, ge=16, description="Chunk size in embedder tokens (MiniLM reads 256 at most).")
+    chunk_overlap: int = Field(30, ge=0, description="Tokens shared by neighbouring chunks.")
+    default_top_k: int = Field(4, ge=1)
+    max_top_k: int = Field(20, ge=1)
+    max_documents_per_request: int = Field(256, ge=1)
+    max_document_chars: int = Field(2_000_000, ge=1)
+    answer_max_tokens: int = Field(256, ge=1, description="Default completion budget for RAG answers.")
+
+
+class GatewaySpec(_Strict):
+    num_cpus: float = Field(0.2, gt=0)
+    max_body_bytes: Size = Field(parse_size("8MiB"), description="Larger request bodies get 413.")
+    request_timeout_s: float = Field(300.0, gt=0)
+
+
+class Profile(_Strict):
+    name: str
+    state_dir: str = Field("var", description="SQLite databases, FAISS snapshots and the demo key live here.")
+    pools: list[PoolSpec] = Field(default_factory=lambda: [PoolSpec()], min_length=1,
+                                  description="One entry per node; one node runs here.")
+    chat: ChatSpec
+    embedder: EmbedderSpec
+    retriever: RetrieverSpec = Field(default_factory=RetrieverSpec)
+    rag: RagSpec = Field(default_factory=RagSpec)
+    gateway: GatewaySpec = Field(default_factory=GatewaySpec)
+    tenants_file: str | None = Field(None, description="YAML of tenants to create at start.")
+
+    def resolve_paths(self, root: Path) -> "Profile":
+        """Return a copy whose local paths are absolute (a models/ name stays a name if absent)."""
+        def absolute(p: str | None) -> str | None:
+            if p is None:
+                return None
+            path = Path(p)
+            return str(path if path.is_absolute() else (root / path).resolve())
+
+        data = self.model_dump()
+        data["state_dir"] = absolute(self.state_dir)
+        data["tenants_file"] = absolute(self.tenants_file)
+        data["embedder"]["model"] = absolute(self.embedder.model)
+        for section in (data["chat"], data["chat"]["speculative"]):
+            model = section.get("model")
+            if model and (("/" in model) or (root / model).exists()):
+                section["model"] = absolute(model)
+        return Profile.model_validate(data)
+
+
+def project_root_for(profile_path: Path) -> Path:
+    """Profiles in configs/ resolve paths against the project root; others against their folder."""
+    folder = profile_path.resolve().parent
+    return folder.parent if folder.name == "configs" else folder
+
+
+def load_profile(path: str | Path) -> Profile:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"profile {path} does not exist")
+    data = yaml.safe_load(path.read_text()) or {}
+    return Profile.model_validate(data).resolve_paths(project_root_for(path))
