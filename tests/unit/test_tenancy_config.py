@@ -1,0 +1,127 @@
+import os
+import stat
+
+import pytest
+from prometheus_client import CollectorRegistry
+from pydantic import ValidationError
+
+from tenancy.config import TenantsFile, apply_tenants_file, load_tenants_file
+from tenancy.demo_key import DEMO_KEY_FILENAME, resolve_demo_key
+from tenancy.keys import ApiKeyHasher, generate_api_key, parse_api_key
+from tenancy.metrics import TenantMetrics, render_metrics
+from tenancy.store import TenantStore
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture
+def store(tmp_path):
+    fast = ApiKeyHasher(time_cost=1, memory_cost=8, parallelism=1)
+    with TenantStore(tmp_path / "tenants.db", hasher=fast) as tenant_store:
+        yield tenant_store
+
+
+# ---- tenants file ------------------------------------------------------------
+
+def test_example_tenants_file_loads():
+    config = load_tenants_file(os.path.join(REPO_ROOT, "configs", "tenants.example.yaml"))
+    demo = {spec.name: spec for spec in config.tenants}["demo"]
+    assert demo.api_key_env == "POOLSERVE_DEMO_KEY" and demo.models is None
+
+
+def test_tenants_file_validation(tmp_path):
+    path = tmp_path / "tenants.yaml"
+    path.write_text("tenants:\n  - name: a\n    rpm: 5\n    models: [m1, m1]\n")
+    assert load_tenants_file(path).tenants[0].models == ["m1"]
+    path.write_text("")
+    assert load_tenants_file(path).tenants == []
+    for bad in ({"tenants": [{"name": "Bad Name"}]},
+                {"tenants": [{"name": "a", "rpm": 0}]},
+                {"tenants": [{"name": "a", "unknown": 1}]},
+                {"tenants": [{"name": "a"}, {"name": "a"}]},
+                {"tenants": [{"name": "a", "api_key_env": "NOT-VALID"}]}):
+        with pytest.raises(ValidationError):
+            TenantsFile.model_validate(bad)
+
+
+def test_apply_tenants_file(store):
+    env_key = generate_api_key()
+    config = TenantsFile.model_validate({"tenants": [
+        {"name": "demo", "api_key_env": "DEMO_KEY"},
+        {"name": "limited", "models": ["m1"], "rpm": 30},
+        {"name": "unset", "api_key_env": "MISSING_KEY"},
+    ]})
+    first = apply_tenants_file(store, config, {"DEMO_KEY": env_key})
+    assert store.authenticate(env_key).name == "demo"
+    assert set(first.new_keys) == {"limited", "unset"}
+    assert store.authenticate(first.new_keys["limited"]).rpm == 30
+
+    config.tenants[1].rpm = 60
+    second = apply_tenants_file(store, config, {"DEMO_KEY": env_key})
+    assert second.new_keys == {}
+    assert store.get_tenant("limited").rpm == 60
+    assert any("MISSING_KEY" in warning for warning in second.warnings)
+    assert second.synced == ["demo", "limited", "unset"]
+
+
+def test_apply_rejects_malformed_env_key_without_leaking_it(store):
+    config = TenantsFile.model_validate({"tenants": [{"name": "demo", "api_key_env": "K"}]})
+    with pytest.raises(ValueError) as error:
+        apply_tenants_file(store, config, {"K": "sk-my-plain-secret"})
+    assert "sk-my-plain-secret" not in str(error.value)
+
+
+# ---- demo key ----------------------------------------------------------------
+
+def test_demo_key_from_environment(tmp_path):
+    key = generate_api_key()
+    assert resolve_demo_key(tmp_path, {"POOLSERVE_DEMO_KEY": key}) == (key, None)
+    assert not (tmp_path / DEMO_KEY_FILENAME).exists()
+
+
+def test_demo_key_generated_with_mode_0600_then_reused(tmp_path):
+    state_dir = tmp_path / "state"
+    key, path = resolve_demo_key(state_dir, {})
+    assert path == state_dir / DEMO_KEY_FILENAME
+    assert parse_api_key(key)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert path.read_text().strip() == key
+    assert resolve_demo_key(state_dir, {}) == (key, None)
+
+
+def test_demo_key_file_mode_is_fixed(tmp_path):
+    key = generate_api_key()
+    path = tmp_path / DEMO_KEY_FILENAME
+    path.write_text(key + "\n")
+    path.chmod(0o644)
+    assert resolve_demo_key(tmp_path, {}) == (key, None)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_demo_key_file_with_garbage_is_an_error(tmp_path):
+    (tmp_path / DEMO_KEY_FILENAME).write_text("hunter2\n")
+    with pytest.raises(ValueError) as error:
+        resolve_demo_key(tmp_path, {})
+    assert "hunter2" not in str(error.value)
+
+
+# ---- metrics -----------------------------------------------------------------
+
+def test_metrics_on_own_registry_and_render():
+    registry = CollectorRegistry()
+    metrics = TenantMetrics(registry)
+    metrics.observe_request("demo", "m1", 200)
+    metrics.observe_tokens("demo", "m1", prompt_tokens=12, completion_tokens=3)
+    metrics.observe_rejection("demo", "rpm")
+    metrics.in_flight.labels(tenant="demo").inc()
+    body, content_type = render_metrics(registry)
+    text = body.decode()
+    assert content_type.startswith("text/plain")
+    assert 'poolserve_tenant_requests_total{model="m1",status="200",tenant="demo"} 1.0' in text
+    assert 'poolserve_tenant_tokens_total{kind="prompt",model="m1",tenant="demo"} 12.0' in text
+    assert 'poolserve_tenant_rejections_total{reason="rpm",tenant="demo"} 1.0' in text
+    assert registry.get_sample_value("poolserve_tenant_in_flight_requests", {"tenant": "demo"}) == 1
+
+    TenantMetrics(CollectorRegistry())  # a second registry does not clash with the first
+    metrics.forget_tenant("demo")
+    assert 'tenant="demo"' not in render_metrics(registry)[0].decode()
