@@ -1,38 +1,41 @@
-"""Turn a profile and a pool into exact per-replica numbers (v0: dense models on one node).
+"""Turn a profile and a pool into exact per-replica numbers; refuse overcommit before anything starts.
 
-Every replica gets planned bytes with a breakdown, Ray actor options and env; the chat
-replica also gets its vLLM engine arguments. Nothing here imports ray, torch or vllm.
+Every replica gets planned bytes with a breakdown (one line per byte source), Ray actor options,
+env (thread counts) and a start order; the chat replica also gets its vLLM engine arguments.
+Ray's own processes, its object store and page-cache headroom for disk-placed tables are planned
+out of the same pool. Nothing here imports ray, torch or vllm.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from planner.profile import Profile
+from planner import runtime
+from planner.advice import overcommit_message
+from planner.architecture import ArchitectureError
+from planner.engine import EngineError, plan_engine, utilization_for
+from planner.profile import PoolSpec, Profile, pinned
+from planner.units import gib
+from planner.weights import safetensors_bytes
 
-GiB = 2**30
-# Measured here (DESIGN.md §4): a vLLM CPU engine is driver + EngineCore + Worker processes.
-VLLM_DRIVER_BYTES = int(0.9 * GiB)
-VLLM_ENGINE_CORE_BYTES = int(0.8 * GiB)
-VLLM_WORKER_RUNTIME_BYTES = int(0.1 * GiB)
-PYTHON_REPLICA_RUNTIME_BYTES = int(0.45 * GiB)  # a Ray worker with fastapi/ray imported
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "auto": 2}
+START_ORDER = ("chat", "embedder", "retriever", "gateway")
 
 
 class PlanError(ValueError):
-    """The profile does not fit its pool; the message says what to shrink."""
+    """The profile does not fit its pool (or a pinned value cannot be kept); the message says why."""
 
 
 class ReplicaPlan(BaseModel):
     name: str
     kind: Literal["chat", "embedder", "retriever", "gateway"]
+    node: str = Field("local", description="Pool (node) the replica is placed on.")
     planned_bytes: int
     breakdown: dict[str, int]
+    growth_bytes: int = Field(0, description="Part of planned_bytes that fills with use (index, caches); "
+                                             "expected RSS right after start is planned_bytes - growth_bytes.")
     vllm: dict = Field(default_factory=dict)
     ray_actor_options: dict
     env: dict[str, str] = Field(default_factory=dict)
@@ -40,10 +43,16 @@ class ReplicaPlan(BaseModel):
 
 
 class PoolPlan(BaseModel):
+    name: str = "local"
     total_bytes: int
     reserve_bytes: int
-    free_bytes: int
+    free_bytes: int = Field(description="total - reserve: what the plan may hand out.")
     cpus: float
+    gpu: bool = False
+    planned_bytes: int = 0
+    ray_bytes: int = 0
+    page_cache_bytes: int = 0
+    headroom_bytes: int = 0
 
 
 class ChatFacts(BaseModel):
@@ -51,13 +60,49 @@ class ChatFacts(BaseModel):
     state_bytes_per_sequence: int = 0
     kv_pool_tokens: int
     weight_bytes: int
+    target_kv_bytes_per_token: int = 0
+    indexer_bytes_per_token: int = 0
+    drafter_kv_bytes_per_token: int = 0
+    drafter_weight_bytes: int = 0
+    block_size: int = 16
+    num_blocks: int = 0
+    max_num_seqs: int = 1
+    kv_cache_memory_bytes: int = 0
+    omp_threads: int = 1
+    quantization: str = "none"
+    speculative_method: str = "none"
+    architecture_source: str = ""
+
+
+class RayPlan(BaseModel):
+    object_store_memory: int
+    include_dashboard: bool
+    num_cpus: float
+    memory: int = Field(description="Ray's logical `memory` resource for the node: the replicas' sum.")
+    breakdown: dict[str, int]
+
+
+class Admission(BaseModel):
+    name: str
+    start_order: int
+    free_before_bytes: int = Field(description="Expected free memory when this replica starts in order.")
+    free_worst_bytes: int = Field(description="Free memory if every other replica started first.")
+    requested_bytes: int
+    check: str
+    ok: bool
 
 
 class Plan(BaseModel):
     profile: str
     pool: PoolPlan
+    pools: list[PoolPlan] = Field(default_factory=list)
     replicas: list[ReplicaPlan]
     chat: ChatFacts
+    ray: RayPlan
+    admission: list[Admission] = Field(default_factory=list)
+    threads: dict[str, int] = Field(default_factory=dict)
+    page_cache: dict[str, int] = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list)
 
     def replica(self, name: str) -> ReplicaPlan:
         for replica in self.replicas:
@@ -67,7 +112,7 @@ class Plan(BaseModel):
 
 
 def detect_total_bytes() -> int:
-    """Unified memory: the pool is the machine's MemTotal."""
+    """Unified memory: the pool is the machine's MemTotal (a discrete GPU's size is passed in)."""
     with open("/proc/meminfo") as meminfo:
         for line in meminfo:
             if line.startswith("MemTotal:"):
@@ -75,112 +120,152 @@ def detect_total_bytes() -> int:
     raise PlanError("cannot read MemTotal from /proc/meminfo; set pools[0].total")
 
 
-def _model_config(model: str) -> dict:
-    path = Path(model)
-    if (path / "config.json").exists():
-        return json.loads((path / "config.json").read_text())
-    bundled = Path(__file__).resolve().parent.parent / "configs" / "models" / f"{path.name}.json"
-    if bundled.exists():
-        return json.loads(bundled.read_text())
-    raise PlanError(f"no config.json in {model} and no configs/models/{path.name}.json")
+def _embedder_dim(profile: Profile) -> int:
+    import json
+    from pathlib import Path
+    cfg = Path(profile.embedder.model) / "config.json"
+    if profile.retriever.dim:
+        return profile.retriever.dim
+    if cfg.exists():
+        return int(json.loads(cfg.read_text()).get("hidden_size", 384))
+    raise PlanError(f"no config.json in {profile.embedder.model}; set retriever.dim")
 
 
-def _weight_bytes(model: str) -> int:
-    path = Path(model)
-    files = list(path.glob("*.safetensors")) if path.is_dir() else []
-    if files:
-        return sum(f.stat().st_size for f in files)
-    raise PlanError(f"no safetensors weights in {model}")
+def _side_replicas(profile: Profile, gpu: bool, dim: int) -> list[ReplicaPlan]:
+    emb, ret, gw = profile.embedder, profile.retriever, profile.gateway
+    emb_weights = safetensors_bytes(emb.model)
+    if not emb_weights:
+        raise PlanError(f"no safetensors weights in embedder.model {emb.model}")
+    heads = max(1, dim // 32)
+    # live hidden states, q/k/v and the MLP input of one layer, plus one layer's attention scores (fp32)
+    emb_act = emb.batch_size * emb.max_seq_tokens * (dim * 16 + heads * emb.max_seq_tokens * 4)
+    emb_lines = {"weights (fp32)": emb_weights, "activations": emb_act, "runtime": runtime.EMBEDDER_RUNTIME}
+    if gpu:
+        emb_lines["cuda_context"] = runtime.CUDA_CONTEXT
+    n = ret.capacity_chunks
+    index = n * dim * 4 if ret.index == "flat" else n * (dim * 4 + ret.hnsw_m * 8)
+    ret_lines = {f"index.{ret.index} ({n:,} x {dim})": index, "index.id_map": n * 56,
+                 "sqlite_cache": ret.sqlite_cache_bytes, "runtime": runtime.RETRIEVER_RUNTIME}
+    gw_lines = {"runtime (OpenAiIngress)": runtime.GATEWAY_RUNTIME, "request_buffers": 2 * gw.max_body_bytes}
+
+    def replica(name, lines, spec, threads, order, growth=0, gpus=0.0):
+        env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
+        total = sum(lines.values())
+        opts = {"num_cpus": spec.num_cpus, "memory": total}
+        if gpus:
+            opts["num_gpus"] = gpus
+        return ReplicaPlan(name=name, kind=name, planned_bytes=total, breakdown=lines, growth_bytes=growth,
+                           ray_actor_options=opts, env=env, start_order=order)
+
+    return [
+        replica("embedder", emb_lines, emb, emb.torch_threads, 1, gpus=0.1 if gpu else 0.0),
+        replica("retriever", ret_lines, ret, ret.faiss_threads, 2,
+                growth=index + n * 56 + ret.sqlite_cache_bytes),
+        replica("gateway", gw_lines, gw, 1, 3, growth=2 * gw.max_body_bytes),
+    ]
 
 
-def kv_bytes_per_token(config: dict, dtype_bytes: int) -> int:
-    heads = config["num_attention_heads"]
-    head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    kv_heads = config.get("num_key_value_heads", heads)
-    return 2 * config["num_hidden_layers"] * kv_heads * head_dim * dtype_bytes
+def _ray_plan(profile: Profile, cpus: float, replicas: list[ReplicaPlan]) -> RayPlan:
+    lines = dict(runtime.RAY_SYSTEM)
+    if profile.ray.include_dashboard:
+        lines["dashboard"] = runtime.RAY_DASHBOARD
+    store = max(profile.ray.object_store_memory, runtime.RAY_OBJECT_STORE_MIN)
+    lines["object_store"] = store
+    return RayPlan(object_store_memory=store, include_dashboard=profile.ray.include_dashboard, num_cpus=cpus,
+                   memory=sum(r.planned_bytes for r in replicas), breakdown=lines)
+
+
+def _pool_for(profile: Profile, pool_total_bytes: int | None) -> tuple[PoolSpec, int, float]:
+    spec = profile.pools[0]
+    names = {p.name for p in profile.pools}
+    for section in (profile.chat, profile.embedder, profile.retriever):
+        if section.node and section.node not in names:
+            raise PlanError(f"{section.node!r} names no pool; pools: {', '.join(sorted(names))}")
+        if section.node and section.node != spec.name:
+            raise PlanError("placing replicas on a second node is not planned yet (one node runs here); "
+                            f"remove node: {section.node}")
+    total = pool_total_bytes or (detect_total_bytes() if spec.total == "auto" else spec.total)
+    cpus = float(os.cpu_count() or 1) if spec.cpus == "auto" else float(spec.cpus)
+    return spec, total, cpus
 
 
 def build_plan(profile: Profile, pool_total_bytes: int | None = None) -> Plan:
-    pool_spec = profile.pools[0]
-    total = pool_total_bytes or (detect_total_bytes() if pool_spec.total == "auto" else pool_spec.total)
-    cpus = float(os.cpu_count() or 1) if pool_spec.cpus == "auto" else float(pool_spec.cpus)
+    spec, total, cpus = _pool_for(profile, pool_total_bytes)
+    free = total - spec.reserve
+    other_threads = profile.embedder.torch_threads
+    try:
+        eng = plan_engine(profile.chat, spec, cpus, total, other_threads)
+    except (EngineError, ArchitectureError) as exc:
+        raise PlanError(str(exc)) from exc
     chat = profile.chat
-    config = _model_config(chat.model)
-    dtype_bytes = DTYPE_BYTES[chat.dtype]
-    per_token = kv_bytes_per_token(config, dtype_bytes)
-    if chat.kv_cache_bytes == "auto":
-        kv_pool = per_token * chat.max_num_seqs * chat.expected_tokens_per_seq
-    else:
-        kv_pool = chat.kv_cache_bytes
-    kv_tokens = kv_pool // per_token
-    max_num_seqs = max(1, min(chat.max_num_seqs, kv_tokens // chat.expected_tokens_per_seq))
-    if kv_tokens < chat.max_model_len:
-        raise PlanError(
-            f"KV pool holds {kv_tokens} tokens, fewer than max_model_len {chat.max_model_len}: "
-            f"raise chat.kv_cache_bytes to at least {per_token * chat.max_model_len} bytes or lower max_model_len"
-        )
-    weights = _weight_bytes(chat.model)
-    activations = chat.max_num_batched_tokens * config["hidden_size"] * 4 * 8
-    omp = chat.omp_threads or max(1, int(cpus) - 1)
-    chat_breakdown = {
-        "weights": weights,
-        "kv_pool": kv_pool,
-        "activations": activations,
-        "driver_runtime": VLLM_DRIVER_BYTES,
-        "engine_core_runtime": VLLM_ENGINE_CORE_BYTES,
-        "worker_runtime": VLLM_WORKER_RUNTIME_BYTES,
-    }
-    engine_kwargs = {
-        "dtype": chat.dtype,
-        "max_model_len": chat.max_model_len,
-        "max_num_seqs": max_num_seqs,
-        "max_num_batched_tokens": chat.max_num_batched_tokens,
-        "kv_cache_memory_bytes": kv_pool,
-        "enable_prefix_caching": chat.enable_prefix_caching,
-        "enable_chunked_prefill": True,
-    }
-    emb_weights = _weight_bytes(profile.embedder.model)
-    d = 384
-    index_bytes = profile.retriever.capacity_chunks * d * 4
-    replicas = [
-        ReplicaPlan(
-            name="chat", kind="chat", planned_bytes=sum(chat_breakdown.values()), breakdown=chat_breakdown,
-            vllm=engine_kwargs, start_order=0,
-            ray_actor_options={"num_cpus": chat.num_cpus},
-            env={"OMP_NUM_THREADS": str(omp), "VLLM_CPU_OMP_THREADS_BIND": "auto"},
-        ),
-        ReplicaPlan(
-            name="embedder", kind="embedder", start_order=1,
-            breakdown={"weights": emb_weights, "runtime": PYTHON_REPLICA_RUNTIME_BYTES},
-            planned_bytes=emb_weights + PYTHON_REPLICA_RUNTIME_BYTES,
-            ray_actor_options={"num_cpus": profile.embedder.num_cpus},
-            env={"OMP_NUM_THREADS": str(profile.embedder.torch_threads)},
-        ),
-        ReplicaPlan(
-            name="retriever", kind="retriever", start_order=2,
-            breakdown={"index": index_bytes, "runtime": PYTHON_REPLICA_RUNTIME_BYTES},
-            planned_bytes=index_bytes + PYTHON_REPLICA_RUNTIME_BYTES,
-            ray_actor_options={"num_cpus": profile.retriever.num_cpus},
-            env={"OMP_NUM_THREADS": str(profile.retriever.faiss_threads)},
-        ),
-        ReplicaPlan(
-            name="gateway", kind="gateway", start_order=3,
-            breakdown={"runtime": PYTHON_REPLICA_RUNTIME_BYTES},
-            planned_bytes=PYTHON_REPLICA_RUNTIME_BYTES,
-            ray_actor_options={"num_cpus": profile.gateway.num_cpus},
-            env={"OMP_NUM_THREADS": "1"},
-        ),
-    ]
-    free = total - pool_spec.reserve
-    needed = sum(r.planned_bytes for r in replicas)
+    chat_bytes = sum(eng.breakdown.values())
+    chat_opts: dict = {"num_cpus": chat.num_cpus, "memory": chat_bytes}
+    if spec.gpu:
+        chat_opts["num_gpus"] = 0.8
+    chat_replica = ReplicaPlan(name="chat", kind="chat", planned_bytes=chat_bytes, breakdown=eng.breakdown,
+                               vllm=eng.vllm, ray_actor_options=chat_opts, env=eng.env, start_order=0)
+    replicas = [chat_replica, *_side_replicas(profile, spec.gpu, _embedder_dim(profile))]
+    ray = _ray_plan(profile, cpus, replicas)
+    ray_bytes = sum(ray.breakdown.values())
+    page_cache = {f"page_cache.{c} (on disk, {gib(b)})": profile.chat.disk_page_cache_bytes
+                  for c, b in eng.disk_components.items()}
+    needed = sum(r.planned_bytes for r in replicas) + ray_bytes + sum(page_cache.values())
     if needed > free:
-        biggest = sorted(((k, v) for r in replicas for k, v in r.breakdown.items()), key=lambda kv: -kv[1])[:3]
-        items = ", ".join(f"{k} {v / GiB:.2f} GiB" for k, v in biggest)
-        raise PlanError(f"plan needs {needed / GiB:.2f} GiB but the pool has {free / GiB:.2f} GiB free; biggest: {items}")
+        raise PlanError(overcommit_message(profile, spec, total, free, replicas, ray.breakdown, page_cache, eng))
+    want_cpus = sum(r.ray_actor_options["num_cpus"] for r in replicas)
+    if want_cpus > cpus:
+        raise PlanError(f"replicas ask for {want_cpus:g} Ray CPUs but pool {spec.name} has {cpus:g}: lower the "
+                        "num_cpus of chat/embedder/retriever/gateway (fractions are fine)")
+    notes = list(eng.notes)
+    admission = _admission(replicas, total, spec, ray_bytes + sum(page_cache.values()), profile, notes)
+    pool = PoolPlan(name=spec.name, total_bytes=total, reserve_bytes=spec.reserve, free_bytes=free, cpus=cpus,
+                    gpu=spec.gpu, planned_bytes=needed - ray_bytes - sum(page_cache.values()), ray_bytes=ray_bytes,
+                    page_cache_bytes=sum(page_cache.values()), headroom_bytes=free - needed)
+    facts = {k: v for k, v in eng.facts.items() if k in ChatFacts.model_fields}
     return Plan(
-        profile=profile.name,
-        pool=PoolPlan(total_bytes=total, reserve_bytes=pool_spec.reserve, free_bytes=free, cpus=cpus),
-        replicas=replicas,
-        chat=ChatFacts(kv_bytes_per_token=per_token, kv_pool_tokens=kv_tokens, weight_bytes=weights),
+        profile=profile.name, pool=pool, pools=[pool], replicas=replicas,
+        chat=ChatFacts(**facts, architecture_source=eng.arch.source), ray=ray, admission=admission,
+        threads={"cpus": int(cpus), "chat_omp": eng.facts["omp_threads"],
+                 "embedder_torch": profile.embedder.torch_threads, "faiss": profile.retriever.faiss_threads,
+                 "gateway": 1},
+        page_cache=page_cache, notes=notes,
     )
 
+
+def _admission(replicas: list[ReplicaPlan], total: int, spec: PoolSpec, outside: int, profile: Profile,
+               notes: list[str]) -> list[Admission]:
+    """Engines start one at a time; vLLM refuses util x total > free (GPU) or KV > MemAvailable (CPU)."""
+    rows = []
+    base = total - spec.reserve - outside
+    started = 0
+    everyone = sum(r.planned_bytes for r in replicas)
+    for r in sorted(replicas, key=lambda r: r.start_order):
+        free_before, worst = base - started, base - (everyone - r.planned_bytes)
+        if r.kind == "chat" and spec.gpu:
+            util = profile.chat.gpu_memory_utilization
+            if util is None:
+                util = utilization_for(r.planned_bytes, total)
+            elif util * total < r.planned_bytes:
+                raise PlanError(f"chat.gpu_memory_utilization {util} is pinned: {gib(util * total)} of the pool, "
+                                f"but the engine is planned at {gib(r.planned_bytes)}; unpin it or raise it to "
+                                f"{utilization_for(r.planned_bytes, total)}")
+            r.vllm["gpu_memory_utilization"] = util
+            requested, check = int(util * total), f"util {util} x total <= free"
+        elif r.kind == "chat":
+            requested, check = r.vllm["kv_cache_memory_bytes"], "kv_cache_memory_bytes <= MemAvailable"
+        else:
+            requested, check = r.planned_bytes, "planned bytes <= free"
+        ok = requested <= free_before
+        if not ok:
+            raise PlanError(f"{r.name} would be refused at start: {check} fails ({gib(requested)} requested, "
+                            f"{gib(free_before)} free at its turn)")
+        if requested > worst:
+            notes.append(f"{r.name}: admission needs start order (passes only if started before the others)")
+        rows.append(Admission(name=r.name, start_order=r.start_order, free_before_bytes=free_before,
+                              free_worst_bytes=worst, requested_bytes=requested, check=check, ok=ok))
+        started += r.planned_bytes
+    return rows
+
+
+__all__ = ["Plan", "PlanError", "ReplicaPlan", "PoolPlan", "ChatFacts", "RayPlan", "Admission", "build_plan",
+           "detect_total_bytes", "pinned"]

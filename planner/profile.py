@@ -54,6 +54,8 @@ class PoolSpec(_Strict):
     reserve: Size = Field(parse_size("3GiB"), description="Kept free for the OS, page cache and runtimes outside the plan.")
     cpus: float | Literal["auto"] = Field("auto", description="CPU cores the plan may hand out; 'auto' = os.cpu_count().")
     gpu: bool = Field(False, description="True when replicas run on a GPU that shares this pool.")
+    unified: bool = Field(True, description="True when CPU and GPU share one memory (DGX Spark, GH200); "
+                          "False for a discrete GPU, whose device memory is then the pool.")
 
 
 class SpeculativeSpec(_Strict):
@@ -63,6 +65,8 @@ class SpeculativeSpec(_Strict):
         "none", description="vLLM speculative method, or none."
     )
     model: str | None = Field(None, description="Draft model folder (draft_model, dspark, eagle).")
+    architecture: str | None = Field(None, description="Bundled configs/models/<name>.json for a draft folder "
+                                     "that is not on this machine.")
     num_speculative_tokens: int = Field(3, ge=1, le=16, description="Tokens proposed per step.")
     prompt_lookup_min: int = Field(2, ge=1, description="ngram: shortest n-gram to match.")
     prompt_lookup_max: int = Field(4, ge=1, description="ngram: longest n-gram to match.")
@@ -73,7 +77,33 @@ class ChatSpec(_Strict):
 
     model_id: str = Field(..., description="Name clients send as `model`.")
     model: str = Field(..., description="Model folder (config.json + weights), or a name under configs/models/.")
+    architecture: str | None = Field(None, description="Name of bundled architecture facts (configs/models/<name>.json) "
+                                     "used when the model folder is not on this machine.")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("bfloat16", description="Activation/weight dtype.")
+    quantization: Literal["auto", "none", "fp8", "nvfp4", "int4", "awq", "int3", "mxfp4"] = Field(
+        "auto", description="Weight format of the checkpoint; 'auto' reads config.json's quantization_config.")
+    component_dtypes: dict[str, str] = Field(default_factory=dict, description="Per-component weight dtype "
+                                             "overrides, e.g. {ple: int4, mtp: bfloat16}.")
+    placement: dict[str, Literal["pool", "disk"]] = Field(default_factory=dict, description="Where a component "
+                                                          "lives: in the pool (resident) or on disk (mmap), e.g. {ple: disk}.")
+    disk_page_cache_bytes: Size = Field(parse_size("4GiB"), description="Page-cache headroom kept free for each "
+                                        "component placed on disk (hot rows of an mmap'd table).")
+    kv_cache_dtype: Literal["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
+        "auto", description="KV cache dtype; 'auto' = the model dtype. fp8 halves attention KV.")
+    block_size: int | None = Field(None, ge=1, description="KV block in tokens; None = vLLM's default (128 on CPU, "
+                                   "16 on GPU, raised for hybrids to cover one state page).")
+    mamba_cache_mode: Literal["auto", "none", "align"] = Field("auto", description="Hybrid models: 'align' caches "
+                                                               "recurrent state at block boundaries (prefix caching); auto = align when prefix caching is on.")
+    mamba_ssm_cache_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Hybrid models: dtype of the recurrent (SSM/GDN) state; auto = the config's (often float32).")
+    enforce_eager: bool | None = Field(None, description="Disable CUDA graphs (GPU only; ignored on CPU).")
+    cuda_graph_capture_sizes: list[int] | None = Field(None, description="Batch sizes to capture (GPU only; ignored on CPU).")
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="Pin vLLM's utilization; None = the "
+                                                 "planner gives the engine exactly its planned bytes over the pool.")
+    activation_bytes: SizeOrAuto = Field("auto", description="Activations for max_num_batched_tokens; auto = estimated.")
+    expected_concurrency: int | None = Field(None, ge=1, description="Concurrent chat streams the profile is sized "
+                                             "for (documentation; the plan checks max_num_seqs covers it).")
+    omp_bind: str = Field("auto", description="VLLM_CPU_OMP_THREADS_BIND for the CPU engine ('auto' or a core list).")
     max_model_len: int = Field(4096, ge=64, description="Longest prompt + completion, in tokens.")
     max_num_seqs: int = Field(8, ge=1, description="Cap on sequences decoded together.")
     max_num_batched_tokens: int = Field(2048, ge=64, description="Chunked-prefill token budget per step (drives activations).")
@@ -82,52 +112,77 @@ class ChatSpec(_Strict):
     enable_prefix_caching: bool = Field(True, description="Reuse KV of shared prompt prefixes (RAG system prompts).")
     num_cpus: float = Field(0.5, gt=0, description="Ray CPUs for the engine (fractional on small machines).")
     omp_threads: int | None = Field(None, ge=1, description="OpenMP threads for the vLLM CPU worker; None = planner decides.")
-    speculative: SpeculativeSpec = Field(default_factory=SpeculativeSpec)
+    speculative: SpeculativeSpec = Field(default_factory=SpeculativeSpec, description="Speculative decoding.")
     warmup_prompt: str = Field("Say OK.", description="Sent once before the replica reports ready.")
+    node: str | None = Field(None, description="Pool (node) name to place the replica on; None = the first.")
 
 
 class EmbedderSpec(_Strict):
+    """The sentence-transformers embedder."""
+
     model_id: str = Field(..., description="Name clients send as `model` to /v1/embeddings.")
     model: str = Field(..., description="sentence-transformers folder.")
     batch_size: int = Field(32, ge=1, le=1024, description="Texts embedded per forward pass.")
     num_cpus: float = Field(0.3, gt=0, description="Ray CPUs for the embedder.")
     torch_threads: int = Field(1, ge=1, description="torch intra-op threads.")
+    max_seq_tokens: int = Field(256, ge=8, description="Longest input the embedder reads (MiniLM: 256), for activations.")
+    node: str | None = Field(None, description="Pool (node) name to place the replica on; None = the first.")
 
 
 class RetrieverSpec(_Strict):
+    """The FAISS index over the chunk store."""
+
     index: Literal["flat", "hnsw"] = Field("flat", description="FAISS index kind (Flat: exact; HNSW: approximate, for large sets).")
     capacity_chunks: int = Field(200_000, ge=1, description="Chunks the index is planned to hold.")
     hnsw_m: int = Field(32, ge=4, description="HNSW graph degree.")
     num_cpus: float = Field(0.1, gt=0, description="Ray CPUs for the retriever.")
     faiss_threads: int = Field(1, ge=1, description="FAISS OpenMP threads.")
+    dim: int | None = Field(None, ge=1, description="Vector dimension; None = the embedder's hidden_size.")
+    sqlite_cache_bytes: Size = Field(parse_size("64MiB"), description="SQLite page cache (PRAGMA cache_size) of the chunk store.")
+    node: str | None = Field(None, description="Pool (node) name to place the replica on; None = the first.")
 
 
 class RagSpec(_Strict):
+    """Chunking and retrieval defaults."""
+
     chunk_tokens: int = Field(200, ge=16, description="Chunk size in embedder tokens (MiniLM reads 256 at most).")
     chunk_overlap: int = Field(30, ge=0, description="Tokens shared by neighbouring chunks.")
-    default_top_k: int = Field(4, ge=1)
-    max_top_k: int = Field(20, ge=1)
-    max_documents_per_request: int = Field(256, ge=1)
-    max_document_chars: int = Field(2_000_000, ge=1)
+    default_top_k: int = Field(4, ge=1, description="Chunks retrieved when the request does not say.")
+    max_top_k: int = Field(20, ge=1, description="Largest top_k a request may ask for.")
+    max_documents_per_request: int = Field(256, ge=1, description="Documents per ingest request.")
+    max_document_chars: int = Field(2_000_000, ge=1, description="Characters per ingested document.")
     answer_max_tokens: int = Field(256, ge=1, description="Default completion budget for RAG answers.")
 
 
 class GatewaySpec(_Strict):
-    num_cpus: float = Field(0.2, gt=0)
+    """The FastAPI ingress."""
+
+    num_cpus: float = Field(0.2, gt=0, description="Ray CPUs for the gateway (ingress).")
     max_body_bytes: Size = Field(parse_size("8MiB"), description="Larger request bodies get 413.")
-    request_timeout_s: float = Field(300.0, gt=0)
+    request_timeout_s: float = Field(300.0, gt=0, description="Seconds before a request is abandoned.")
+
+
+class RaySpec(_Strict):
+    """Ray's own processes and object store, planned out of the pool like any replica."""
+
+    object_store_memory: Size = Field(parse_size("256MiB"), description="Plasma store size (shared memory); "
+                                      "Ray's default of 30% of RAM is never used.")
+    include_dashboard: bool = Field(False, description="The dashboard costs ~0.8 GB; off unless asked for.")
 
 
 class Profile(_Strict):
-    name: str
+    """What to host on which pool, and how hard it will be used."""
+
+    name: str = Field(..., description="Profile name, shown in plans.")
     state_dir: str = Field("var", description="SQLite databases, FAISS snapshots and the demo key live here.")
     pools: list[PoolSpec] = Field(default_factory=lambda: [PoolSpec()], min_length=1,
                                   description="One entry per node; one node runs here.")
-    chat: ChatSpec
-    embedder: EmbedderSpec
-    retriever: RetrieverSpec = Field(default_factory=RetrieverSpec)
-    rag: RagSpec = Field(default_factory=RagSpec)
-    gateway: GatewaySpec = Field(default_factory=GatewaySpec)
+    chat: ChatSpec = Field(..., description="The vLLM chat engine.")
+    embedder: EmbedderSpec = Field(..., description="The embedder.")
+    retriever: RetrieverSpec = Field(default_factory=RetrieverSpec, description="The FAISS retriever.")
+    rag: RagSpec = Field(default_factory=RagSpec, description="RAG defaults.")
+    gateway: GatewaySpec = Field(default_factory=GatewaySpec, description="The ingress.")
+    ray: RaySpec = Field(default_factory=RaySpec, description="Ray's object store and dashboard.")
     tenants_file: str | None = Field(None, description="YAML of tenants to create at start.")
 
     def resolve_paths(self, root: Path) -> "Profile":
@@ -138,11 +193,11 @@ class Profile(_Strict):
             path = Path(p)
             return str(path if path.is_absolute() else (root / path).resolve())
 
-        data = self.model_dump()
+        data = self.model_dump(exclude_unset=True)  # unset fields stay unset: pins stay recognisable
         data["state_dir"] = absolute(self.state_dir)
         data["tenants_file"] = absolute(self.tenants_file)
         data["embedder"]["model"] = absolute(self.embedder.model)
-        for section in (data["chat"], data["chat"]["speculative"]):
+        for section in (data["chat"], data["chat"].get("speculative", {})):
             model = section.get("model")
             if model and (("/" in model) or (root / model).exists()):
                 section["model"] = absolute(model)
@@ -153,6 +208,11 @@ def project_root_for(profile_path: Path) -> Path:
     """Profiles in configs/ resolve paths against the project root; others against their folder."""
     folder = profile_path.resolve().parent
     return folder.parent if folder.name == "configs" else folder
+
+
+def pinned(spec: BaseModel, field: str) -> bool:
+    """True when the profile set this field explicitly (the planner keeps it or refuses)."""
+    return field in spec.model_fields_set
 
 
 def load_profile(path: str | Path) -> Profile:

@@ -1,0 +1,155 @@
+"""`poolserve` command line: plan, render, status."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from planner.plan import Plan, PlanError, build_plan
+from planner.profile import load_profile, parse_size
+from planner.units import gib
+
+app = typer.Typer(help="Plan, render and check poolserve's unified memory pool.", no_args_is_help=True)
+
+
+def _plan_or_exit(profile: Path, pool: str | None, console: Console) -> tuple[Plan, object]:
+    try:
+        prof = load_profile(profile)
+        return build_plan(prof, parse_size(pool) if pool else None), prof
+    except (PlanError, ValueError, FileNotFoundError) as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from exc
+
+
+def plan_json(plan: Plan) -> dict:
+    data = plan.model_dump()
+    data["replicas"] = [
+        {k: r[k] for k in ("name", "kind", "planned_bytes", "growth_bytes", "breakdown", "vllm",
+                           "ray_actor_options", "env", "start_order")} for r in data["replicas"]]
+    return data
+
+
+def _print_plan(plan: Plan, console: Console) -> None:
+    table = Table(title=f"poolserve plan: {plan.profile} on pool {plan.pool.name}", show_lines=False)
+    table.add_column("item")
+    table.add_column("bytes", justify="right")
+    table.add_column("size", justify="right")
+    for r in sorted(plan.replicas, key=lambda r: r.start_order):
+        table.add_row(f"[bold]{r.name}[/bold] (start {r.start_order})", f"{r.planned_bytes:,}", gib(r.planned_bytes))
+        for line, value in r.breakdown.items():
+            table.add_row(f"  {line}", f"{value:,}", gib(value))
+    table.add_row("[bold]ray[/bold] (own processes + object store)", f"{plan.pool.ray_bytes:,}", gib(plan.pool.ray_bytes))
+    for line, value in plan.ray.breakdown.items():
+        table.add_row(f"  {line}", f"{value:,}", gib(value))
+    for line, value in plan.page_cache.items():
+        table.add_row(line, f"{value:,}", gib(value))
+    p = plan.pool
+    for label, value in (("pool total", p.total_bytes), ("reserve (OS, page cache, runtime)", p.reserve_bytes),
+                         ("free to plan (total - reserve)", p.free_bytes),
+                         ("planned (replicas + ray + page cache)", p.planned_bytes + p.ray_bytes + p.page_cache_bytes),
+                         ("headroom", p.headroom_bytes)):
+        table.add_row(f"[bold]{label}[/bold]", f"{value:,}", gib(value))
+    console.print(table)
+    c = plan.chat
+    console.print(f"chat: {c.kv_bytes_per_token:,} B/token KV (target {c.target_kv_bytes_per_token:,}, indexer "
+                  f"{c.indexer_bytes_per_token:,}, drafter {c.drafter_kv_bytes_per_token:,}); state "
+                  f"{c.state_bytes_per_sequence:,} B/sequence; block {c.block_size}; {c.num_blocks:,} blocks = "
+                  f"{c.kv_pool_tokens:,} tokens; max_num_seqs {c.max_num_seqs}; source {c.architecture_source}",
+                  highlight=False)
+    console.print(f"vLLM engine_kwargs: {json.dumps(plan.replica('chat').vllm)}", highlight=False, markup=False)
+    adm = Table(title="start order and admission")
+    for col in ("#", "replica", "check", "requested", "free at its turn", "free if last", "ok"):
+        adm.add_column(col)
+    for a in plan.admission:
+        adm.add_row(str(a.start_order), a.name, a.check, gib(a.requested_bytes), gib(a.free_before_bytes),
+                    gib(a.free_worst_bytes), "yes" if a.ok else "NO")
+    console.print(adm)
+    console.print(f"threads: {plan.threads}; ray: object_store_memory {plan.ray.object_store_memory:,}, "
+                  f"include_dashboard {plan.ray.include_dashboard}, memory {plan.ray.memory:,}", highlight=False)
+    for r in plan.replicas:
+        console.print(f"{r.name}: ray_actor_options {r.ray_actor_options} env {r.env}", highlight=False, markup=False)
+    for note in plan.notes:
+        console.print(f"note: {note}", highlight=False, markup=False)
+
+
+@app.command()
+def plan(profile: Path = typer.Argument(..., help="Profile YAML."),
+         pool: str | None = typer.Option(None, "--pool", help="Pool size, e.g. 24GiB; overrides pools[0].total."),
+         as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON.")) -> None:
+    """Print the plan; a refused plan exits non-zero with the advice."""
+    console = Console(width=140)
+    result, _ = _plan_or_exit(profile, pool, console)
+    if as_json:
+        typer.echo(json.dumps(plan_json(result), indent=2))
+    else:
+        _print_plan(result, console)
+
+
+def serve_config(result: Plan, profile_path: Path) -> dict:
+    deployments = []
+    for r in sorted(result.replicas, key=lambda r: r.start_order):
+        opts = dict(r.ray_actor_options)
+        opts["runtime_env"] = {"env_vars": dict(r.env)}
+        deployments.append({"name": r.name, "num_replicas": 1, "ray_actor_options": opts})
+    return {
+        "proxy_location": "HeadOnly",
+        "http_options": {"host": "127.0.0.1", "port": 8000},
+        "applications": [{
+            "name": "poolserve", "route_prefix": "/", "import_path": "deployments.app:build_app",
+            "args": {"profile": str(profile_path), "resolved_plan": plan_json(result)},
+            "deployments": deployments,
+        }],
+    }
+
+
+@app.command()
+def render(profile: Path = typer.Argument(..., help="Profile YAML."),
+           output: Path = typer.Option(..., "-o", "--output", help="Where to write the resolved Serve config."),
+           pool: str | None = typer.Option(None, "--pool", help="Pool size override.")) -> None:
+    """Write the fully resolved Serve config (every number explicit) for review."""
+    result, _ = _plan_or_exit(profile, pool, Console())
+    header = (f"# Resolved by `poolserve render {profile}`; review copy, every number from the plan.\n"
+              f"# Ray: object_store_memory={result.ray.object_store_memory} include_dashboard="
+              f"{result.ray.include_dashboard} num_cpus={result.ray.num_cpus:g} memory={result.ray.memory}\n")
+    output.write_text(header + yaml.safe_dump(serve_config(result, profile.resolve()), sort_keys=False))
+    typer.echo(f"wrote {output}")
+
+
+@app.command()
+def status(url: str = typer.Option("http://127.0.0.1:8000", "--url", help="Gateway base URL."),
+           as_json: bool = typer.Option(False, "--json", help="Print the gateway's JSON.")) -> None:
+    """Planned vs measured bytes per replica, from the running gateway's /status."""
+    target = url.rstrip("/") + "/status"
+    try:
+        response = httpx.get(target, timeout=10.0)
+        response.raise_for_status()
+        data = response.json()
+    except httpx.HTTPStatusError as exc:
+        typer.echo(f"{target} answered {exc.response.status_code}: {exc.response.text[:200]}", err=True)
+        raise typer.Exit(1) from exc
+    except (httpx.HTTPError, ValueError) as exc:
+        typer.echo(f"cannot read {target}: {exc.__class__.__name__}: {exc}. Is the stack running "
+                   "(make serve), and is --url the gateway's address?", err=True)
+        raise typer.Exit(1) from exc
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    table = Table(title=f"planned vs measured ({target})")
+    for col in ("replica", "planned", "measured", "error", "pids"):
+        table.add_column(col, justify="right" if col != "replica" else "left")
+    for r in data.get("replicas", []):
+        planned, measured = int(r.get("planned_bytes") or 0), int(r.get("measured_bytes") or 0)
+        error = f"{(measured - planned) / planned * 100:+.1f}%" if planned else "n/a"
+        table.add_row(str(r.get("name")), gib(planned), gib(measured), error,
+                      ",".join(str(p) for p in r.get("pids", [])))
+    Console(width=120).print(table)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,258 @@
+"""The chat engine's budget: weights, KV pool, recurrent state, drafter, activations, runtime, vLLM args.
+
+Values pinned in the profile are kept or refused with the reason (PlanError); derived values are
+reported in the plan's notes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from planner import runtime
+from planner.architecture import DTYPE_BYTES, Architecture, read_architecture
+from planner.profile import ChatSpec, PoolSpec, pinned
+from planner.speculative import Drafter, SpeculativeError, plan_drafter
+from planner.units import cdiv, gib
+from planner.weights import DEFAULT_QUANTIZED, QUANT_METHODS, component_bytes, component_dtypes, safetensors_bytes
+
+
+class EngineError(ValueError):
+    """The chat section cannot be planned as pinned."""
+
+
+@dataclass
+class EnginePlan:
+    arch: Architecture
+    breakdown: dict[str, int]
+    vllm: dict
+    env: dict[str, str]
+    facts: dict
+    component_bytes: dict[str, int]
+    disk_components: dict[str, int]
+    page_cache_bytes: int
+    drafter: Drafter
+    notes: list[str] = field(default_factory=list)
+
+
+def _quantization(chat: ChatSpec, arch: Architecture, notes: list[str]) -> str:
+    if chat.quantization != "auto":
+        return chat.quantization
+    q = {"modelopt_fp4": "nvfp4", "modelopt": "fp8", "compressed-tensors": "int4", "gptq": "int4"}.get(
+        arch.quantization, arch.quantization)
+    if q not in QUANT_METHODS:
+        notes.append(f"chat: unknown quant_method {arch.quantization!r}; planning weights unquantized")
+        return "none"
+    return q
+
+
+def _activations(chat: ChatSpec, a: Architecture, seqs: int, k: int) -> int:
+    """Peak live activations of one step: per batched token, the widest layer's tensors in the model
+    dtype; plus fp32 logits and probabilities for every sampled position."""
+    q = a.num_attention_heads * a.head_dim * (2 if a.attn_output_gate else 1)
+    kv = 2 * a.num_kv_heads * a.head_dim
+    mlp = max(a.intermediate_size if a.moe_layers < a.num_layers else 0,
+              a.experts_per_token * a.moe_intermediate_size + a.shared_expert_intermediate_size)
+    lin = 3 * a.lin_v_heads * a.lin_v_dim if a.linear_layers else 0
+    per_token = 2 * (4 * a.hidden_size + q + kv + 3 * mlp + lin)
+    logits = seqs * (1 + k) * a.vocab_size * 4 * 2
+    return chat.max_num_batched_tokens * per_token + logits
+
+
+def _kv_dtype(chat: ChatSpec) -> tuple[int, str]:
+    if chat.kv_cache_dtype == "auto":
+        return DTYPE_BYTES["bfloat16" if chat.dtype == "auto" else chat.dtype], "auto"
+    return DTYPE_BYTES[chat.kv_cache_dtype], chat.kv_cache_dtype
+
+
+def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_threads: int) -> EnginePlan:
+    notes: list[str] = []
+    arch = read_architecture(chat.model, chat.architecture)
+    gpu = pool.gpu
+    quant = _quantization(chat, arch, notes)
+    recipe = tuple(arch.published.get("quantized_components", DEFAULT_QUANTIZED))
+    try:
+        dtypes = component_dtypes(arch, quant, chat.dtype, chat.component_dtypes, recipe)
+    except ValueError as exc:
+        raise EngineError(str(exc)) from exc
+    comp = component_bytes(arch, dtypes)
+    for name, where in chat.placement.items():
+        if name not in comp:
+            raise EngineError(f"chat.placement: unknown component {name!r}")
+        if where == "disk" and name != "ple":
+            raise EngineError(f"chat.placement.{name}: only the PLE / n-gram table can be read from disk (mmap)")
+        if where == "disk" and not comp[name]:
+            raise EngineError(f"chat.placement.{name}: {arch.name} has no {name} table")
+    disk = {c: comp[c] for c, w in chat.placement.items() if w == "disk"}
+    page_cache = chat.disk_page_cache_bytes * len(disk)
+
+    kvb, kv_name = _kv_dtype(chat)
+    try:
+        drafter = plan_drafter(chat, arch, kvb, kv_name, comp["mtp"])
+    except SpeculativeError as exc:
+        raise EngineError(str(exc)) from exc
+
+    breakdown: dict[str, int] = {}
+    for name, nbytes in comp.items():
+        if nbytes and name not in disk and name != "mtp":
+            breakdown[f"weights.{name} ({dtypes[name]})"] = nbytes
+    computed = sum(comp.values())
+    on_disk_ckpt = safetensors_bytes(chat.model)
+    published = arch.published.get(f"{quant}_checkpoint_bytes_without_ple")
+    residual = 0
+    if on_disk_ckpt and on_disk_ckpt > computed * 1.01:
+        residual = on_disk_ckpt - computed
+    elif published:
+        residual = max(0, int(published) - (computed - comp["ple"]))
+    if residual:
+        breakdown["weights.checkpoint_residual"] = residual
+        notes.append(f"chat: checkpoint holds {gib(residual)} more than the component model "
+                     "(tensors kept in higher precision, scales); planned as its own line")
+
+    # --- blocks, KV, state ---------------------------------------------------------------------
+    default_block = runtime.BLOCK_SIZE_GPU if gpu else (
+        runtime.BLOCK_SIZE_CPU_MLA if arch.uses_mla else runtime.BLOCK_SIZE_CPU)
+    block = chat.block_size or default_block
+    if chat.block_size and not gpu and arch.uses_mla and chat.block_size != 16:
+        raise EngineError(f"chat.block_size {chat.block_size} is pinned, but vLLM's CPU MLA kernel only runs "
+                          "with block_size 16 (it would override it); pin 16 or unpin")
+    conv_b = DTYPE_BYTES["bfloat16" if chat.dtype == "auto" else chat.dtype]
+    ssm_name = arch.ssm_dtype if chat.mamba_ssm_cache_dtype == "auto" else chat.mamba_ssm_cache_dtype
+    ssm_b = DTYPE_BYTES[ssm_name]
+    if arch.is_hybrid:
+        hybrid_block = arch.hybrid_attention_block(kvb, conv_b, ssm_b, max(16, block))
+        if chat.block_size and chat.block_size < hybrid_block:
+            raise EngineError(f"chat.block_size {chat.block_size} is pinned, but vLLM raises the attention block "
+                              f"of {arch.name} to {hybrid_block} tokens so one page covers a layer's recurrent "
+                              "state; pin at least that or unpin")
+        if hybrid_block > block:
+            notes.append(f"chat: attention block raised {block} -> {hybrid_block} tokens to match the "
+                         f"{gib(arch.state_bytes_per_layer(conv_b, ssm_b))} state page (as vLLM does)")
+        block = max(block, hybrid_block)
+    target_tok = arch.kv_bytes_per_token(kvb)
+    indexer_tok = arch.indexer_bytes_per_token()
+    per_token = target_tok + indexer_tok + drafter.kv_bytes_per_token
+    block_bytes = block * per_token
+
+    seqs = chat.max_num_seqs
+    if chat.kv_cache_bytes == "auto":
+        tokens = max(seqs * chat.expected_tokens_per_seq, chat.max_model_len)
+        num_blocks = cdiv(tokens, block)
+        kv_pool = num_blocks * block_bytes
+    else:
+        kv_pool = chat.kv_cache_bytes
+        num_blocks = kv_pool // block_bytes
+    kv_tokens_raw = num_blocks * block
+    # vLLM logs num_blocks / blocks-per-request(max_model_len) x max_model_len (kv_cache_utils.py).
+    kv_tokens = int(num_blocks / cdiv(chat.max_model_len, block) * chat.max_model_len)
+    if kv_tokens_raw < chat.max_model_len:
+        raise EngineError(f"the KV pool holds {kv_tokens_raw:,} tokens, fewer than max_model_len "
+                          f"{chat.max_model_len:,}: raise chat.kv_cache_bytes to at least "
+                          f"{gib(cdiv(chat.max_model_len, block) * block_bytes)} or lower max_model_len")
+    fit_seqs = kv_tokens_raw // chat.expected_tokens_per_seq
+    if fit_seqs < seqs:
+        if pinned(chat, "max_num_seqs") and chat.kv_cache_bytes != "auto":
+            raise EngineError(
+                f"chat.max_num_seqs {seqs} is pinned but the pinned KV pool ({gib(kv_pool)}, {kv_tokens_raw:,} "
+                f"tokens) holds {fit_seqs} sequences of {chat.expected_tokens_per_seq:,} tokens: raise "
+                f"chat.kv_cache_bytes to {gib(cdiv(seqs * chat.expected_tokens_per_seq, block) * block_bytes)} "
+                f"or lower max_num_seqs / expected_tokens_per_seq")
+        notes.append(f"chat: max_num_seqs {seqs} -> {max(1, fit_seqs)} (KV pool holds {fit_seqs} sequences of "
+                     f"{chat.expected_tokens_per_seq:,} tokens)")
+        seqs = max(1, fit_seqs)
+    if chat.expected_concurrency and chat.expected_concurrency > seqs:
+        raise EngineError(f"chat.expected_concurrency {chat.expected_concurrency} exceeds max_num_seqs {seqs}")
+
+    breakdown["kv_pool.attention"] = num_blocks * block * target_tok
+    if indexer_tok:
+        breakdown["kv_pool.indexer (bf16)"] = num_blocks * block * indexer_tok
+    if drafter.kv_bytes_per_token:
+        breakdown[f"drafter.kv ({drafter.method})"] = num_blocks * block * drafter.kv_bytes_per_token
+    if kv_pool > num_blocks * block_bytes:
+        breakdown["kv_pool.unused_tail"] = kv_pool - num_blocks * block_bytes
+    state_seq = arch.state_bytes_per_sequence(conv_b, ssm_b)
+    mamba_mode = chat.mamba_cache_mode
+    if mamba_mode == "auto":
+        mamba_mode = "align" if chat.enable_prefix_caching else "none"
+    state_lines = {}
+    if state_seq:
+        state_lines["recurrent_state"] = state_seq * seqs
+        if drafter.state_blocks:
+            state_lines[f"drafter.recurrent_state (x{drafter.state_blocks} spec blocks)"] = \
+                state_seq * seqs * drafter.state_blocks
+        if mamba_mode == "align":
+            state_lines["recurrent_state.align_checkpoint"] = state_seq * seqs
+    sliding = arch.sliding_bytes_per_sequence(kvb, chat.max_num_batched_tokens, chat.max_model_len, block) * seqs
+    if sliding:
+        state_lines["kv_pool.sliding_window"] = sliding
+    breakdown.update(state_lines)
+    kv_cache_memory_bytes = kv_pool + sum(state_lines.values())
+
+    if drafter.weight_bytes:
+        breakdown[f"drafter.weights ({drafter.method})"] = drafter.weight_bytes
+    act = _activations(chat, arch, seqs, drafter.k) if chat.activation_bytes == "auto" else chat.activation_bytes
+    breakdown["activations"] = act
+    breakdown["runtime.driver (LLMServer replica)"] = runtime.VLLM_DRIVER
+    breakdown["runtime.engine_core"] = runtime.VLLM_ENGINE_CORE
+    breakdown["runtime.worker"] = runtime.VLLM_WORKER
+    if gpu:
+        breakdown["cuda_context.worker"] = runtime.CUDA_CONTEXT
+        if not chat.enforce_eager:
+            breakdown["cuda_graphs"] = runtime.CUDA_GRAPHS
+
+    # --- vLLM engine arguments -------------------------------------------------------------------
+    vllm = {
+        "dtype": chat.dtype, "max_model_len": chat.max_model_len, "max_num_seqs": seqs,
+        "max_num_batched_tokens": chat.max_num_batched_tokens, "kv_cache_memory_bytes": kv_cache_memory_bytes,
+        "enable_prefix_caching": chat.enable_prefix_caching, "enable_chunked_prefill": True,
+    }
+    if chat.block_size:
+        vllm["block_size"] = chat.block_size
+    if chat.kv_cache_dtype != "auto":
+        vllm["kv_cache_dtype"] = chat.kv_cache_dtype
+    if drafter.vllm_config:
+        vllm["speculative_config"] = drafter.vllm_config
+    if quant not in ("none",) and chat.quantization != "auto":
+        vllm["quantization"] = {"nvfp4": "modelopt_fp4", "int4": "compressed-tensors"}.get(quant, quant)
+    if arch.is_hybrid:
+        vllm["mamba_cache_mode"] = mamba_mode
+        vllm["mamba_ssm_cache_dtype"] = ssm_name if ssm_name in ("float32", "bfloat16", "float16") else "auto"
+    if gpu:
+        if chat.enforce_eager is not None:
+            vllm["enforce_eager"] = chat.enforce_eager
+        if chat.cuda_graph_capture_sizes:
+            vllm["compilation_config"] = {"cudagraph_capture_sizes": chat.cuda_graph_capture_sizes}
+    else:
+        for knob in ("enforce_eager", "cuda_graph_capture_sizes", "gpu_memory_utilization"):
+            if getattr(chat, knob) is not None:
+                notes.append(f"chat.{knob} is ignored on CPU (vLLM CPU has no CUDA graphs and sizes KV "
+                             "from kv_cache_memory_bytes); not passed")
+    if disk:
+        notes.append("chat: PLE on disk: the table is mmap'd; the page cache holds its hot rows "
+                     f"(headroom {gib(chat.disk_page_cache_bytes)} kept free in the pool)")
+
+    if chat.omp_threads and chat.omp_threads > cpus:
+        raise EngineError(f"chat.omp_threads {chat.omp_threads} is pinned but the pool has {cpus:g} CPUs")
+    omp = chat.omp_threads or max(1, int(cpus) - other_threads)
+    if gpu and not chat.omp_threads:
+        omp = min(omp, 4)
+    env = {"OMP_NUM_THREADS": str(omp), "MKL_NUM_THREADS": str(omp), "TOKENIZERS_PARALLELISM": "false"}
+    if not gpu:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = chat.omp_bind
+    if gpu and arch.is_hybrid:
+        env["VLLM_KV_CACHE_LAYOUT"] = "BLHNC"  # mixed attention/state page sizes (DESIGN 3b)
+    facts = {
+        "kv_bytes_per_token": per_token, "target_kv_bytes_per_token": target_tok,
+        "indexer_bytes_per_token": indexer_tok, "drafter_kv_bytes_per_token": drafter.kv_bytes_per_token,
+        "state_bytes_per_sequence": state_seq, "kv_pool_tokens": kv_tokens, "block_size": block,
+        "num_blocks": num_blocks, "max_num_seqs": seqs, "kv_cache_memory_bytes": kv_cache_memory_bytes,
+        "weight_bytes": sum(v for k, v in breakdown.items() if k.startswith("weights.")),
+        "drafter_weight_bytes": drafter.weight_bytes, "omp_threads": omp, "quantization": quant,
+        "speculative_method": drafter.method,
+    }
+    return EnginePlan(arch, breakdown, vllm, env, facts, comp, disk, page_cache, drafter, notes)
+
+
+def utilization_for(planned: int, total: int) -> float:
+    """Smallest 4-decimal utilization whose util x total covers the engine's planned bytes."""
+    return math.ceil(planned / total * 10_000) / 10_000

