@@ -1,0 +1,155 @@
+"""Planner unit tests: hand-computed golden values, refusal with advice, admission, pins, PLE placement."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from planner.architecture import read_architecture
+from planner.plan import PlanError, build_plan
+from planner.profile import load_profile
+from planner.weights import component_params
+
+ROOT = Path(__file__).resolve().parents[2]
+GiB = 2**30
+
+
+def _profile(tmp_path: Path, name: str, **changes) -> Path:
+    data = yaml.safe_load((ROOT / "configs" / f"{name}.yaml").read_text())
+    for dotted, value in changes.items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    data["embedder"]["model"] = str(ROOT / data["embedder"]["model"])
+    data["chat"]["model"] = str(ROOT / data["chat"]["model"]) if data["chat"]["model"].startswith("models/") \
+        else data["chat"]["model"]
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+# ---- golden architectures ------------------------------------------------------------------------
+def test_smollm2_golden():
+    a = read_architecture(str(ROOT / "models/SmolLM2-135M-Instruct"))
+    assert a.kv_bytes_per_token(2) == 2 * 30 * 3 * 64 * 2 == 23_040
+    assert sum(component_params(a).values()) == 134_515_008  # tied embeddings
+    assert a.state_bytes_per_sequence(2, 4) == 0
+
+
+def test_flash_next_golden():
+    a = read_architecture("/absent/Qwen3.8-Flash-Next-NVFP4", "qwen3.8-flash-next")
+    assert (a.full_layers, a.linear_layers, a.moe_layers) == (12, 36, 48)
+    assert a.kv_bytes_per_token(2) + a.mtp_kv_bytes_per_token(2) == 13 * 2 * 2 * 256 * 2 == 26_624  # ~26.6 KB
+    assert a.kv_bytes_per_token(2) + a.indexer_bytes_per_token() + a.mtp_kv_bytes_per_token(2) == 31_232  # ~31 KB
+    assert a.kv_bytes_per_token(1) + a.indexer_bytes_per_token() + a.mtp_kv_bytes_per_token(1) == 17_920  # ~17.8 KB
+    # GDN: conv 3 x (2*16*128 + 48*128) bf16 + ssm 48*128*128 fp32, x 36 layers = ~115 MB
+    assert a.state_bytes_per_sequence(2, 4) == 36 * (3 * 10_240 * 2 + 786_432 * 4) == 115_458_048
+    assert a.hybrid_attention_block(2, 2, 4, 16) == 1568  # "about 1600 tokens"
+    params = component_params(a)
+    main = sum(v for k, v in params.items() if k not in ("mtp", "ple", "vision"))
+    assert main == 125_050_767_744  # "125B"
+    assert params["ple"] == 51_200_000_000
+
+
+def test_qwen27b_golden():
+    a = read_architecture("/absent", "qwen3.8-27b")
+    assert (a.full_layers, a.linear_layers) == (16, 48)
+    assert a.kv_bytes_per_token(2) == 16 * 2 * 4 * 256 * 2 == 65_536  # 64 KiB/token
+    assert a.state_bytes_per_sequence(2, 4) == 48 * 3_207_168 == 153_944_064  # ~0.15 GB
+
+
+# ---- cpu-tiny --------------------------------------------------------------------------------------
+def test_cpu_tiny_kv_tokens_match_vllm():
+    plan = build_plan(load_profile(ROOT / "configs/cpu-tiny.yaml"), 24 * GiB)
+    assert plan.chat.kv_bytes_per_token == 23_040
+    assert plan.chat.block_size == 128
+    assert plan.chat.kv_pool_tokens == 46_592  # vLLM logged "CPU KV cache size: 46,592 tokens" for 1 GiB
+    chat = plan.replica("chat")
+    assert chat.vllm["kv_cache_memory_bytes"] == GiB
+    assert "gpu_memory_utilization" not in chat.vllm
+    assert chat.planned_bytes == sum(chat.breakdown.values())
+    assert {r.kind for r in plan.replicas} == {"chat", "embedder", "retriever", "gateway"}
+    assert plan.ray.include_dashboard is False and plan.ray.object_store_memory == 256 * 2**20
+
+
+def test_cpu_tiny_refused_at_2gib():
+    with pytest.raises(PlanError) as err:
+        build_plan(load_profile(ROOT / "configs/cpu-tiny.yaml"), 2 * GiB)
+    assert "Biggest items" in str(err.value) and "--pool" in str(err.value)
+
+
+def test_speculative_mapping(tmp_path):
+    ngram = build_plan(load_profile(_profile(tmp_path, "cpu-tiny", **{"chat.speculative": {
+        "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}})), 24 * GiB)
+    assert ngram.replica("chat").vllm["speculative_config"] == {
+        "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    draft = str(ROOT / "models/SmolLM2-135M-Instruct-draft6")
+    plan = build_plan(load_profile(_profile(tmp_path, "cpu-tiny", **{"chat.speculative": {
+        "method": "draft_model", "model": draft, "num_speculative_tokens": 3}})), 24 * GiB)
+    assert plan.chat.kv_bytes_per_token == 23_040 + 2 * 6 * 3 * 64 * 2
+    assert plan.replica("chat").breakdown["drafter.weights (draft_model)"] > 0
+    with pytest.raises(PlanError, match="missing"):
+        build_plan(load_profile(_profile(tmp_path, "cpu-tiny", **{"chat.speculative": {
+            "method": "draft_model", "model": str(tmp_path / "nope")}})), 24 * GiB)
+    with pytest.raises(PlanError, match="no MTP head"):
+        build_plan(load_profile(_profile(tmp_path, "cpu-tiny", **{"chat.speculative": {"method": "mtp"}})), 24 * GiB)
+
+
+def test_vocab_mismatch(tmp_path):
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    cfg = json.loads((ROOT / "models/SmolLM2-135M-Instruct-draft6/config.json").read_text())
+    cfg["vocab_size"] = 32_000
+    (draft / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(PlanError, match="vocabulary"):
+        build_plan(load_profile(_profile(tmp_path, "cpu-tiny", **{"chat.speculative": {
+            "method": "draft_model", "model": str(draft)}})), 24 * GiB)
+
+
+def test_pinned_values(tmp_path):
+    with pytest.raises(PlanError, match="max_num_seqs 64 is pinned"):
+        build_plan(load_profile(_profile(tmp_path, "cpu-tiny", **{"chat.max_num_seqs": 64})), 24 * GiB)
+    with pytest.raises(PlanError, match="omp_threads"):
+        build_plan(load_profile(_profile(tmp_path, "cpu-tiny", **{"chat.omp_threads": 8})), 24 * GiB)
+    plan = build_plan(load_profile(_profile(tmp_path, "cpu-tiny", **{"chat.block_size": 32})), 24 * GiB)
+    assert plan.replica("chat").vllm["block_size"] == 32
+    with pytest.raises(PlanError, match="gpu_memory_utilization"):
+        build_plan(load_profile(_profile(tmp_path, "dgx-spark", **{"chat.gpu_memory_utilization": 0.5})))
+
+
+# ---- Spark profiles ----------------------------------------------------------------------------------
+def test_spark_186_fits_with_ple_resident():
+    plan = build_plan(load_profile(ROOT / "configs/dgx-spark.yaml"))
+    chat = plan.replica("chat")
+    assert chat.breakdown["weights.ple (fp8)"] == 51_200_000_000
+    assert plan.pool.headroom_bytes >= 0
+    assert chat.vllm["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 3}
+    assert chat.vllm["mamba_cache_mode"] == "align"
+    assert all(a.ok for a in plan.admission)
+    assert chat.vllm["gpu_memory_utilization"] * plan.pool.total_bytes >= chat.planned_bytes
+
+
+def test_spark_128_needs_ple_on_disk(tmp_path):
+    plan = build_plan(load_profile(ROOT / "configs/dgx-spark-128.yaml"))
+    assert not any(k.startswith("weights.ple") for k in plan.replica("chat").breakdown)
+    assert plan.page_cache  # headroom for the mmap'd table is planned
+    with pytest.raises(PlanError) as err:
+        build_plan(load_profile(_profile(tmp_path, "dgx-spark-128", **{"chat.placement": {"ple": "pool"}})))
+    assert "PLE on disk" in str(err.value) and "GiB" in str(err.value)
+
+
+def test_spark_27b_dspark():
+    plan = build_plan(load_profile(ROOT / "configs/dgx-spark-27b.yaml"))
+    assert plan.chat.drafter_kv_bytes_per_token == 5 * 2 * 4 * 256 * 2
+    assert plan.replica("chat").vllm["speculative_config"]["method"] == "dspark"
+    assert plan.pool.headroom_bytes >= 0
+
+
+def test_dspark_needs_bf16_kv(tmp_path):
+    with pytest.raises(PlanError, match="bf16 KV"):
+        build_plan(load_profile(_profile(tmp_path, "dgx-spark-27b", **{"chat.kv_cache_dtype": "fp8"})))
