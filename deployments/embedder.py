@@ -1,0 +1,49 @@
+"""Embedder replica: sentence-transformers, plus chunking with the same model's tokenizer."""
+
+from __future__ import annotations
+
+import numpy as np
+from ray import serve
+
+from deployments.process_memory import process_tree_rss
+from rag.chunking import Chunker
+
+
+@serve.deployment(name="embedder", max_ongoing_requests=64)
+class Embedder:
+    def __init__(self, model_path: str, model_id: str, batch_size: int, chunk_tokens: int,
+                 chunk_overlap: int, torch_threads: int):
+        import torch
+        from sentence_transformers import SentenceTransformer
+
+        torch.set_num_threads(torch_threads)
+        self.model_id = model_id
+        self.batch_size = batch_size
+        self.model = SentenceTransformer(model_path, device="cpu", local_files_only=True)
+        self.dimension = int(self.model.get_sentence_embedding_dimension())
+        tokenizer = self.model.tokenizer
+        self._count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        # Chunks must fit what the model reads (max_seq_length includes [CLS]/[SEP]).
+        limit = max(16, int(self.model.max_seq_length) - 2)
+        self.chunker = Chunker(self._count, min(chunk_tokens, limit), min(chunk_overlap, limit // 4))
+
+    def info(self) -> dict:
+        return {"model_id": self.model_id, "dimension": self.dimension, "max_seq_length": self.model.max_seq_length}
+
+    def embed(self, texts: list[str]) -> dict:
+        """Unit-length float32 vectors and the tokens the model actually read."""
+        vectors = self.model.encode(
+            texts, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True,
+            show_progress_bar=False,
+        ).astype(np.float32)
+        read = sum(min(self._count(t) + 2, self.model.max_seq_length) for t in texts)
+        return {"vectors": vectors, "tokens": read}
+
+    def chunk(self, text: str) -> list[str]:
+        return [chunk.text for chunk in self.chunker.split(text)]
+
+    def memory(self) -> dict:
+        return process_tree_rss()
+
+    def ready(self) -> bool:
+        return True

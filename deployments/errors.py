@@ -1,0 +1,82 @@
+"""Client mistakes become 4xx with an OpenAI-style error body naming the problem; never a 500."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.responses import JSONResponse
+
+from rag.ids import InvalidIdError
+from rag.store import CollectionNotFound, DocumentNotFound
+
+logger = logging.getLogger("poolserve.gateway")
+
+# vLLM's wording when a prompt does not fit; it can arrive wrapped in a Ray task error.
+CONTEXT_ERROR_MARKERS = ("maximum context length", "longer than the maximum model length", "max_model_len")
+
+
+def error_body(status: int, message: str, kind: str) -> JSONResponse:
+    return JSONResponse(
+        status_code=status,
+        content={"error": {"message": message, "type": kind, "code": status}, "object": "error", "message": message},
+    )
+
+
+def _describe_validation(exc: RequestValidationError) -> tuple[int, str]:
+    errors = exc.errors()
+    if any(err.get("type") == "json_invalid" for err in errors):
+        return 400, "request body is not valid JSON: " + "; ".join(str(e.get("ctx", {}).get("error", e.get("msg"))) for e in errors)
+    parts = []
+    for err in errors[:5]:
+        location = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        parts.append(f"{location or 'body'}: {err.get('msg')}")
+    return 422, "invalid request: " + "; ".join(parts)
+
+
+def context_length_message(exc: BaseException) -> str | None:
+    text = str(exc)
+    if any(marker in text for marker in CONTEXT_ERROR_MARKERS):
+        return "prompt is longer than the model's context: " + text.strip().splitlines()[-1][:300]
+    return None
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError):
+        status, message = _describe_validation(exc)
+        return error_body(status, message, "invalid_request_error")
+
+    @app.exception_handler(InvalidIdError)
+    async def _invalid_id(_: Request, exc: InvalidIdError):
+        return error_body(400, str(exc), "invalid_request_error")
+
+    @app.exception_handler(CollectionNotFound)
+    @app.exception_handler(DocumentNotFound)
+    async def _not_found(_: Request, exc: LookupError):
+        return error_body(404, str(exc.args[0] if exc.args else exc), "not_found_error")
+
+    @app.exception_handler(HTTPException)
+    async def _http(_: Request, exc: HTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        response = error_body(exc.status_code, str(exc.detail), kind)
+        for key, value in (exc.headers or {}).items():
+            response.headers[key] = value
+        return response
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception):
+        # Errors raised inside other replicas arrive as RayTaskError subclasses of the cause.
+        for kind, status in ((InvalidIdError, 400), (CollectionNotFound, 404), (DocumentNotFound, 404)):
+            if isinstance(exc, kind):
+                cause = getattr(exc, "cause", exc)
+                return error_body(status, str(cause.args[0] if cause.args else cause), "invalid_request_error")
+        message = context_length_message(exc)
+        if message:
+            return error_body(400, message, "invalid_request_error")
+        status = getattr(exc, "status_code", None)
+        if isinstance(status, int) and 400 <= status < 500:
+            return error_body(status, str(getattr(exc, "message", exc)), "invalid_request_error")
+        logger.exception("unhandled error")
+        return error_body(500, f"internal error: {type(exc).__name__}", "internal_error")

@@ -1,0 +1,317 @@
+"""Gateway: ray.serve.llm's OpenAI ingress, extended with embeddings, knowledge bases and RAG.
+
+The OpenAI protocol (parsing, SSE) stays with ray.serve.llm and vLLM; this class adds the
+routes poolserve owns and routes embeddings to the sentence-transformers replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+
+import numpy as np
+from fastapi import FastAPI, HTTPException, Request
+from ray.llm._internal.serve.core.configs.openai_api_models import (
+    ChatCompletionRequest,
+    EmbeddingRequest,
+    ModelCard,
+    ModelList,
+)
+from ray.serve.llm.ingress import OpenAiIngress
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from deployments.errors import error_body
+from deployments.schemas import AddDocumentsRequest, RagOptions, RagQueryRequest
+from rag.ids import validate_collection, validate_document_id
+from rag.prompt import RetrievedChunk, augment_chat, citations, last_user_text, rag_messages
+
+logger = logging.getLogger("poolserve.gateway")
+HEALTH_TIMEOUT_S = 5.0
+
+
+class Gateway(OpenAiIngress):
+    def __init__(self, llm_deployments, model_cards, *, embedder, retriever, settings: dict):
+        super().__init__(llm_deployments, model_cards)
+        from transformers import AutoTokenizer
+
+        self._embedder = embedder
+        self._retriever = retriever
+        self._settings = settings
+        self._chat_model_id = settings["chat_model_id"]
+        self._embed_model_id = settings["embed_model_id"]
+        self._max_model_len = settings["max_model_len"]
+        # The chat tokenizer lets the gateway refuse an over-long prompt with a 400 before the engine.
+        self._tokenizer = AutoTokenizer.from_pretrained(settings["chat_model_path"])
+        self._healthy = False
+
+    # ---- health and models -------------------------------------------------------------
+    async def healthz(self) -> Response:
+        if not self._healthy:
+            checks = [asyncio.ensure_future(self._ready_check(call)) for call in (
+                self._embedder.ready.remote(), self._retriever.ready.remote(),
+                self._default_serve_handles[self._chat_model_id].check_health.remote(),
+            )]
+            done, pending = await asyncio.wait(checks, timeout=HEALTH_TIMEOUT_S)
+            for task in pending:
+                task.cancel()
+            failed = [task.result() for task in done if task.result()]
+            if pending or failed:
+                return error_body(503, f"not ready: {failed or 'replicas still starting'}", "service_unavailable")
+            self._healthy = True
+        return JSONResponse({"status": "ok"})
+
+    @staticmethod
+    async def _ready_check(call) -> str | None:
+        """None when the replica answered, else why not (a replica still starting raises)."""
+        try:
+            await call
+            return None
+        except Exception as exc:
+            return type(exc).__name__
+
+    async def models(self) -> ModelList:
+        listing = await super().models()
+        embed_card = ModelCard(
+            id=self._embed_model_id, object="model", owned_by="poolserve", permission=[],
+            metadata={"model_id": self._embed_model_id, "task": "embedding"},
+        )
+        return ModelList(data=[*listing.data, embed_card])
+
+    async def model_data(self, model: str) -> ModelCard:
+        if model == self._embed_model_id:
+            return (await self.models()).data[-1]
+        return await super().model_data(model)
+
+    # ---- chat ----------------------------------------------------------------------------
+    def _count_chat_tokens(self, messages: list) -> int:
+        try:
+            ids = self._tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+        except Exception as exc:  # a malformed message shape is the client's mistake
+            raise HTTPException(400, f"messages could not be rendered with the chat template: {exc}")
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return len(ids)
+
+    def _check_prompt_fits(self, body: ChatCompletionRequest) -> int:
+        tokens = self._count_chat_tokens([dict(m) for m in body.messages])
+        wanted = body.max_completion_tokens or body.max_tokens or 1
+        if tokens >= self._max_model_len or tokens + wanted > self._max_model_len:
+            raise HTTPException(
+                400,
+                f"prompt is {tokens} tokens and max_tokens is {wanted}; together they exceed the model's "
+                f"context of {self._max_model_len} tokens. Shorten the prompt or lower max_tokens.",
+            )
+        return tokens
+
+    async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
+        rag = (body.model_extra or {}).pop("rag", None)
+        await self._get_model_id(body.model)  # 404 for an unknown model, before any retrieval
+        if body.model == self._embed_model_id:
+            raise HTTPException(400, f"model {body.model!r} is an embedding model; use /v1/embeddings")
+        if rag is None:
+            self._check_prompt_fits(body)
+            return await super().chat(body, request)
+        options = RagOptions.model_validate(rag)
+        messages = [dict(m) for m in body.messages]
+        hits = await self._retrieve(self._tenant(request), options.collection, last_user_text(messages), options.top_k)
+        body.messages = augment_chat(messages, hits)
+        self._check_prompt_fits(body)
+        response = await super().chat(body, request)
+        return self._attach_citations(response, citations(hits))
+
+    def _attach_citations(self, response: Response, cited: list[dict]) -> Response:
+        if isinstance(response, StreamingResponse):
+            return StreamingResponse(_citations_in_first_chunk(response.body_iterator, cited),
+                                     media_type="text/event-stream")
+        payload = json.loads(response.body)
+        payload["citations"] = cited
+        return JSONResponse(payload, status_code=response.status_code)
+
+    # ---- embeddings ----------------------------------------------------------------------
+    async def embeddings(self, body: EmbeddingRequest, request: Request) -> Response:
+        if body.model not in (None, self._embed_model_id):
+            await self._get_model_id(body.model)  # unknown → 404
+            raise HTTPException(400, f"model {body.model!r} is a chat model; embeddings come from {self._embed_model_id!r}")
+        texts = getattr(body, "input", None)
+        if isinstance(texts, str):
+            texts = [texts]
+        if not texts or not all(isinstance(t, str) for t in texts):
+            raise HTTPException(400, "input must be a non-empty string or list of strings (token ids are not accepted)")
+        if len(texts) > 2048:
+            raise HTTPException(400, f"input has {len(texts)} items; the limit is 2048")
+        result = await self._embedder.embed.remote(texts)
+        vectors: np.ndarray = result["vectors"]
+        if getattr(body, "dimensions", None):
+            raise HTTPException(400, f"dimensions is not supported; {self._embed_model_id} has {vectors.shape[1]}")
+        as_base64 = getattr(body, "encoding_format", "float") == "base64"
+        data = [
+            {"object": "embedding", "index": i,
+             "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if as_base64 else v.tolist()}
+            for i, v in enumerate(vectors)
+        ]
+        usage = {"prompt_tokens": result["tokens"], "total_tokens": result["tokens"]}
+        return JSONResponse({"object": "list", "data": data, "model": self._embed_model_id, "usage": usage})
+
+    # ---- knowledge bases -----------------------------------------------------------------
+    def _tenant(self, request: Request) -> str:
+        return getattr(request.state, "tenant_name", None) or "default"
+
+    async def add_documents(self, collection: str, body: AddDocumentsRequest, request: Request) -> Response:
+        tenant = self._tenant(request)
+        validate_collection(collection)
+        limit = self._settings["max_documents_per_request"]
+        if len(body.documents) > limit:
+            raise HTTPException(400, f"{len(body.documents)} documents in one request; the limit is {limit}")
+        ids = [validate_document_id(doc.id) for doc in body.documents]
+        if len(set(ids)) != len(ids):
+            raise HTTPException(400, "document ids repeat within the request")
+        for doc in body.documents:
+            if len(doc.text) > self._settings["max_document_chars"]:
+                raise HTTPException(400, f"document {doc.id!r} has {len(doc.text)} characters; the limit is "
+                                         f"{self._settings['max_document_chars']}")
+        results = []
+        for doc in body.documents:
+            chunks = await self._embedder.chunk.remote(doc.text)
+            vectors = (await self._embedder.embed.remote(chunks))["vectors"] if chunks else np.zeros((0, 0))
+            count = await self._retriever.upsert_document.remote(
+                tenant, collection, doc.id, chunks, vectors, doc.metadata, len(doc.text))
+            results.append({"id": doc.id, "chunks": count})
+        return JSONResponse({"collection": collection, "documents": results,
+                             "chunks": sum(r["chunks"] for r in results)})
+
+    async def list_collections(self, request: Request) -> Response:
+        collections = await self._retriever.list_collections.remote(self._tenant(request))
+        return JSONResponse({"object": "list", "data": collections})
+
+    async def get_collection(self, collection: str, request: Request) -> Response:
+        validate_collection(collection)
+        return JSONResponse(await self._retriever.collection_info.remote(self._tenant(request), collection))
+
+    async def delete_document(self, collection: str, document_id: str, request: Request) -> Response:
+        validate_collection(collection)
+        validate_document_id(document_id)
+        await self._retriever.delete_document.remote(self._tenant(request), collection, document_id)
+        return JSONResponse({"deleted": document_id, "collection": collection})
+
+    async def delete_collection(self, collection: str, request: Request) -> Response:
+        validate_collection(collection)
+        await self._retriever.delete_collection.remote(self._tenant(request), collection)
+        return JSONResponse({"deleted": collection})
+
+    # ---- RAG ------------------------------------------------------------------------------
+    async def _retrieve(self, tenant: str, collection: str, question: str, top_k: int | None) -> list[RetrievedChunk]:
+        validate_collection(collection)
+        top_k = top_k or self._settings["default_top_k"]
+        if top_k > self._settings["max_top_k"]:
+            raise HTTPException(400, f"top_k {top_k} is above the limit of {self._settings['max_top_k']}")
+        if not question.strip():
+            raise HTTPException(400, "no question: the last user message is empty")
+        vector = (await self._embedder.embed.remote([question]))["vectors"][0]
+        return await self._retriever.search.remote(tenant, collection, vector, top_k)
+
+    async def rag_query(self, body: RagQueryRequest, request: Request) -> Response:
+        if body.model not in (None, self._chat_model_id):
+            await self._get_model_id(body.model)
+        hits = await self._retrieve(self._tenant(request), body.collection, body.question, body.top_k)
+        chat_body = ChatCompletionRequest(
+            model=body.model or self._chat_model_id, messages=rag_messages(body.question, hits),
+            max_tokens=body.max_tokens or self._settings["answer_max_tokens"], temperature=body.temperature,
+            stream=body.stream, stream_options={"include_usage": True} if body.stream else None,
+        )
+        self._check_prompt_fits(chat_body)
+        response = await super().chat(chat_body, request)
+        cited = citations(hits)
+        if isinstance(response, StreamingResponse):
+            return StreamingResponse(_rag_stream(response.body_iterator, cited), media_type="text/event-stream")
+        payload = json.loads(response.body)
+        answer = payload["choices"][0]["message"].get("content") or ""
+        return JSONResponse({"answer": answer, "citations": cited, "usage": payload.get("usage", {}),
+                             "model": payload.get("model"), "id": payload.get("id")})
+
+    # ---- operations ---------------------------------------------------------------------------
+    async def status(self) -> Response:
+        from deployments.process_memory import process_tree_rss
+
+        chat_handle = self._default_serve_handles[self._chat_model_id]
+        measured = await asyncio.gather(
+            chat_handle.memory.remote(), self._embedder.memory.remote(), self._retriever.memory.remote(),
+            return_exceptions=True,
+        )
+        names = ["chat", "embedder", "retriever"]
+        replicas = [{"name": n, **(m if isinstance(m, dict) else {"error": str(m)})} for n, m in zip(names, measured)]
+        replicas.append({"name": "gateway", **process_tree_rss()})
+        planned = self._settings.get("planned_bytes", {})
+        for replica in replicas:
+            replica["planned_bytes"] = planned.get(replica["name"])
+        return JSONResponse({"replicas": replicas, "retriever": await self._retriever.stats.remote()})
+
+
+async def _sse_events(body_iterator):
+    """Split a byte/str stream into complete SSE `data:` payloads."""
+    buffer = ""
+    async for piece in body_iterator:
+        buffer += piece.decode() if isinstance(piece, bytes) else piece
+        while "\n\n" in buffer:
+            event, buffer = buffer.split("\n\n", 1)
+            if event.startswith("data: "):
+                yield event[len("data: "):]
+    if buffer.strip().startswith("data: "):
+        yield buffer.strip()[len("data: "):]
+
+
+async def _citations_in_first_chunk(body_iterator, cited: list[dict]):
+    """Chat-with-RAG streams stay plain OpenAI chunks; the first carries `citations`."""
+    first = True
+    async for data in _sse_events(body_iterator):
+        if first and data != "[DONE]":
+            chunk = json.loads(data)
+            chunk["citations"] = cited
+            data, first = json.dumps(chunk), False
+        yield f"data: {data}\n\n"
+
+
+async def _rag_stream(body_iterator, cited: list[dict]):
+    """/v1/rag/query stream: a citations event, answer deltas, a final usage event, [DONE]."""
+    yield f"data: {json.dumps({'object': 'rag.citations', 'citations': cited})}\n\n"
+    async for data in _sse_events(body_iterator):
+        if data == "[DONE]":
+            break
+        chunk = json.loads(data)
+        if chunk.get("object") == "error" or "error" in chunk:
+            yield f"data: {json.dumps(chunk)}\n\n"
+            continue
+        for choice in chunk.get("choices", []):
+            delta = (choice.get("delta") or {}).get("content")
+            if delta:
+                yield f"data: {json.dumps({'object': 'rag.delta', 'delta': delta})}\n\n"
+        if chunk.get("usage"):
+            yield f"data: {json.dumps({'object': 'rag.usage', 'usage': chunk['usage']})}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+ENDPOINTS = {
+    "models": lambda app: app.get("/v1/models", response_model=ModelList),
+    "model_data": lambda app: app.get("/v1/models/{model:path}", response_model=ModelCard),
+    "completions": lambda app: app.post("/v1/completions"),
+    "chat": lambda app: app.post("/v1/chat/completions"),
+    "embeddings": lambda app: app.post("/v1/embeddings"),
+    "healthz": lambda app: app.get("/healthz"),
+    "status": lambda app: app.get("/status"),
+    # `:path` lets a name with '/' reach validation and get a 400 instead of a routing 404.
+    "add_documents": lambda app: app.post("/v1/collections/{collection:path}/documents"),
+    "list_collections": lambda app: app.get("/v1/collections"),
+    "delete_document": lambda app: app.delete("/v1/collections/{collection:path}/documents/{document_id:path}"),
+    "get_collection": lambda app: app.get("/v1/collections/{collection:path}"),
+    "delete_collection": lambda app: app.delete("/v1/collections/{collection:path}"),
+    "rag_query": lambda app: app.post("/v1/rag/query"),
+}
+
+
+def make_app() -> FastAPI:
+    from deployments.errors import install_error_handlers
+
+    app = FastAPI(title="poolserve", docs_url="/docs", redoc_url=None)
+    install_error_handlers(app)
+    return app

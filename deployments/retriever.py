@@ -1,0 +1,46 @@
+"""Retriever replica: thin Ray glue around rag.store.KnowledgeStore (SQLite + FAISS)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ray import serve
+
+from deployments.process_memory import process_tree_rss
+from rag.store import KnowledgeStore
+
+
+@serve.deployment(name="retriever", max_ongoing_requests=64)
+class Retriever:
+    def __init__(self, state_dir: str, dim: int, index_kind: str, hnsw_m: int, faiss_threads: int):
+        import faiss
+
+        faiss.omp_set_num_threads(faiss_threads)
+        self.store = KnowledgeStore(Path(state_dir) / "knowledge.sqlite3", dim=dim, index_kind=index_kind, hnsw_m=hnsw_m)
+
+    def upsert_document(self, tenant, collection, doc_id, chunks, vectors, metadata, chars) -> int:
+        return self.store.upsert_document(tenant, collection, doc_id, chunks, vectors, metadata, chars)
+
+    def delete_document(self, tenant: str, collection: str, doc_id: str) -> None:
+        self.store.delete_document(tenant, collection, doc_id)
+
+    def delete_collection(self, tenant: str, collection: str) -> None:
+        self.store.delete_collection(tenant, collection)
+
+    def list_collections(self, tenant: str) -> list[dict]:
+        return self.store.list_collections(tenant)
+
+    def collection_info(self, tenant: str, collection: str) -> dict:
+        return self.store.collection_info(tenant, collection)
+
+    def search(self, tenant: str, collection: str, vector, top_k: int):
+        return self.store.search(tenant, collection, vector, top_k)
+
+    def stats(self) -> dict:
+        return self.store.stats()
+
+    def memory(self) -> dict:
+        return process_tree_rss()
+
+    def ready(self) -> bool:
+        return True

@@ -1,0 +1,39 @@
+"""Tokenizer-aware chunking: chunks are measured in the embedder's own tokens.
+
+The embedder reads at most `max_seq_length` tokens (256 for MiniLM) and silently drops the
+rest, so chunk sizes are counted with its tokenizer, not with characters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from langchain_text_splitters import RecursiveCharacterTextSplitter
+
+# Paragraphs, then lines, then sentences, then words: the splitter tries them in order.
+SEPARATORS = ["\n\n", "\n", ". ", "? ", "! ", "; ", ", ", " ", ""]
+
+
+@dataclass(frozen=True)
+class Chunk:
+    index: int
+    text: str
+
+
+class Chunker:
+    def __init__(self, count_tokens: Callable[[str], int], chunk_tokens: int, overlap_tokens: int):
+        if overlap_tokens >= chunk_tokens:
+            raise ValueError(f"chunk overlap ({overlap_tokens}) must be smaller than chunk size ({chunk_tokens})")
+        self._splitter = RecursiveCharacterTextSplitter(
+            chunk_size=chunk_tokens,
+            chunk_overlap=overlap_tokens,
+            length_function=count_tokens,
+            separators=SEPARATORS,
+            keep_separator="end",
+            strip_whitespace=True,
+        )
+
+    def split(self, text: str) -> list[Chunk]:
+        pieces = [p for p in self._splitter.split_text(text) if p.strip()]
+        return [Chunk(index=i, text=p) for i, p in enumerate(pieces)]

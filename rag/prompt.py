@@ -1,0 +1,68 @@
+"""RAG prompt building: numbered context, an instruction to answer from it, and citations."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SYSTEM_INSTRUCTION = (
+    "You answer questions using only the numbered context passages below. "
+    "Cite the passages you use as [1], [2], ... "
+    "If the context does not contain the answer, say that you don't know."
+)
+
+
+@dataclass(frozen=True)
+class RetrievedChunk:
+    document_id: str
+    chunk_id: str
+    score: float
+    text: str
+    metadata: dict | None = None
+
+    def citation(self) -> dict:
+        return {
+            "document_id": self.document_id,
+            "chunk_id": self.chunk_id,
+            "score": round(float(self.score), 6),
+            "text": self.text,
+            "metadata": self.metadata or {},
+        }
+
+
+def context_block(chunks: list[RetrievedChunk]) -> str:
+    lines = [f"[{i}] {chunk.text.strip()}" for i, chunk in enumerate(chunks, start=1)]
+    return "Context:\n" + "\n\n".join(lines) if lines else "Context: (no passages found)"
+
+
+def rag_messages(question: str, chunks: list[RetrievedChunk], history: list[dict] | None = None) -> list[dict]:
+    """Messages for the chat model: instruction + context as system, then the conversation."""
+    system = {"role": "system", "content": f"{SYSTEM_INSTRUCTION}\n\n{context_block(chunks)}"}
+    turns = list(history or [])
+    if question:
+        turns.append({"role": "user", "content": question})
+    return [system, *turns]
+
+
+def augment_chat(messages: list[dict], chunks: list[RetrievedChunk]) -> list[dict]:
+    """RAG through /v1/chat/completions: keep the client's messages, prepend the context.
+
+    A client system message stays, after ours, so its persona still applies.
+    """
+    return rag_messages("", chunks, history=messages)
+
+
+def last_user_text(messages: list[dict]) -> str:
+    """The retrieval query for chat-with-RAG: the latest user turn's text."""
+    for message in reversed(messages):
+        if message.get("role") != "user":
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            return content
+        if isinstance(content, list):
+            return " ".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return ""
+
+
+def citations(chunks: list[RetrievedChunk]) -> list[dict]:
+    return [chunk.citation() for chunk in chunks]

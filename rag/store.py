@@ -1,0 +1,231 @@
+"""Knowledge store: SQLite is the source of truth, FAISS indexes are derived from it.
+
+Writes go to SQLite first (one transaction per document), then to the collection's FAISS
+index; on start every index is rebuilt from the vectors stored in SQLite, so a crash between
+the two steps loses nothing. Collections are namespaced per tenant: every call takes the
+tenant, and another tenant's collection simply does not exist.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+from rag.prompt import RetrievedChunk
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS collections (
+    tenant TEXT NOT NULL, name TEXT NOT NULL, created_at REAL NOT NULL,
+    PRIMARY KEY (tenant, name));
+CREATE TABLE IF NOT EXISTS documents (
+    tenant TEXT NOT NULL, collection TEXT NOT NULL, doc_id TEXT NOT NULL,
+    metadata TEXT NOT NULL, chars INTEGER NOT NULL, chunk_count INTEGER NOT NULL, updated_at REAL NOT NULL,
+    PRIMARY KEY (tenant, collection, doc_id));
+CREATE TABLE IF NOT EXISTS chunks (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    tenant TEXT NOT NULL, collection TEXT NOT NULL, doc_id TEXT NOT NULL,
+    chunk_index INTEGER NOT NULL, text TEXT NOT NULL, vector BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS chunks_by_doc ON chunks (tenant, collection, doc_id);
+"""
+
+
+class CollectionNotFound(LookupError):
+    pass
+
+
+class DocumentNotFound(LookupError):
+    pass
+
+
+class KnowledgeStore:
+    def __init__(self, db_path: str | Path, dim: int, index_kind: str = "flat", hnsw_m: int = 32):
+        self.dim = dim
+        self.index_kind = index_kind
+        self.hnsw_m = hnsw_m
+        Path(db_path).parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(db_path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(SCHEMA)
+        # FAISS adds/removes are not thread-safe and SQLite's connection is shared: one lock.
+        self._lock = threading.RLock()
+        self._indexes: dict[tuple[str, str], faiss.Index] = {}
+        self._rebuild_all()
+
+    # ---- index maintenance -------------------------------------------------------------
+    def _new_index(self) -> faiss.Index:
+        if self.index_kind == "hnsw":
+            inner = faiss.IndexHNSWFlat(self.dim, self.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        else:
+            inner = faiss.IndexFlatIP(self.dim)
+        return faiss.IndexIDMap2(inner)
+
+    def _rebuild(self, tenant: str, collection: str) -> None:
+        rows = self._db.execute(
+            "SELECT id, vector FROM chunks WHERE tenant=? AND collection=? ORDER BY id", (tenant, collection)
+        ).fetchall()
+        index = self._new_index()
+        if rows:
+            ids = np.array([r[0] for r in rows], dtype=np.int64)
+            vectors = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), self.dim)
+            index.add_with_ids(vectors, ids)
+        self._indexes[(tenant, collection)] = index
+
+    def _rebuild_all(self) -> None:
+        with self._lock:
+            for tenant, name in self._db.execute("SELECT tenant, name FROM collections").fetchall():
+                self._rebuild(tenant, name)
+
+    def _vectors(self, vectors: np.ndarray | list) -> np.ndarray:
+        array = np.ascontiguousarray(np.asarray(vectors, dtype=np.float32))
+        if array.ndim != 2 or array.shape[1] != self.dim:
+            raise ValueError(f"expected vectors of dimension {self.dim}, got shape {array.shape}")
+        faiss.normalize_L2(array)  # inner product of unit vectors = cosine similarity
+        return array
+
+    # ---- writes ------------------------------------------------------------------------
+    def upsert_document(
+        self, tenant: str, collection: str, doc_id: str, chunks: list[str], vectors, metadata: dict | None = None,
+        chars: int = 0,
+    ) -> int:
+        """Store (or replace) a document's chunks; returns the chunk count."""
+        array = self._vectors(vectors) if chunks else np.zeros((0, self.dim), dtype=np.float32)
+        if len(array) != len(chunks):
+            raise ValueError(f"{len(chunks)} chunks but {len(array)} vectors")
+        now = time.time()
+        with self._lock:
+            cur = self._db.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                cur.execute("INSERT OR IGNORE INTO collections VALUES (?, ?, ?)", (tenant, collection, now))
+                old_ids = [r[0] for r in cur.execute(
+                    "SELECT id FROM chunks WHERE tenant=? AND collection=? AND doc_id=?", (tenant, collection, doc_id))]
+                cur.execute("DELETE FROM chunks WHERE tenant=? AND collection=? AND doc_id=?", (tenant, collection, doc_id))
+                new_ids = []
+                for i, (text, vector) in enumerate(zip(chunks, array)):
+                    cur.execute(
+                        "INSERT INTO chunks (tenant, collection, doc_id, chunk_index, text, vector) VALUES (?,?,?,?,?,?)",
+                        (tenant, collection, doc_id, i, text, vector.tobytes()),
+                    )
+                    new_ids.append(cur.lastrowid)
+                cur.execute(
+                    "INSERT OR REPLACE INTO documents VALUES (?,?,?,?,?,?,?)",
+                    (tenant, collection, doc_id, json.dumps(metadata or {}), chars, len(chunks), now),
+                )
+                cur.execute("COMMIT")
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            key = (tenant, collection)
+            if key not in self._indexes:
+                self._indexes[key] = self._new_index()
+            self._apply(key, old_ids, np.array(new_ids, dtype=np.int64), array)
+        return len(chunks)
+
+    def _apply(self, key: tuple[str, str], removed: list[int], added_ids: np.ndarray, added: np.ndarray) -> None:
+        index = self._indexes[key]
+        if removed and self.index_kind == "hnsw":
+            self._rebuild(*key)  # HNSW cannot remove ids: rebuild from SQLite, which already has the new rows
+            return
+        if removed:
+            index.remove_ids(np.array(removed, dtype=np.int64))
+        if len(added_ids):
+            index.add_with_ids(added, added_ids)
+
+    def delete_document(self, tenant: str, collection: str, doc_id: str) -> None:
+        with self._lock:
+            self._require_collection(tenant, collection)
+            ids = [r[0] for r in self._db.execute(
+                "SELECT id FROM chunks WHERE tenant=? AND collection=? AND doc_id=?", (tenant, collection, doc_id))]
+            deleted = self._db.execute(
+                "DELETE FROM documents WHERE tenant=? AND collection=? AND doc_id=?", (tenant, collection, doc_id)
+            ).rowcount
+            if not deleted:
+                raise DocumentNotFound(f"document {doc_id!r} not found in collection {collection!r}")
+            self._db.execute("DELETE FROM chunks WHERE tenant=? AND collection=? AND doc_id=?", (tenant, collection, doc_id))
+            self._apply((tenant, collection), ids, np.zeros(0, dtype=np.int64), np.zeros((0, self.dim), np.float32))
+
+    def delete_collection(self, tenant: str, collection: str) -> None:
+        with self._lock:
+            self._require_collection(tenant, collection)
+            for table, column in (("chunks", "collection"), ("documents", "collection"), ("collections", "name")):
+                self._db.execute(f"DELETE FROM {table} WHERE tenant=? AND {column}=?", (tenant, collection))
+            self._indexes.pop((tenant, collection), None)
+
+    # ---- reads -------------------------------------------------------------------------
+    def _require_collection(self, tenant: str, collection: str) -> None:
+        if not self._db.execute(
+            "SELECT 1 FROM collections WHERE tenant=? AND name=?", (tenant, collection)
+        ).fetchone():
+            raise CollectionNotFound(f"collection {collection!r} not found")
+
+    def list_collections(self, tenant: str) -> list[dict]:
+        rows = self._db.execute(
+            "SELECT c.name, c.created_at, COUNT(d.doc_id), COALESCE(SUM(d.chunk_count), 0) FROM collections c "
+            "LEFT JOIN documents d ON d.tenant=c.tenant AND d.collection=c.name WHERE c.tenant=? "
+            "GROUP BY c.name ORDER BY c.name", (tenant,)
+        ).fetchall()
+        return [{"name": n, "created_at": t, "documents": d, "chunks": c} for n, t, d, c in rows]
+
+    def collection_info(self, tenant: str, collection: str) -> dict:
+        with self._lock:
+            self._require_collection(tenant, collection)
+            docs = self._db.execute(
+                "SELECT doc_id, chunk_count, chars, metadata, updated_at FROM documents "
+                "WHERE tenant=? AND collection=? ORDER BY doc_id", (tenant, collection)
+            ).fetchall()
+            indexed = self._indexes[(tenant, collection)].ntotal
+        return {
+            "name": collection,
+            "documents": [
+                {"id": d, "chunks": c, "chars": ch, "metadata": json.loads(m), "updated_at": u} for d, c, ch, m, u in docs
+            ],
+            "document_count": len(docs),
+            "chunk_count": sum(d[1] for d in docs),
+            "indexed_vectors": indexed,
+            "index": self.index_kind,
+        }
+
+    def search(self, tenant: str, collection: str, vector, top_k: int) -> list[RetrievedChunk]:
+        query = self._vectors([vector])
+        with self._lock:
+            self._require_collection(tenant, collection)
+            index = self._indexes[(tenant, collection)]
+            if index.ntotal == 0:
+                return []
+            scores, ids = index.search(query, min(top_k, index.ntotal))
+            hits = [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0]
+            if not hits:
+                return []
+            marks = ",".join("?" * len(hits))
+            rows = {
+                r[0]: r[1:]
+                for r in self._db.execute(
+                    f"SELECT c.id, c.doc_id, c.chunk_index, c.text, d.metadata FROM chunks c JOIN documents d "
+                    f"ON d.tenant=c.tenant AND d.collection=c.collection AND d.doc_id=c.doc_id WHERE c.id IN ({marks})",
+                    [i for i, _ in hits],
+                )
+            }
+        return [
+            RetrievedChunk(document_id=rows[i][0], chunk_id=f"{rows[i][0]}#{rows[i][1]}", score=score,
+                           text=rows[i][2], metadata=json.loads(rows[i][3]))
+            for i, score in hits if i in rows
+        ]
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {
+                "collections": len(self._indexes),
+                "vectors": sum(index.ntotal for index in self._indexes.values()),
+                "index_bytes_estimate": sum(index.ntotal for index in self._indexes.values()) * self.dim * 4,
+            }
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
