@@ -28,6 +28,7 @@ EMBEDDING_DIM_DEFAULT = 384
 
 
 class AppArgs(BaseModel):
+    model_config = {"extra": "ignore"}  # `poolserve render` adds the resolved plan for review
     profile: str = Field("configs/cpu-tiny.yaml", description="Profile YAML, relative to the working directory.")
 
 
@@ -70,7 +71,9 @@ def build_app(args: dict) -> serve.Application:
         **profile.rag.model_dump(),
         "state_dir": profile.state_dir,
     }
-    ingress_cls = make_fastapi_ingress(Gateway, endpoint_map=ENDPOINTS, app=make_app())
+    guard_config = {"state_dir": profile.state_dir, "tenants_file": profile.tenants_file,
+                    "max_body_bytes": profile.gateway.max_body_bytes}
+    ingress_cls = make_fastapi_ingress(Gateway, endpoint_map=ENDPOINTS, app=make_app(guard_config))
     gateway = serve.deployment(ingress_cls, name="gateway", max_ongoing_requests=512).options(
         **_options(plan, "gateway")
     )

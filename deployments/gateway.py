@@ -23,7 +23,9 @@ from ray.serve.llm.ingress import OpenAiIngress
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from deployments.errors import error_body
+from deployments.streams import force_stream_usage, rag_stream, tracked_stream
 from deployments.schemas import AddDocumentsRequest, RagOptions, RagQueryRequest
+from deployments.tenants import ADMIN_ENDPOINTS, TenantAdminRoutes, TenantAuthMiddleware, record_usage
 from rag.ids import validate_collection, validate_document_id
 from rag.prompt import RetrievedChunk, augment_chat, citations, last_user_text, rag_messages
 
@@ -31,7 +33,7 @@ logger = logging.getLogger("poolserve.gateway")
 HEALTH_TIMEOUT_S = 5.0
 
 
-class Gateway(OpenAiIngress):
+class Gateway(TenantAdminRoutes, OpenAiIngress):
     def __init__(self, llm_deployments, model_cards, *, embedder, retriever, settings: dict):
         super().__init__(llm_deployments, model_cards)
         from transformers import AutoTokenizer
@@ -71,18 +73,51 @@ class Gateway(OpenAiIngress):
         except Exception as exc:
             return type(exc).__name__
 
-    async def models(self) -> ModelList:
-        listing = await super().models()
-        embed_card = ModelCard(
-            id=self._embed_model_id, object="model", owned_by="poolserve", permission=[],
-            metadata={"model_id": self._embed_model_id, "task": "embedding"},
-        )
-        return ModelList(data=[*listing.data, embed_card])
+    def _embed_card(self) -> ModelCard:
+        return ModelCard(id=self._embed_model_id, object="model", owned_by="poolserve", permission=[],
+                         metadata={"model_id": self._embed_model_id, "task": "embedding"})
 
-    async def model_data(self, model: str) -> ModelCard:
+    async def models(self, request: Request) -> ModelList:
+        listing = await super().models()
+        cards = [*listing.data, self._embed_card()]
+        return ModelList(data=[card for card in cards if self._may_use(request, card.id)])
+
+    async def model_data(self, model: str, request: Request) -> ModelCard:
+        await self._require_model(request, model)
         if model == self._embed_model_id:
-            return (await self.models()).data[-1]
+            return self._embed_card()
         return await super().model_data(model)
+
+    # ---- tenants ----------------------------------------------------------------------------
+    @staticmethod
+    def _may_use(request: Request, model: str) -> bool:
+        tenant = getattr(request.state, "tenant", None)
+        return tenant is None or tenant.may_use_model(model)
+
+    async def _require_model(self, request: Request, model: str | None) -> str:
+        """The served model a request names (or the chat default): 404 unknown, 403 not allowed."""
+        model = model or self._chat_model_id
+        if model != self._embed_model_id:
+            await self._get_model_id(model)
+        if not self._may_use(request, model):
+            raise HTTPException(403, f"this API key's tenant may not use model {model!r}")
+        return model
+
+    def _tenant(self, request: Request) -> str:
+        return request.state.tenant.name
+
+    async def _finish(self, request: Request, model: str, response: Response, cited: list[dict] | None = None,
+                      client_wants_usage: bool = True) -> Response:
+        """Record usage (streams: when they end) and attach citations for chat-with-RAG."""
+        if isinstance(response, StreamingResponse):
+            stream = tracked_stream(response.body_iterator, request, model, cited, client_wants_usage)
+            return StreamingResponse(stream, media_type="text/event-stream")
+        payload = json.loads(response.body)
+        record_usage(request, model, payload.get("usage"), response.status_code)
+        if cited is None:
+            return response
+        payload["citations"] = cited
+        return JSONResponse(payload, status_code=response.status_code)
 
     # ---- chat ----------------------------------------------------------------------------
     def _count_chat_tokens(self, messages: list) -> int:
@@ -107,32 +142,35 @@ class Gateway(OpenAiIngress):
 
     async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
         rag = (body.model_extra or {}).pop("rag", None)
-        await self._get_model_id(body.model)  # 404 for an unknown model, before any retrieval
-        if body.model == self._embed_model_id:
-            raise HTTPException(400, f"model {body.model!r} is an embedding model; use /v1/embeddings")
-        if rag is None:
-            self._check_prompt_fits(body)
-            return await super().chat(body, request)
-        options = RagOptions.model_validate(rag)
-        messages = [dict(m) for m in body.messages]
-        hits = await self._retrieve(self._tenant(request), options.collection, last_user_text(messages), options.top_k)
-        body.messages = augment_chat(messages, hits)
+        model = await self._require_model(request, body.model)  # 404/403 before any retrieval
+        if model == self._embed_model_id:
+            raise HTTPException(400, f"model {model!r} is an embedding model; use /v1/embeddings")
+        body.model = model
+        client_wants_usage = force_stream_usage(body)
+        cited = None
+        if rag is not None:
+            options = RagOptions.model_validate(rag)
+            messages = [dict(m) for m in body.messages]
+            hits = await self._retrieve(self._tenant(request), options.collection, last_user_text(messages),
+                                        options.top_k)
+            body.messages = augment_chat(messages, hits)
+            cited = citations(hits)
         self._check_prompt_fits(body)
         response = await super().chat(body, request)
-        return self._attach_citations(response, citations(hits))
+        return await self._finish(request, model, response, cited, client_wants_usage)
 
-    def _attach_citations(self, response: Response, cited: list[dict]) -> Response:
-        if isinstance(response, StreamingResponse):
-            return StreamingResponse(_citations_in_first_chunk(response.body_iterator, cited),
-                                     media_type="text/event-stream")
-        payload = json.loads(response.body)
-        payload["citations"] = cited
-        return JSONResponse(payload, status_code=response.status_code)
+    async def completions(self, body, request: Request) -> Response:
+        model = await self._require_model(request, body.model)
+        body.model = model
+        client_wants_usage = force_stream_usage(body)
+        response = await super().completions(body, request)
+        return await self._finish(request, model, response, None, client_wants_usage)
 
     # ---- embeddings ----------------------------------------------------------------------
     async def embeddings(self, body: EmbeddingRequest, request: Request) -> Response:
-        if body.model not in (None, self._embed_model_id):
-            await self._get_model_id(body.model)  # unknown → 404
+        model = body.model or self._embed_model_id
+        await self._require_model(request, model)
+        if model != self._embed_model_id:
             raise HTTPException(400, f"model {body.model!r} is a chat model; embeddings come from {self._embed_model_id!r}")
         texts = getattr(body, "input", None)
         if isinstance(texts, str):
@@ -152,6 +190,7 @@ class Gateway(OpenAiIngress):
             for i, v in enumerate(vectors)
         ]
         usage = {"prompt_tokens": result["tokens"], "total_tokens": result["tokens"]}
+        record_usage(request, self._embed_model_id, usage)
         return JSONResponse({"object": "list", "data": data, "model": self._embed_model_id, "usage": usage})
 
     # ---- knowledge bases -----------------------------------------------------------------
@@ -212,11 +251,10 @@ class Gateway(OpenAiIngress):
         return await self._retriever.search.remote(tenant, collection, vector, top_k)
 
     async def rag_query(self, body: RagQueryRequest, request: Request) -> Response:
-        if body.model not in (None, self._chat_model_id):
-            await self._get_model_id(body.model)
+        model = await self._require_model(request, body.model)
         hits = await self._retrieve(self._tenant(request), body.collection, body.question, body.top_k)
         chat_body = ChatCompletionRequest(
-            model=body.model or self._chat_model_id, messages=rag_messages(body.question, hits),
+            model=model, messages=rag_messages(body.question, hits),
             max_tokens=body.max_tokens or self._settings["answer_max_tokens"], temperature=body.temperature,
             stream=body.stream, stream_options={"include_usage": True} if body.stream else None,
         )
@@ -224,8 +262,10 @@ class Gateway(OpenAiIngress):
         response = await super().chat(chat_body, request)
         cited = citations(hits)
         if isinstance(response, StreamingResponse):
-            return StreamingResponse(_rag_stream(response.body_iterator, cited), media_type="text/event-stream")
+            tracked = tracked_stream(response.body_iterator, request, model, None, True)
+            return StreamingResponse(rag_stream(tracked, cited), media_type="text/event-stream")
         payload = json.loads(response.body)
+        record_usage(request, model, payload.get("usage"))
         answer = payload["choices"][0]["message"].get("content") or ""
         return JSONResponse({"answer": answer, "citations": cited, "usage": payload.get("usage", {}),
                              "model": payload.get("model"), "id": payload.get("id")})
@@ -248,49 +288,6 @@ class Gateway(OpenAiIngress):
         return JSONResponse({"replicas": replicas, "retriever": await self._retriever.stats.remote()})
 
 
-async def _sse_events(body_iterator):
-    """Split a byte/str stream into complete SSE `data:` payloads."""
-    buffer = ""
-    async for piece in body_iterator:
-        buffer += piece.decode() if isinstance(piece, bytes) else piece
-        while "\n\n" in buffer:
-            event, buffer = buffer.split("\n\n", 1)
-            if event.startswith("data: "):
-                yield event[len("data: "):]
-    if buffer.strip().startswith("data: "):
-        yield buffer.strip()[len("data: "):]
-
-
-async def _citations_in_first_chunk(body_iterator, cited: list[dict]):
-    """Chat-with-RAG streams stay plain OpenAI chunks; the first carries `citations`."""
-    first = True
-    async for data in _sse_events(body_iterator):
-        if first and data != "[DONE]":
-            chunk = json.loads(data)
-            chunk["citations"] = cited
-            data, first = json.dumps(chunk), False
-        yield f"data: {data}\n\n"
-
-
-async def _rag_stream(body_iterator, cited: list[dict]):
-    """/v1/rag/query stream: a citations event, answer deltas, a final usage event, [DONE]."""
-    yield f"data: {json.dumps({'object': 'rag.citations', 'citations': cited})}\n\n"
-    async for data in _sse_events(body_iterator):
-        if data == "[DONE]":
-            break
-        chunk = json.loads(data)
-        if chunk.get("object") == "error" or "error" in chunk:
-            yield f"data: {json.dumps(chunk)}\n\n"
-            continue
-        for choice in chunk.get("choices", []):
-            delta = (choice.get("delta") or {}).get("content")
-            if delta:
-                yield f"data: {json.dumps({'object': 'rag.delta', 'delta': delta})}\n\n"
-        if chunk.get("usage"):
-            yield f"data: {json.dumps({'object': 'rag.usage', 'usage': chunk['usage']})}\n\n"
-    yield "data: [DONE]\n\n"
-
-
 ENDPOINTS = {
     "models": lambda app: app.get("/v1/models", response_model=ModelList),
     "model_data": lambda app: app.get("/v1/models/{model:path}", response_model=ModelCard),
@@ -298,6 +295,7 @@ ENDPOINTS = {
     "chat": lambda app: app.post("/v1/chat/completions"),
     "embeddings": lambda app: app.post("/v1/embeddings"),
     "healthz": lambda app: app.get("/healthz"),
+    **ADMIN_ENDPOINTS,
     "status": lambda app: app.get("/status"),
     # `:path` lets a name with '/' reach validation and get a 400 instead of a routing 404.
     "add_documents": lambda app: app.post("/v1/collections/{collection:path}/documents"),
@@ -309,9 +307,12 @@ ENDPOINTS = {
 }
 
 
-def make_app() -> FastAPI:
+def make_app(guard_config: dict) -> FastAPI:
+    """The gateway's FastAPI app: error mapping, then tenant auth outermost. No CORS middleware:
+    cross-origin browser calls stay closed unless an operator adds it."""
     from deployments.errors import install_error_handlers
 
     app = FastAPI(title="poolserve", docs_url="/docs", redoc_url=None)
     install_error_handlers(app)
+    app.add_middleware(TenantAuthMiddleware, guard_config=guard_config)
     return app

@@ -1,0 +1,78 @@
+"""SSE plumbing for the gateway: usage accounting and citations on top of vLLM's own chunks."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import Request
+from vllm.entrypoints.generate.base.protocol import StreamOptions
+
+from deployments.tenants import record_usage
+
+
+async def sse_events(body_iterator):
+    """Split a byte/str stream into complete SSE `data:` payloads."""
+    buffer = ""
+    async for piece in body_iterator:
+        buffer += piece.decode() if isinstance(piece, bytes) else piece
+        while "\n\n" in buffer:
+            event, buffer = buffer.split("\n\n", 1)
+            if event.startswith("data: "):
+                yield event[len("data: "):]
+    if buffer.strip().startswith("data: "):
+        yield buffer.strip()[len("data: "):]
+
+
+def force_stream_usage(body) -> bool:
+    """Streams always ask the engine for usage (tenant accounting); returns whether the client did."""
+    if not getattr(body, "stream", False):
+        return True
+    options = body.stream_options
+    wanted = bool(options and options.include_usage)
+    if not wanted:
+        body.stream_options = StreamOptions(include_usage=True)
+    return wanted
+
+
+async def tracked_stream(body_iterator, request: Request, model: str, cited: list[dict] | None,
+                          client_wants_usage: bool):
+    """Pass OpenAI chunks through; record usage when the stream ends; chat-with-RAG's first chunk
+    carries `citations`. The usage-only chunk is dropped unless the client asked for it."""
+    first, usage = True, None
+    try:
+        async for data in sse_events(body_iterator):
+            if data != "[DONE]":
+                chunk = json.loads(data)
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+                    if not chunk.get("choices") and not client_wants_usage:
+                        continue
+                if first and cited is not None:
+                    chunk["citations"] = cited
+                    data = json.dumps(chunk)
+                elif not client_wants_usage and chunk.get("usage"):
+                    chunk["usage"] = None
+                    data = json.dumps(chunk)
+                first = False
+            yield f"data: {data}\n\n"
+    finally:
+        record_usage(request, model, usage)
+
+
+async def rag_stream(body_iterator, cited: list[dict]):
+    """/v1/rag/query stream: a citations event, answer deltas, a final usage event, [DONE]."""
+    yield f"data: {json.dumps({'object': 'rag.citations', 'citations': cited})}\n\n"
+    async for data in sse_events(body_iterator):
+        if data == "[DONE]":
+            break
+        chunk = json.loads(data)
+        if chunk.get("object") == "error" or "error" in chunk:
+            yield f"data: {json.dumps(chunk)}\n\n"
+            continue
+        for choice in chunk.get("choices", []):
+            delta = (choice.get("delta") or {}).get("content")
+            if delta:
+                yield f"data: {json.dumps({'object': 'rag.delta', 'delta': delta})}\n\n"
+        if chunk.get("usage"):
+            yield f"data: {json.dumps({'object': 'rag.usage', 'usage': chunk['usage']})}\n\n"
+    yield "data: [DONE]\n\n"

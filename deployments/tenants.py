@@ -1,0 +1,243 @@
+"""Tenant enforcement at the gateway: authentication, limits, usage, and the admin API.
+
+An ASGI middleware runs before any body is parsed, so a request without a valid key is a 401
+even when its JSON is broken, and the concurrency slot is held until a stream has ended.
+The pure logic (hashing, SQLite, limiter maths) lives in `tenancy/`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+from pathlib import Path
+
+from fastapi import HTTPException, Request
+from prometheus_client import CollectorRegistry
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import JSONResponse, Response
+
+from deployments.errors import error_body
+from tenancy import (
+    DEMO_KEY_ENV,
+    TenantExists,
+    TenantLimiter,
+    TenantMetrics,
+    TenantNotFound,
+    TenantStore,
+    apply_tenants_file,
+    load_tenants_file,
+    render_metrics,
+    resolve_demo_key,
+)
+
+logger = logging.getLogger("poolserve.tenants")
+ADMIN_KEY_ENV = "POOLSERVE_ADMIN_KEY"
+
+
+class TenantGuard:
+    """Everything tenant-related one gateway replica holds: store, limiter, metrics."""
+
+    def __init__(self, state_dir: str, tenants_file: str | None, max_body_bytes: int):
+        self.state_dir = Path(state_dir)
+        self.max_body_bytes = max_body_bytes
+        self.store = TenantStore(self.state_dir / "tenants.sqlite3")
+        self.limiter = TenantLimiter()
+        self.registry = CollectorRegistry()
+        self.metrics = TenantMetrics(self.registry)
+        self.admin_key = os.environ.get(ADMIN_KEY_ENV) or None
+        demo_key, created_at = resolve_demo_key(self.state_dir)
+        if created_at:
+            logger.warning("demo tenant key written to %s (mode 0600)", created_at)
+        if tenants_file:
+            applied = apply_tenants_file(self.store, load_tenants_file(tenants_file),
+                                         {**os.environ, DEMO_KEY_ENV: demo_key})
+            for name, key in applied.new_keys.items():
+                logger.warning("key for tenant %s written to %s (mode 0600)", name, self._write_key_file(name, key))
+            for warning in applied.warnings:
+                logger.warning("tenants file: %s", warning)
+
+    def _write_key_file(self, tenant: str, key: str) -> Path:
+        path = self.state_dir / "keys" / f"{tenant}.key"
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(key + "\n")
+        os.chmod(path, 0o600)
+        return path
+
+    def admin_allowed(self, presented: str | None) -> bool:
+        return bool(self.admin_key and presented and hmac.compare_digest(presented, self.admin_key))
+
+
+def _bearer(scope) -> str | None:
+    for name, value in scope.get("headers", []):
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+    return None
+
+
+def _content_length(scope) -> int | None:
+    for name, value in scope.get("headers", []):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+class TenantAuthMiddleware:
+    """Pure ASGI middleware: body-size limit, bearer auth, RPM/TPM/concurrency limits."""
+
+    def __init__(self, app, guard_config: dict):
+        self.app = app
+        self.guard = TenantGuard(**guard_config)
+
+    async def _reject(self, scope, receive, send, status: int, message: str, headers: dict | None = None,
+                      kind: str = "invalid_request_error") -> None:
+        response = error_body(status, message, kind)
+        for key, value in (headers or {}).items():
+            response.headers[key] = value
+        await response(scope, receive, send)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        guard = self.guard
+        scope.setdefault("state", {})["guard"] = guard
+        length = _content_length(scope)
+        if length is not None and length > guard.max_body_bytes:
+            return await self._reject(scope, receive, send, 413,
+                                      f"request body is {length} bytes; the limit is {guard.max_body_bytes}")
+        path = scope["path"]
+        if path.startswith("/admin"):
+            if not guard.admin_key:
+                return await self._reject(scope, receive, send, 404,
+                                          f"the admin API is disabled: set {ADMIN_KEY_ENV} to enable it", kind="not_found_error")
+            if not guard.admin_allowed(_bearer(scope)):
+                return await self._reject(scope, receive, send, 401, "missing or invalid admin key",
+                                          {"WWW-Authenticate": "Bearer"}, kind="authentication_error")
+            return await self.app(scope, receive, send)
+        if not path.startswith("/v1"):
+            return await self.app(scope, receive, send)
+        tenant = await run_in_threadpool(guard.store.authenticate, _bearer(scope))
+        if tenant is None:
+            return await self._reject(scope, receive, send, 401,
+                                      "missing or invalid API key: send 'Authorization: Bearer <key>'",
+                                      {"WWW-Authenticate": "Bearer"}, kind="authentication_error")
+        decision = guard.limiter.try_acquire(tenant)
+        if decision.allowed:
+            decision = guard.limiter.check_request(tenant, estimated_tokens=0)
+            if decision.allowed and tenant.tpm is not None and (guard.limiter.tokens_remaining(tenant) or 0) <= 0:
+                decision = type(decision)(allowed=False, reason="tpm", retry_after_seconds=60)
+            if not decision.allowed:
+                guard.limiter.release(tenant)
+        if not decision.allowed:
+            guard.metrics.observe_rejection(tenant.name, decision.reason)
+            what = {"rpm": f"{tenant.rpm} requests per minute", "tpm": f"{tenant.tpm} tokens per minute",
+                    "concurrency": f"{tenant.max_concurrency} concurrent requests"}[decision.reason]
+            return await self._reject(scope, receive, send, 429,
+                                      f"tenant {tenant.name!r} is over its limit of {what}; retry after "
+                                      f"{decision.retry_after_seconds}s",
+                                      {"Retry-After": str(decision.retry_after_seconds)}, kind="rate_limit_error")
+        scope["state"]["tenant"] = tenant
+        try:
+            await self.app(scope, _limited_receive(receive, guard.max_body_bytes), send)
+        finally:
+            guard.limiter.release(tenant)
+
+
+def _limited_receive(receive, limit: int):
+    """Bodies sent without Content-Length are counted as they arrive."""
+    seen = 0
+
+    async def wrapped():
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise HTTPException(413, f"request body exceeds the limit of {limit} bytes")
+        return message
+
+    return wrapped
+
+
+def record_usage(request: Request, model: str, usage: dict | None, status: int = 200) -> None:
+    """Count one finished request for the caller's tenant (tokens as the engine reported them)."""
+    tenant = getattr(request.state, "tenant", None)
+    guard = getattr(request.state, "guard", None)
+    if tenant is None or guard is None:
+        return
+    prompt = int((usage or {}).get("prompt_tokens") or 0)
+    completion = int((usage or {}).get("completion_tokens") or 0)
+    guard.store.record_usage(tenant.name, model, prompt, completion)
+    guard.limiter.charge_tokens(tenant, prompt + completion)
+    guard.metrics.observe_request(tenant.name, model, str(status))
+    guard.metrics.observe_tokens(tenant.name, model, prompt, completion)
+
+
+class CreateTenantRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    models: list[str] | None = Field(None, description="Omitted: every model.")
+    rpm: int | None = Field(None, ge=1)
+    tpm: int | None = Field(None, ge=1)
+    max_concurrency: int | None = Field(None, ge=1)
+
+
+class TenantAdminRoutes:
+    """Admin API methods mixed into the gateway (reachable only with POOLSERVE_ADMIN_KEY)."""
+
+    async def create_tenant(self, body: CreateTenantRequest, request: Request) -> Response:
+        guard: TenantGuard = request.state.guard
+        try:
+            tenant, key = await run_in_threadpool(
+                guard.store.create_tenant, body.name, body.models, body.rpm, body.tpm, body.max_concurrency, "admin-api")
+        except TenantExists:
+            raise HTTPException(409, f"tenant {body.name!r} already exists")
+        except ValueError as exc:
+            raise HTTPException(422, str(exc))
+        return JSONResponse({"tenant": tenant.to_dict(), "api_key": key}, status_code=201)
+
+    async def list_tenants(self, request: Request) -> Response:
+        tenants = request.state.guard.store.list_tenants()
+        return JSONResponse({"object": "list", "data": [t.to_dict() for t in tenants]})
+
+    async def delete_tenant(self, name: str, request: Request) -> Response:
+        guard: TenantGuard = request.state.guard
+        try:
+            guard.store.delete_tenant(name, actor="admin-api")
+        except TenantNotFound:
+            raise HTTPException(404, f"tenant {name!r} not found")
+        guard.metrics.forget_tenant(name)
+        return JSONResponse({"deleted": name})
+
+    async def tenant_usage(self, name: str, request: Request) -> Response:
+        guard: TenantGuard = request.state.guard
+        if guard.store.get_tenant(name) is None and not guard.store.usage(name):
+            raise HTTPException(404, f"tenant {name!r} not found")
+        rows = [json.loads(json.dumps(row.__dict__, default=str)) for row in guard.store.usage(name)]
+        return JSONResponse({"tenant": name, "usage": rows})
+
+    async def audit(self, request: Request) -> Response:
+        entries = request.state.guard.store.audit_log(limit=200)
+        return JSONResponse({"data": [json.loads(json.dumps(e.__dict__, default=str)) for e in entries]})
+
+    async def metrics(self, request: Request) -> Response:
+        body, content_type = render_metrics(request.state.guard.registry)
+        return Response(body, media_type=content_type)
+
+
+ADMIN_ENDPOINTS = {
+    "create_tenant": lambda app: app.post("/admin/tenants"),
+    "list_tenants": lambda app: app.get("/admin/tenants"),
+    "delete_tenant": lambda app: app.delete("/admin/tenants/{name}"),
+    "tenant_usage": lambda app: app.get("/admin/tenants/{name}/usage"),
+    "audit": lambda app: app.get("/admin/audit"),
+    "metrics": lambda app: app.get("/metrics"),
+}
