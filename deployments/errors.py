@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
 from rag.ids import InvalidIdError
@@ -58,9 +59,12 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_body(404, str(exc.args[0] if exc.args else exc), "not_found_error")
 
     @app.exception_handler(HTTPException)
-    async def _http(_: Request, exc: HTTPException):
+    async def _http(request: Request, exc: HTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        response = error_body(exc.status_code, str(exc.detail), kind)
+        message = str(exc.detail)
+        if exc.status_code in (404, 405) and message in ("Not Found", "Method Not Allowed"):
+            message = f"no route for {request.method} {request.url.path}"
+        response = error_body(exc.status_code, message, kind)
         for key, value in (exc.headers or {}).items():
             response.headers[key] = value
         return response

@@ -62,6 +62,7 @@ class KnowledgeStore:
     def _new_index(self) -> faiss.Index:
         if self.index_kind == "hnsw":
             inner = faiss.IndexHNSWFlat(self.dim, self.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+            inner.hnsw.efSearch = max(64, 2 * self.hnsw_m)  # FAISS's default 16 can return < top_k
         else:
             inner = faiss.IndexFlatIP(self.dim)
         return faiss.IndexIDMap2(inner)
@@ -83,7 +84,7 @@ class KnowledgeStore:
                 self._rebuild(tenant, name)
 
     def _vectors(self, vectors: np.ndarray | list) -> np.ndarray:
-        array = np.ascontiguousarray(np.asarray(vectors, dtype=np.float32))
+        array = np.array(vectors, dtype=np.float32, order="C")  # a copy: normalize_L2 works in place
         if array.ndim != 2 or array.shape[1] != self.dim:
             raise ValueError(f"expected vectors of dimension {self.dim}, got shape {array.shape}")
         faiss.normalize_L2(array)  # inner product of unit vectors = cosine similarity
@@ -138,24 +139,39 @@ class KnowledgeStore:
         if len(added_ids):
             index.add_with_ids(added, added_ids)
 
+    def _in_transaction(self, statements: list[tuple[str, tuple]]) -> list[int]:
+        """Run the statements as one SQLite transaction; returns each one's rowcount."""
+        cur = self._db.cursor()
+        cur.execute("BEGIN IMMEDIATE")
+        try:
+            counts = [cur.execute(sql, params).rowcount for sql, params in statements]
+            cur.execute("COMMIT")
+        except BaseException:
+            cur.execute("ROLLBACK")
+            raise
+        return counts
+
     def delete_document(self, tenant: str, collection: str, doc_id: str) -> None:
+        key = (tenant, collection, doc_id)
         with self._lock:
             self._require_collection(tenant, collection)
             ids = [r[0] for r in self._db.execute(
-                "SELECT id FROM chunks WHERE tenant=? AND collection=? AND doc_id=?", (tenant, collection, doc_id))]
-            deleted = self._db.execute(
-                "DELETE FROM documents WHERE tenant=? AND collection=? AND doc_id=?", (tenant, collection, doc_id)
-            ).rowcount
+                "SELECT id FROM chunks WHERE tenant=? AND collection=? AND doc_id=?", key)]
+            deleted, _ = self._in_transaction([
+                ("DELETE FROM documents WHERE tenant=? AND collection=? AND doc_id=?", key),
+                ("DELETE FROM chunks WHERE tenant=? AND collection=? AND doc_id=?", key),
+            ])
             if not deleted:
                 raise DocumentNotFound(f"document {doc_id!r} not found in collection {collection!r}")
-            self._db.execute("DELETE FROM chunks WHERE tenant=? AND collection=? AND doc_id=?", (tenant, collection, doc_id))
             self._apply((tenant, collection), ids, np.zeros(0, dtype=np.int64), np.zeros((0, self.dim), np.float32))
 
     def delete_collection(self, tenant: str, collection: str) -> None:
         with self._lock:
             self._require_collection(tenant, collection)
-            for table, column in (("chunks", "collection"), ("documents", "collection"), ("collections", "name")):
-                self._db.execute(f"DELETE FROM {table} WHERE tenant=? AND {column}=?", (tenant, collection))
+            self._in_transaction([
+                (f"DELETE FROM {table} WHERE tenant=? AND {column}=?", (tenant, collection))
+                for table, column in (("chunks", "collection"), ("documents", "collection"), ("collections", "name"))
+            ])
             self._indexes.pop((tenant, collection), None)
 
     # ---- reads -------------------------------------------------------------------------

@@ -55,9 +55,11 @@ class Stack:
         self.url = f"http://127.0.0.1:{port}"
         self.process: subprocess.Popen | None = None
 
-    def start(self) -> float:
-        env = {**os.environ, "POOLSERVE_ADMIN_KEY": ADMIN_KEY, "POOLSERVE_DEMO_KEY": DEMO_KEY,
-               "RAY_USAGE_STATS_ENABLED": "0"}
+    def start(self, demo_key: bool = True) -> float:
+        env = {**os.environ, "POOLSERVE_ADMIN_KEY": ADMIN_KEY, "RAY_USAGE_STATS_ENABLED": "0"}
+        env.pop("POOLSERVE_DEMO_KEY", None)
+        if demo_key:
+            env["POOLSERVE_DEMO_KEY"] = DEMO_KEY
         started = time.monotonic()
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
@@ -87,9 +89,9 @@ class Stack:
         subprocess.run(["bash", str(ROOT / "scripts" / "stop.sh")], timeout=120, check=False)
         self.process = None
 
-    def restart(self) -> float:
+    def restart(self, demo_key: bool = True) -> float:
         self.stop()
-        return self.start()
+        return self.start(demo_key=demo_key)
 
 
 @pytest.fixture(scope="session")

@@ -374,12 +374,8 @@ def test_concurrent_upserts_and_searches(db_path, kind):
         reopened.close()
 
 
-# ---- known bugs: strict xfails, remove the marker once rag/store.py is fixed -----------------
+# ---- regressions: the caller's vectors stay untouched; deletes are atomic ----------------------
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "BUG: KnowledgeStore._vectors normalises the caller's float32 array in place "
-    "(np.asarray/np.ascontiguousarray do not copy, faiss.normalize_L2 writes even into read-only arrays, "
-    "e.g. Ray's zero-copy object-store buffers). Fix: array = np.array(vectors, dtype=np.float32, order='C')."))
 @pytest.mark.parametrize("read_only", [False, True])
 def test_upsert_does_not_modify_the_callers_vectors(store, read_only):
     vectors = np.stack([vec(3), vec(1, 1)])
@@ -400,13 +396,13 @@ class _ChunkDeleteFails:
             raise sqlite3.OperationalError("simulated crash")
         return self._db.execute(sql, *args)
 
+    def cursor(self):
+        return _ChunkDeleteFails(self._db.cursor())
+
     def __getattr__(self, name):
         return getattr(self._db, name)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "BUG: delete_document runs its two DELETEs in autocommit mode, not in one transaction; a failure "
-    "between them leaves orphan chunks that are re-indexed on restart but never returned by search."))
 def test_failed_delete_document_leaves_no_orphan_chunks(db_path):
     knowledge = KnowledgeStore(db_path, dim=DIM)
     seed(knowledge)

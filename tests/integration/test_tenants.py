@@ -1,0 +1,173 @@
+"""Tenants on the real stack: keys, isolation on every endpoint, limits, usage, logs."""
+
+from __future__ import annotations
+
+import stat
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.integration.conftest import ADMIN_KEY, DEMO_KEY
+
+MODEL = "smollm2-135m-instruct"
+
+
+def _create_tenant(stack, admin_headers, **fields) -> tuple[str, dict]:
+    name = fields.pop("name", f"t-{uuid.uuid4().hex[:8]}")
+    response = httpx.post(f"{stack.url}/admin/tenants", json={"name": name, **fields}, headers=admin_headers, timeout=30)
+    assert response.status_code == 201, response.text
+    key = response.json()["api_key"]
+    return name, {"Authorization": f"Bearer {key}"}
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer ps_000000000000_" + "x" * 43},
+                                     {"Authorization": "Basic abc"}, {"Authorization": "Bearer "}])
+@pytest.mark.parametrize("method,path", [("get", "/v1/models"), ("post", "/v1/chat/completions"),
+                                         ("get", "/v1/collections"), ("post", "/v1/rag/query")])
+def test_missing_or_unknown_key_is_401(stack, headers, method, path):
+    response = httpx.request(method.upper(), f"{stack.url}{path}", headers=headers, json={}, timeout=30)
+    assert response.status_code == 401
+    assert response.headers.get("www-authenticate") == "Bearer"
+
+
+def test_admin_api_requires_admin_key(stack, demo_headers):
+    assert httpx.get(f"{stack.url}/admin/tenants", timeout=30).status_code == 401
+    assert httpx.get(f"{stack.url}/admin/tenants", headers=demo_headers, timeout=30).status_code == 401
+
+
+def test_two_tenants_are_isolated_on_every_endpoint(stack, admin_headers):
+    name_a, a = _create_tenant(stack, admin_headers)
+    _, b = _create_tenant(stack, admin_headers)
+    with httpx.Client(base_url=stack.url, timeout=120) as http:
+        assert http.post("/v1/collections/private/documents", headers=a,
+                         json={"documents": [{"id": "secret", "text": "Tenant A's launch code is 7731."}]}).status_code == 200
+        assert "private" not in {c["name"] for c in http.get("/v1/collections", headers=b).json()["data"]}
+        assert http.get("/v1/collections/private", headers=b).status_code == 404
+        assert http.post("/v1/rag/query", headers=b, json={"collection": "private", "question": "launch code?"}).status_code == 404
+        assert http.post("/v1/chat/completions", headers=b, json={
+            "model": MODEL, "messages": [{"role": "user", "content": "launch code?"}],
+            "rag": {"collection": "private"}}).status_code == 404
+        assert http.delete("/v1/collections/private/documents/secret", headers=b).status_code == 404
+        assert http.delete("/v1/collections/private", headers=b).status_code == 404
+        # B writing a collection of the same name creates B's own, leaving A's untouched.
+        http.post("/v1/collections/private/documents", headers=b, json={"documents": [{"id": "other", "text": "B's note."}]})
+        assert [d["id"] for d in http.get("/v1/collections/private", headers=a).json()["documents"]] == ["secret"]
+        cited = http.post("/v1/rag/query", headers=a, json={"collection": "private", "question": "launch code?",
+                                                            "max_tokens": 8}).json()["citations"]
+        assert [c["document_id"] for c in cited] == ["secret"]
+    assert name_a
+
+
+def test_model_not_allowed_is_403(stack, admin_headers):
+    _, headers = _create_tenant(stack, admin_headers, models=["all-minilm-l6-v2"])
+    with httpx.Client(base_url=stack.url, headers=headers, timeout=60) as http:
+        response = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+        assert response.status_code == 403 and MODEL in response.json()["error"]["message"]
+        assert http.post("/v1/embeddings", json={"model": "all-minilm-l6-v2", "input": "hi"}).status_code == 200
+        assert [m["id"] for m in http.get("/v1/models").json()["data"]] == ["all-minilm-l6-v2"]
+
+
+def test_rpm_limit_answers_429_with_retry_after(stack, admin_headers):
+    _, headers = _create_tenant(stack, admin_headers, rpm=2)
+    with httpx.Client(base_url=stack.url, headers=headers, timeout=60) as http:
+        codes = [http.get("/v1/collections").status_code for _ in range(3)]
+        assert codes[:2] == [200, 200] and codes[2] == 429
+        response = http.get("/v1/collections")
+        assert response.status_code == 429 and 1 <= int(response.headers["retry-after"]) <= 60
+        assert "requests per minute" in response.json()["error"]["message"]
+
+
+def test_tpm_limit_answers_429_after_tokens_are_spent(stack, admin_headers):
+    _, headers = _create_tenant(stack, admin_headers, tpm=50)
+    with httpx.Client(base_url=stack.url, headers=headers, timeout=120) as http:
+        first = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 30, "temperature": 0,
+                                                        "messages": [{"role": "user", "content": "Tell me a story."}]})
+        assert first.status_code == 200 and first.json()["usage"]["total_tokens"] >= 50
+        second = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+        assert second.status_code == 429 and int(second.headers["retry-after"]) >= 1
+
+
+def test_concurrency_cap_answers_429(stack, admin_headers):
+    import concurrent.futures
+
+    _, headers = _create_tenant(stack, admin_headers, max_concurrency=1)
+    body = {"model": MODEL, "max_tokens": 120, "temperature": 0, "messages": [{"role": "user", "content": "Write a long poem."}]}
+
+    def call():
+        return httpx.post(f"{stack.url}/v1/chat/completions", json=body, headers=headers, timeout=120).status_code
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        codes = list(pool.map(lambda _: call(), range(4)))
+    assert 200 in codes and 429 in codes
+
+
+def test_recorded_usage_equals_engine_usage(stack, admin_headers):
+    name, headers = _create_tenant(stack, admin_headers)
+    totals = {"prompt": 0, "completion": 0}
+    with httpx.Client(base_url=stack.url, headers=headers, timeout=120) as http:
+        usage = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 10, "messages": [
+            {"role": "user", "content": "Name a fruit."}]}).json()["usage"]
+        totals["prompt"] += usage["prompt_tokens"]
+        totals["completion"] += usage["completion_tokens"]
+        with http.stream("POST", "/v1/chat/completions", json={
+                "model": MODEL, "max_tokens": 12, "stream": True, "stream_options": {"include_usage": True},
+                "messages": [{"role": "user", "content": "Name a colour."}]}) as stream:
+            import json as _json
+
+            for line in stream.iter_lines():
+                if line.startswith("data: {"):
+                    chunk = _json.loads(line[6:])
+                    if chunk.get("usage"):
+                        totals["prompt"] += chunk["usage"]["prompt_tokens"]
+                        totals["completion"] += chunk["usage"]["completion_tokens"]
+    time.sleep(0.5)
+    rows = httpx.get(f"{stack.url}/admin/tenants/{name}/usage", headers=admin_headers, timeout=30).json()["usage"]
+    chat_rows = [r for r in rows if r["model"] == MODEL]
+    assert sum(r["requests"] for r in chat_rows) == 2
+    assert sum(r["prompt_tokens"] for r in chat_rows) == totals["prompt"]
+    assert sum(r["completion_tokens"] for r in chat_rows) == totals["completion"]
+    metrics = httpx.get(f"{stack.url}/metrics", timeout=30).text
+    assert f'tenant="{name}"' in metrics
+
+
+def test_deleted_tenant_key_stops_working(stack, admin_headers):
+    name, headers = _create_tenant(stack, admin_headers)
+    assert httpx.get(f"{stack.url}/v1/models", headers=headers, timeout=30).status_code == 200
+    assert httpx.delete(f"{stack.url}/admin/tenants/{name}", headers=admin_headers, timeout=30).status_code == 200
+    assert httpx.get(f"{stack.url}/v1/models", headers=headers, timeout=30).status_code == 401
+    assert httpx.delete(f"{stack.url}/admin/tenants/{name}", headers=admin_headers, timeout=30).status_code == 404
+    audit = httpx.get(f"{stack.url}/admin/audit", headers=admin_headers, timeout=30).json()["data"]
+    assert any(e["action"] == "tenant.delete" and e["target"] == name for e in audit)
+
+
+def test_duplicate_tenant_is_409_and_bad_name_is_422(stack, admin_headers):
+    name, _ = _create_tenant(stack, admin_headers)
+    assert httpx.post(f"{stack.url}/admin/tenants", json={"name": name}, headers=admin_headers, timeout=30).status_code == 409
+    assert httpx.post(f"{stack.url}/admin/tenants", json={"name": "../x"}, headers=admin_headers, timeout=30).status_code == 422
+
+
+def test_keys_are_stored_hashed_and_never_logged(stack, admin_headers):
+    _, headers = _create_tenant(stack, admin_headers)
+    key = headers["Authorization"].split()[1]
+    httpx.get(f"{stack.url}/v1/models", headers=headers, timeout=30)
+    state = Path(stack.config_path).parent / "state"
+    for db in state.glob("*.sqlite3*"):
+        assert key.encode() not in db.read_bytes()
+        assert DEMO_KEY.encode() not in db.read_bytes()
+    logs = [stack.log_path, *Path("/tmp/ray/session_latest/logs").glob("**/*")]
+    for log in logs:
+        if log.is_file() and log.stat().st_size < 200 * 2**20:
+            text = log.read_bytes()
+            assert key.encode() not in text and ADMIN_KEY.encode() not in text, log
+
+
+def test_generated_key_file_is_owner_only(tmp_path):
+    """The demo key file the gateway writes when POOLSERVE_DEMO_KEY is unset is mode 0600."""
+    from tenancy import resolve_demo_key
+
+    key, path = resolve_demo_key(tmp_path, environ={})
+    assert path is not None and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert key.startswith("ps_")
