@@ -6,6 +6,7 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
@@ -48,6 +49,12 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _validation(_: Request, exc: RequestValidationError):
         status, message = _describe_validation(exc)
         return error_body(status, message, "invalid_request_error")
+
+    @app.exception_handler(ValidationError)
+    async def _model_validation(_: Request, exc: ValidationError):
+        # Nested bodies validated by hand (e.g. the `rag` field of a chat request).
+        parts = [f"{'.'.join(str(p) for p in err.get('loc', ())) or 'body'}: {err.get('msg')}" for err in exc.errors()[:5]]
+        return error_body(422, f"invalid {exc.title}: " + "; ".join(parts), "invalid_request_error")
 
     @app.exception_handler(InvalidIdError)
     async def _invalid_id(_: Request, exc: InvalidIdError):

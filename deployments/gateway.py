@@ -15,6 +15,7 @@ import numpy as np
 from fastapi import FastAPI, HTTPException, Request
 from ray.llm._internal.serve.core.configs.openai_api_models import (
     ChatCompletionRequest,
+    CompletionRequest,
     EmbeddingRequest,
     ModelCard,
     ModelList,
@@ -25,7 +26,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from deployments.errors import error_body
 from deployments.streams import force_stream_usage, rag_stream, tracked_stream
 from deployments.schemas import AddDocumentsRequest, RagOptions, RagQueryRequest
-from deployments.tenants import ADMIN_ENDPOINTS, TenantAdminRoutes, TenantAuthMiddleware, record_usage
+from deployments.tenants import ADMIN_ENDPOINTS, TenantAdminRoutes, TenantAuthMiddleware, record_usage, tenant_of
 from rag.ids import validate_collection, validate_document_id
 from rag.prompt import RetrievedChunk, augment_chat, citations, last_user_text, rag_messages
 
@@ -91,7 +92,7 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
     # ---- tenants ----------------------------------------------------------------------------
     @staticmethod
     def _may_use(request: Request, model: str) -> bool:
-        tenant = getattr(request.state, "tenant", None)
+        tenant = tenant_of(request)
         return tenant is None or tenant.may_use_model(model)
 
     async def _require_model(self, request: Request, model: str | None) -> str:
@@ -104,7 +105,7 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
         return model
 
     def _tenant(self, request: Request) -> str:
-        return request.state.tenant.name
+        return tenant_of(request).name
 
     async def _finish(self, request: Request, model: str, response: Response, cited: list[dict] | None = None,
                       client_wants_usage: bool = True) -> Response:
@@ -159,7 +160,7 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
         response = await super().chat(body, request)
         return await self._finish(request, model, response, cited, client_wants_usage)
 
-    async def completions(self, body, request: Request) -> Response:
+    async def completions(self, body: CompletionRequest, request: Request) -> Response:
         model = await self._require_model(request, body.model)
         body.model = model
         client_wants_usage = force_stream_usage(body)
@@ -194,9 +195,6 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
         return JSONResponse({"object": "list", "data": data, "model": self._embed_model_id, "usage": usage})
 
     # ---- knowledge bases -----------------------------------------------------------------
-    def _tenant(self, request: Request) -> str:
-        return getattr(request.state, "tenant_name", None) or "default"
-
     async def add_documents(self, collection: str, body: AddDocumentsRequest, request: Request) -> Response:
         tenant = self._tenant(request)
         validate_collection(collection)

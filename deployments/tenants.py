@@ -35,6 +35,18 @@ from tenancy import (
 
 logger = logging.getLogger("poolserve.tenants")
 ADMIN_KEY_ENV = "POOLSERVE_ADMIN_KEY"
+# Per-request scope keys. Not scope["state"]: servers may share that dict across requests.
+TENANT_KEY = "poolserve.tenant"
+GUARD_KEY = "poolserve.guard"
+
+
+def tenant_of(request: Request):
+    """The authenticated tenant of a /v1 request (set by TenantAuthMiddleware), or None."""
+    return request.scope.get(TENANT_KEY)
+
+
+def guard_of(request: Request) -> "TenantGuard":
+    return request.scope[GUARD_KEY]
 
 
 class TenantGuard:
@@ -108,7 +120,7 @@ class TenantAuthMiddleware:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         guard = self.guard
-        scope.setdefault("state", {})["guard"] = guard
+        scope[GUARD_KEY] = guard
         length = _content_length(scope)
         if length is not None and length > guard.max_body_bytes:
             return await self._reject(scope, receive, send, 413,
@@ -144,7 +156,7 @@ class TenantAuthMiddleware:
                                       f"tenant {tenant.name!r} is over its limit of {what}; retry after "
                                       f"{decision.retry_after_seconds}s",
                                       {"Retry-After": str(decision.retry_after_seconds)}, kind="rate_limit_error")
-        scope["state"]["tenant"] = tenant
+        scope[TENANT_KEY] = tenant
         try:
             await self.app(scope, _limited_receive(receive, guard.max_body_bytes), send)
         finally:
@@ -169,8 +181,8 @@ def _limited_receive(receive, limit: int):
 
 def record_usage(request: Request, model: str, usage: dict | None, status: int = 200) -> None:
     """Count one finished request for the caller's tenant (tokens as the engine reported them)."""
-    tenant = getattr(request.state, "tenant", None)
-    guard = getattr(request.state, "guard", None)
+    tenant = tenant_of(request)
+    guard = request.scope.get(GUARD_KEY)
     if tenant is None or guard is None:
         return
     prompt = int((usage or {}).get("prompt_tokens") or 0)
@@ -194,7 +206,7 @@ class TenantAdminRoutes:
     """Admin API methods mixed into the gateway (reachable only with POOLSERVE_ADMIN_KEY)."""
 
     async def create_tenant(self, body: CreateTenantRequest, request: Request) -> Response:
-        guard: TenantGuard = request.state.guard
+        guard: TenantGuard = guard_of(request)
         try:
             tenant, key = await run_in_threadpool(
                 guard.store.create_tenant, body.name, body.models, body.rpm, body.tpm, body.max_concurrency, "admin-api")
@@ -205,11 +217,11 @@ class TenantAdminRoutes:
         return JSONResponse({"tenant": tenant.to_dict(), "api_key": key}, status_code=201)
 
     async def list_tenants(self, request: Request) -> Response:
-        tenants = request.state.guard.store.list_tenants()
+        tenants = guard_of(request).store.list_tenants()
         return JSONResponse({"object": "list", "data": [t.to_dict() for t in tenants]})
 
     async def delete_tenant(self, name: str, request: Request) -> Response:
-        guard: TenantGuard = request.state.guard
+        guard: TenantGuard = guard_of(request)
         try:
             guard.store.delete_tenant(name, actor="admin-api")
         except TenantNotFound:
@@ -218,18 +230,18 @@ class TenantAdminRoutes:
         return JSONResponse({"deleted": name})
 
     async def tenant_usage(self, name: str, request: Request) -> Response:
-        guard: TenantGuard = request.state.guard
+        guard: TenantGuard = guard_of(request)
         if guard.store.get_tenant(name) is None and not guard.store.usage(name):
             raise HTTPException(404, f"tenant {name!r} not found")
         rows = [json.loads(json.dumps(row.__dict__, default=str)) for row in guard.store.usage(name)]
         return JSONResponse({"tenant": name, "usage": rows})
 
     async def audit(self, request: Request) -> Response:
-        entries = request.state.guard.store.audit_log(limit=200)
+        entries = guard_of(request).store.audit_log(limit=200)
         return JSONResponse({"data": [json.loads(json.dumps(e.__dict__, default=str)) for e in entries]})
 
     async def metrics(self, request: Request) -> Response:
-        body, content_type = render_metrics(request.state.guard.registry)
+        body, content_type = render_metrics(guard_of(request).registry)
         return Response(body, media_type=content_type)
 
 

@@ -121,6 +121,23 @@ def render(profile: Path = typer.Argument(..., help="Profile YAML."),
     typer.echo(f"wrote {output}")
 
 
+def profile_from_serve_config(serve_config_path: Path) -> Path:
+    """The profile a serve.yaml names (its first application's `args.profile`)."""
+    config = yaml.safe_load(serve_config_path.read_text()) or {}
+    profile = Path(config["applications"][0]["args"]["profile"])
+    return profile if profile.is_absolute() else serve_config_path.resolve().parent / profile
+
+
+@app.command("ray-start-args")
+def ray_start_args(serve_config: Path = typer.Argument(Path("serve.yaml"), help="serve.yaml naming the profile."),
+                   pool: str | None = typer.Option(None, help="Pool size override, e.g. 24GiB.")) -> None:
+    """Print the `ray start --head` flags the plan asks for (object store, CPUs, dashboard)."""
+    result, _ = _plan_or_exit(profile_from_serve_config(serve_config), pool, Console(stderr=True))
+    flags = [f"--num-cpus={result.ray.num_cpus:g}", f"--object-store-memory={result.ray.object_store_memory}",
+             f"--include-dashboard={'true' if result.ray.include_dashboard else 'false'}", "--disable-usage-stats"]
+    typer.echo(" ".join(flags))
+
+
 @app.command()
 def status(url: str = typer.Option("http://127.0.0.1:8000", "--url", help="Gateway base URL."),
            as_json: bool = typer.Option(False, "--json", help="Print the gateway's JSON.")) -> None:

