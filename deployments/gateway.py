@@ -21,6 +21,7 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
     ModelList,
 )
 from ray.serve.llm.ingress import OpenAiIngress
+from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from deployments.errors import error_body
@@ -122,24 +123,39 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
 
     # ---- chat ----------------------------------------------------------------------------
     def _count_chat_tokens(self, messages: list) -> int:
+        flat = [{**m, "content": _text_of(m.get("content"))} for m in messages]
         try:
-            ids = self._tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+            ids = self._tokenizer.apply_chat_template(flat, tokenize=True, add_generation_prompt=True)
         except Exception as exc:  # a malformed message shape is the client's mistake
             raise HTTPException(400, f"messages could not be rendered with the chat template: {exc}")
         if isinstance(ids, dict) or hasattr(ids, "keys"):
             ids = ids["input_ids"]
         return len(ids)
 
-    def _check_prompt_fits(self, body: ChatCompletionRequest) -> int:
-        tokens = self._count_chat_tokens([dict(m) for m in body.messages])
-        wanted = body.max_completion_tokens or body.max_tokens or 1
+    def _refuse_if_too_long(self, tokens: int, body) -> None:
+        wanted = getattr(body, "max_completion_tokens", None) or body.max_tokens or 1
         if tokens >= self._max_model_len or tokens + wanted > self._max_model_len:
             raise HTTPException(
                 400,
                 f"prompt is {tokens} tokens and max_tokens is {wanted}; together they exceed the model's "
                 f"context of {self._max_model_len} tokens. Shorten the prompt or lower max_tokens.",
             )
-        return tokens
+
+    async def _check_prompt_fits(self, body: ChatCompletionRequest) -> None:
+        # Tokenizing a multi-megabyte prompt takes a while: keep it off the event loop.
+        tokens = await run_in_threadpool(self._count_chat_tokens, [dict(m) for m in body.messages])
+        self._refuse_if_too_long(tokens, body)
+
+    async def _check_completion_fits(self, body: CompletionRequest) -> None:
+        prompts = body.prompt if isinstance(body.prompt, list) else [body.prompt]
+        for prompt in prompts:
+            if isinstance(prompt, str):
+                tokens = len(await run_in_threadpool(self._tokenizer.encode, prompt))
+            elif isinstance(prompt, list):  # token ids, or a list of them
+                tokens = len(prompt)
+            else:
+                continue
+            self._refuse_if_too_long(tokens, body)
 
     async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
         rag = (body.model_extra or {}).pop("rag", None)
@@ -156,7 +172,7 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
                                         options.top_k)
             body.messages = augment_chat(messages, hits)
             cited = citations(hits)
-        self._check_prompt_fits(body)
+        await self._check_prompt_fits(body)
         response = await super().chat(body, request)
         return await self._finish(request, model, response, cited, client_wants_usage)
 
@@ -164,6 +180,7 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
         model = await self._require_model(request, body.model)
         body.model = model
         client_wants_usage = force_stream_usage(body)
+        await self._check_completion_fits(body)
         response = await super().completions(body, request)
         return await self._finish(request, model, response, None, client_wants_usage)
 
@@ -256,7 +273,7 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
             max_tokens=body.max_tokens or self._settings["answer_max_tokens"], temperature=body.temperature,
             stream=body.stream, stream_options={"include_usage": True} if body.stream else None,
         )
-        self._check_prompt_fits(chat_body)
+        await self._check_prompt_fits(chat_body)
         response = await super().chat(chat_body, request)
         cited = citations(hits)
         if isinstance(response, StreamingResponse):
@@ -284,6 +301,13 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
         for replica in replicas:
             replica["planned_bytes"] = planned.get(replica["name"])
         return JSONResponse({"replicas": replicas, "retriever": await self._retriever.stats.remote()})
+
+
+def _text_of(content) -> str:
+    """Message content as text, for counting: OpenAI content parts are flattened like vLLM does."""
+    if isinstance(content, list):
+        return "\n".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return content or ""
 
 
 ENDPOINTS = {

@@ -119,3 +119,14 @@ def test_unknown_rag_field_is_rejected(client):
     response = client.post(CHAT, json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
                                        "rag": {"collection": "errs", "bogus": 1}})
     assert response.status_code in (400, 422) and "bogus" in _message(response)
+
+
+def test_over_long_completion_prompt_is_400(client):
+    response = client.post("/v1/completions", json={"model": MODEL, "prompt": "word " * 6000})
+    assert response.status_code == 400 and "context" in _message(response)
+
+
+def test_content_parts_are_accepted(client):
+    response = client.post(CHAT, json={"model": MODEL, "max_tokens": 4, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Say hi."}]}]})
+    assert response.status_code == 200, response.text
