@@ -20,11 +20,11 @@ from deployments.chat import PoolserveLLMServer, llm_config_from_plan
 from deployments.embedder import Embedder
 from deployments.gateway import ENDPOINTS, Gateway, make_app
 from deployments.retriever import Retriever
+from planner.architecture import embedding_dimension
 from planner.plan import build_plan
 from planner.profile import load_profile
 
 logger = logging.getLogger("poolserve.app")
-EMBEDDING_DIM_DEFAULT = 384
 
 
 class AppArgs(BaseModel):
@@ -36,13 +36,6 @@ def _options(plan, name: str) -> dict:
     replica = plan.replica(name)
     actor_options = {**replica.ray_actor_options, "runtime_env": {"env_vars": dict(replica.env)}}
     return {"ray_actor_options": actor_options}
-
-
-def _embedding_dim(model_path: str) -> int:
-    import json
-
-    config = Path(model_path) / "config.json"
-    return int(json.loads(config.read_text()).get("hidden_size", EMBEDDING_DIM_DEFAULT)) if config.exists() else EMBEDDING_DIM_DEFAULT
 
 
 def build_app(args: dict) -> serve.Application:
@@ -59,7 +52,7 @@ def build_app(args: dict) -> serve.Application:
         profile.rag.chunk_tokens, profile.rag.chunk_overlap, profile.embedder.torch_threads,
     )
     retriever = Retriever.options(**_options(plan, "retriever")).bind(
-        profile.state_dir, _embedding_dim(profile.embedder.model), profile.retriever.index,
+        profile.state_dir, embedding_dimension(profile.embedder.model), profile.retriever.index,
         profile.retriever.hnsw_m, profile.retriever.faiss_threads,
     )
     settings = {
@@ -71,9 +64,9 @@ def build_app(args: dict) -> serve.Application:
         **profile.rag.model_dump(),
         "state_dir": profile.state_dir,
     }
-    guard_config = {"state_dir": profile.state_dir, "tenants_file": profile.tenants_file,
-                    "max_body_bytes": profile.gateway.max_body_bytes}
-    ingress_cls = make_fastapi_ingress(Gateway, endpoint_map=ENDPOINTS, app=make_app(guard_config))
+    guard_config = {"state_dir": profile.state_dir, "tenants_file": profile.tenants_file}
+    app = make_app(guard_config, profile.gateway.max_body_bytes)
+    ingress_cls = make_fastapi_ingress(Gateway, endpoint_map=ENDPOINTS, app=app)
     gateway = serve.deployment(ingress_cls, name="gateway", max_ongoing_requests=512).options(
         **_options(plan, "gateway")
     )

@@ -7,6 +7,8 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
+from ray.exceptions import RayTaskError
+from ray.llm._internal.serve.core.configs.openai_api_models import OpenAIHTTPException
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
@@ -76,18 +78,28 @@ def install_error_handlers(app: FastAPI) -> None:
             response.headers[key] = value
         return response
 
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception):
-        # Errors raised inside other replicas arrive as RayTaskError subclasses of the cause.
-        for kind, status in ((InvalidIdError, 400), (CollectionNotFound, 404), (DocumentNotFound, 404)):
-            if isinstance(exc, kind):
-                cause = getattr(exc, "cause", exc)
-                return error_body(status, str(cause.args[0] if cause.args else cause), "invalid_request_error")
-        message = context_length_message(exc)
-        if message:
-            return error_body(400, message, "invalid_request_error")
-        status = getattr(exc, "status_code", None)
-        if isinstance(status, int) and 400 <= status < 500:
-            return error_body(status, str(getattr(exc, "message", exc)), "invalid_request_error")
-        logger.exception("unhandled error")
-        return error_body(500, f"internal error: {type(exc).__name__}", "internal_error")
+    async def _mapped(_: Request, exc: Exception):
+        return map_exception(exc)
+
+    # Named classes go through Starlette's ExceptionMiddleware; only truly unexpected errors
+    # reach the catch-all (which Starlette logs and re-raises after answering).
+    app.add_exception_handler(OpenAIHTTPException, _mapped)
+    app.add_exception_handler(RayTaskError, _mapped)
+    app.add_exception_handler(Exception, _mapped)
+
+
+def map_exception(exc: Exception) -> JSONResponse:
+    # Errors raised inside other replicas arrive as RayTaskError subclasses of the cause.
+    for kind, status in ((InvalidIdError, 400), (CollectionNotFound, 404), (DocumentNotFound, 404)):
+        if isinstance(exc, kind):
+            cause = getattr(exc, "cause", exc)
+            return error_body(status, str(cause.args[0] if cause.args else cause), "invalid_request_error")
+    message = context_length_message(exc)
+    if message:
+        return error_body(400, message, "invalid_request_error")
+    status = getattr(exc, "status_code", None)
+    if isinstance(status, int) and 400 <= status < 600:
+        kind = getattr(exc, "type", None) or ("invalid_request_error" if status < 500 else "internal_error")
+        return error_body(status, str(getattr(exc, "message", exc)), kind)
+    logger.exception("unhandled error")
+    return error_body(500, f"internal error: {type(exc).__name__}", "internal_error")

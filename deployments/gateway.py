@@ -10,6 +10,7 @@ import asyncio
 import base64
 import json
 import logging
+import time
 
 import numpy as np
 from fastapi import FastAPI, HTTPException, Request
@@ -22,6 +23,7 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
 )
 from ray.serve.llm.ingress import OpenAiIngress
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware.body_limit import RequestBodyLimitMiddleware
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from deployments.errors import error_body
@@ -33,6 +35,8 @@ from rag.prompt import RetrievedChunk, augment_chat, citations, last_user_text, 
 
 logger = logging.getLogger("poolserve.gateway")
 HEALTH_TIMEOUT_S = 5.0
+# A passed health check is trusted this long, so /healthz notices a replica that died.
+HEALTHY_TTL_S = 15.0
 
 
 class Gateway(TenantAdminRoutes, OpenAiIngress):
@@ -48,11 +52,11 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
         self._max_model_len = settings["max_model_len"]
         # The chat tokenizer lets the gateway refuse an over-long prompt with a 400 before the engine.
         self._tokenizer = AutoTokenizer.from_pretrained(settings["chat_model_path"])
-        self._healthy = False
+        self._healthy_until = 0.0
 
     # ---- health and models -------------------------------------------------------------
     async def healthz(self) -> Response:
-        if not self._healthy:
+        if time.monotonic() > self._healthy_until:
             checks = [asyncio.ensure_future(self._ready_check(call)) for call in (
                 self._embedder.ready.remote(), self._retriever.ready.remote(),
                 self._default_serve_handles[self._chat_model_id].check_health.remote(),
@@ -63,7 +67,7 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
             failed = [task.result() for task in done if task.result()]
             if pending or failed:
                 return error_body(503, f"not ready: {failed or 'replicas still starting'}", "service_unavailable")
-            self._healthy = True
+            self._healthy_until = time.monotonic() + HEALTHY_TTL_S
         return JSONResponse({"status": "ok"})
 
     @staticmethod
@@ -99,8 +103,9 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
     async def _require_model(self, request: Request, model: str | None) -> str:
         """The served model a request names (or the chat default): 404 unknown, 403 not allowed."""
         model = model or self._chat_model_id
-        if model != self._embed_model_id:
-            await self._get_model_id(model)
+        # Exact names only: ray.serve.llm would read "model:suffix" as a LoRA adapter (none is served).
+        if model != self._embed_model_id and model not in self._model_cards:
+            raise HTTPException(404, f"model {model!r} does not exist; GET /v1/models lists the served models")
         if not self._may_use(request, model):
             raise HTTPException(403, f"this API key's tenant may not use model {model!r}")
         return model
@@ -108,14 +113,14 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
     def _tenant(self, request: Request) -> str:
         return tenant_of(request).name
 
-    async def _finish(self, request: Request, model: str, response: Response, cited: list[dict] | None = None,
-                      client_wants_usage: bool = True) -> Response:
+    async def _finish(self, request: Request, model: str, response: Response, cited: list[dict] | None,
+                      usage_wanted: tuple[bool, bool]) -> Response:
         """Record usage (streams: when they end) and attach citations for chat-with-RAG."""
         if isinstance(response, StreamingResponse):
-            stream = tracked_stream(response.body_iterator, request, model, cited, client_wants_usage)
+            stream = tracked_stream(response.body_iterator, request, model, cited, *usage_wanted)
             return StreamingResponse(stream, media_type="text/event-stream")
         payload = json.loads(response.body)
-        record_usage(request, model, payload.get("usage"), response.status_code)
+        await record_usage(request, model, payload.get("usage"), response.status_code)
         if cited is None:
             return response
         payload["citations"] = cited
@@ -163,7 +168,7 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
         if model == self._embed_model_id:
             raise HTTPException(400, f"model {model!r} is an embedding model; use /v1/embeddings")
         body.model = model
-        client_wants_usage = force_stream_usage(body)
+        usage_wanted = force_stream_usage(body)
         cited = None
         if rag is not None:
             options = RagOptions.model_validate(rag)
@@ -173,16 +178,16 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
             body.messages = augment_chat(messages, hits)
             cited = citations(hits)
         await self._check_prompt_fits(body)
-        response = await super().chat(body, request)
-        return await self._finish(request, model, response, cited, client_wants_usage)
+        response = await super().chat(body, _without_credentials(request))
+        return await self._finish(request, model, response, cited, usage_wanted)
 
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
         model = await self._require_model(request, body.model)
         body.model = model
-        client_wants_usage = force_stream_usage(body)
+        usage_wanted = force_stream_usage(body)
         await self._check_completion_fits(body)
-        response = await super().completions(body, request)
-        return await self._finish(request, model, response, None, client_wants_usage)
+        response = await super().completions(body, _without_credentials(request))
+        return await self._finish(request, model, response, None, usage_wanted)
 
     # ---- embeddings ----------------------------------------------------------------------
     async def embeddings(self, body: EmbeddingRequest, request: Request) -> Response:
@@ -197,10 +202,10 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
             raise HTTPException(400, "input must be a non-empty string or list of strings (token ids are not accepted)")
         if len(texts) > 2048:
             raise HTTPException(400, f"input has {len(texts)} items; the limit is 2048")
+        if getattr(body, "dimensions", None):
+            raise HTTPException(400, f"dimensions is not supported: {self._embed_model_id} has one output size")
         result = await self._embedder.embed.remote(texts)
         vectors: np.ndarray = result["vectors"]
-        if getattr(body, "dimensions", None):
-            raise HTTPException(400, f"dimensions is not supported; {self._embed_model_id} has {vectors.shape[1]}")
         as_base64 = getattr(body, "encoding_format", "float") == "base64"
         data = [
             {"object": "embedding", "index": i,
@@ -208,7 +213,7 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
             for i, v in enumerate(vectors)
         ]
         usage = {"prompt_tokens": result["tokens"], "total_tokens": result["tokens"]}
-        record_usage(request, self._embed_model_id, usage)
+        await record_usage(request, self._embed_model_id, usage)
         return JSONResponse({"object": "list", "data": data, "model": self._embed_model_id, "usage": usage})
 
     # ---- knowledge bases -----------------------------------------------------------------
@@ -225,10 +230,15 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
             if len(doc.text) > self._settings["max_document_chars"]:
                 raise HTTPException(400, f"document {doc.id!r} has {len(doc.text)} characters; the limit is "
                                          f"{self._settings['max_document_chars']}")
-        results = []
-        for doc in body.documents:
-            chunks = await self._embedder.chunk.remote(doc.text)
-            vectors = (await self._embedder.embed.remote(chunks))["vectors"] if chunks else np.zeros((0, 0))
+        # Chunk and embed everything before the first write, so a failure stores nothing.
+        chunked = await asyncio.gather(*(self._embedder.chunk.remote(doc.text) for doc in body.documents))
+        all_chunks = [chunk for chunks in chunked for chunk in chunks]
+        embedded = await self._embedder.embed.remote(all_chunks) if all_chunks else {"vectors": [], "tokens": 0}
+        await record_usage(request, self._embed_model_id, {"prompt_tokens": embedded["tokens"]})
+        results, start = [], 0
+        for doc, chunks in zip(body.documents, chunked):
+            vectors = embedded["vectors"][start:start + len(chunks)]
+            start += len(chunks)
             count = await self._retriever.upsert_document.remote(
                 tenant, collection, doc.id, chunks, vectors, doc.metadata, len(doc.text))
             results.append({"id": doc.id, "chunks": count})
@@ -271,16 +281,17 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
         chat_body = ChatCompletionRequest(
             model=model, messages=rag_messages(body.question, hits),
             max_tokens=body.max_tokens or self._settings["answer_max_tokens"], temperature=body.temperature,
-            stream=body.stream, stream_options={"include_usage": True} if body.stream else None,
+            stream=body.stream,
         )
+        force_stream_usage(chat_body)
         await self._check_prompt_fits(chat_body)
-        response = await super().chat(chat_body, request)
+        response = await super().chat(chat_body, _without_credentials(request))
         cited = citations(hits)
         if isinstance(response, StreamingResponse):
-            tracked = tracked_stream(response.body_iterator, request, model, None, True)
+            tracked = tracked_stream(response.body_iterator, request, model, None, True, False)
             return StreamingResponse(rag_stream(tracked, cited), media_type="text/event-stream")
         payload = json.loads(response.body)
-        record_usage(request, model, payload.get("usage"))
+        await record_usage(request, model, payload.get("usage"))
         answer = payload["choices"][0]["message"].get("content") or ""
         return JSONResponse({"answer": answer, "citations": cited, "usage": payload.get("usage", {}),
                              "model": payload.get("model"), "id": payload.get("id")})
@@ -301,6 +312,12 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
         for replica in replicas:
             replica["planned_bytes"] = planned.get(replica["name"])
         return JSONResponse({"replicas": replicas, "retriever": await self._retriever.stats.remote()})
+
+
+def _without_credentials(request: Request) -> Request:
+    """The request as forwarded to the chat replica: the tenant's key stays at the gateway."""
+    headers = [(k, v) for k, v in request.scope.get("headers", []) if k != b"authorization"]
+    return Request({**request.scope, "headers": headers}, request.receive)
 
 
 def _text_of(content) -> str:
@@ -329,12 +346,13 @@ ENDPOINTS = {
 }
 
 
-def make_app(guard_config: dict) -> FastAPI:
-    """The gateway's FastAPI app: error mapping, then tenant auth outermost. No CORS middleware:
-    cross-origin browser calls stay closed unless an operator adds it."""
+def make_app(guard_config: dict, max_body_bytes: int) -> FastAPI:
+    """The gateway's FastAPI app: error mapping, tenant auth, and outermost a body-size limit.
+    No CORS middleware: cross-origin browser calls stay closed unless an operator adds it."""
     from deployments.errors import install_error_handlers
 
     app = FastAPI(title="poolserve", docs_url="/docs", redoc_url=None)
     install_error_handlers(app)
     app.add_middleware(TenantAuthMiddleware, guard_config=guard_config)
+    app.add_middleware(RequestBodyLimitMiddleware, max_body_size=max_body_bytes)
     return app

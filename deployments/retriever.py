@@ -27,6 +27,9 @@ class Retriever:
     def delete_collection(self, tenant: str, collection: str) -> None:
         self.store.delete_collection(tenant, collection)
 
+    def delete_tenant(self, tenant: str) -> int:
+        return self.store.delete_tenant(tenant)
+
     def list_collections(self, tenant: str) -> list[dict]:
         return self.store.list_collections(tenant)
 

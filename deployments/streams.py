@@ -23,40 +23,40 @@ async def sse_events(body_iterator):
         yield buffer.strip()[len("data: "):]
 
 
-def force_stream_usage(body) -> bool:
-    """Streams always ask the engine for usage (tenant accounting); returns whether the client did."""
+def force_stream_usage(body) -> tuple[bool, bool]:
+    """Streams always ask the engine for usage on every chunk, so tenant accounting is right even
+    when the client hangs up early. Returns what the client asked for: (final usage, usage on
+    every chunk), so the stream can give it exactly that."""
     if not getattr(body, "stream", False):
-        return True
+        return True, False
     options = body.stream_options
-    wanted = bool(options and options.include_usage)
-    if not wanted:
-        body.stream_options = StreamOptions(include_usage=True)
+    wanted = (bool(options and options.include_usage), bool(options and options.continuous_usage_stats))
+    body.stream_options = StreamOptions(include_usage=True, continuous_usage_stats=True)
     return wanted
 
 
 async def tracked_stream(body_iterator, request: Request, model: str, cited: list[dict] | None,
-                          client_wants_usage: bool):
-    """Pass OpenAI chunks through; record usage when the stream ends; chat-with-RAG's first chunk
-    carries `citations`. The usage-only chunk is dropped unless the client asked for it."""
+                         client_wants_usage: bool, client_continuous_usage: bool = False):
+    """Pass OpenAI chunks through; record usage when the stream ends (or the client leaves);
+    chat-with-RAG's first chunk carries `citations`. Usage the client did not ask for is removed."""
     first, usage = True, None
     try:
         async for data in sse_events(body_iterator):
             if data != "[DONE]":
                 chunk = json.loads(data)
-                if chunk.get("usage"):
-                    usage = chunk["usage"]
-                    if not chunk.get("choices") and not client_wants_usage:
-                        continue
+                usage = chunk.get("usage") or usage
+                if not chunk.get("choices"):
+                    if not client_wants_usage:
+                        continue  # the final usage-only chunk
+                elif not client_continuous_usage:
+                    chunk.pop("usage", None)
                 if first and cited is not None:
                     chunk["citations"] = cited
-                    data = json.dumps(chunk)
-                elif not client_wants_usage and chunk.get("usage"):
-                    chunk["usage"] = None
-                    data = json.dumps(chunk)
                 first = False
+                data = json.dumps(chunk)
             yield f"data: {data}\n\n"
     finally:
-        record_usage(request, model, usage)
+        await record_usage(request, model, usage)
 
 
 async def rag_stream(body_iterator, cited: list[dict]):
@@ -64,7 +64,7 @@ async def rag_stream(body_iterator, cited: list[dict]):
     yield f"data: {json.dumps({'object': 'rag.citations', 'citations': cited})}\n\n"
     async for data in sse_events(body_iterator):
         if data == "[DONE]":
-            break
+            continue  # drain the source so its usage is recorded before this response ends
         chunk = json.loads(data)
         if chunk.get("object") == "error" or "error" in chunk:
             yield f"data: {json.dumps(chunk)}\n\n"

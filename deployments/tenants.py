@@ -14,6 +14,9 @@ import os
 from pathlib import Path
 
 from fastapi import HTTPException, Request
+from limits import RateLimitItemPerMinute
+from limits.storage import MemoryStorage
+from limits.strategies import MovingWindowRateLimiter
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
@@ -29,12 +32,17 @@ from tenancy import (
     TenantStore,
     apply_tenants_file,
     load_tenants_file,
+    parse_api_key,
     render_metrics,
     resolve_demo_key,
 )
 
 logger = logging.getLogger("poolserve.tenants")
 ADMIN_KEY_ENV = "POOLSERVE_ADMIN_KEY"
+# Operator routes outside /admin that also need the admin key: they name tenants and processes.
+OPERATOR_PATHS = ("/metrics", "/status")
+# Wrong keys per key id per minute before the gateway stops even checking them.
+FAILED_AUTH_PER_MINUTE = 20
 # Per-request scope keys. Not scope["state"]: servers may share that dict across requests.
 TENANT_KEY = "poolserve.tenant"
 GUARD_KEY = "poolserve.guard"
@@ -52,14 +60,15 @@ def guard_of(request: Request) -> "TenantGuard":
 class TenantGuard:
     """Everything tenant-related one gateway replica holds: store, limiter, metrics."""
 
-    def __init__(self, state_dir: str, tenants_file: str | None, max_body_bytes: int):
+    def __init__(self, state_dir: str, tenants_file: str | None):
         self.state_dir = Path(state_dir)
-        self.max_body_bytes = max_body_bytes
         self.store = TenantStore(self.state_dir / "tenants.sqlite3")
         self.limiter = TenantLimiter()
         self.registry = CollectorRegistry()
         self.metrics = TenantMetrics(self.registry)
         self.admin_key = os.environ.get(ADMIN_KEY_ENV) or None
+        self._failed_auth = MovingWindowRateLimiter(MemoryStorage())
+        self._failed_auth_limit = RateLimitItemPerMinute(FAILED_AUTH_PER_MINUTE)
         demo_key, created_at = resolve_demo_key(self.state_dir)
         if created_at:
             logger.warning("demo tenant key written to %s (mode 0600)", created_at)
@@ -81,7 +90,23 @@ class TenantGuard:
         return path
 
     def admin_allowed(self, presented: str | None) -> bool:
-        return bool(self.admin_key and presented and hmac.compare_digest(presented, self.admin_key))
+        return bool(self.admin_key and presented
+                    and hmac.compare_digest(presented.encode(), self.admin_key.encode()))
+
+    def authenticate(self, presented: str | None):
+        """The key's tenant, or None. Once a key id keeps failing, only keys this replica has
+        already verified pass, so a flood of wrong secrets costs no hashing."""
+        try:
+            key_id = parse_api_key(presented).key_id if presented else None
+        except ValueError:
+            return None
+        if key_id is None:
+            return None
+        allow_hashing = self._failed_auth.test(self._failed_auth_limit, key_id)
+        tenant = self.store.authenticate(presented, allow_hashing=allow_hashing)
+        if tenant is None:
+            self._failed_auth.hit(self._failed_auth_limit, key_id)
+        return tenant
 
 
 def _bearer(scope) -> str | None:
@@ -89,16 +114,6 @@ def _bearer(scope) -> str | None:
         if name == b"authorization":
             scheme, _, token = value.decode("latin-1").partition(" ")
             return token.strip() if scheme.lower() == "bearer" and token.strip() else None
-    return None
-
-
-def _content_length(scope) -> int | None:
-    for name, value in scope.get("headers", []):
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
     return None
 
 
@@ -121,12 +136,8 @@ class TenantAuthMiddleware:
             return await self.app(scope, receive, send)
         guard = self.guard
         scope[GUARD_KEY] = guard
-        length = _content_length(scope)
-        if length is not None and length > guard.max_body_bytes:
-            return await self._reject(scope, receive, send, 413,
-                                      f"request body is {length} bytes; the limit is {guard.max_body_bytes}")
         path = scope["path"]
-        if path.startswith("/admin"):
+        if path.startswith("/admin") or path in OPERATOR_PATHS:
             if not guard.admin_key:
                 return await self._reject(scope, receive, send, 404,
                                           f"the admin API is disabled: set {ADMIN_KEY_ENV} to enable it", kind="not_found_error")
@@ -136,16 +147,15 @@ class TenantAuthMiddleware:
             return await self.app(scope, receive, send)
         if not path.startswith("/v1"):
             return await self.app(scope, receive, send)
-        tenant = await run_in_threadpool(guard.store.authenticate, _bearer(scope))
+        tenant = await run_in_threadpool(guard.authenticate, _bearer(scope))
         if tenant is None:
             return await self._reject(scope, receive, send, 401,
                                       "missing or invalid API key: send 'Authorization: Bearer <key>'",
                                       {"WWW-Authenticate": "Bearer"}, kind="authentication_error")
         decision = guard.limiter.try_acquire(tenant)
         if decision.allowed:
-            decision = guard.limiter.check_request(tenant, estimated_tokens=0)
-            if decision.allowed and tenant.tpm is not None and (guard.limiter.tokens_remaining(tenant) or 0) <= 0:
-                decision = type(decision)(allowed=False, reason="tpm", retry_after_seconds=60)
+            # An estimate of 1 token refuses a tenant whose minute is spent, before its RPM hit.
+            decision = guard.limiter.check_request(tenant, estimated_tokens=1)
             if not decision.allowed:
                 guard.limiter.release(tenant)
         if not decision.allowed:
@@ -158,28 +168,12 @@ class TenantAuthMiddleware:
                                       {"Retry-After": str(decision.retry_after_seconds)}, kind="rate_limit_error")
         scope[TENANT_KEY] = tenant
         try:
-            await self.app(scope, _limited_receive(receive, guard.max_body_bytes), send)
+            await self.app(scope, receive, send)
         finally:
             guard.limiter.release(tenant)
 
 
-def _limited_receive(receive, limit: int):
-    """Bodies sent without Content-Length are counted as they arrive."""
-    seen = 0
-
-    async def wrapped():
-        nonlocal seen
-        message = await receive()
-        if message["type"] == "http.request":
-            seen += len(message.get("body", b""))
-            if seen > limit:
-                raise HTTPException(413, f"request body exceeds the limit of {limit} bytes")
-        return message
-
-    return wrapped
-
-
-def record_usage(request: Request, model: str, usage: dict | None, status: int = 200) -> None:
+async def record_usage(request: Request, model: str, usage: dict | None, status: int = 200) -> None:
     """Count one finished request for the caller's tenant (tokens as the engine reported them)."""
     tenant = tenant_of(request)
     guard = request.scope.get(GUARD_KEY)
@@ -187,7 +181,7 @@ def record_usage(request: Request, model: str, usage: dict | None, status: int =
         return
     prompt = int((usage or {}).get("prompt_tokens") or 0)
     completion = int((usage or {}).get("completion_tokens") or 0)
-    guard.store.record_usage(tenant.name, model, prompt, completion)
+    await run_in_threadpool(guard.store.record_usage, tenant.name, model, prompt, completion)
     guard.limiter.charge_tokens(tenant, prompt + completion)
     guard.metrics.observe_request(tenant.name, model, str(status))
     guard.metrics.observe_tokens(tenant.name, model, prompt, completion)
@@ -217,27 +211,30 @@ class TenantAdminRoutes:
         return JSONResponse({"tenant": tenant.to_dict(), "api_key": key}, status_code=201)
 
     async def list_tenants(self, request: Request) -> Response:
-        tenants = guard_of(request).store.list_tenants()
+        tenants = await run_in_threadpool(guard_of(request).store.list_tenants)
         return JSONResponse({"object": "list", "data": [t.to_dict() for t in tenants]})
 
     async def delete_tenant(self, name: str, request: Request) -> Response:
         guard: TenantGuard = guard_of(request)
         try:
-            guard.store.delete_tenant(name, actor="admin-api")
+            await run_in_threadpool(guard.store.delete_tenant, name, "admin-api")
         except TenantNotFound:
             raise HTTPException(404, f"tenant {name!r} not found")
         guard.metrics.forget_tenant(name)
+        # A later tenant of the same name must not inherit this one's knowledge bases.
+        await self._retriever.delete_tenant.remote(name)
         return JSONResponse({"deleted": name})
 
     async def tenant_usage(self, name: str, request: Request) -> Response:
         guard: TenantGuard = guard_of(request)
-        if guard.store.get_tenant(name) is None and not guard.store.usage(name):
+        usage = await run_in_threadpool(guard.store.usage, name)
+        if not usage and guard.store.get_tenant(name) is None:
             raise HTTPException(404, f"tenant {name!r} not found")
-        rows = [json.loads(json.dumps(row.__dict__, default=str)) for row in guard.store.usage(name)]
+        rows = [json.loads(json.dumps(row.__dict__, default=str)) for row in usage]
         return JSONResponse({"tenant": name, "usage": rows})
 
     async def audit(self, request: Request) -> Response:
-        entries = guard_of(request).store.audit_log(limit=200)
+        entries = await run_in_threadpool(guard_of(request).store.audit_log, 200)
         return JSONResponse({"data": [json.loads(json.dumps(e.__dict__, default=str)) for e in entries]})
 
     async def metrics(self, request: Request) -> Response:

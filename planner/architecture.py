@@ -292,3 +292,22 @@ def find_config(model: str, architecture: str | None = None) -> tuple[dict, str]
 def read_architecture(model: str, architecture: str | None = None) -> Architecture:
     cfg, source = find_config(model, architecture)
     return architecture_from_config(cfg, name=architecture or Path(model).name, source=source)
+
+
+def embedding_dimension(model_dir: str | Path) -> int:
+    """Output size of a sentence-transformers folder: its last Dense layer, else its pooling size."""
+    folder = Path(model_dir)
+    modules_file = folder / "modules.json"
+    size = None
+    if modules_file.exists():
+        for module in json.loads(modules_file.read_text()):
+            config = folder / module.get("path", "") / "config.json"
+            if not module.get("path") or not config.exists():
+                continue
+            data = json.loads(config.read_text())
+            size = data.get("out_features") or data.get("word_embedding_dimension") or size
+    if size is None and (folder / "config.json").exists():
+        size = json.loads((folder / "config.json").read_text()).get("hidden_size")
+    if not size:
+        raise ArchitectureError(f"cannot tell the embedding size of {folder}")
+    return int(size)

@@ -140,11 +140,12 @@ def ray_start_args(serve_config: Path = typer.Argument(Path("serve.yaml"), help=
 
 @app.command()
 def status(url: str = typer.Option("http://127.0.0.1:8000", "--url", help="Gateway base URL."),
+           admin_key: str = typer.Option(..., envvar="POOLSERVE_ADMIN_KEY", help="The gateway's admin key."),
            as_json: bool = typer.Option(False, "--json", help="Print the gateway's JSON.")) -> None:
     """Planned vs measured bytes per replica, from the running gateway's /status."""
     target = url.rstrip("/") + "/status"
     try:
-        response = httpx.get(target, timeout=10.0)
+        response = httpx.get(target, timeout=30.0, headers={"Authorization": f"Bearer {admin_key}"})
         response.raise_for_status()
         data = response.json()
     except httpx.HTTPStatusError as exc:

@@ -194,7 +194,7 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
     breakdown["activations"] = act
     breakdown["runtime.driver (LLMServer replica)"] = runtime.VLLM_DRIVER
     breakdown["runtime.engine_core"] = runtime.VLLM_ENGINE_CORE
-    breakdown["runtime.worker"] = runtime.VLLM_WORKER
+    breakdown["runtime.worker"] = runtime.VLLM_WORKER_GPU if gpu else runtime.VLLM_WORKER
     if gpu:
         breakdown["cuda_context.worker"] = runtime.CUDA_CONTEXT
         if not chat.enforce_eager:

@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from planner import runtime
 from planner.advice import overcommit_message
-from planner.architecture import ArchitectureError
+from planner.architecture import ArchitectureError, embedding_dimension
 from planner.engine import EngineError, plan_engine, utilization_for
 from planner.profile import PoolSpec, Profile, pinned
 from planner.units import gib
@@ -121,14 +121,12 @@ def detect_total_bytes() -> int:
 
 
 def _embedder_dim(profile: Profile) -> int:
-    import json
-    from pathlib import Path
-    cfg = Path(profile.embedder.model) / "config.json"
     if profile.retriever.dim:
         return profile.retriever.dim
-    if cfg.exists():
-        return int(json.loads(cfg.read_text()).get("hidden_size", 384))
-    raise PlanError(f"no config.json in {profile.embedder.model}; set retriever.dim")
+    try:
+        return embedding_dimension(profile.embedder.model)
+    except ArchitectureError as exc:
+        raise PlanError(f"{exc}; set retriever.dim") from exc
 
 
 def _side_replicas(profile: Profile, gpu: bool, dim: int) -> list[ReplicaPlan]:

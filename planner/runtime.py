@@ -17,6 +17,9 @@ from planner.units import GiB, MB
 VLLM_DRIVER = 990 * MB
 VLLM_ENGINE_CORE = 830 * MB
 VLLM_WORKER = 1190 * MB
+# On a GPU the worker's host-side runtime is the ~0.1 GB DESIGN measured for a standalone worker;
+# its CUDA context and graphs are planned as their own lines. Estimate until measured on a Spark.
+VLLM_WORKER_GPU = 100 * MB
 # One CUDA context per process that touches the GPU (DESIGN 3: about 0.5-1 GB); estimate.
 CUDA_CONTEXT = 1 * GiB
 # CUDA graph pool when graphs are captured (enforce_eager false); estimate, GPU only.

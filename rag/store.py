@@ -174,6 +174,16 @@ class KnowledgeStore:
             ])
             self._indexes.pop((tenant, collection), None)
 
+    def delete_tenant(self, tenant: str) -> int:
+        """Remove every collection of a tenant (the tenant was deleted); returns how many."""
+        with self._lock:
+            names = [r[0] for r in self._db.execute("SELECT name FROM collections WHERE tenant=?", (tenant,))]
+            self._in_transaction([(f"DELETE FROM {table} WHERE tenant=?", (tenant,))
+                                  for table in ("chunks", "documents", "collections")])
+            for name in names:
+                self._indexes.pop((tenant, name), None)
+        return len(names)
+
     # ---- reads -------------------------------------------------------------------------
     def _require_collection(self, tenant: str, collection: str) -> None:
         if not self._db.execute(
@@ -182,12 +192,16 @@ class KnowledgeStore:
             raise CollectionNotFound(f"collection {collection!r} not found")
 
     def list_collections(self, tenant: str) -> list[dict]:
-        rows = self._db.execute(
+        with self._lock:
+            rows = self._list_rows(tenant)
+        return [{"name": n, "created_at": t, "documents": d, "chunks": c} for n, t, d, c in rows]
+
+    def _list_rows(self, tenant: str) -> list[tuple]:
+        return self._db.execute(
             "SELECT c.name, c.created_at, COUNT(d.doc_id), COALESCE(SUM(d.chunk_count), 0) FROM collections c "
             "LEFT JOIN documents d ON d.tenant=c.tenant AND d.collection=c.name WHERE c.tenant=? "
             "GROUP BY c.name ORDER BY c.name", (tenant,)
         ).fetchall()
-        return [{"name": n, "created_at": t, "documents": d, "chunks": c} for n, t, d, c in rows]
 
     def collection_info(self, tenant: str, collection: str) -> dict:
         with self._lock:

@@ -16,5 +16,5 @@ if ! "$BIN/ray" start --head $RAY_ARGS >/dev/null; then
   trap - EXIT INT TERM
   exit 1
 fi
-"$BIN/serve" run --address auto "$CONFIG" &
-wait $!
+# In the foreground, so Ctrl-C reaches `serve run` and it shuts the app down before cleanup.
+"$BIN/serve" run --address auto "$CONFIG"

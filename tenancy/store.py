@@ -326,11 +326,13 @@ class TenantStore:
         return [ApiKeyInfo(key_id=r["key_id"], tenant=r["tenant"], origin=r["origin"],
                            created_at=r["created_at"]) for r in rows]
 
-    def authenticate(self, api_key: str | None) -> Tenant | None:
+    def authenticate(self, api_key: str | None, allow_hashing: bool = True) -> Tenant | None:
         """The tenant owning ``api_key``, or None. Never raises on bad input.
 
         One indexed lookup by key_id, then argon2 verification unless this
         process already verified the same key against the same stored hash.
+        With ``allow_hashing`` False only an already-verified key passes (the
+        caller's defence against floods of wrong keys for one key id).
         """
         if not api_key:
             return None
@@ -344,7 +346,7 @@ class TenantStore:
             return None
         key_hash = rows[0]["key_hash"]
         if not self._verified_keys.is_verified(api_key, key_hash):
-            if not self._hasher.verify(key_hash, api_key):
+            if not allow_hashing or not self._hasher.verify(key_hash, api_key):
                 return None
             self._verified_keys.remember(api_key, key_hash)
         return _tenant_from_row(rows[0])

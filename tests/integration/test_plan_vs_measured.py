@@ -16,11 +16,11 @@ def _plan(stack):
     return build_plan(load_profile(stack.config_path.parent / "profile.yaml"))
 
 
-def test_every_replica_measures_within_15_percent_of_plan(stack, client):
+def test_every_replica_measures_within_15_percent_of_plan(stack, client, admin_headers):
     # Exercise the embedder and retriever once so their steady-state footprint is measured.
     client.post("/v1/collections/measure/documents", json={"documents": [{"id": "m", "text": "Measure me."}]})
     plan = _plan(stack)
-    status = httpx.get(f"{stack.url}/status", timeout=60).json()
+    status = httpx.get(f"{stack.url}/status", headers=admin_headers, timeout=60).json()
     errors = {}
     for replica in status["replicas"]:
         planned = plan.replica(replica["name"])
@@ -28,6 +28,24 @@ def test_every_replica_measures_within_15_percent_of_plan(stack, client):
         errors[replica["name"]] = (replica["measured_bytes"] - expected) / expected
     print("plan error per replica:", {k: f"{v:+.1%}" for k, v in errors.items()})
     assert all(abs(error) <= TOLERANCE for error in errors.values()), errors
+
+
+def test_poolserve_status_cli_prints_planned_and_measured(stack):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.integration.conftest import ADMIN_KEY
+
+    cli = Path(sys.executable).parent / "poolserve"
+    out = subprocess.run([str(cli), "status", "--url", stack.url, "--json"], capture_output=True, text=True,
+                         timeout=120, env={"POOLSERVE_ADMIN_KEY": ADMIN_KEY, "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    replicas = {r["name"]: r for r in json.loads(out.stdout)["replicas"]}
+    assert set(replicas) == {"chat", "embedder", "retriever", "gateway"}
+    assert len(replicas["chat"]["pids"]) >= 3  # LLMServer replica, EngineCore, Worker
+    assert all(r["measured_bytes"] > 0 and r["planned_bytes"] > 0 for r in replicas.values())
 
 
 def test_vllm_kv_capacity_equals_plan_within_one_block(stack):
