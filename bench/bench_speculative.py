@@ -145,6 +145,7 @@ def run_worker(method: str, out_path: str) -> None:
         speculative_config=speculative_config(method),
         disable_log_stats=False,  # LLM defaults to True, which hides the spec-decode counters
         seed=0,
+        enforce_eager=os.environ.get("POOLSERVE_BENCH_EAGER") == "1",
     )
     init_s = time.perf_counter() - t0
     greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
@@ -297,6 +298,8 @@ def main() -> None:
     parser.add_argument("--preload-methods", default=None,
                         help="methods to run with the non-default preloads (default: all of --methods)")
     parser.add_argument("--timeout", type=float, default=420.0, help="seconds per variant")
+    parser.add_argument("--eager", action="store_true",
+                        help="enforce_eager=True, as the embedded default runs (no torch.compile)")
     parser.add_argument("--json", help="also write raw results here")
     parser.add_argument("--from-json", help="only print the tables for results saved with --json")
     args = parser.parse_args()
@@ -309,6 +312,8 @@ def main() -> None:
         run_worker(args.worker, args.out)
         return
 
+    if args.eager:
+        os.environ["POOLSERVE_BENCH_EAGER"] = "1"  # read by each worker subprocess
     methods = args.methods.split(",")
     preloads = args.preloads.split(",")
     preload_methods = args.preload_methods.split(",") if args.preload_methods else methods
