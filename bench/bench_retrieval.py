@@ -8,8 +8,8 @@ For N random 384-d unit vectors (MiniLM's dimension) stored as documents of 100 
       store   KnowledgeStore.search: normalize + index search + the SQLite fetch of the chunks
   - recall@4 against the exact numpy answer, and how often the exact top-1 is the answer's top-1
 for the store's index kinds "flat" (IndexFlatIP under IndexIDMap2) and "hnsw" (IndexHNSWFlat,
-M=32, as the store builds it), searched with FAISS's default efSearch=16 (what the store
-uses) and with efSearch=128.
+M=32, as the store builds it), searched with FAISS's default efSearch=16 and with efSearch=128
+(the store itself now sets max(64, 2*M)).
 
 Two query sets: "random" (fresh random vectors: no near neighbour, the hardest case for HNSW)
 and "near" (a stored vector plus noise, like a question close to one passage).
@@ -72,7 +72,7 @@ def bench(n: int, kind: str, queries: dict[str, np.ndarray], data: np.ndarray, t
     out = []
     for label, ef in settings:
         if ef is not None:
-            inner.hnsw.efSearch = ef  # the store leaves FAISS's default, 16
+            inner.hnsw.efSearch = ef  # override the store's own setting for this measurement
         for qname, qs in queries.items():
             truth = [brute_force(data, q, TOP_K) for q in qs]
             # Each path in its own loop (a few untimed warm-up queries first): interleaving them
