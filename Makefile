@@ -37,7 +37,7 @@ plan: install
 test: setup
 	$(VENV)/bin/pytest tests -v -rs
 
-test-unit: install
+test-unit: setup
 	$(VENV)/bin/pytest tests/unit -q
 
 test-integration: setup

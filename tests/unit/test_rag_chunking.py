@@ -25,9 +25,9 @@ TEXT = "\n\n".join(PARAGRAPHS)
 
 @pytest.fixture(scope="module")
 def count_tokens():
-    transformers = pytest.importorskip("transformers")
-    if not (MODEL_DIR / "tokenizer_config.json").exists():
-        pytest.skip(f"embedder tokenizer not found at {MODEL_DIR}")
+    import transformers
+
+    assert (MODEL_DIR / "tokenizer_config.json").exists(), f"no embedder at {MODEL_DIR}: run `make models`"
     tok = transformers.AutoTokenizer.from_pretrained(str(MODEL_DIR))
 
     def count(text: str) -> int:
