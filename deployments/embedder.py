@@ -27,9 +27,6 @@ class Embedder:
         limit = max(16, int(self.model.max_seq_length) - 2)
         self.chunker = Chunker(self._count, min(chunk_tokens, limit), min(chunk_overlap, limit // 4))
 
-    def info(self) -> dict:
-        return {"model_id": self.model_id, "dimension": self.dimension, "max_seq_length": self.model.max_seq_length}
-
     def embed(self, texts: list[str]) -> dict:
         """Unit-length float32 vectors and the tokens the model actually read."""
         vectors = self.model.encode(

@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse, Response
 from deployments.errors import error_body
 from tenancy import (
     DEMO_KEY_ENV,
+    ApiKeyNotFound,
     TenantExists,
     TenantLimiter,
     TenantMetrics,
@@ -167,9 +168,12 @@ class TenantAuthMiddleware:
                                       f"{decision.retry_after_seconds}s",
                                       {"Retry-After": str(decision.retry_after_seconds)}, kind="rate_limit_error")
         scope[TENANT_KEY] = tenant
+        in_flight = guard.metrics.in_flight.labels(tenant=tenant.name)
+        in_flight.inc()
         try:
             await self.app(scope, receive, send)
         finally:
+            in_flight.dec()
             guard.limiter.release(tenant)
 
 
@@ -233,6 +237,28 @@ class TenantAdminRoutes:
         rows = [json.loads(json.dumps(row.__dict__, default=str)) for row in usage]
         return JSONResponse({"tenant": name, "usage": rows})
 
+    async def create_key(self, name: str, request: Request) -> Response:
+        """Another key for a tenant (rotation: create the new key, move clients, revoke the old)."""
+        try:
+            key = await run_in_threadpool(guard_of(request).store.create_api_key, name, "admin-api")
+        except TenantNotFound:
+            raise HTTPException(404, f"tenant {name!r} not found")
+        return JSONResponse({"tenant": name, "key_id": parse_api_key(key).key_id, "api_key": key}, status_code=201)
+
+    async def list_keys(self, name: str, request: Request) -> Response:
+        store = guard_of(request).store
+        if store.get_tenant(name) is None:
+            raise HTTPException(404, f"tenant {name!r} not found")
+        keys = await run_in_threadpool(store.list_api_keys, name)
+        return JSONResponse({"tenant": name, "data": [dict(k.__dict__) for k in keys]})
+
+    async def revoke_key(self, name: str, key_id: str, request: Request) -> Response:
+        try:
+            await run_in_threadpool(guard_of(request).store.revoke_api_key, name, key_id, "admin-api")
+        except (ApiKeyNotFound, TenantNotFound):
+            raise HTTPException(404, f"key {key_id!r} of tenant {name!r} not found")
+        return JSONResponse({"revoked": key_id, "tenant": name})
+
     async def audit(self, request: Request) -> Response:
         entries = await run_in_threadpool(guard_of(request).store.audit_log, 200)
         return JSONResponse({"data": [json.loads(json.dumps(e.__dict__, default=str)) for e in entries]})
@@ -247,6 +273,9 @@ ADMIN_ENDPOINTS = {
     "list_tenants": lambda app: app.get("/admin/tenants"),
     "delete_tenant": lambda app: app.delete("/admin/tenants/{name}"),
     "tenant_usage": lambda app: app.get("/admin/tenants/{name}/usage"),
+    "create_key": lambda app: app.post("/admin/tenants/{name}/keys"),
+    "list_keys": lambda app: app.get("/admin/tenants/{name}/keys"),
+    "revoke_key": lambda app: app.delete("/admin/tenants/{name}/keys/{key_id}"),
     "audit": lambda app: app.get("/admin/audit"),
     "metrics": lambda app: app.get("/metrics"),
 }

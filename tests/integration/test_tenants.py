@@ -167,6 +167,23 @@ def test_deleted_tenant_key_stops_working(stack, admin_headers):
     assert any(e["action"] == "tenant.delete" and e["target"] == name for e in audit)
 
 
+def test_key_rotation_new_key_works_and_revoked_key_stops(stack, admin_headers):
+    name, old = _create_tenant(stack, admin_headers)
+    with httpx.Client(base_url=stack.url, timeout=30) as http:
+        created = http.post(f"/admin/tenants/{name}/keys", headers=admin_headers)
+        assert created.status_code == 201
+        new = {"Authorization": f"Bearer {created.json()['api_key']}"}
+        assert http.get("/v1/models", headers=new).status_code == 200
+        keys = http.get(f"/admin/tenants/{name}/keys", headers=admin_headers).json()["data"]
+        assert len(keys) == 2 and all("hash" not in str(k) for k in keys)
+        old_id = next(k["key_id"] for k in keys if k["key_id"] != created.json()["key_id"])
+        assert http.get("/v1/models", headers=old).status_code == 200  # verified and cached
+        assert http.delete(f"/admin/tenants/{name}/keys/{old_id}", headers=admin_headers).status_code == 200
+        assert http.get("/v1/models", headers=old).status_code == 401  # revocation beats the cache
+        assert http.get("/v1/models", headers=new).status_code == 200
+        assert http.delete(f"/admin/tenants/{name}/keys/{old_id}", headers=admin_headers).status_code == 404
+
+
 def test_duplicate_tenant_is_409_and_bad_name_is_422(stack, admin_headers):
     name, _ = _create_tenant(stack, admin_headers)
     assert httpx.post(f"{stack.url}/admin/tenants", json={"name": name}, headers=admin_headers, timeout=30).status_code == 409
