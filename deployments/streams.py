@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import anyio
 from fastapi import Request
 from vllm.entrypoints.generate.base.protocol import StreamOptions
 
@@ -56,7 +57,9 @@ async def tracked_stream(body_iterator, request: Request, model: str, cited: lis
                 data = json.dumps(chunk)
             yield f"data: {data}\n\n"
     finally:
-        await record_usage(request, model, usage)
+        # A client that hangs up cancels this task; anyio's cancellation would abort the write.
+        with anyio.CancelScope(shield=True):
+            await record_usage(request, model, usage)
 
 
 async def rag_stream(body_iterator, cited: list[dict]):

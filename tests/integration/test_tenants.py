@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import stat
+import time
 import uuid
 from pathlib import Path
 
@@ -155,6 +156,27 @@ def test_recorded_usage_equals_engine_usage(stack, admin_headers):
     assert sum(r["completion_tokens"] for r in chat_rows) == totals["completion"]
     metrics = httpx.get(f"{stack.url}/metrics", headers=admin_headers, timeout=30).text
     assert f'tenant="{name}"' in metrics
+
+
+def test_stream_closed_early_is_still_charged(stack, admin_headers):
+    name, headers = _create_tenant(stack, admin_headers)
+    body = {"model": MODEL, "max_tokens": 200, "stream": True, "temperature": 0,
+            "messages": [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]}
+    with httpx.Client(base_url=stack.url, headers=headers, timeout=120) as http:
+        with http.stream("POST", "/v1/chat/completions", json=body) as stream:
+            received = 0
+            for line in stream.iter_lines():
+                received += line.startswith("data: {")
+                if received >= 5:
+                    break  # hang up mid-answer
+    rows = []
+    for _ in range(30):  # the gateway records when it notices the disconnect
+        rows = httpx.get(f"{stack.url}/admin/tenants/{name}/usage", headers=admin_headers, timeout=30).json()["usage"]
+        if rows:
+            break
+        time.sleep(1)
+    assert rows and rows[0]["requests"] == 1
+    assert rows[0]["prompt_tokens"] > 0 and rows[0]["completion_tokens"] >= 3
 
 
 def test_deleted_tenant_key_stops_working(stack, admin_headers):
