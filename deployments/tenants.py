@@ -119,7 +119,7 @@ def _bearer(scope) -> str | None:
 
 
 class TenantAuthMiddleware:
-    """Pure ASGI middleware: body-size limit, bearer auth, RPM/TPM/concurrency limits."""
+    """Pure ASGI middleware: admin-key and bearer auth, RPM/TPM/concurrency limits."""
 
     def __init__(self, app, guard_config: dict):
         self.app = app
