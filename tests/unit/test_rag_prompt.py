@@ -144,7 +144,7 @@ def test_citations_carry_the_fields():
 
 
 def test_citation_score_is_a_plain_float_even_from_numpy():
-    np = pytest.importorskip("numpy")
+    import numpy as np
     chunk = RetrievedChunk("d", "d#0", np.float32(0.123456789), "t")
     score = chunk.citation()["score"]
     assert type(score) is float
