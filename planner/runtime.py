@@ -28,15 +28,17 @@ CUDA_GRAPHS = 1 * GiB
 # --- Python replicas --------------------------------------------------------------------------
 # Embedder replica: 0.7 GB RSS measured in total with MiniLM; the weights (91 MB) and a batch's
 # activations are planned separately, this is torch + transformers + sentence-transformers + Ray.
-# Measured 0.79 GB in total right after start and 0.88 GB once it has embedded a few batches
-# (torch's allocator keeps its buffers); planned at the used figure.
-EMBEDDER_RUNTIME = 640 * MB
+# Measured 0.79 GB in total right after start, 0.81 GB after a short warm-up and 0.88 GB after a
+# test suite's traffic (torch's allocator keeps its buffers); planned in the middle.
+EMBEDDER_RUNTIME = 605 * MB
 # Gateway = an OpenAiIngress subclass (ray.serve.llm imports vllm, pyarrow, fastapi) plus the chat
-# tokenizer and the tenant store: 0.92 GB measured after start, 1.04 GB after serving traffic.
-GATEWAY_RUNTIME = 1020 * MB
-# Retriever replica: Ray Serve worker + numpy + faiss + sqlite3: 0.20 GB measured with an empty
-# index, 0.23 GB with a few collections (the index itself is planned on its own lines).
-RETRIEVER_RUNTIME = 225 * MB
+# tokenizer and the tenant store: 0.87 GB measured after a short warm-up, 1.04 GB after a test
+# suite's traffic; planned in the middle (a Python process's RSS follows its history by ~10%).
+GATEWAY_RUNTIME = 940 * MB
+# Retriever replica: Ray Serve worker + numpy + faiss + sqlite3: 0.19-0.20 GB measured with one
+# small collection, 0.23 GB after a test suite's collections; planned in the middle (the index
+# itself is planned on its own lines).
+RETRIEVER_RUNTIME = 210 * MB
 
 # --- Ray's own processes (one set per node) ---------------------------------------------------
 RAY_SYSTEM = {

@@ -17,8 +17,18 @@ def _plan(stack):
 
 
 def test_every_replica_measures_within_15_percent_of_plan(stack, client, admin_headers):
-    # Exercise the embedder and retriever once so their steady-state footprint is measured.
-    client.post("/v1/collections/measure/documents", json={"documents": [{"id": "m", "text": "Measure me."}]})
+    # Put every replica in service first (allocator pools, tokenizer caches, SQLite pages), so the
+    # footprint measured is the one the plan is for, not a just-started process.
+    text = " ".join(f"Sentence {n} describes part {n} of the measuring procedure in some detail." for n in range(400))
+    assert client.post("/v1/collections/measure/documents", json={"documents": [{"id": "m", "text": text}]}).status_code == 200
+    assert client.post("/v1/embeddings", json={"input": [f"text number {n}" for n in range(64)]}).status_code == 200
+    for n in range(3):
+        assert client.post("/v1/rag/query", json={"collection": "measure", "question": f"What is part {n}?",
+                                                  "max_tokens": 16}).status_code == 200
+    with client.stream("POST", "/v1/chat/completions", json={
+            "model": "smollm2-135m-instruct", "max_tokens": 32, "stream": True,
+            "messages": [{"role": "user", "content": "Say something."}]}) as stream:
+        assert stream.status_code == 200 and sum(1 for _ in stream.iter_lines()) > 0
     plan = _plan(stack)
     status = httpx.get(f"{stack.url}/status", headers=admin_headers, timeout=60).json()
     errors = {}
