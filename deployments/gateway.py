@@ -22,11 +22,13 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
     ModelList,
 )
 from ray.serve.llm.ingress import OpenAiIngress
+from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware.body_limit import RequestBodyLimitMiddleware
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from deployments.errors import error_body
+from deployments.process_memory import process_tree_rss, release_freed_heap
 from deployments.streams import force_stream_usage, rag_stream, tracked_stream
 from deployments.schemas import AddDocumentsRequest, RagOptions, RagQueryRequest
 from deployments.tenants import ADMIN_ENDPOINTS, TenantAdminRoutes, TenantAuthMiddleware, record_usage, tenant_of
@@ -214,7 +216,8 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
         ]
         usage = {"prompt_tokens": result["tokens"], "total_tokens": result["tokens"]}
         await record_usage(request, self._embed_model_id, usage)
-        return JSONResponse({"object": "list", "data": data, "model": self._embed_model_id, "usage": usage})
+        return JSONResponse({"object": "list", "data": data, "model": self._embed_model_id, "usage": usage},
+                            background=_release_heap_after_sending())
 
     # ---- knowledge bases -----------------------------------------------------------------
     async def add_documents(self, collection: str, body: AddDocumentsRequest, request: Request) -> Response:
@@ -243,7 +246,7 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
                 tenant, collection, doc.id, chunks, vectors, doc.metadata, len(doc.text))
             results.append({"id": doc.id, "chunks": count})
         return JSONResponse({"collection": collection, "documents": results,
-                             "chunks": sum(r["chunks"] for r in results)})
+                             "chunks": sum(r["chunks"] for r in results)}, background=_release_heap_after_sending())
 
     async def list_collections(self, request: Request) -> Response:
         collections = await self._retriever.list_collections.remote(self._tenant(request))
@@ -298,8 +301,6 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
 
     # ---- operations ---------------------------------------------------------------------------
     async def status(self) -> Response:
-        from deployments.process_memory import process_tree_rss
-
         chat_handle = self._default_serve_handles[self._chat_model_id]
         measured = await asyncio.gather(
             chat_handle.memory.remote(), self._embedder.memory.remote(), self._retriever.memory.remote(),
@@ -312,6 +313,11 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
         for replica in replicas:
             replica["planned_bytes"] = planned.get(replica["name"])
         return JSONResponse({"replicas": replicas, "retriever": await self._retriever.stats.remote()})
+
+
+def _release_heap_after_sending() -> BackgroundTask:
+    """Bulk bodies (documents in, vectors out) leave megabytes in glibc's free lists; return them."""
+    return BackgroundTask(release_freed_heap, collect=False)
 
 
 def _without_credentials(request: Request) -> Request:

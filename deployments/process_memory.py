@@ -2,12 +2,33 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
 import os
 
 import psutil
 
 
+def release_freed_heap(collect: bool = True) -> None:
+    """Hand memory Python and glibc hold only as free lists back to the shared pool.
+
+    On a unified-memory machine a page a CPU replica keeps after freeing it is a page the GPU
+    cannot use, and it makes a replica's footprint depend on its history rather than its plan.
+    """
+    if collect:
+        gc.collect()
+    libc_name = ctypes.util.find_library("c")
+    if libc_name:
+        trim = getattr(ctypes.CDLL(libc_name), "malloc_trim", None)
+        if trim is not None:
+            trim(0)
+
+
 def process_tree_rss(pid: int | None = None) -> dict:
+    """RSS of this process (after releasing its freed heap) and of every process it started."""
+    if pid is None:
+        release_freed_heap()
     root = psutil.Process(pid or os.getpid())
     processes = [root, *root.children(recursive=True)]
     total, pids = 0, []

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ray import serve
 
-from deployments.process_memory import process_tree_rss
+from deployments.process_memory import process_tree_rss, release_freed_heap
 from rag.store import KnowledgeStore
 
 
@@ -19,7 +19,9 @@ class Retriever:
         self.store = KnowledgeStore(Path(state_dir) / "knowledge.sqlite3", dim=dim, index_kind=index_kind, hnsw_m=hnsw_m)
 
     def upsert_document(self, tenant, collection, doc_id, chunks, vectors, metadata, chars) -> int:
-        return self.store.upsert_document(tenant, collection, doc_id, chunks, vectors, metadata, chars)
+        stored = self.store.upsert_document(tenant, collection, doc_id, chunks, vectors, metadata, chars)
+        release_freed_heap(collect=False)  # the request's vectors and SQLite rows are garbage now
+        return stored
 
     def delete_document(self, tenant: str, collection: str, doc_id: str) -> None:
         self.store.delete_document(tenant, collection, doc_id)

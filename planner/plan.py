@@ -34,8 +34,9 @@ class ReplicaPlan(BaseModel):
     node: str = Field("local", description="Pool (node) the replica is placed on.")
     planned_bytes: int
     breakdown: dict[str, int]
-    growth_bytes: int = Field(0, description="Part of planned_bytes that fills with use (index, caches); "
-                                             "expected RSS right after start is planned_bytes - growth_bytes.")
+    growth_bytes: int = Field(0, description="Part of planned_bytes not resident at rest: capacity that fills "
+                                             "with use (index, caches) and a batch's peak that the replica "
+                                             "releases after it; RSS at rest is planned_bytes - growth_bytes.")
     vllm: dict = Field(default_factory=dict)
     ray_actor_options: dict
     env: dict[str, str] = Field(default_factory=dict)
@@ -156,7 +157,7 @@ def _side_replicas(profile: Profile, gpu: bool, dim: int) -> list[ReplicaPlan]:
                            ray_actor_options=opts, env=env, start_order=order)
 
     return [
-        replica("embedder", emb_lines, emb, emb.torch_threads, 1, gpus=0.1 if gpu else 0.0),
+        replica("embedder", emb_lines, emb, emb.torch_threads, 1, growth=emb_act, gpus=0.1 if gpu else 0.0),
         replica("retriever", ret_lines, ret, ret.faiss_threads, 2,
                 growth=index + n * 56 + ret.sqlite_cache_bytes),
         replica("gateway", gw_lines, gw, 1, 3, growth=2 * gw.max_body_bytes),

@@ -26,19 +26,22 @@ CUDA_CONTEXT = 1 * GiB
 CUDA_GRAPHS = 1 * GiB
 
 # --- Python replicas --------------------------------------------------------------------------
-# Embedder replica: 0.7 GB RSS measured in total with MiniLM; the weights (91 MB) and a batch's
-# activations are planned separately, this is torch + transformers + sentence-transformers + Ray.
-# Measured 0.79 GB in total right after start, 0.81 GB after a short warm-up and 0.88 GB after a
-# test suite's traffic (torch's allocator keeps its buffers); planned in the middle.
-EMBEDDER_RUNTIME = 605 * MB
+# Measured as RSS after the replica hands its freed heap back (malloc_trim, which the embedder and
+# retriever also do after every batch); without that, glibc keeps freed batches and a replica's
+# RSS followed its history by 20-25%.
+# Embedder replica: torch + transformers + sentence-transformers + Ray worker; the weights (91 MB)
+# and a batch's activations (released after each batch) are planned on their own lines. 0.79 GB
+# measured in total after its start-up warm-up batch, after a test suite's traffic and after
+# ingesting 5 x 90k-token documents alike.
+EMBEDDER_RUNTIME = 700 * MB
 # Gateway = an OpenAiIngress subclass (ray.serve.llm imports vllm, pyarrow, fastapi) plus the chat
-# tokenizer and the tenant store: 0.87 GB measured after a short warm-up, 1.04 GB after a test
-# suite's traffic; planned in the middle (a Python process's RSS follows its history by ~10%).
-GATEWAY_RUNTIME = 940 * MB
-# Retriever replica: Ray Serve worker + numpy + faiss + sqlite3: 0.19-0.20 GB measured with one
-# small collection, 0.23 GB after a test suite's collections; planned in the middle (the index
-# itself is planned on its own lines).
-RETRIEVER_RUNTIME = 210 * MB
+# tokenizer and the tenant store: 0.82-0.83 GB measured after a short warm-up and after a test
+# suite's traffic.
+GATEWAY_RUNTIME = 830 * MB
+# Retriever replica: Ray Serve worker + numpy + faiss + sqlite3: 0.19 GB measured with one small
+# collection and after a test suite's collections (the index and SQLite's cache are planned on
+# their own lines).
+RETRIEVER_RUNTIME = 190 * MB
 
 # --- Ray's own processes (one set per node) ---------------------------------------------------
 RAY_SYSTEM = {
