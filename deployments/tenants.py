@@ -78,6 +78,7 @@ class TenantGuard:
                                          {**os.environ, DEMO_KEY_ENV: demo_key})
             for name, key in applied.new_keys.items():
                 logger.warning("key for tenant %s written to %s (mode 0600)", name, self._write_key_file(name, key))
+            logger.info("tenants file %s: synced %s", tenants_file, ", ".join(applied.synced) or "nothing")
             for warning in applied.warnings:
                 logger.warning("tenants file: %s", warning)
 

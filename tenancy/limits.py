@@ -26,8 +26,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -55,14 +54,6 @@ class LimitDecision:
     @classmethod
     def reject(cls, reason: RejectReason, retry_after_seconds: int) -> LimitDecision:
         return cls(allowed=False, reason=reason, retry_after_seconds=max(1, retry_after_seconds))
-
-
-class LimitExceeded(Exception):
-    """Raised by ``TenantLimiter.concurrency_slot`` when the tenant is at its cap."""
-
-    def __init__(self, decision: LimitDecision) -> None:
-        super().__init__(f"tenant limit exceeded: {decision.reason}")
-        self.decision = decision
 
 
 def _requests_per_minute(amount: int) -> RateLimitItemPerMinute:
@@ -154,24 +145,3 @@ class TenantLimiter:
     def in_flight(self, tenant_name: str) -> int:
         with self._in_flight_lock:
             return self._in_flight.get(tenant_name, 0)
-
-    @asynccontextmanager
-    async def concurrency_slot(self, tenant: Tenant) -> AsyncIterator[None]:
-        """``async with limiter.concurrency_slot(t):`` holds a slot; raises LimitExceeded at the cap.
-
-        For streaming responses, prefer try_acquire/release and release when
-        the stream ends, since the slot must outlive the endpoint function.
-        """
-        decision = self.try_acquire(tenant)
-        if not decision.allowed:
-            raise LimitExceeded(decision)
-        try:
-            yield
-        finally:
-            self.release(tenant)
-
-    def reset(self) -> None:
-        """Forget all windows and in-flight counts (admin/tests)."""
-        self._storage.reset()
-        with self._in_flight_lock:
-            self._in_flight.clear()
