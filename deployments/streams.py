@@ -11,17 +11,25 @@ from vllm.entrypoints.generate.base.protocol import StreamOptions
 from deployments.tenants import record_usage
 
 
-async def sse_events(body_iterator):
-    """Split a byte/str stream into complete SSE `data:` payloads."""
+async def sse_event_batches(body_iterator):
+    """Complete SSE `data:` payloads, one list per piece that arrives.
+
+    The chat replica sends a piece per stream-batching interval (several chunks when decoding
+    outruns it); keeping that grouping through the gateway means one Ray Serve message per
+    batch on the way to the proxy, not one per token.
+    """
     buffer = ""
     async for piece in body_iterator:
         buffer += piece.decode() if isinstance(piece, bytes) else piece
+        events = []
         while "\n\n" in buffer:
             event, buffer = buffer.split("\n\n", 1)
             if event.startswith("data: "):
-                yield event[len("data: "):]
+                events.append(event[len("data: "):])
+        if events:
+            yield events
     if buffer.strip().startswith("data: "):
-        yield buffer.strip()[len("data: "):]
+        yield [buffer.strip()[len("data: "):]]
 
 
 def force_stream_usage(body) -> tuple[bool, bool]:
@@ -42,20 +50,24 @@ async def tracked_stream(body_iterator, request: Request, model: str, cited: lis
     chat-with-RAG's first chunk carries `citations`. Usage the client did not ask for is removed."""
     first, usage = True, None
     try:
-        async for data in sse_events(body_iterator):
-            if data != "[DONE]":
-                chunk = json.loads(data)
-                usage = chunk.get("usage") or usage
-                if not chunk.get("choices"):
-                    if not client_wants_usage:
-                        continue  # the final usage-only chunk
-                elif not client_continuous_usage:
-                    chunk.pop("usage", None)
-                if first and cited is not None:
-                    chunk["citations"] = cited
-                first = False
-                data = json.dumps(chunk)
-            yield f"data: {data}\n\n"
+        async for events in sse_event_batches(body_iterator):
+            out = []
+            for data in events:
+                if data != "[DONE]":
+                    chunk = json.loads(data)
+                    usage = chunk.get("usage") or usage
+                    if not chunk.get("choices"):
+                        if not client_wants_usage:
+                            continue  # the final usage-only chunk
+                    elif not client_continuous_usage:
+                        chunk.pop("usage", None)
+                    if first and cited is not None:
+                        chunk["citations"] = cited
+                    first = False
+                    data = json.dumps(chunk)
+                out.append(f"data: {data}\n\n")
+            if out:
+                yield "".join(out)
     finally:
         # A client that hangs up cancels this task; anyio's cancellation would abort the write.
         with anyio.CancelScope(shield=True):
@@ -65,17 +77,21 @@ async def tracked_stream(body_iterator, request: Request, model: str, cited: lis
 async def rag_stream(body_iterator, cited: list[dict]):
     """/v1/rag/query stream: a citations event, answer deltas, a final usage event, [DONE]."""
     yield f"data: {json.dumps({'object': 'rag.citations', 'citations': cited})}\n\n"
-    async for data in sse_events(body_iterator):
-        if data == "[DONE]":
-            continue  # drain the source so its usage is recorded before this response ends
-        chunk = json.loads(data)
-        if chunk.get("object") == "error" or "error" in chunk:
-            yield f"data: {json.dumps(chunk)}\n\n"
-            continue
-        for choice in chunk.get("choices", []):
-            delta = (choice.get("delta") or {}).get("content")
-            if delta:
-                yield f"data: {json.dumps({'object': 'rag.delta', 'delta': delta})}\n\n"
-        if chunk.get("usage"):
-            yield f"data: {json.dumps({'object': 'rag.usage', 'usage': chunk['usage']})}\n\n"
+    async for events in sse_event_batches(body_iterator):
+        out = []
+        for data in events:
+            if data == "[DONE]":
+                continue  # drain the source so its usage is recorded before this response ends
+            chunk = json.loads(data)
+            if chunk.get("object") == "error" or "error" in chunk:
+                out.append(f"data: {json.dumps(chunk)}\n\n")
+                continue
+            for choice in chunk.get("choices", []):
+                delta = (choice.get("delta") or {}).get("content")
+                if delta:
+                    out.append(f"data: {json.dumps({'object': 'rag.delta', 'delta': delta})}\n\n")
+            if chunk.get("usage"):
+                out.append(f"data: {json.dumps({'object': 'rag.usage', 'usage': chunk['usage']})}\n\n")
+        if out:
+            yield "".join(out)
     yield "data: [DONE]\n\n"

@@ -37,6 +37,8 @@ def test_every_replica_measures_within_15_percent_of_plan(stack, client, admin_h
         expected = planned.planned_bytes - planned.growth_bytes  # capacity that fills with use is not resident yet
         errors[replica["name"]] = (replica["measured_bytes"] - expected) / expected
     print("plan error per replica:", {k: f"{v:+.1%}" for k, v in errors.items()})
+    print("measured MiB (anon, file, shmem):", {r["name"]: tuple(round(r.get(k, 0) / 2**20) for k in
+                                                 ("anon_bytes", "file_bytes", "shmem_bytes")) for r in status["replicas"]})
     assert all(abs(error) <= TOLERANCE for error in errors.values()), errors
 
 
