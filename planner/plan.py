@@ -138,14 +138,17 @@ def _side_replicas(profile: Profile, gpu: bool, dim: int) -> list[ReplicaPlan]:
     heads = max(1, dim // 32)
     # live hidden states, q/k/v and the MLP input of one layer, plus one layer's attention scores (fp32)
     emb_act = emb.batch_size * emb.max_seq_tokens * (dim * 16 + heads * emb.max_seq_tokens * 4)
-    emb_lines = {"weights (fp32)": emb_weights, "activations": emb_act, "runtime": runtime.EMBEDDER_RUNTIME}
+    emb_lines = {"weights (fp32)": emb_weights, "activations": emb_act, "runtime": runtime.EMBEDDER_RUNTIME,
+                 "mapped_files": runtime.EMBEDDER_MAPPED_FILES}
     if gpu:
         emb_lines["cuda_context"] = runtime.CUDA_CONTEXT
     n = ret.capacity_chunks
     index = n * dim * 4 if ret.index == "flat" else n * (dim * 4 + ret.hnsw_m * 8)
     ret_lines = {f"index.{ret.index} ({n:,} x {dim})": index, "index.id_map": n * 56,
-                 "sqlite_cache": ret.sqlite_cache_bytes, "runtime": runtime.RETRIEVER_RUNTIME}
-    gw_lines = {"runtime (OpenAiIngress)": runtime.GATEWAY_RUNTIME, "request_buffers": 2 * gw.max_body_bytes}
+                 "sqlite_cache": ret.sqlite_cache_bytes, "runtime": runtime.RETRIEVER_RUNTIME,
+                 "mapped_files": runtime.RETRIEVER_MAPPED_FILES}
+    gw_lines = {"runtime (OpenAiIngress)": runtime.GATEWAY_RUNTIME, "mapped_files": runtime.GATEWAY_MAPPED_FILES,
+                "request_buffers": 2 * gw.max_body_bytes}
 
     def replica(name, lines, spec, threads, order, growth=0, gpus=0.0):
         env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}

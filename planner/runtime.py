@@ -26,22 +26,29 @@ CUDA_CONTEXT = 1 * GiB
 CUDA_GRAPHS = 1 * GiB
 
 # --- Python replicas --------------------------------------------------------------------------
-# Measured as RSS after the replica hands its freed heap back (malloc_trim, which the embedder and
-# retriever also do after every batch); without that, glibc keeps freed batches and a replica's
-# RSS followed its history by 20-25%.
-# Embedder replica: torch + transformers + sentence-transformers + Ray worker; the weights (91 MB)
-# and a batch's activations (released after each batch) are planned on their own lines. 0.79 GB
-# measured in total after its start-up warm-up batch, after a test suite's traffic and after
-# ingesting 5 x 90k-token documents alike.
-EMBEDDER_RUNTIME = 700 * MB
+# RSS = anonymous pages (heap: stable within a few %) + mapped file pages (libtorch, vLLM, faiss,
+# numpy... shared with the page cache and every other process mapping them, and reclaimable).
+# The mapped part depends on the page cache, not on the replica: on Linux 6.18 / ext4 the replicas
+# of a freshly installed venv (a new user's first start, CI) map ~1.5x the file pages of those of
+# a venv installed a day earlier. Both parts are planned at the middle of the two states measured
+# (2026-11-29, psutil; /proc RssAnon + RssFile), so either state is within ~11% of plan.
+# Anonymous pages are measured after the replica hands its freed heap back (malloc_trim, which the
+# embedder and retriever also do after every batch); without that, glibc keeps freed batches and a
+# replica's RSS followed its history by 20-25%.
+# Embedder: torch + transformers + sentence-transformers + Ray worker heap, 0.43-0.45 GB; mapped
+# files 0.33-0.48 GB. Its weights and a batch's activations (released after each batch) are
+# planned on their own lines.
+EMBEDDER_RUNTIME = 350 * MB
+EMBEDDER_MAPPED_FILES = 400 * MB
 # Gateway = an OpenAiIngress subclass (ray.serve.llm imports vllm, pyarrow, fastapi) plus the chat
-# tokenizer and the tenant store: 0.82-0.83 GB measured after a short warm-up and after a test
-# suite's traffic.
-GATEWAY_RUNTIME = 830 * MB
-# Retriever replica: Ray Serve worker + numpy + faiss + sqlite3: 0.19 GB measured with one small
-# collection and after a test suite's collections (the index and SQLite's cache are planned on
-# their own lines).
-RETRIEVER_RUNTIME = 190 * MB
+# tokenizer and the tenant store: heap 0.54-0.61 GB (it grows a little with traffic), mapped files
+# 0.27-0.44 GB.
+GATEWAY_RUNTIME = 566 * MB
+GATEWAY_MAPPED_FILES = 354 * MB
+# Retriever: Ray Serve worker + numpy + faiss + sqlite3: heap 0.10 GB, mapped files 0.09-0.14 GB
+# (the index and SQLite's cache are planned on their own lines).
+RETRIEVER_RUNTIME = 98 * MB
+RETRIEVER_MAPPED_FILES = 115 * MB
 
 # --- Ray's own processes (one set per node) ---------------------------------------------------
 RAY_SYSTEM = {
