@@ -61,6 +61,7 @@ def build_app(args: dict) -> serve.Application:
         "embed_model_id": profile.embedder.model_id,
         "max_model_len": plan.replica("chat").vllm["max_model_len"],
         "planned_bytes": {r.name: r.planned_bytes for r in plan.replicas},
+        "planned_at_rest_bytes": {r.name: r.planned_bytes - r.growth_bytes for r in plan.replicas},
         **profile.rag.model_dump(),
         "state_dir": profile.state_dir,
     }

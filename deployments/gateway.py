@@ -310,8 +310,10 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
         replicas = [{"name": n, **(m if isinstance(m, dict) else {"error": str(m)})} for n, m in zip(names, measured)]
         replicas.append({"name": "gateway", **process_tree_rss()})
         planned = self._settings.get("planned_bytes", {})
+        at_rest = self._settings.get("planned_at_rest_bytes", {})
         for replica in replicas:
             replica["planned_bytes"] = planned.get(replica["name"])
+            replica["planned_at_rest_bytes"] = at_rest.get(replica["name"])
         return JSONResponse({"replicas": replicas, "retriever": await self._retriever.stats.remote()})
 
 

@@ -159,12 +159,15 @@ def status(url: str = typer.Option("http://127.0.0.1:8000", "--url", help="Gatew
         typer.echo(json.dumps(data, indent=2))
         return
     table = Table(title=f"planned vs measured ({target})")
-    for col in ("replica", "planned", "measured", "error", "pids"):
+    # "at rest" leaves out what fills with use (index capacity, caches) and a batch's peak.
+    for col in ("replica", "planned", "planned at rest", "measured", "error vs at rest", "anon", "file", "pids"):
         table.add_column(col, justify="right" if col != "replica" else "left")
     for r in data.get("replicas", []):
         planned, measured = int(r.get("planned_bytes") or 0), int(r.get("measured_bytes") or 0)
-        error = f"{(measured - planned) / planned * 100:+.1f}%" if planned else "n/a"
-        table.add_row(str(r.get("name")), gib(planned), gib(measured), error,
+        at_rest = int(r.get("planned_at_rest_bytes") or planned)
+        error = f"{(measured - at_rest) / at_rest * 100:+.1f}%" if at_rest else "n/a"
+        table.add_row(str(r.get("name")), gib(planned), gib(at_rest), gib(measured), error,
+                      gib(int(r.get("anon_bytes") or 0)), gib(int(r.get("file_bytes") or 0)),
                       ",".join(str(p) for p in r.get("pids", [])))
     Console(width=120).print(table)
 

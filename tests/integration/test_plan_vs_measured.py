@@ -35,6 +35,7 @@ def test_every_replica_measures_within_15_percent_of_plan(stack, client, admin_h
     for replica in status["replicas"]:
         planned = plan.replica(replica["name"])
         expected = planned.planned_bytes - planned.growth_bytes  # capacity that fills with use is not resident yet
+        assert replica["planned_at_rest_bytes"] == expected
         errors[replica["name"]] = (replica["measured_bytes"] - expected) / expected
     print("plan error per replica:", {k: f"{v:+.1%}" for k, v in errors.items()})
     print("measured MiB (anon, file, shmem):", {r["name"]: tuple(round(r.get(k, 0) / 2**20) for k in
