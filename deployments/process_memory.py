@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import gc
 import os
 
@@ -18,11 +17,10 @@ def release_freed_heap(collect: bool = True) -> None:
     """
     if collect:
         gc.collect()
-    libc_name = ctypes.util.find_library("c")
-    if libc_name:
-        trim = getattr(ctypes.CDLL(libc_name), "malloc_trim", None)
-        if trim is not None:
-            trim(0)
+    # The process's own symbols include glibc's; find_library would run ldconfig on every call.
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
 
 
 def process_tree_rss(pid: int | None = None) -> dict:
