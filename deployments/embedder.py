@@ -40,7 +40,11 @@ class Embedder:
             texts, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True,
             show_progress_bar=False,
         ).astype(np.float32)
-        read = sum(min(self._count(t) + 2, self.model.max_seq_length) for t in texts)
+        # One batched call (the fast tokenizer's Rust loop), as the model reads them: with its special
+        # tokens, cut at max_seq_length.
+        read = sum(len(ids) for ids in self.model.tokenizer(
+            texts, truncation=True, max_length=int(self.model.max_seq_length),
+            return_attention_mask=False, return_token_type_ids=False)["input_ids"])
         # torch frees a batch's activations to glibc, which keeps them; hand them back to the pool
         # (a few ms) so a replica at rest holds weights + runtime, as planned.
         release_freed_heap(collect=False)

@@ -233,7 +233,7 @@ class TenantAdminRoutes:
     async def tenant_usage(self, name: str, request: Request) -> Response:
         guard: TenantGuard = guard_of(request)
         usage = await run_in_threadpool(guard.store.usage, name)
-        if not usage and guard.store.get_tenant(name) is None:
+        if not usage and await run_in_threadpool(guard.store.get_tenant, name) is None:
             raise HTTPException(404, f"tenant {name!r} not found")
         rows = [json.loads(json.dumps(row.__dict__, default=str)) for row in usage]
         return JSONResponse({"tenant": name, "usage": rows})
@@ -248,7 +248,7 @@ class TenantAdminRoutes:
 
     async def list_keys(self, name: str, request: Request) -> Response:
         store = guard_of(request).store
-        if store.get_tenant(name) is None:
+        if await run_in_threadpool(store.get_tenant, name) is None:
             raise HTTPException(404, f"tenant {name!r} not found")
         keys = await run_in_threadpool(store.list_api_keys, name)
         return JSONResponse({"tenant": name, "data": [dict(k.__dict__) for k in keys]})
