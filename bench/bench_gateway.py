@@ -92,23 +92,39 @@ def run_raw(profile_path: Path, args, workdir: Path) -> dict:
     server = subprocess.Popen(raw_vllm_command(profile_path, port), stdout=log, stderr=subprocess.STDOUT,
                               env=env, start_new_session=True)
     try:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            if server.poll() is not None:
-                raise SystemExit(f"raw vLLM exited; see {workdir / 'vllm.log'}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(2)
+        _wait_healthy(f"http://127.0.0.1:{port}/health", server, workdir / "vllm.log")
         return {c: asyncio.run(load(f"http://127.0.0.1:{port}/v1", "none", args.requests, c, args.max_tokens))
                 for c in args.concurrency}
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
+        _stop_group(server)
+
+
+def _wait_healthy(url: str, server: subprocess.Popen, log: Path, timeout_s: float = 600) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise SystemExit(f"raw vLLM exited; see {log}")
         try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
+            if httpx.get(url, timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    raise SystemExit(f"raw vLLM not healthy after {timeout_s:.0f}s; see {log}")
+
+
+def _stop_group(server: subprocess.Popen) -> None:
+    """TERM the server's whole session, then KILL whatever is left (EngineCore, Worker)."""
+    try:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    try:
+        os.killpg(server.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    server.wait(timeout=10)
 
 
 def run_poolserve(args, workdir: Path) -> tuple[dict, Path]:

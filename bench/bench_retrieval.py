@@ -57,6 +57,8 @@ def brute_force(matrix: np.ndarray, query: np.ndarray, k: int) -> np.ndarray:
 
 
 def bench(n: int, kind: str, queries: dict[str, np.ndarray], data: np.ndarray, tmp: Path) -> list[dict]:
+    # Recall compares against every row of data, so every row must be stored.
+    assert n % PER_DOC == 0 and len(data) == n, f"n={n} must be a multiple of {PER_DOC} and len(data)"
     store = KnowledgeStore(tmp / f"{kind}-{n}.sqlite", dim=DIM, index_kind=kind)
     start = time.perf_counter()
     for doc in range(n // PER_DOC):
@@ -74,7 +76,6 @@ def bench(n: int, kind: str, queries: dict[str, np.ndarray], data: np.ndarray, t
         if ef is not None:
             inner.hnsw.efSearch = ef  # override the store's own setting for this measurement
         for qname, qs in queries.items():
-            truth = [brute_force(data, q, TOP_K) for q in qs]
             # Each path in its own loop (a few untimed warm-up queries first): interleaving them
             # lets numpy's BLAS threads and FAISS's OpenMP threads disturb each other's timings.
             lat = {}
@@ -89,7 +90,7 @@ def bench(n: int, kind: str, queries: dict[str, np.ndarray], data: np.ndarray, t
                     times.append(time.perf_counter() - t)
                 return times, results
 
-            lat["numpy"], _ = timed(lambda q: brute_force(data, q, TOP_K))
+            lat["numpy"], truth = timed(lambda q: brute_force(data, q, TOP_K))  # exact: the truth too
             lat["faiss"], faiss_ids = timed(lambda q: index.search(unit(q[None, :]), TOP_K)[1][0])
             lat["store"], store_hits = timed(lambda q: store.search("bench", "c", q, TOP_K))
             recall_faiss = [len(set(id_of_row[e].tolist()) & set(f.tolist())) / TOP_K
