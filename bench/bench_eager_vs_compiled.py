@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+from bench_speculative import run_in_own_session  # bench/ is sys.path[0] when run as a script
 
 MODEL = Path(__file__).resolve().parents[1] / "models" / "SmolLM2-135M-Instruct"
 MAX_TOKENS = 96
@@ -77,22 +78,6 @@ def transformers_reference() -> list[list[int]]:
     return out
 
 
-def _run_worker(command: list[str], env: dict, timeout_s: float = 900) -> tuple[str, str]:
-    """One variant in its own session, so vLLM's EngineCore goes with it even on a timeout."""
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    try:
-        return proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return "", f"timed out after {timeout_s:.0f}s"
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-
-
 def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--worker":
         dtype, eager = sys.argv[2], sys.argv[3] == "eager"
@@ -102,11 +87,13 @@ def main() -> None:
     env = {**os.environ, "VLLM_USE_AOT_COMPILE": "0"}
     rows = []
     for dtype, eager in VARIANTS:
-        stdout, stderr = _run_worker([sys.executable, __file__, "--worker", dtype, "eager" if eager else "compiled"],
-                                     env)
-        line = next((l for l in stdout.splitlines() if l.startswith("RESULT ")), None)
+        log = Path(tempfile.gettempdir()) / f"bench_eager_{dtype}_{'eager' if eager else 'compiled'}.log"
+        run_in_own_session([sys.executable, __file__, "--worker", dtype, "eager" if eager else "compiled"],
+                           env, log, timeout=900)
+        output = log.read_text()
+        line = next((l for l in output.splitlines() if l.startswith("RESULT ")), None)
         if line is None:
-            raise SystemExit(f"{dtype}/{eager} failed:\n{stderr[-2000:]}")
+            raise SystemExit(f"{dtype}/{eager} failed; log {log}:\n{output[-2000:]}")
         rows.append(json.loads(line[len("RESULT "):]))
     base = rows[0]
     print(f"| dtype | mode | init s | tok/s c=1 | vs compiled | tok/s c=4 | vs compiled | agrees with transformers (first {AGREE_TOKENS} tokens) |")

@@ -204,6 +204,23 @@ def preload_value(kind: str) -> str | None:
     return ":".join(libs)
 
 
+def run_in_own_session(cmd: list[str], env: dict, log: Path, timeout: float) -> int | None:
+    """Run a worker in its own session with output to log; its return code, None on a timeout.
+    The engine's EngineCore/Worker processes share the session: they end with it, always."""
+    with open(log, "w") as logf:
+        proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+
+
 def run_variant(method: str, preload: str, timeout: float) -> dict:
     env = dict(os.environ)
     env.setdefault("VLLM_USE_MEGA_AOT_ARTIFACT", "0")  # lets the compile cache reload
@@ -217,19 +234,7 @@ def run_variant(method: str, preload: str, timeout: float) -> dict:
     cmd = [sys.executable, __file__, "--worker", method, "--out", out]
     print(f"[bench] {method} / LD_PRELOAD={preload}: starting (log {log})", flush=True)
     start = time.perf_counter()
-    with open(log, "w") as logf:
-        proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            rc = None
-        finally:
-            # The engine's EngineCore/Worker processes share the session: end them all.
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
+    rc = run_in_own_session(cmd, env, log, timeout)
     took = time.perf_counter() - start
     if rc != 0:
         tail = log.read_text()[-3000:]
