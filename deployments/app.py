@@ -38,11 +38,25 @@ def _options(plan, name: str) -> dict:
     return {"ray_actor_options": actor_options}
 
 
+def _warn_if_ray_is_open() -> None:
+    """`serve run serve.yaml` on its own starts Ray with its defaults: reachable from the network
+    without authentication. `poolserve up` (make serve) never does; say so loudly when it happens."""
+    import ray
+
+    node_ip = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+    if os.environ.get("RAY_AUTH_MODE") != "token" and not node_ip.startswith("127."):
+        logger.error("Ray listens on %s without token authentication: anyone who reaches it can run code as "
+                     "this user. Start the stack with `poolserve up serve.yaml` (make serve), or set "
+                     "RAY_AUTH_MODE=token (docs/SECURITY.md).", node_ip)
+
+
 def build_app(args: dict) -> serve.Application:
     parsed = AppArgs.model_validate(args or {})
     profile = load_profile(os.path.abspath(parsed.profile))
     plan = build_plan(profile)
-    Path(profile.state_dir).mkdir(parents=True, exist_ok=True)
+    os.umask(0o077)  # databases, keys and snapshots this process creates are the owner's only
+    Path(profile.state_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
+    _warn_if_ray_is_open()
     logger.info("plan for %s: %s", profile.name, {r.name: r.planned_bytes for r in plan.replicas})
 
     llm_config = llm_config_from_plan(profile, plan)
@@ -63,13 +77,15 @@ def build_app(args: dict) -> serve.Application:
         "planned_bytes": {r.name: r.planned_bytes for r in plan.replicas},
         "planned_at_rest_bytes": {r.name: r.planned_bytes - r.growth_bytes for r in plan.replicas},
         **profile.rag.model_dump(),
+        **profile.gateway.model_dump(include={"max_choices", "max_prompts", "max_embedding_inputs",
+                                              "unavailable_retry_after_s"}),
         "state_dir": profile.state_dir,
     }
     guard_config = {"state_dir": profile.state_dir, "tenants_file": profile.tenants_file}
     app = make_app(guard_config, profile.gateway.max_body_bytes)
     ingress_cls = make_fastapi_ingress(Gateway, endpoint_map=ENDPOINTS, app=app)
     gateway = serve.deployment(ingress_cls, name="gateway", max_ongoing_requests=512).options(
-        **_options(plan, "gateway")
+        num_replicas=plan.replica("gateway").num_replicas, **_options(plan, "gateway")
     )
     return gateway.bind(
         llm_deployments={profile.chat.model_id: chat},

@@ -58,14 +58,14 @@ def _levers(profile: "Profile", eng: "EnginePlan", replicas, ray_breakdown: dict
         levers.append((f"ray.include_dashboard false frees {gib(ray_breakdown['dashboard'])}", ray_breakdown["dashboard"]))
     for r in replicas:
         if r.name in ("embedder", "gateway"):
-            levers.append((f"drop the {r.name} replica from this node (place it elsewhere) frees {gib(r.planned_bytes)}",
-                           r.planned_bytes))
+            levers.append((f"drop the {r.name} replica from this node (place it elsewhere) frees {gib(r.pool_bytes)}",
+                           r.pool_bytes))
     return sorted(levers, key=lambda x: -x[1])
 
 
 def overcommit_message(profile: "Profile", spec: "PoolSpec", total: int, free: int, replicas,
                        ray_breakdown: dict, page_cache: dict, eng: "EnginePlan") -> str:
-    needed = sum(r.planned_bytes for r in replicas) + sum(ray_breakdown.values()) + sum(page_cache.values())
+    needed = sum(r.pool_bytes for r in replicas) + sum(ray_breakdown.values()) + sum(page_cache.values())
     short = needed - free
     items = [(f"{r.name}.{k}", v) for r in replicas for k, v in r.breakdown.items()]
     items += [(f"ray.{k}", v) for k, v in ray_breakdown.items()] + list(page_cache.items())

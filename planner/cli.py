@@ -1,4 +1,4 @@
-"""`poolserve` command line: plan, render, status."""
+"""`poolserve` command line: plan, render, up/down, status."""
 
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ def _print_plan(plan: Plan, console: Console) -> None:
     table.add_column("bytes", justify="right")
     table.add_column("size", justify="right")
     for r in sorted(plan.replicas, key=lambda r: r.start_order):
-        table.add_row(f"[bold]{r.name}[/bold] (start {r.start_order})", f"{r.planned_bytes:,}", gib(r.planned_bytes))
+        copies = f" x{r.num_replicas}" if r.num_replicas > 1 else ""
+        table.add_row(f"[bold]{r.name}[/bold]{copies} (start {r.start_order})", f"{r.pool_bytes:,}", gib(r.pool_bytes))
         for line, value in r.breakdown.items():
             table.add_row(f"  {line}", f"{value:,}", gib(value))
     table.add_row("[bold]ray[/bold] (own processes + object store)", f"{plan.pool.ray_bytes:,}", gib(plan.pool.ray_bytes))
@@ -128,14 +129,25 @@ def profile_from_serve_config(serve_config_path: Path) -> Path:
     return profile if profile.is_absolute() else serve_config_path.resolve().parent / profile
 
 
-@app.command("ray-start-args")
-def ray_start_args(serve_config: Path = typer.Argument(Path("serve.yaml"), help="serve.yaml naming the profile."),
-                   pool: str | None = typer.Option(None, help="Pool size override, e.g. 24GiB.")) -> None:
-    """Print the `ray start --head` flags the plan asks for (object store, CPUs, dashboard)."""
-    result, _ = _plan_or_exit(profile_from_serve_config(serve_config), pool, Console(stderr=True))
-    flags = [f"--num-cpus={result.ray.num_cpus:g}", f"--object-store-memory={result.ray.object_store_memory}",
-             f"--include-dashboard={'true' if result.ray.include_dashboard else 'false'}", "--disable-usage-stats"]
-    typer.echo(" ".join(flags))
+@app.command()
+def up(serve_config: Path = typer.Argument(Path("serve.yaml"), help="serve.yaml naming the profile."),
+       pool: str | None = typer.Option(None, help="Pool size override, e.g. 24GiB.")) -> None:
+    """Run the stack in the foreground: a private loopback Ray head with token auth, then `serve run`.
+    Ctrl-C or SIGTERM stops it and every process it started (and no other)."""
+    from stackctl.launcher import up as run_stack
+
+    profile_path = profile_from_serve_config(serve_config)
+    result, prof = _plan_or_exit(profile_path, pool, Console(stderr=True))
+    raise typer.Exit(run_stack(serve_config, prof, profile_path, result, log=lambda m: typer.echo(f"poolserve: {m}", err=True)))
+
+
+@app.command()
+def down(serve_config: Path = typer.Argument(Path("serve.yaml"), help="serve.yaml naming the profile.")) -> None:
+    """Stop the stack of this serve.yaml's state dir: only the processes it started, found by their marker."""
+    from stackctl.launcher import StackLayout, down as stop_stack
+
+    prof = load_profile(profile_from_serve_config(serve_config))
+    stop_stack(StackLayout(Path(prof.state_dir)), log=lambda m: typer.echo(f"poolserve: {m}", err=True))
 
 
 @app.command()

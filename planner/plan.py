@@ -41,6 +41,12 @@ class ReplicaPlan(BaseModel):
     ray_actor_options: dict
     env: dict[str, str] = Field(default_factory=dict)
     start_order: int
+    num_replicas: int = Field(1, description="Copies of this replica; each gets planned_bytes.")
+
+    @property
+    def pool_bytes(self) -> int:
+        """What all copies of this replica take from the pool."""
+        return self.planned_bytes * self.num_replicas
 
 
 class PoolPlan(BaseModel):
@@ -150,20 +156,20 @@ def _side_replicas(profile: Profile, gpu: bool, dim: int) -> list[ReplicaPlan]:
     gw_lines = {"runtime (OpenAiIngress)": runtime.GATEWAY_RUNTIME, "mapped_files": runtime.GATEWAY_MAPPED_FILES,
                 "request_buffers": 2 * gw.max_body_bytes}
 
-    def replica(name, lines, spec, threads, order, growth=0, gpus=0.0):
+    def replica(name, lines, spec, threads, order, growth=0, gpus=0.0, copies=1):
         env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
         total = sum(lines.values())
         opts = {"num_cpus": spec.num_cpus, "memory": total}
         if gpus:
             opts["num_gpus"] = gpus
         return ReplicaPlan(name=name, kind=name, planned_bytes=total, breakdown=lines, growth_bytes=growth,
-                           ray_actor_options=opts, env=env, start_order=order)
+                           ray_actor_options=opts, env=env, start_order=order, num_replicas=copies)
 
     return [
         replica("embedder", emb_lines, emb, emb.torch_threads, 1, growth=emb_act, gpus=0.1 if gpu else 0.0),
         replica("retriever", ret_lines, ret, ret.faiss_threads, 2,
                 growth=index + n * 56 + ret.sqlite_cache_bytes),
-        replica("gateway", gw_lines, gw, 1, 3, growth=2 * gw.max_body_bytes),
+        replica("gateway", gw_lines, gw, 1, 3, growth=2 * gw.max_body_bytes, copies=gw.replicas),
     ]
 
 
@@ -174,7 +180,7 @@ def _ray_plan(profile: Profile, cpus: float, replicas: list[ReplicaPlan]) -> Ray
     store = max(profile.ray.object_store_memory, runtime.RAY_OBJECT_STORE_MIN)
     lines["object_store"] = store
     return RayPlan(object_store_memory=store, include_dashboard=profile.ray.include_dashboard, num_cpus=cpus,
-                   memory=sum(r.planned_bytes for r in replicas), breakdown=lines)
+                   memory=sum(r.pool_bytes for r in replicas), breakdown=lines)
 
 
 def _pool_for(profile: Profile, pool_total_bytes: int | None) -> tuple[PoolSpec, int, float]:
@@ -211,10 +217,10 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None) -> Plan:
     ray_bytes = sum(ray.breakdown.values())
     page_cache = {f"page_cache.{c} (on disk, {gib(b)})": profile.chat.disk_page_cache_bytes
                   for c, b in eng.disk_components.items()}
-    needed = sum(r.planned_bytes for r in replicas) + ray_bytes + sum(page_cache.values())
+    needed = sum(r.pool_bytes for r in replicas) + ray_bytes + sum(page_cache.values())
     if needed > free:
         raise PlanError(overcommit_message(profile, spec, total, free, replicas, ray.breakdown, page_cache, eng))
-    want_cpus = sum(r.ray_actor_options["num_cpus"] for r in replicas)
+    want_cpus = sum(r.ray_actor_options["num_cpus"] * r.num_replicas for r in replicas)
     if want_cpus > cpus:
         raise PlanError(f"replicas ask for {want_cpus:g} Ray CPUs but pool {spec.name} has {cpus:g}: lower the "
                         "num_cpus of chat/embedder/retriever/gateway (fractions are fine)")
@@ -240,9 +246,9 @@ def _admission(replicas: list[ReplicaPlan], total: int, spec: PoolSpec, outside:
     rows = []
     base = total - spec.reserve - outside
     started = 0
-    everyone = sum(r.planned_bytes for r in replicas)
+    everyone = sum(r.pool_bytes for r in replicas)
     for r in sorted(replicas, key=lambda r: r.start_order):
-        free_before, worst = base - started, base - (everyone - r.planned_bytes)
+        free_before, worst = base - started, base - (everyone - r.pool_bytes)
         if r.kind == "chat" and spec.gpu:
             util = profile.chat.gpu_memory_utilization
             if util is None:
@@ -256,7 +262,7 @@ def _admission(replicas: list[ReplicaPlan], total: int, spec: PoolSpec, outside:
         elif r.kind == "chat":
             requested, check = r.vllm["kv_cache_memory_bytes"], "kv_cache_memory_bytes <= MemAvailable"
         else:
-            requested, check = r.planned_bytes, "planned bytes <= free"
+            requested, check = r.pool_bytes, "planned bytes <= free"
         ok = requested <= free_before
         if not ok:
             raise PlanError(f"{r.name} would be refused at start: {check} fails ({gib(requested)} requested, "
@@ -265,7 +271,7 @@ def _admission(replicas: list[ReplicaPlan], total: int, spec: PoolSpec, outside:
             notes.append(f"{r.name}: admission needs start order (passes only if started before the others)")
         rows.append(Admission(name=r.name, start_order=r.start_order, free_before_bytes=free_before,
                               free_worst_bytes=worst, requested_bytes=requested, check=check, ok=ok))
-        started += r.planned_bytes
+        started += r.pool_bytes
     return rows
 
 

@@ -159,6 +159,17 @@ class GatewaySpec(_Strict):
 
     num_cpus: float = Field(0.2, gt=0, description="Ray CPUs for the gateway (ingress).")
     max_body_bytes: Size = Field(parse_size("8MiB"), description="Larger request bodies get 413.")
+    host: str = Field("127.0.0.1", description="Address the gateway listens on. Loopback by default; '0.0.0.0' "
+                      "opens it to the network (the only port poolserve ever opens).")
+    port: int = Field(8000, ge=1, le=65535, description="The gateway's port.")
+    replicas: int = Field(1, ge=1, le=16, description="Gateway replicas; tenant limits are shared between them.")
+    max_choices: int = Field(4, ge=1, le=128, description="Largest `n` (and `best_of`) a chat or completion "
+                             "request may ask for; each choice is a full generation.")
+    max_prompts: int = Field(16, ge=1, le=1024, description="Prompts in one /v1/completions request.")
+    max_embedding_inputs: int = Field(2048, ge=1, description="Inputs in one /v1/embeddings request (each is "
+                                      "read up to the embedder's max_seq_tokens).")
+    unavailable_retry_after_s: int = Field(10, ge=1, description="Retry-After sent with a 503 while a replica "
+                                           "restarts.")
     request_timeout_s: float = Field(300.0, gt=0, description="Seconds before a request is abandoned.")
 
 

@@ -1,0 +1,203 @@
+"""Start and stop one poolserve stack: a private, loopback-only, token-protected Ray head plus `serve run`.
+
+Why not `serve run serve.yaml` on its own: Ray then starts with its defaults, which listen on the
+machine's address without authentication (GCS, client server, dashboard agent, worker ports), and
+anyone who reaches them can run code as the service user. Here:
+  * every Ray server binds 127.0.0.1 (`--node-ip-address=127.0.0.1`; RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
+    stops Ray from swapping a loopback address for the machine's one);
+  * Ray's token authentication is on (RAY_AUTH_MODE=token), with the token 0600 in the state dir;
+  * every port is picked free, and the Ray temp dir is the stack's own, so a second stack (the test
+    suite beside `make serve`) never meets the first one;
+  * every process carries POOLSERVE_STACK=<id> in its environment, so `poolserve down` ends exactly
+    this stack's processes and nobody else's;
+  * the umask is 077, so the state dir, its databases and keys are private.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from planner.plan import Plan
+from planner.profile import Profile
+from stackctl.processes import STACK_ENV, end_stack, stack_pids
+
+# Ray ports a head opens; each gets a free port so two stacks on one machine never collide.
+RAY_PORT_FLAGS = ("--port", "--ray-client-server-port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
+                  "--metrics-export-port", "--runtime-env-agent-port", "--node-manager-port", "--object-manager-port")
+SERVE_SHUTDOWN_GRACE_S = 60.0
+
+
+@dataclass(frozen=True)
+class StackLayout:
+    """Where one stack keeps its private files, all derived from its state dir."""
+
+    state_dir: Path
+
+    @property
+    def stack_id(self) -> str:
+        return hashlib.sha256(str(self.state_dir.resolve()).encode()).hexdigest()[:16]
+
+    @property
+    def token_path(self) -> Path:
+        return self.state_dir / "ray-auth-token"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.state_dir / "run"
+
+    @property
+    def ray_temp_dir(self) -> Path:
+        # Short on purpose: Ray's unix socket paths under it must stay below 108 bytes.
+        return Path(tempfile.gettempdir()) / f"poolserve-{self.stack_id[:12]}"
+
+
+def secure_state_dir(state_dir: Path) -> None:
+    """var/ 0700 and everything in it owner-only, including files an older version left 0644."""
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    state_dir.chmod(0o700)
+    for root, dirs, files in os.walk(state_dir):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o700)
+        for name in files:
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o600)
+
+
+def ensure_token(path: Path) -> str:
+    """Ray's auth token, made once (Ray's own format: 32 random bytes in hex), kept 0600."""
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_hex(32))
+    path.chmod(0o600)
+    return path.read_text().strip()
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct free loopback ports (held open together so none is handed out twice)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def stack_env(layout: StackLayout, base: dict | None = None) -> dict:
+    env = dict(os.environ if base is None else base)
+    env.update({
+        STACK_ENV: layout.stack_id,
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": str(layout.token_path),
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # keep 127.0.0.1 as the node address (one machine)
+        "RAY_USAGE_STATS_ENABLED": "0",
+    })
+    env.pop("RAY_ADDRESS", None)  # never join some other cluster the shell points at
+    return env
+
+
+def ray_start_command(ray_bin: str, plan: Plan, layout: StackLayout, ports: list[int]) -> list[str]:
+    command = [ray_bin, "start", "--head", "--node-ip-address=127.0.0.1", f"--temp-dir={layout.ray_temp_dir}",
+               f"--num-cpus={plan.ray.num_cpus:g}", f"--object-store-memory={plan.ray.object_store_memory}",
+               f"--include-dashboard={'true' if plan.ray.include_dashboard else 'false'}", "--dashboard-host=127.0.0.1",
+               "--disable-usage-stats"]
+    command += [f"{flag}={port}" for flag, port in zip(RAY_PORT_FLAGS, ports)]
+    return command
+
+
+def resolved_serve_config(serve_config: dict, profile: Profile, profile_path: Path) -> dict:
+    """serve.yaml with the gateway's address taken from the profile (loopback unless opened there)."""
+    config = yaml.safe_load(yaml.safe_dump(serve_config))
+    config["http_options"] = {**config.get("http_options", {}), "host": profile.gateway.host,
+                              "port": profile.gateway.port}
+    config["applications"][0]["args"]["profile"] = str(profile_path.resolve())
+    return config
+
+
+def _bin(name: str) -> str:
+    local = Path(sys.executable).parent / name
+    return str(local) if local.exists() else name
+
+
+def up(serve_config_path: Path, profile: Profile, profile_path: Path, plan: Plan, log=print) -> int:
+    """Run the stack in the foreground until `serve run` exits or we are signalled; always clean up."""
+    os.umask(0o077)
+    layout = StackLayout(Path(profile.state_dir))
+    secure_state_dir(layout.state_dir)
+    if stack_pids(layout.stack_id):
+        log(f"a stack using {layout.state_dir} is already running; `poolserve down` ends it")
+        return 1
+    ensure_token(layout.token_path)
+    layout.run_dir.mkdir(exist_ok=True, mode=0o700)
+    env = stack_env(layout)
+    ports = free_ports(len(RAY_PORT_FLAGS))
+    gcs_address = f"127.0.0.1:{ports[0]}"
+    config = resolved_serve_config(yaml.safe_load(serve_config_path.read_text()), profile, profile_path)
+    resolved_path = layout.run_dir / "serve.yaml"
+    resolved_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    (layout.run_dir / "stack.yaml").write_text(yaml.safe_dump({
+        "stack_id": layout.stack_id, "gcs_address": gcs_address, "ray_temp_dir": str(layout.ray_temp_dir),
+        "gateway": f"http://{profile.gateway.host}:{profile.gateway.port}", "launcher_pid": os.getpid()}))
+    serve = None
+    stopping = {"signal": None}
+
+    def _on_signal(signum, _frame):
+        stopping["signal"] = signum
+        if serve is not None and serve.poll() is None:
+            serve.send_signal(signal.SIGINT)  # `serve run` shuts the app down on SIGINT
+
+    previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        started = subprocess.run(ray_start_command(_bin("ray"), plan, layout, ports), env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=180)
+        if started.returncode != 0:
+            log(f"ray start failed ({started.returncode}): {started.stderr[-2000:]}")
+            return 1
+        log(f"ray head on {gcs_address} (loopback only, token auth; token {layout.token_path}); "
+            f"gateway on http://{profile.gateway.host}:{profile.gateway.port}")
+        serve = subprocess.Popen([_bin("serve"), "run", "--address", gcs_address, str(resolved_path)], env=env)
+        if stopping["signal"] is not None:
+            serve.send_signal(signal.SIGINT)
+        while True:
+            try:
+                code = serve.wait(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                if stopping["signal"] is not None:
+                    try:
+                        code = serve.wait(timeout=SERVE_SHUTDOWN_GRACE_S)
+                    except subprocess.TimeoutExpired:
+                        code = 130
+                    break
+        return code if stopping["signal"] is None else 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        down(layout, log)
+
+
+def down(layout: StackLayout, log=print) -> int:
+    """End every process of this stack (and only those), then remove its Ray temp dir."""
+    ended = end_stack(layout.stack_id)
+    shutil.rmtree(layout.ray_temp_dir, ignore_errors=True)
+    (layout.run_dir / "stack.yaml").unlink(missing_ok=True)
+    if ended:
+        log(f"stopped {ended} processes of the stack in {layout.state_dir}")
+    return ended
