@@ -1,4 +1,5 @@
-"""The demo tenant's key: from the environment, else a file in the state dir, else new."""
+"""The demo tenant's key (from the environment, else a file in the state dir, else new),
+and the owner-only file modes that key file and the tenants database share."""
 
 from __future__ import annotations
 
@@ -48,11 +49,26 @@ def resolve_demo_key(state_dir: str | Path,
     return api_key, key_path
 
 
+def restrict_to_owner(path: str | Path, create: bool = False) -> bool:
+    """Make ``path`` mode 0600, creating it empty with that mode first if ``create``.
+
+    Returns whether the file exists; a missing file is not an error.
+    """
+    if create:
+        # The mode applies only when the file is created; the umask can only narrow it.
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, _OWNER_ONLY))
+    try:
+        if stat.S_IMODE(os.stat(path).st_mode) != _OWNER_ONLY:
+            os.chmod(path, _OWNER_ONLY)
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def _read_key_file(key_path: Path) -> str | None:
     """The key stored in ``key_path``; None if the file is missing or empty."""
     try:
-        if stat.S_IMODE(key_path.stat().st_mode) != _OWNER_ONLY:
-            os.chmod(key_path, _OWNER_ONLY)
+        restrict_to_owner(key_path)
         content = key_path.read_text(encoding="utf-8").strip()
     except FileNotFoundError:
         return None

@@ -1,9 +1,24 @@
-"""API keys: generation, parsing, salted hashing and a verified-key cache.
+"""API keys: generation, parsing, and how a key is stored and checked.
 
 A key looks like ``ps_<key_id>_<secret>``. The key_id is a short public
-lookup id stored in plain text, so authentication hashes one candidate
-instead of running argon2 (~50 ms) against every stored key. Only an
-argon2 hash of the whole key is stored; the key itself is shown once.
+lookup id stored in plain text (it shows up in logs and the admin API), so
+authentication fetches one candidate row by id. The key itself is shown
+once and never stored.
+
+What is stored is the SHA-256 digest of the whole key, compared with
+``hmac.compare_digest``. A slow password hash (argon2, bcrypt) exists to
+make guessing low-entropy passwords expensive; our secrets are 256 random
+bits from ``secrets``, so a leaked digest cannot be brute-forced whatever
+the hash, and a fast one is the standard choice for such tokens (GitHub,
+Stripe). It also makes a wrong secret cost microseconds, so a flood of
+wrong secrets against a public key id needs no lockout, and a lockout is
+what would let an attacker deny service to the key's real owner. Keys
+given through the environment must still have at least MIN_SECRET_CHARS
+secret characters, so weak hand-written keys are refused outright.
+
+Databases written by older versions hold only an argon2 hash per key;
+``ApiKeyHasher`` verifies those, and the store then records the SHA-256
+digest, so each legacy key pays argon2 once, on its first successful use.
 """
 
 from __future__ import annotations
@@ -11,8 +26,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 
 from argon2 import PasswordHasher
@@ -73,17 +86,22 @@ def redact(api_key: str | None) -> str:
     return f"{KEY_PREFIX}_{parsed.key_id}_***"
 
 
-def key_digest(api_key: str) -> bytes:
-    """Fast unsalted digest used only as an in-memory cache key, never stored."""
-    return hashlib.sha256(api_key.encode("utf-8")).digest()
+def key_sha256(api_key: str) -> str:
+    """Hex SHA-256 of the whole key: the form in which keys are stored."""
+    return hashlib.sha256(api_key.encode("utf-8")).hexdigest()
+
+
+def sha256_matches(stored_digest: str, api_key: str) -> bool:
+    """True if ``api_key`` hashes to ``stored_digest``; compares in constant time."""
+    return hmac.compare_digest(stored_digest.encode("ascii", "replace"),
+                               key_sha256(api_key).encode("ascii"))
 
 
 class ApiKeyHasher:
-    """Salted argon2id hashing of whole keys.
+    """Salted argon2id hashing of whole keys: only for rows written by older versions.
 
-    Keys carry 256 random bits, so no work factor is needed against guessing; what matters is
-    that a wrong key cannot make the gateway spend much. The defaults (1 pass, 8 MiB, 1 lane)
-    verify in a few milliseconds; argon2-cffi's own defaults take 64 MiB per verification.
+    New keys are stored as SHA-256 (see the module docstring). The defaults
+    (1 pass, 8 MiB, 1 lane) match what those versions used.
     """
 
     DEFAULTS = {"time_cost": 1, "memory_cost": 8 * 1024, "parallelism": 1}
@@ -104,47 +122,6 @@ class ApiKeyHasher:
             return self._hasher.verify(key_hash, api_key)
         except (VerifyMismatchError, VerificationError, InvalidHashError):
             return False
-
-
-class VerifiedKeyCache:
-    """Bounded LRU of keys whose argon2 check already passed in this process.
-
-    Maps sha256(key) to the stored hash that verified it. A hit only counts if
-    that hash is still the one in the database, so deleting or replacing a key
-    takes effect immediately even in other processes sharing the database.
-    """
-
-    def __init__(self, max_entries: int = 1024) -> None:
-        if max_entries < 1:
-            raise ValueError("max_entries must be at least 1")
-        self._max_entries = max_entries
-        self._entries: OrderedDict[bytes, str] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def is_verified(self, api_key: str, current_key_hash: str) -> bool:
-        digest = key_digest(api_key)
-        with self._lock:
-            cached_hash = self._entries.get(digest)
-            if cached_hash is None:
-                return False
-            self._entries.move_to_end(digest)
-        return hmac.compare_digest(cached_hash.encode(), current_key_hash.encode())
-
-    def remember(self, api_key: str, key_hash: str) -> None:
-        digest = key_digest(api_key)
-        with self._lock:
-            self._entries[digest] = key_hash
-            self._entries.move_to_end(digest)
-            while len(self._entries) > self._max_entries:
-                self._entries.popitem(last=False)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._entries)
 
 
 if __name__ == "__main__":

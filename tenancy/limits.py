@@ -1,44 +1,69 @@
-"""Per-tenant request, token and concurrency limits, enforced in one process.
+"""Per-tenant request, token and concurrency limits, shared by every gateway process.
 
-RPM: every admitted request counts 1 in a moving 60 s window
-(MovingWindowRateLimiter), so there is no burst at window edges.
+Why SQLite: each gateway replica is its own process, so counters kept in
+process memory give a tenant N times its limits with N replicas. All replicas
+on one machine open the same database file and every admission is one
+``BEGIN IMMEDIATE`` transaction (test and record under SQLite's write lock),
+so two processes can never both take the last slot.
 
-TPM: a fixed 60 s window (FixedWindowRateLimiter), chosen on purpose:
-  * tokens are only known after generation, and a fixed window's counter
-    always accepts the charge (it increments even past the limit), whereas a
-    moving window refuses to record a charge that does not fit, losing it;
-  * MemoryStorage's moving window keeps one list entry per unit of cost, which
-    for a TPM in the hundreds of thousands is a large list per tenant.
-The flow is: ``check_request`` admits a request only if its estimate
-(prompt tokens + max_tokens) fits what is left in the window (an estimate
-above the whole TPM is capped to the TPM, so an oversized request can still
-run in an unused window); afterwards ``charge_tokens`` adds the actual
-tokens. Overshoot by in-flight requests is possible and bounded by the
-concurrency cap.
+RPM: a moving 60 s window; one row per admitted request, a request is
+admitted iff fewer than ``rpm`` hits lie in (now - 60, now].
 
-Concurrency: in-instance counters; at the cap a request is rejected, never
-queued. State lives in the limiter instance, so one gateway replica enforces
-its own share; the limits are per replica, not global.
+TPM: estimate, then settle. Tokens are only known once a request has run, so
+``admit`` reserves an estimate (prompt + max_tokens when known, at least 1)
+and ``settle`` corrects it to the real count. The window is a fixed minute,
+keyed by floor(now / 60), because charges arrive after the fact: a counter
+per minute can always absorb a late correction, where a moving window would
+have to rewrite hits in the past. An estimate above the whole TPM is capped
+to the TPM, so an oversized request can still run in an unused minute.
+
+Concurrency: one lease row per in-flight request, holding the holder's pid.
+Leases of processes that no longer exist are deleted before each acquire,
+so a crashed gateway cannot hold slots forever. This assumes every process
+sharing the file runs on one machine, in one pid namespace (a lease whose
+pid was reused by an unrelated process stays until that process exits).
+At the cap a request is rejected, never queued.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import sqlite3
 import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
-
-from limits import RateLimitItemPerMinute
-from limits.storage import MemoryStorage
-from limits.strategies import FixedWindowRateLimiter, MovingWindowRateLimiter
 
 from tenancy.models import Tenant
 
 RejectReason = Literal["rpm", "tpm", "concurrency"]
 # When the concurrency cap is hit there is no window to wait for; ask for a short retry.
 CONCURRENCY_RETRY_AFTER_SECONDS = 1
+WINDOW_SECONDS = 60
+BUSY_TIMEOUT_SECONDS = 5.0
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS rpm_hits (tenant TEXT NOT NULL, ts REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS rpm_hits_by_tenant ON rpm_hits(tenant, ts);
+CREATE TABLE IF NOT EXISTS tpm_minutes (
+    tenant TEXT NOT NULL,
+    minute INTEGER NOT NULL,    -- floor(unix time / 60)
+    tokens INTEGER NOT NULL,
+    PRIMARY KEY (tenant, minute)
+);
+CREATE TABLE IF NOT EXISTS leases (
+    lease_id TEXT PRIMARY KEY,  -- random, so a stale release can never hit a newer lease
+    tenant TEXT NOT NULL,
+    holder_pid INTEGER NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS leases_by_tenant ON leases(tenant);
+"""
 
 
 @dataclass(frozen=True)
@@ -46,102 +71,231 @@ class LimitDecision:
     allowed: bool
     reason: RejectReason | None = None  # set when allowed is False
     retry_after_seconds: int = 0  # >= 1 when allowed is False; for the Retry-After header
+    lease_id: str | None = None  # try_acquire only: pass it to release()
 
     @classmethod
-    def allow(cls) -> LimitDecision:
-        return cls(allowed=True)
+    def allow(cls, lease_id: str | None = None) -> LimitDecision:
+        return cls(allowed=True, lease_id=lease_id)
 
     @classmethod
-    def reject(cls, reason: RejectReason, retry_after_seconds: int) -> LimitDecision:
-        return cls(allowed=False, reason=reason, retry_after_seconds=max(1, retry_after_seconds))
+    def reject(cls, reason: RejectReason, retry_after_seconds: float) -> LimitDecision:
+        return cls(allowed=False, reason=reason,
+                   retry_after_seconds=max(1, math.ceil(retry_after_seconds)))
 
 
-def _requests_per_minute(amount: int) -> RateLimitItemPerMinute:
-    # Distinct namespaces keep the RPM and TPM keys apart in the shared storage.
-    return RateLimitItemPerMinute(amount, namespace="poolserve-rpm")
+@dataclass(frozen=True)
+class TokenReservation:
+    """Tokens reserved by ``admit`` in one TPM minute; hand it back to ``settle``."""
+    minute: int
+    tokens: int
 
 
-def _tokens_per_minute(amount: int) -> RateLimitItemPerMinute:
-    return RateLimitItemPerMinute(amount, namespace="poolserve-tpm")
+@dataclass(frozen=True)
+class Admission:
+    decision: LimitDecision
+    reservation: TokenReservation | None = None  # set when decision.allowed
+
+    @property
+    def allowed(self) -> bool:
+        return self.decision.allowed
 
 
-def _seconds_until(reset_time: float, now: float) -> int:
-    return max(1, math.ceil(reset_time - now))
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    return True
+
+
+def _create_private(db_path: str) -> None:
+    """Create the file owner-only before SQLite opens it; SQLite gives -wal/-shm the same mode."""
+    Path(db_path).parent.mkdir(parents=True, exist_ok=True)
+    os.close(os.open(db_path, os.O_RDWR | os.O_CREAT, 0o600))
+    os.chmod(db_path, 0o600)  # the umask could only narrow it; an older file is tightened too
 
 
 class TenantLimiter:
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
-        # ``clock`` must match the one limits' MemoryStorage uses (time.time);
-        # it is only a parameter so that retry_after stays testable.
+    def __init__(self, db_path: str | Path, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
-        self._storage = MemoryStorage()
-        self._requests = MovingWindowRateLimiter(self._storage)
-        self._tokens = FixedWindowRateLimiter(self._storage)
-        self._in_flight: dict[str, int] = {}
-        self._in_flight_lock = threading.Lock()
-        # check_request tests TPM then hits RPM; serialise so two requests
-        # cannot both pass the test for the last tokens of a window.
-        self._check_lock = threading.Lock()
+        self._lock = threading.Lock()
+        path = str(db_path)
+        if path != ":memory:":
+            _create_private(path)
+        # One connection shared by this process's threads under a lock; we issue BEGIN ourselves.
+        self._conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None,
+                                     check_same_thread=False)
+        with self._lock:
+            self._conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_SECONDS * 1000)}")
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            # Counters need no fsync per commit; WAL keeps the file consistent after a crash.
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+            self._conn.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> TenantLimiter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            # IMMEDIATE takes the write lock before the first read, so test-then-record is atomic
+            # across processes.
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    @staticmethod
+    def _add_tokens(conn: sqlite3.Connection, tenant: str, minute: int, delta: int) -> None:
+        conn.execute(
+            "INSERT INTO tpm_minutes (tenant, minute, tokens) VALUES (?, ?, max(0, ?)) "
+            "ON CONFLICT (tenant, minute) DO UPDATE SET tokens = max(0, tokens + ?)",
+            (tenant, minute, delta, delta))
+
+    @staticmethod
+    def _used_tokens(conn: sqlite3.Connection, tenant: str, minute: int) -> int:
+        row = conn.execute("SELECT tokens FROM tpm_minutes WHERE tenant = ? AND minute = ?",
+                           (tenant, minute)).fetchone()
+        return row[0] if row else 0
 
     # ---- rate limits ---------------------------------------------------------
 
-    def check_request(self, tenant: Tenant, estimated_tokens: int = 0) -> LimitDecision:
-        """Admit or reject one request; an admitted request is counted for RPM.
+    def admit(self, tenant: Tenant, estimated_tokens: int = 0) -> Admission:
+        """Admit or refuse one request; when admitted, count one RPM hit and reserve tokens.
 
-        ``estimated_tokens`` is prompt tokens + max_tokens when known (0 skips
-        the TPM pre-check). TPM is tested first and charged nothing, so a
-        request refused for TPM does not use up an RPM slot.
+        ``estimated_tokens`` is prompt tokens + max_tokens when known; at least 1 is reserved,
+        so a tenant whose minute is spent is refused even without an estimate. Both limits are
+        tested before anything is written, so a request refused for TPM uses no RPM slot.
         """
-        with self._check_lock:
-            if tenant.tpm is not None and estimated_tokens > 0:
-                tokens_item = _tokens_per_minute(tenant.tpm)
-                needed = min(estimated_tokens, tenant.tpm)
-                if not self._tokens.test(tokens_item, tenant.name, cost=needed):
-                    reset_time = self._tokens.get_window_stats(tokens_item, tenant.name).reset_time
-                    return LimitDecision.reject("tpm", _seconds_until(reset_time, self._clock()))
+        now = self._clock()
+        minute = math.floor(now / WINDOW_SECONDS)
+        if tenant.rpm is None and tenant.tpm is None:
+            return Admission(LimitDecision.allow(), TokenReservation(minute, 0))
+        reserve = 0 if tenant.tpm is None else min(max(estimated_tokens, 1), tenant.tpm)
+        with self._transaction() as conn:
+            if tenant.tpm is not None:
+                conn.execute("DELETE FROM tpm_minutes WHERE tenant = ? AND minute < ?",
+                             (tenant.name, minute))
+                if self._used_tokens(conn, tenant.name, minute) + reserve > tenant.tpm:
+                    return Admission(LimitDecision.reject(
+                        "tpm", (minute + 1) * WINDOW_SECONDS - now))
             if tenant.rpm is not None:
-                requests_item = _requests_per_minute(tenant.rpm)
-                if not self._requests.hit(requests_item, tenant.name):
-                    reset_time = self._requests.get_window_stats(requests_item,
-                                                                 tenant.name).reset_time
-                    return LimitDecision.reject("rpm", _seconds_until(reset_time, self._clock()))
-        return LimitDecision.allow()
+                conn.execute("DELETE FROM rpm_hits WHERE tenant = ? AND ts <= ?",
+                             (tenant.name, now - WINDOW_SECONDS))
+                hits, oldest = conn.execute("SELECT count(*), min(ts) FROM rpm_hits WHERE tenant = ?",
+                                            (tenant.name,)).fetchone()
+                if hits >= tenant.rpm:
+                    # The next slot frees when the oldest hit leaves the window.
+                    return Admission(LimitDecision.reject("rpm", oldest + WINDOW_SECONDS - now))
+                conn.execute("INSERT INTO rpm_hits (tenant, ts) VALUES (?, ?)", (tenant.name, now))
+            if reserve:
+                self._add_tokens(conn, tenant.name, minute, reserve)
+        return Admission(LimitDecision.allow(), TokenReservation(minute, reserve))
+
+    def reserve_more(self, tenant: Tenant, reservation: TokenReservation | None,
+                     estimated_tokens: int) -> Admission:
+        """Raise an admitted request's reservation to its real estimate (prompt + max_tokens x n),
+        known only once the body is read. Refused: the old reservation stands and nothing is written.
+        An estimate above the whole TPM is capped to it, so an oversized request can run in an
+        unused minute."""
+        now = self._clock()
+        minute = math.floor(now / WINDOW_SECONDS)
+        if tenant.tpm is None:
+            return Admission(LimitDecision.allow(), reservation)
+        wanted = min(max(estimated_tokens, 1), tenant.tpm)
+        held = reservation.tokens if reservation is not None and reservation.minute == minute else 0
+        extra = wanted - held
+        if extra <= 0:
+            return Admission(LimitDecision.allow(), reservation)
+        with self._transaction() as conn:
+            if self._used_tokens(conn, tenant.name, minute) + extra > tenant.tpm:
+                return Admission(LimitDecision.reject("tpm", (minute + 1) * WINDOW_SECONDS - now), reservation)
+            self._add_tokens(conn, tenant.name, minute, extra)
+        return Admission(LimitDecision.allow(), TokenReservation(minute, wanted))
+
+    def settle(self, tenant: Tenant, reservation: TokenReservation | None, actual_tokens: int) -> None:
+        """Correct a reservation to the tokens the request really used.
+
+        Within the reserved minute the difference (possibly negative; the count never drops
+        below 0) is applied to that minute. Once that minute has ended a refund is pointless
+        and is dropped, while an excess is charged to the current minute so it is not lost.
+        """
+        if tenant.tpm is None or reservation is None:
+            return
+        delta = max(actual_tokens, 0) - reservation.tokens
+        minute = math.floor(self._clock() / WINDOW_SECONDS)
+        if delta == 0 or (delta < 0 and reservation.minute != minute):
+            return
+        with self._transaction() as conn:
+            self._add_tokens(conn, tenant.name, minute, delta)
 
     def charge_tokens(self, tenant: Tenant, tokens: int) -> None:
-        """Add the tokens a finished request actually used to the TPM window."""
+        """Charge tokens with no reservation (work whose count is only known afterwards)."""
         if tenant.tpm is None or tokens <= 0:
             return
-        # FixedWindow.hit always increments, so an overshoot is still recorded
-        # and later requests wait for the window to reset.
-        self._tokens.hit(_tokens_per_minute(tenant.tpm), tenant.name, cost=tokens)
+        minute = math.floor(self._clock() / WINDOW_SECONDS)
+        with self._transaction() as conn:
+            # Past the TPM is still recorded, so later requests wait for the next minute.
+            self._add_tokens(conn, tenant.name, minute, tokens)
 
     def tokens_remaining(self, tenant: Tenant) -> int | None:
-        """Tokens left in the current TPM window; None when unlimited."""
+        """Tokens left in the current TPM minute; None when unlimited."""
         if tenant.tpm is None:
             return None
-        return self._tokens.get_window_stats(_tokens_per_minute(tenant.tpm),
-                                             tenant.name).remaining
+        minute = math.floor(self._clock() / WINDOW_SECONDS)
+        with self._lock:
+            return max(0, tenant.tpm - self._used_tokens(self._conn, tenant.name, minute))
 
     # ---- concurrency ---------------------------------------------------------
 
     def try_acquire(self, tenant: Tenant) -> LimitDecision:
-        """Take an in-flight slot; on success the caller must ``release`` it exactly once."""
-        with self._in_flight_lock:
-            current = self._in_flight.get(tenant.name, 0)
-            if tenant.max_concurrency is not None and current >= tenant.max_concurrency:
-                return LimitDecision.reject("concurrency", CONCURRENCY_RETRY_AFTER_SECONDS)
-            self._in_flight[tenant.name] = current + 1
-        return LimitDecision.allow()
+        """Take an in-flight slot; when allowed, pass ``decision.lease_id`` to ``release`` once."""
+        with self._transaction() as conn:
+            pids = [row[0] for row in conn.execute(
+                "SELECT DISTINCT holder_pid FROM leases WHERE tenant = ?", (tenant.name,))]
+            for pid in pids:
+                if not _pid_alive(pid):  # its gateway died without releasing
+                    conn.execute("DELETE FROM leases WHERE tenant = ? AND holder_pid = ?",
+                                 (tenant.name, pid))
+            if tenant.max_concurrency is not None:
+                (held,) = conn.execute("SELECT count(*) FROM leases WHERE tenant = ?",
+                                       (tenant.name,)).fetchone()
+                if held >= tenant.max_concurrency:
+                    return LimitDecision.reject("concurrency", CONCURRENCY_RETRY_AFTER_SECONDS)
+            lease_id = uuid.uuid4().hex
+            conn.execute("INSERT INTO leases (lease_id, tenant, holder_pid, created_at) "
+                         "VALUES (?, ?, ?, ?)", (lease_id, tenant.name, os.getpid(), self._clock()))
+        return LimitDecision.allow(lease_id)
 
-    def release(self, tenant: Tenant) -> None:
-        with self._in_flight_lock:
-            remaining = self._in_flight.get(tenant.name, 0) - 1
-            if remaining > 0:
-                self._in_flight[tenant.name] = remaining
-            else:
-                # Drop the entry so idle or deleted tenants do not accumulate.
-                self._in_flight.pop(tenant.name, None)
+    def release(self, tenant: Tenant, lease_id: str | None) -> None:
+        """Free exactly this lease; releasing it again (or None) does nothing."""
+        if lease_id is None:
+            return
+        with self._transaction() as conn:
+            conn.execute("DELETE FROM leases WHERE tenant = ? AND lease_id = ?",
+                         (tenant.name, lease_id))
 
     def in_flight(self, tenant_name: str) -> int:
-        with self._in_flight_lock:
-            return self._in_flight.get(tenant_name, 0)
+        with self._lock:
+            return self._conn.execute("SELECT count(*) FROM leases WHERE tenant = ?",
+                                      (tenant_name,)).fetchone()[0]
+
+    def forget(self, tenant_name: str) -> None:
+        """Delete every row of a tenant (e.g. once it is deleted)."""
+        with self._transaction() as conn:
+            for table in ("rpm_hits", "tpm_minutes", "leases"):
+                conn.execute(f"DELETE FROM {table} WHERE tenant = ?", (tenant_name,))

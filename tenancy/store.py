@@ -1,8 +1,16 @@
 """SQLite persistence for tenants, their API keys, daily usage and an audit log.
 
 One connection per store, shared across threads under a lock (the gateway
-serves from a thread pool and an event loop). Argon2 hashing and verification
-run outside that lock so one slow key check never blocks other requests.
+serves from a thread pool and an event loop). Keys are stored as SHA-256
+digests (see tenancy.keys), so checking one costs microseconds; rows from
+older versions that hold only an argon2 hash are verified with argon2 once,
+outside the lock, and then get their digest.
+
+Deletions are permanent: revoking a key or deleting a tenant (which revokes
+its keys) leaves a tombstone (``revoked_keys``, ``deleted_tenants``), and
+``seeded_tenants`` records which tenants the tenants file has created, so a
+restart never brings back what an admin removed (see tenancy.config).
+The database file and its -wal/-shm files are readable by the owner only.
 """
 
 from __future__ import annotations
@@ -12,133 +20,66 @@ import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import date, datetime, timezone
+from datetime import date
 from pathlib import Path
 from typing import Any
 
+from tenancy.demo_key import restrict_to_owner
 from tenancy.keys import (
     ApiKeyHasher,
     MalformedKey,
-    VerifiedKeyCache,
     generate_api_key,
+    key_sha256,
     parse_api_key,
+    sha256_matches,
 )
-from tenancy.models import (
+from tenancy.models import (  # noqa: F401 (the errors are re-exported for callers)
+    KEY_ADDED,
+    KEY_NONE,
+    KEY_REPLACED,
+    KEY_REVOKED,
+    KEY_UNCHANGED,
+    SCHEMA_SQL,
+    SCHEMA_VERSION,
     ApiKeyInfo,
+    ApiKeyNotFound,
     AuditEntry,
+    SeedResult,
     Tenant,
+    TenantExists,
+    TenantNotFound,
     UsageRow,
-    normalize_models,
-    validate_limit,
+    day_string,
+    limits_detail,
+    models_json,
+    utc_now,
     validate_tenant_name,
+    validated_limits,
 )
 
 KEY_ORIGIN_GENERATED = "generated"
 KEY_ORIGIN_CONFIG = "config"
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS tenants (
-    name TEXT PRIMARY KEY,
-    models TEXT,                -- JSON list; NULL means every model
-    rpm INTEGER,                -- NULL means unlimited (same for tpm, max_concurrency)
-    tpm INTEGER,
-    max_concurrency INTEGER,
-    created_at TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS api_keys (
-    key_id TEXT PRIMARY KEY,
-    tenant TEXT NOT NULL REFERENCES tenants(name) ON DELETE CASCADE,
-    key_hash TEXT NOT NULL,
-    origin TEXT NOT NULL DEFAULT 'generated',
-    created_at TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS api_keys_by_tenant ON api_keys(tenant);
--- No foreign key: usage and audit outlive a deleted tenant for accounting.
-CREATE TABLE IF NOT EXISTS usage (
-    tenant TEXT NOT NULL,
-    model TEXT NOT NULL,
-    day TEXT NOT NULL,
-    requests INTEGER NOT NULL DEFAULT 0,
-    prompt_tokens INTEGER NOT NULL DEFAULT 0,
-    completion_tokens INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (tenant, model, day)
-);
-CREATE TABLE IF NOT EXISTS audit (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    ts TEXT NOT NULL,
-    actor TEXT NOT NULL,
-    action TEXT NOT NULL,
-    target TEXT NOT NULL,
-    detail TEXT NOT NULL
-);
-"""
-
-
-class TenantExists(Exception):
-    """Creating a tenant whose name is taken (maps to HTTP 409)."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(f"tenant {name!r} already exists")
-        self.name = name
-
-
-class TenantNotFound(Exception):
-    """The named tenant does not exist (maps to HTTP 404)."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(f"tenant {name!r} does not exist")
-        self.name = name
-
-
-class ApiKeyNotFound(Exception):
-    """The key id does not exist for that tenant (maps to HTTP 404)."""
-
-    def __init__(self, key_id: str) -> None:
-        super().__init__(f"API key {key_id!r} does not exist")
-        self.key_id = key_id
-
-
-def _utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def _day_string(day: date | str | None) -> str:
-    if day is None:
-        return datetime.now(timezone.utc).date().isoformat()
-    if isinstance(day, date):
-        return day.isoformat()
-    return date.fromisoformat(day).isoformat()  # validates the format
-
-
-def _tenant_from_row(row: sqlite3.Row) -> Tenant:
-    models = json.loads(row["models"]) if row["models"] is not None else None
-    return Tenant(name=row["name"], models=tuple(models) if models is not None else None,
-                  rpm=row["rpm"], tpm=row["tpm"], max_concurrency=row["max_concurrency"],
-                  created_at=row["created_at"])
-
-
-def _validated_limits(models: Sequence[str] | None, rpm: int | None, tpm: int | None,
-                      max_concurrency: int | None) -> dict[str, Any]:
-    return {
-        "models": normalize_models(models),
-        "rpm": validate_limit("rpm", rpm),
-        "tpm": validate_limit("tpm", tpm),
-        "max_concurrency": validate_limit("max_concurrency", max_concurrency),
-    }
-
-
-def _models_json(models: tuple[str, ...] | None) -> str | None:
-    return json.dumps(list(models)) if models is not None else None
+# Older versions deleted keys and tenants outright; rebuild their tombstones from the audit
+# log, which names every key id ever issued. Seeding then was done with actor "config".
+_BACKFILL_TOMBSTONES = (
+    "INSERT OR IGNORE INTO seeded_tenants (name, seeded_at) SELECT target, MIN(ts) FROM audit "
+    "WHERE actor = 'config' AND action = 'tenant.create' GROUP BY target",
+    "INSERT OR IGNORE INTO deleted_tenants (name, deleted_at) SELECT target, MAX(ts) FROM audit "
+    "WHERE action = 'tenant.delete' AND target NOT IN (SELECT name FROM tenants) GROUP BY target",
+    "INSERT OR IGNORE INTO revoked_keys (key_id, tenant, revoked_at) "
+    "SELECT json_extract(detail, '$.key_id') AS kid, target, MAX(ts) FROM audit "
+    "WHERE kid IS NOT NULL AND kid NOT IN (SELECT key_id FROM api_keys) GROUP BY kid",
+)
 
 
 class TenantStore:
-    def __init__(self, db_path: str | Path, hasher: ApiKeyHasher | None = None,
-                 key_cache_size: int = 1024) -> None:
-        self._hasher = hasher or ApiKeyHasher()
-        self._verified_keys = VerifiedKeyCache(key_cache_size)
+    def __init__(self, db_path: str | Path, hasher: ApiKeyHasher | None = None) -> None:
+        self._hasher = hasher or ApiKeyHasher()  # only for legacy argon2 rows
         self._lock = threading.Lock()
-        if str(db_path) != ":memory:":
-            Path(db_path).parent.mkdir(parents=True, exist_ok=True)
+        file_path = None if str(db_path) == ":memory:" else Path(db_path)
+        if file_path is not None:
+            file_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._restrict_files(file_path)
         # isolation_level=None: we issue BEGIN ourselves, so each method is one transaction.
         self._conn = sqlite3.connect(str(db_path), check_same_thread=False, isolation_level=None,
                                      timeout=10.0)
@@ -146,7 +87,33 @@ class TenantStore:
         with self._lock:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA foreign_keys=ON")
-            self._conn.executescript(_SCHEMA)
+            self._conn.executescript(SCHEMA_SQL)
+        with self._transaction() as conn:
+            self._migrate(conn)
+        if file_path is not None:
+            self._restrict_files(file_path)  # -wal/-shm may have been created just now
+
+    @staticmethod
+    def _restrict_files(db_path: Path) -> None:
+        """Database file 0600 (created so if missing), and its -wal/-shm if present.
+
+        SQLite gives new -wal/-shm files the database file's mode; chmod also
+        fixes ones left with a looser mode by older versions.
+        """
+        restrict_to_owner(db_path, create=True)
+        restrict_to_owner(f"{db_path}-wal")
+        restrict_to_owner(f"{db_path}-shm")
+
+    @staticmethod
+    def _migrate(conn: sqlite3.Connection) -> None:
+        if conn.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION:
+            return
+        columns = {row["name"] for row in conn.execute("PRAGMA table_info(api_keys)")}
+        if "key_sha256" not in columns:
+            conn.execute("ALTER TABLE api_keys ADD COLUMN key_sha256 TEXT")
+        for statement in _BACKFILL_TOMBSTONES:
+            conn.execute(statement)
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def close(self) -> None:
         with self._lock:
@@ -179,12 +146,42 @@ class TenantStore:
     def _audit(conn: sqlite3.Connection, actor: str, action: str, target: str,
                detail: dict[str, Any] | None = None) -> None:
         conn.execute("INSERT INTO audit (ts, actor, action, target, detail) VALUES (?, ?, ?, ?, ?)",
-                     (_utc_now(), actor, action, target, json.dumps(detail or {}, sort_keys=True)))
+                     (utc_now(), actor, action, target, json.dumps(detail or {}, sort_keys=True)))
 
     @staticmethod
     def _select_tenant(conn: sqlite3.Connection, name: str) -> Tenant | None:
         row = conn.execute("SELECT * FROM tenants WHERE name = ?", (name,)).fetchone()
-        return _tenant_from_row(row) if row is not None else None
+        return Tenant.from_row(row) if row is not None else None
+
+    @staticmethod
+    def _insert_tenant(conn: sqlite3.Connection, name: str, limits: dict[str, Any],
+                       now: str) -> Tenant:
+        conn.execute("INSERT INTO tenants (name, models, rpm, tpm, max_concurrency, created_at) "
+                     "VALUES (?, ?, ?, ?, ?, ?)",
+                     (name, models_json(limits["models"]), limits["rpm"], limits["tpm"],
+                      limits["max_concurrency"], now))
+        conn.execute("DELETE FROM deleted_tenants WHERE name = ?", (name,))
+        return Tenant(name=name, created_at=now, **limits)
+
+    @staticmethod
+    def _insert_key(conn: sqlite3.Connection, tenant: str, api_key: str, origin: str) -> str:
+        key_id = parse_api_key(api_key).key_id
+        if conn.execute("SELECT 1 FROM revoked_keys WHERE key_id = ?", (key_id,)).fetchone():
+            raise ValueError(f"API key id {key_id} was revoked and cannot be used again")
+        # key_hash '' explicitly: older databases declare it NOT NULL without a default.
+        conn.execute("INSERT INTO api_keys (key_id, tenant, key_hash, key_sha256, origin, created_at) "
+                     "VALUES (?, ?, '', ?, ?, ?)", (key_id, tenant, key_sha256(api_key), origin, utc_now()))
+        return key_id
+
+    @staticmethod
+    def _revoke_keys(conn: sqlite3.Connection, where: str, params: Sequence[Any]) -> list[str]:
+        """Delete the matching api_keys rows, leaving a tombstone per key id."""
+        rows = conn.execute(f"SELECT key_id, tenant FROM api_keys WHERE {where}", params).fetchall()
+        now = utc_now()
+        conn.executemany("INSERT OR REPLACE INTO revoked_keys (key_id, tenant, revoked_at) "
+                         "VALUES (?, ?, ?)", [(r["key_id"], r["tenant"], now) for r in rows])
+        conn.execute(f"DELETE FROM api_keys WHERE {where}", params)
+        return [r["key_id"] for r in rows]
 
     # ---- tenants -------------------------------------------------------------
 
@@ -194,31 +191,21 @@ class TenantStore:
                       actor: str = "admin") -> tuple[Tenant, str]:
         """Create a tenant and its first key; the returned key is never retrievable again."""
         validate_tenant_name(name)
-        limits = _validated_limits(models, rpm, tpm, max_concurrency)
+        limits = validated_limits(models, rpm, tpm, max_concurrency)
         api_key = generate_api_key()
-        key_hash = self._hasher.hash(api_key)  # slow: outside the lock
-        created_at = _utc_now()
         with self._transaction() as conn:
             if self._select_tenant(conn, name) is not None:
                 raise TenantExists(name)
-            conn.execute(
-                "INSERT INTO tenants (name, models, rpm, tpm, max_concurrency, created_at) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (name, _models_json(limits["models"]), limits["rpm"], limits["tpm"],
-                 limits["max_concurrency"], created_at))
-            key_id = parse_api_key(api_key).key_id
-            conn.execute("INSERT INTO api_keys (key_id, tenant, key_hash, origin, created_at) "
-                         "VALUES (?, ?, ?, ?, ?)",
-                         (key_id, name, key_hash, KEY_ORIGIN_GENERATED, created_at))
-            self._audit(conn, actor, "tenant.create", name,
-                        {**_limits_detail(limits), "key_id": key_id})
-        return Tenant(name=name, created_at=created_at, **limits), api_key
+            tenant = self._insert_tenant(conn, name, limits, utc_now())
+            key_id = self._insert_key(conn, name, api_key, KEY_ORIGIN_GENERATED)
+            self._audit(conn, actor, "tenant.create", name, {**limits_detail(limits), "key_id": key_id})
+        return tenant, api_key
 
     def update_tenant(self, name: str, models: Sequence[str] | None = None,
                       rpm: int | None = None, tpm: int | None = None,
                       max_concurrency: int | None = None, actor: str = "admin") -> Tenant:
         """Replace all of a tenant's limits (None = unlimited / every model)."""
-        limits = _validated_limits(models, rpm, tpm, max_concurrency)
+        limits = validated_limits(models, rpm, tpm, max_concurrency)
         with self._transaction() as conn:
             current = self._select_tenant(conn, name)
             if current is None:
@@ -232,91 +219,125 @@ class TenantStore:
             return current
         conn.execute("UPDATE tenants SET models = ?, rpm = ?, tpm = ?, max_concurrency = ? "
                      "WHERE name = ?",
-                     (_models_json(updated.models), updated.rpm, updated.tpm,
+                     (models_json(updated.models), updated.rpm, updated.tpm,
                       updated.max_concurrency, current.name))
-        self._audit(conn, actor, "tenant.update", current.name, _limits_detail(limits))
+        self._audit(conn, actor, "tenant.update", current.name, limits_detail(limits))
         return updated
 
-    def ensure_tenant_with_key(self, name: str, api_key: str,
-                               models: Sequence[str] | None = None, rpm: int | None = None,
-                               tpm: int | None = None, max_concurrency: int | None = None,
-                               actor: str = "config") -> Tenant:
-        """Make the tenant exist with exactly these limits and accept ``api_key``.
+    def seed_tenant(self, name: str, api_key: str | None = None,
+                    models: Sequence[str] | None = None, rpm: int | None = None,
+                    tpm: int | None = None, max_concurrency: int | None = None,
+                    actor: str = "config", reseed: bool = False) -> SeedResult:
+        """Apply one tenant of the tenants file, once; ``api_key`` comes from the environment.
 
-        For tenants declared in the tenants file with a key from the environment.
-        Idempotent: a restart with the same key and limits writes nothing. If the
-        key changed, earlier config-provided keys of the tenant are replaced;
-        keys created through the admin API are kept.
+        The first time (or with ``reseed``) the tenant is created, or its limits are set to
+        these, and it is recorded as seeded. After that only the key is synced: its limits are
+        left to the admin API, and a deleted tenant stays deleted. A tenant created here
+        without ``api_key`` gets a generated key (``new_key``, shown once). The key: a revoked
+        key id is never added back (``KEY_REVOKED``); a new key id revokes the tenant's
+        earlier config keys (admin-created keys stay); a new secret for a stored key id
+        replaces its digest. Raises ValueError for a malformed key or one owned by another
+        tenant; the message never contains the key.
         """
         validate_tenant_name(name)
-        limits = _validated_limits(models, rpm, tpm, max_concurrency)
-        key_id = parse_api_key(api_key).key_id  # MalformedKey is a ValueError
-        rows = self._read("SELECT tenant, key_hash FROM api_keys WHERE key_id = ?", (key_id,))
-        if rows and rows[0]["tenant"] != name:
-            raise ValueError(f"API key id {key_id} already belongs to another tenant")
-        key_is_current = bool(rows) and self._hasher.verify(rows[0]["key_hash"], api_key)
-        new_key_hash = None if key_is_current else self._hasher.hash(api_key)
-        now = _utc_now()
+        limits = validated_limits(models, rpm, tpm, max_concurrency)
+        key_id = parse_api_key(api_key).key_id if api_key else None  # MalformedKey: ValueError
+        # A legacy argon2 row is verified here, outside the lock (milliseconds).
+        legacy = self._read("SELECT tenant, key_hash FROM api_keys WHERE key_id = ? "
+                            "AND key_sha256 IS NULL", (key_id,)) if key_id else []
+        verified_hash = legacy[0]["key_hash"] if legacy and legacy[0]["tenant"] == name and \
+            self._hasher.verify(legacy[0]["key_hash"], api_key or "") else None
         with self._transaction() as conn:
+            key_row = conn.execute("SELECT * FROM api_keys WHERE key_id = ?", (key_id,)).fetchone()
+            if key_row is not None and key_row["tenant"] != name:
+                raise ValueError(f"API key id {key_id} already belongs to another tenant")
             tenant = self._select_tenant(conn, name)
-            if tenant is None:
-                conn.execute(
-                    "INSERT INTO tenants (name, models, rpm, tpm, max_concurrency, created_at) "
-                    "VALUES (?, ?, ?, ?, ?, ?)",
-                    (name, _models_json(limits["models"]), limits["rpm"], limits["tpm"],
-                     limits["max_concurrency"], now))
-                self._audit(conn, actor, "tenant.create", name, _limits_detail(limits))
-                tenant = Tenant(name=name, created_at=now, **limits)
+            seeded = conn.execute("SELECT 1 FROM seeded_tenants WHERE name = ?", (name,)).fetchone()
+            if seeded and not reseed:
+                if tenant is None:
+                    deleted = conn.execute("SELECT deleted_at FROM deleted_tenants WHERE name = ?",
+                                           (name,)).fetchone()
+                    return SeedResult(None, seeded=False, created=False, key_id=key_id,
+                                      deleted_at=deleted["deleted_at"] if deleted else "unknown")
+                created = False
             else:
-                tenant = self._update_limits(conn, tenant, limits, actor)
-            if new_key_hash is not None:
-                replaced = conn.execute(
-                    "DELETE FROM api_keys WHERE tenant = ? AND origin = ? AND key_id != ?",
-                    (name, KEY_ORIGIN_CONFIG, key_id)).rowcount
-                conn.execute(
-                    "INSERT OR REPLACE INTO api_keys (key_id, tenant, key_hash, origin, created_at) "
-                    "VALUES (?, ?, ?, ?, ?)", (key_id, name, new_key_hash, KEY_ORIGIN_CONFIG, now))
-                self._audit(conn, actor, "key.set", name,
-                            {"key_id": key_id, "replaced_keys": replaced + len(rows)})
-        return tenant
+                created = tenant is None
+                if created:
+                    tenant = self._insert_tenant(conn, name, limits, utc_now())
+                    self._audit(conn, actor, "tenant.create", name, limits_detail(limits))
+                else:
+                    tenant = self._update_limits(conn, tenant, limits, actor)
+                conn.execute("INSERT OR REPLACE INTO seeded_tenants (name, seeded_at) VALUES (?, ?)",
+                             (name, utc_now()))
+            new_key = None
+            if created and api_key is None:
+                new_key = generate_api_key()
+                self._audit(conn, actor, "key.create", name,
+                            {"key_id": self._insert_key(conn, name, new_key, KEY_ORIGIN_GENERATED)})
+            status = self._sync_config_key(conn, name, api_key, key_row, verified_hash, actor) \
+                if api_key else KEY_NONE
+        return SeedResult(tenant, seeded=not seeded or reseed, created=created, key_status=status,
+                          key_id=key_id, new_key=new_key)
+
+    def _sync_config_key(self, conn: sqlite3.Connection, name: str, api_key: str,
+                         key_row: sqlite3.Row | None, verified_hash: str | None, actor: str) -> str:
+        key_id = parse_api_key(api_key).key_id
+        if conn.execute("SELECT 1 FROM revoked_keys WHERE key_id = ?", (key_id,)).fetchone():
+            return KEY_REVOKED
+        digest = key_sha256(api_key)
+        if key_row is None:
+            replaced = self._revoke_keys(conn, "tenant = ? AND origin = ?", (name, KEY_ORIGIN_CONFIG))
+            self._insert_key(conn, name, api_key, KEY_ORIGIN_CONFIG)
+            self._audit(conn, actor, "key.set", name, {"key_id": key_id, "revoked_keys": replaced})
+            return KEY_ADDED
+        if key_row["key_sha256"] is not None and sha256_matches(key_row["key_sha256"], api_key):
+            return KEY_UNCHANGED
+        if key_row["key_sha256"] is None and verified_hash == key_row["key_hash"]:
+            conn.execute("UPDATE api_keys SET key_sha256 = ? WHERE key_id = ?", (digest, key_id))
+            return KEY_UNCHANGED
+        conn.execute("UPDATE api_keys SET key_sha256 = ?, key_hash = '', origin = ? WHERE key_id = ?",
+                     (digest, KEY_ORIGIN_CONFIG, key_id))
+        self._audit(conn, actor, "key.set", name, {"key_id": key_id, "replaced_secret": True})
+        return KEY_REPLACED
 
     def list_tenants(self) -> list[Tenant]:
-        return [_tenant_from_row(r) for r in self._read("SELECT * FROM tenants ORDER BY name")]
+        return [Tenant.from_row(r) for r in self._read("SELECT * FROM tenants ORDER BY name")]
 
     def get_tenant(self, name: str) -> Tenant | None:
         rows = self._read("SELECT * FROM tenants WHERE name = ?", (name,))
-        return _tenant_from_row(rows[0]) if rows else None
+        return Tenant.from_row(rows[0]) if rows else None
 
     def delete_tenant(self, name: str, actor: str = "admin") -> None:
-        """Delete the tenant and all its keys; its usage rows stay for accounting."""
+        """Delete the tenant and revoke all its keys; its usage rows stay for accounting.
+
+        Permanent: the tenants file does not re-create it unless re-seeded, and its
+        key ids can never be used again.
+        """
         with self._transaction() as conn:
             if self._select_tenant(conn, name) is None:
                 raise TenantNotFound(name)
-            removed_keys = conn.execute("DELETE FROM api_keys WHERE tenant = ?", (name,)).rowcount
+            removed_keys = self._revoke_keys(conn, "tenant = ?", (name,))
             conn.execute("DELETE FROM tenants WHERE name = ?", (name,))
-            self._audit(conn, actor, "tenant.delete", name, {"removed_keys": removed_keys})
+            conn.execute("INSERT OR REPLACE INTO deleted_tenants (name, deleted_at) VALUES (?, ?)",
+                         (name, utc_now()))
+            self._audit(conn, actor, "tenant.delete", name, {"removed_keys": len(removed_keys)})
 
     # ---- keys ----------------------------------------------------------------
 
     def create_api_key(self, tenant: str, actor: str = "admin") -> str:
         """Add another key to an existing tenant (e.g. for rotation); shown once."""
         api_key = generate_api_key()
-        key_hash = self._hasher.hash(api_key)
-        key_id = parse_api_key(api_key).key_id
         with self._transaction() as conn:
             if self._select_tenant(conn, tenant) is None:
                 raise TenantNotFound(tenant)
-            conn.execute("INSERT INTO api_keys (key_id, tenant, key_hash, origin, created_at) "
-                         "VALUES (?, ?, ?, ?, ?)",
-                         (key_id, tenant, key_hash, KEY_ORIGIN_GENERATED, _utc_now()))
+            key_id = self._insert_key(conn, tenant, api_key, KEY_ORIGIN_GENERATED)
             self._audit(conn, actor, "key.create", tenant, {"key_id": key_id})
         return api_key
 
     def revoke_api_key(self, tenant: str, key_id: str, actor: str = "admin") -> None:
+        """Revoke a key for good: the key id is never accepted or re-added again."""
         with self._transaction() as conn:
-            deleted = conn.execute("DELETE FROM api_keys WHERE tenant = ? AND key_id = ?",
-                                   (tenant, key_id)).rowcount
-            if not deleted:
+            if not self._revoke_keys(conn, "tenant = ? AND key_id = ?", (tenant, key_id)):
                 raise ApiKeyNotFound(key_id)
             self._audit(conn, actor, "key.revoke", tenant, {"key_id": key_id})
 
@@ -326,13 +347,15 @@ class TenantStore:
         return [ApiKeyInfo(key_id=r["key_id"], tenant=r["tenant"], origin=r["origin"],
                            created_at=r["created_at"]) for r in rows]
 
+    def is_key_revoked(self, key_id: str) -> bool:
+        return bool(self._read("SELECT 1 FROM revoked_keys WHERE key_id = ?", (key_id,)))
+
     def authenticate(self, api_key: str | None, allow_hashing: bool = True) -> Tenant | None:
         """The tenant owning ``api_key``, or None. Never raises on bad input.
 
-        One indexed lookup by key_id, then argon2 verification unless this
-        process already verified the same key against the same stored hash.
-        With ``allow_hashing`` False only an already-verified key passes (the
-        caller's defence against floods of wrong keys for one key id).
+        One indexed lookup by key_id and a SHA-256 comparison: microseconds, right or
+        wrong. Only a legacy row (argon2 hash, no digest yet) costs argon2, and only when
+        ``allow_hashing``; once it verifies, the row gets its digest.
         """
         if not api_key:
             return None
@@ -340,16 +363,19 @@ class TenantStore:
             key_id = parse_api_key(api_key).key_id
         except MalformedKey:
             return None
-        rows = self._read("SELECT t.*, k.key_hash FROM api_keys k "
+        rows = self._read("SELECT t.*, k.key_hash, k.key_sha256 FROM api_keys k "
                           "JOIN tenants t ON t.name = k.tenant WHERE k.key_id = ?", (key_id,))
         if not rows:
             return None
-        key_hash = rows[0]["key_hash"]
-        if not self._verified_keys.is_verified(api_key, key_hash):
-            if not allow_hashing or not self._hasher.verify(key_hash, api_key):
-                return None
-            self._verified_keys.remember(api_key, key_hash)
-        return _tenant_from_row(rows[0])
+        row = rows[0]
+        if row["key_sha256"] is not None:
+            return Tenant.from_row(row) if sha256_matches(row["key_sha256"], api_key) else None
+        if not allow_hashing or not self._hasher.verify(row["key_hash"], api_key):
+            return None
+        with self._transaction() as conn:  # compare-and-set: the row may have changed meanwhile
+            conn.execute("UPDATE api_keys SET key_sha256 = ? WHERE key_id = ? AND key_hash = ? "
+                         "AND key_sha256 IS NULL", (key_sha256(api_key), key_id, row["key_hash"]))
+        return Tenant.from_row(row)
 
     # ---- usage and audit -----------------------------------------------------
 
@@ -366,7 +392,7 @@ class TenantStore:
                 "requests = requests + excluded.requests, "
                 "prompt_tokens = prompt_tokens + excluded.prompt_tokens, "
                 "completion_tokens = completion_tokens + excluded.completion_tokens",
-                (tenant, model, _day_string(day), requests, prompt_tokens, completion_tokens))
+                (tenant, model, day_string(day), requests, prompt_tokens, completion_tokens))
 
     def usage(self, tenant: str | None = None) -> list[UsageRow]:
         """Usage rows, newest day first; every tenant's when ``tenant`` is None."""
@@ -385,8 +411,3 @@ class TenantStore:
         rows = self._read("SELECT * FROM audit ORDER BY id DESC LIMIT ?", (max(0, int(limit)),))
         return [AuditEntry(id=r["id"], ts=r["ts"], actor=r["actor"], action=r["action"],
                            target=r["target"], detail=json.loads(r["detail"])) for r in rows]
-
-
-def _limits_detail(limits: dict[str, Any]) -> dict[str, Any]:
-    models = limits["models"]
-    return {**limits, "models": list(models) if models is not None else None}

@@ -55,13 +55,102 @@ def test_apply_tenants_file(store):
     assert store.authenticate(env_key).name == "demo"
     assert set(first.new_keys) == {"limited", "unset"}
     assert store.authenticate(first.new_keys["limited"]).rpm == 30
+    assert first.seeded == first.synced == ["demo", "limited", "unset"] and first.warnings == []
 
     config.tenants[1].rpm = 60
     second = apply_tenants_file(store, config, {"DEMO_KEY": env_key})
-    assert second.new_keys == {}
-    assert store.get_tenant("limited").rpm == 60
+    assert second.new_keys == {} and second.seeded == []
+    assert store.get_tenant("limited").rpm == 30  # seeded once: the file no longer edits it
     assert any("MISSING_KEY" in warning for warning in second.warnings)
     assert second.synced == ["demo", "limited", "unset"]
+
+
+def _demo_file(**limits):
+    return TenantsFile.model_validate({"tenants": [{"name": "demo", "api_key_env": "DEMO_KEY",
+                                                    **limits}]})
+
+
+def test_deleted_seeded_tenant_stays_deleted(store):
+    env = {"DEMO_KEY": generate_api_key()}
+    apply_tenants_file(store, _demo_file(), env)
+    store.delete_tenant("demo", actor="admin-api")
+    again = apply_tenants_file(store, _demo_file(), env)
+    assert store.get_tenant("demo") is None and store.authenticate(env["DEMO_KEY"]) is None
+    assert again.deleted == ["demo"] and again.synced == [] and again.new_keys == {}
+    assert any("'demo' was deleted" in w and "re-seed" in w for w in again.warnings)
+    # A fresh key in the environment does not bring the tenant back either.
+    assert apply_tenants_file(store, _demo_file(), {"DEMO_KEY": generate_api_key()}).deleted == ["demo"]
+    assert store.get_tenant("demo") is None
+
+
+def test_revoked_env_key_stays_revoked_with_a_warning(store):
+    key = generate_api_key()
+    key_id, secret = parse_api_key(key).key_id, parse_api_key(key).secret
+    apply_tenants_file(store, _demo_file(), {"DEMO_KEY": key})
+    spare = store.create_api_key("demo")
+    store.revoke_api_key("demo", key_id, actor="admin-api")
+    again = apply_tenants_file(store, _demo_file(), {"DEMO_KEY": key})
+    assert store.authenticate(key) is None and store.authenticate(spare) is not None
+    assert [k.key_id for k in store.list_api_keys("demo")] == [parse_api_key(spare).key_id]
+    [warning] = again.warnings
+    assert "'demo'" in warning and key_id in warning and "revoked" in warning
+    assert secret not in warning and key not in warning
+
+
+def test_reseed_recreates_deleted_tenant_but_not_its_revoked_key(store):
+    key = generate_api_key()
+    apply_tenants_file(store, _demo_file(rpm=10), {"DEMO_KEY": key})
+    store.update_tenant("demo", rpm=99)
+    store.delete_tenant("demo")  # revokes the env key with it
+    reseeded = apply_tenants_file(store, _demo_file(rpm=10), {"DEMO_KEY": key}, reseed=True)
+    assert store.get_tenant("demo").rpm == 10 and reseeded.seeded == ["demo"]
+    assert store.authenticate(key) is None and store.list_api_keys("demo") == []
+    assert reseeded.new_keys == {}  # the env var is set: no generated key behind its back
+    assert any(parse_api_key(key).key_id in w and "revoked" in w for w in reseeded.warnings)
+    fresh = generate_api_key()  # what the operator does: a new key for the variable
+    assert apply_tenants_file(store, _demo_file(rpm=10), {"DEMO_KEY": fresh}).warnings == []
+    assert store.authenticate(fresh).name == "demo"
+
+
+def test_reseed_resets_limits_and_regenerates_keys_for_keyless_tenants(store):
+    config = TenantsFile.model_validate({"tenants": [{"name": "plain", "rpm": 7}]})
+    first = apply_tenants_file(store, config, {})
+    store.delete_tenant("plain")
+    assert apply_tenants_file(store, config, {}).deleted == ["plain"]
+    reseeded = apply_tenants_file(store, config, {}, reseed=True)
+    assert store.authenticate(reseeded.new_keys["plain"]).rpm == 7
+    assert store.authenticate(first.new_keys["plain"]) is None
+
+
+def test_new_tenant_added_to_the_file_later_is_seeded(store):
+    key = generate_api_key()
+    apply_tenants_file(store, _demo_file(), {"DEMO_KEY": key})
+    grown = TenantsFile.model_validate({"tenants": [
+        {"name": "demo", "api_key_env": "DEMO_KEY"},
+        {"name": "team-a", "api_key_env": "TEAM_A_KEY", "models": ["m1"], "rpm": 30},
+    ]})
+    team_key = generate_api_key()
+    result = apply_tenants_file(store, grown, {"DEMO_KEY": key, "TEAM_A_KEY": team_key})
+    assert result.seeded == ["team-a"] and result.synced == ["demo", "team-a"]
+    assert store.authenticate(team_key).rpm == 30
+
+
+def test_admin_edit_of_limits_survives_reapply(store):
+    apply_tenants_file(store, _demo_file(rpm=10, tpm=100), {"DEMO_KEY": generate_api_key()})
+    store.update_tenant("demo", models=["m1"], rpm=50, actor="admin-api")
+    apply_tenants_file(store, _demo_file(rpm=10, tpm=100), {})  # even with the key unset
+    tenant = store.get_tenant("demo")
+    assert (tenant.models, tenant.rpm, tenant.tpm) == (("m1",), 50, None)
+
+
+def test_rotating_the_env_key_revokes_the_previous_one(store):
+    old, new = generate_api_key(), generate_api_key()
+    apply_tenants_file(store, _demo_file(), {"DEMO_KEY": old})
+    assert apply_tenants_file(store, _demo_file(), {"DEMO_KEY": new}).warnings == []
+    assert store.authenticate(new) is not None and store.authenticate(old) is None
+    rolled_back = apply_tenants_file(store, _demo_file(), {"DEMO_KEY": old})
+    assert any(parse_api_key(old).key_id in w for w in rolled_back.warnings)
+    assert store.authenticate(old) is None and store.authenticate(new) is not None
 
 
 def test_apply_rejects_malformed_env_key_without_leaking_it(store):
@@ -69,6 +158,10 @@ def test_apply_rejects_malformed_env_key_without_leaking_it(store):
     with pytest.raises(ValueError) as error:
         apply_tenants_file(store, config, {"K": "sk-my-plain-secret"})
     assert "sk-my-plain-secret" not in str(error.value)
+    weak = "ps_0123456789ab_short-secret"  # weaker than MIN_SECRET_CHARS: still refused
+    with pytest.raises(ValueError) as error:
+        apply_tenants_file(store, config, {"K": weak})
+    assert "short-secret" not in str(error.value) and store.get_tenant("demo") is None
 
 
 # ---- demo key ----------------------------------------------------------------

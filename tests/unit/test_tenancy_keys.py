@@ -4,10 +4,11 @@ from tenancy import keys
 from tenancy.keys import (
     ApiKeyHasher,
     MalformedKey,
-    VerifiedKeyCache,
     generate_api_key,
+    key_sha256,
     parse_api_key,
     redact,
+    sha256_matches,
 )
 
 FAST_HASHER = ApiKeyHasher(time_cost=1, memory_cost=8, parallelism=1)
@@ -62,29 +63,25 @@ def test_redact_never_shows_the_secret():
     assert redact(None) == "<none>"
 
 
-def test_cache_compares_hashes_in_constant_time(monkeypatch):
+def test_sha256_digest_is_of_the_whole_key_and_never_contains_it():
+    key = generate_api_key()
+    digest = key_sha256(key)
+    assert len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
+    assert digest == key_sha256(key)  # deterministic: looked up per key id, compared directly
+    assert parse_api_key(key).secret not in digest
+    other_secret = f"ps_{parse_api_key(key).key_id}_{'x' * 43}"
+    assert key_sha256(other_secret) != digest
+
+
+def test_sha256_matches_compares_in_constant_time(monkeypatch):
     calls = []
     real_compare = keys.hmac.compare_digest
     monkeypatch.setattr(keys.hmac, "compare_digest",
                         lambda a, b: calls.append((a, b)) or real_compare(a, b))
-    cache = VerifiedKeyCache(max_entries=4)
     key = generate_api_key()
-    cache.remember(key, "$argon2id$stored")
-    assert cache.is_verified(key, "$argon2id$stored")
-    assert not cache.is_verified(key, "$argon2id$replaced")
-    assert len(calls) == 2
-    assert not cache.is_verified(generate_api_key(), "$argon2id$stored")
-
-
-def test_cache_is_bounded_and_evicts_least_recently_used():
-    cache = VerifiedKeyCache(max_entries=2)
-    a, b, c = (generate_api_key() for _ in range(3))
-    cache.remember(a, "ha")
-    cache.remember(b, "hb")
-    assert cache.is_verified(a, "ha")  # a is now the most recent
-    cache.remember(c, "hc")
-    assert len(cache) == 2
-    assert cache.is_verified(a, "ha") and cache.is_verified(c, "hc")
-    assert not cache.is_verified(b, "hb")
-    cache.clear()
-    assert len(cache) == 0
+    stored = key_sha256(key)
+    assert sha256_matches(stored, key)
+    assert not sha256_matches(stored, generate_api_key())
+    assert not sha256_matches(stored, key + "x")
+    assert not sha256_matches("not-a-digest-é", key)  # garbage in the row: False, no exception
+    assert len(calls) == 4

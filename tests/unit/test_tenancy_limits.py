@@ -1,97 +1,244 @@
+import multiprocessing
+import os
+import stat
+
 import pytest
 
-from tenancy.limits import LimitDecision, TenantLimiter
+from tenancy.limits import LimitDecision, TenantLimiter, TokenReservation
 from tenancy.models import Tenant
+
+START = 6_000_000.0  # a minute boundary: 100_000 * 60
+
+
+class FakeClock:
+    def __init__(self, now: float = START) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
 
 
 @pytest.fixture
-def limiter():
-    return TenantLimiter()
+def clock():
+    return FakeClock()
+
+
+@pytest.fixture
+def db_path(tmp_path):
+    return tmp_path / "state" / "limits.sqlite3"
+
+
+@pytest.fixture
+def limiter(db_path, clock):
+    with TenantLimiter(db_path, clock=clock) as limiter:
+        yield limiter
+
+
+def test_db_and_wal_files_are_owner_only(limiter, db_path):
+    limiter.admit(Tenant(name="t", rpm=5))  # a write, so -wal and -shm exist
+    for path in (db_path, f"{db_path}-wal", f"{db_path}-shm"):
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, path
 
 
 def test_unlimited_tenant_is_always_allowed(limiter):
     tenant = Tenant(name="free")
     for _ in range(50):
-        assert limiter.check_request(tenant, estimated_tokens=10_000).allowed
+        admission = limiter.admit(tenant, estimated_tokens=10_000)
+        assert admission.allowed
+        limiter.settle(tenant, admission.reservation, 10_000)
         limiter.charge_tokens(tenant, 10_000)
         assert limiter.try_acquire(tenant).allowed
     assert limiter.tokens_remaining(tenant) is None
+    assert limiter.in_flight("free") == 50
 
 
-def test_rpm_two_rejects_third_request_with_retry_after(limiter):
+def test_rpm_moving_window_and_retry_after(limiter, clock):
     tenant = Tenant(name="slow", rpm=2)
-    assert limiter.check_request(tenant) == LimitDecision.allow()
-    assert limiter.check_request(tenant).allowed
-    third = limiter.check_request(tenant)
+    assert limiter.admit(tenant).allowed
+    clock.advance(20)
+    assert limiter.admit(tenant).allowed
+    clock.advance(10)
+    third = limiter.admit(tenant).decision
     assert not third.allowed and third.reason == "rpm"
-    assert 1 <= third.retry_after_seconds <= 60
+    assert third.retry_after_seconds == 30  # the first hit leaves the window at START + 60
+    clock.advance(29.5)
+    assert limiter.admit(tenant).decision.retry_after_seconds == 1  # 0.5 s rounds up
+    clock.advance(0.5)
+    assert limiter.admit(tenant).allowed  # first hit gone; a fixed window would not tell
+    assert limiter.admit(tenant).decision.reason == "rpm"
+    clock.advance(20)  # the second hit (START + 20) has left too
+    assert limiter.admit(tenant).allowed
 
 
 def test_rpm_is_per_tenant(limiter):
     busy, other = Tenant(name="busy", rpm=1), Tenant(name="other", rpm=1)
-    assert limiter.check_request(busy).allowed
-    assert not limiter.check_request(busy).allowed
-    assert limiter.check_request(other).allowed
+    assert limiter.admit(busy).allowed
+    assert not limiter.admit(busy).allowed
+    assert limiter.admit(other).allowed
 
 
-def test_tpm_checks_estimate_and_charges_actual_tokens(limiter):
+def test_tpm_reserves_the_estimate_and_settles_to_actual(limiter, clock):
     tenant = Tenant(name="tokens", tpm=100)
-    assert limiter.check_request(tenant, estimated_tokens=60).allowed
-    limiter.charge_tokens(tenant, 60)
+    first = limiter.admit(tenant, estimated_tokens=60)
+    assert first.allowed and first.reservation == TokenReservation(minute=100_000, tokens=60)
     assert limiter.tokens_remaining(tenant) == 40
-    rejected = limiter.check_request(tenant, estimated_tokens=50)
-    assert not rejected.allowed and rejected.reason == "tpm"
-    assert 1 <= rejected.retry_after_seconds <= 60
-    assert limiter.check_request(tenant, estimated_tokens=40).allowed
-    assert limiter.check_request(tenant).allowed  # unknown estimate: only RPM applies
+    refused = limiter.admit(tenant, estimated_tokens=50).decision
+    assert not refused.allowed and refused.reason == "tpm"
+    clock.advance(15)
+    assert limiter.admit(tenant, estimated_tokens=50).decision.retry_after_seconds == 45
+    limiter.settle(tenant, first.reservation, 20)  # negative settle gives 40 back
+    assert limiter.tokens_remaining(tenant) == 80
+    second = limiter.admit(tenant, estimated_tokens=50)
+    assert second.allowed
+    limiter.settle(tenant, second.reservation, 70)  # positive settle charges the excess
+    assert limiter.tokens_remaining(tenant) == 10
 
 
-def test_tpm_overshoot_is_recorded_and_blocks_until_reset(limiter):
+def test_settle_never_goes_below_zero(limiter):
+    tenant = Tenant(name="refund", tpm=100)
+    admission = limiter.admit(tenant, estimated_tokens=30)
+    limiter.settle(tenant, TokenReservation(admission.reservation.minute, 90), 0)
+    assert limiter.tokens_remaining(tenant) == 100
+
+
+def test_settle_after_the_minute_ended(limiter, clock):
+    tenant = Tenant(name="late", tpm=100)
+    short = limiter.admit(tenant, estimated_tokens=80)
+    long = limiter.admit(tenant, estimated_tokens=10)
+    clock.advance(60)
+    limiter.settle(tenant, short.reservation, 5)  # a refund to an ended minute is pointless
+    assert limiter.tokens_remaining(tenant) == 100
+    limiter.settle(tenant, long.reservation, 40)  # an excess is charged now, not lost
+    assert limiter.tokens_remaining(tenant) == 70
+
+
+def test_unknown_estimate_reserves_one_token(limiter):
+    tenant = Tenant(name="unknown", tpm=10)
+    admission = limiter.admit(tenant)
+    assert admission.allowed and admission.reservation.tokens == 1
+    limiter.charge_tokens(tenant, 9)
+    assert limiter.admit(tenant).decision.reason == "tpm"  # the minute is spent
+
+
+def test_charge_tokens_overshoot_is_recorded_until_the_next_minute(limiter, clock):
     tenant = Tenant(name="overshoot", tpm=100)
     limiter.charge_tokens(tenant, 90)
     limiter.charge_tokens(tenant, 50)  # actual usage beyond the limit still counts
     assert limiter.tokens_remaining(tenant) == 0
-    assert limiter.check_request(tenant, estimated_tokens=1).reason == "tpm"
+    assert limiter.admit(tenant, estimated_tokens=1).decision.reason == "tpm"
+    clock.advance(60)
+    assert limiter.tokens_remaining(tenant) == 100
+    assert limiter.admit(tenant, estimated_tokens=1).allowed
 
 
-def test_estimate_above_whole_tpm_runs_only_in_an_unused_window(limiter):
+def test_estimate_above_whole_tpm_runs_only_in_an_unused_minute(limiter, clock):
     tenant = Tenant(name="big", tpm=100)
-    assert limiter.check_request(tenant, estimated_tokens=500).allowed
+    admission = limiter.admit(tenant, estimated_tokens=500)
+    assert admission.allowed and admission.reservation.tokens == 100
+    limiter.settle(tenant, admission.reservation, 0)
     limiter.charge_tokens(tenant, 1)
-    assert limiter.check_request(tenant, estimated_tokens=500).reason == "tpm"
+    assert limiter.admit(tenant, estimated_tokens=500).decision.reason == "tpm"
+    clock.advance(60)
+    assert limiter.admit(tenant, estimated_tokens=500).allowed
 
 
-def test_tpm_rejection_does_not_use_an_rpm_slot(limiter):
+def test_tpm_refusal_does_not_use_an_rpm_slot(limiter):
     tenant = Tenant(name="both", rpm=1, tpm=10)
-    limiter.charge_tokens(tenant, 10)
-    assert limiter.check_request(tenant, estimated_tokens=5).reason == "tpm"
-    assert limiter.check_request(tenant).allowed  # the RPM slot was still free
-    assert limiter.check_request(tenant).reason == "rpm"
+    limiter.charge_tokens(tenant, 5)
+    assert limiter.admit(tenant, estimated_tokens=8).decision.reason == "tpm"
+    admission = limiter.admit(tenant, estimated_tokens=5)
+    assert admission.allowed  # the RPM slot was still free
+    limiter.settle(tenant, admission.reservation, 0)
+    assert limiter.admit(tenant, estimated_tokens=1).decision.reason == "rpm"
 
 
-def test_concurrency_cap_rejects_instead_of_queueing(limiter):
+def test_rpm_refusal_reserves_no_tokens(limiter):
+    tenant = Tenant(name="rpmfirst", rpm=1, tpm=100)
+    assert limiter.admit(tenant, estimated_tokens=10).allowed
+    assert limiter.admit(tenant, estimated_tokens=10).decision.reason == "rpm"
+    assert limiter.tokens_remaining(tenant) == 90
+
+
+def test_concurrency_leases(limiter):
     tenant = Tenant(name="conc", max_concurrency=2)
-    assert limiter.try_acquire(tenant).allowed
-    assert limiter.try_acquire(tenant).allowed
+    first, second = limiter.try_acquire(tenant), limiter.try_acquire(tenant)
+    assert first.allowed and second.allowed and first.lease_id != second.lease_id
     rejected = limiter.try_acquire(tenant)
     assert not rejected.allowed and rejected.reason == "concurrency"
-    assert rejected.retry_after_seconds >= 1
+    assert rejected.retry_after_seconds >= 1 and rejected.lease_id is None
     assert limiter.in_flight("conc") == 2
-    limiter.release(tenant)
-    assert limiter.try_acquire(tenant).allowed
-    limiter.release(tenant)
-    limiter.release(tenant)
-    assert limiter.in_flight("conc") == 0
-    limiter.release(tenant)  # an extra release never goes negative
+    limiter.release(tenant, first.lease_id)
+    third = limiter.try_acquire(tenant)
+    assert third.allowed
+    limiter.release(tenant, first.lease_id)  # a second release of the same lease does nothing
+    assert limiter.in_flight("conc") == 2
+    limiter.release(tenant, second.lease_id)
+    limiter.release(tenant, third.lease_id)
+    limiter.release(tenant, None)
     assert limiter.in_flight("conc") == 0
 
 
-def test_limiters_do_not_share_state():
-    tenant = Tenant(name="same", rpm=1, max_concurrency=1)
-    first, second = TenantLimiter(), TenantLimiter()
-    assert first.check_request(tenant).allowed and first.try_acquire(tenant).allowed
-    assert second.check_request(tenant).allowed and second.try_acquire(tenant).allowed
+def _hold_a_lease_and_die(db_path: str) -> None:
+    TenantLimiter(db_path).try_acquire(Tenant(name="crashy", max_concurrency=1))
+    os._exit(0)  # like a crashed gateway: no release
+
+
+def test_leases_of_dead_processes_are_reclaimed(limiter, db_path):
+    tenant = Tenant(name="crashy", max_concurrency=1)
+    child = multiprocessing.get_context("spawn").Process(target=_hold_a_lease_and_die,
+                                                         args=(str(db_path),))
+    child.start()
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    assert limiter.in_flight("crashy") == 1  # the dead child's lease is still there
+    decision = limiter.try_acquire(tenant)  # ... until the next acquire reclaims it
+    assert decision.allowed
+    assert limiter.in_flight("crashy") == 1
+    assert not limiter.try_acquire(tenant).allowed  # this process's lease is kept
+
+
+def test_limiters_on_one_file_share_state(db_path, clock):
+    tenant = Tenant(name="same", rpm=1, tpm=10, max_concurrency=1)
+    with TenantLimiter(db_path, clock=clock) as first, TenantLimiter(db_path, clock=clock) as second:
+        assert first.admit(tenant, estimated_tokens=4).allowed and first.try_acquire(tenant).allowed
+        assert second.admit(tenant).decision.reason == "rpm"
+        assert second.try_acquire(tenant).reason == "concurrency"
+        assert second.tokens_remaining(tenant) == 6
+
+
+def test_forget_deletes_a_tenants_rows(limiter):
+    tenant = Tenant(name="gone", rpm=1, tpm=10, max_concurrency=1)
+    assert limiter.admit(tenant, estimated_tokens=10).allowed and limiter.try_acquire(tenant).allowed
+    limiter.forget("gone")
+    assert limiter.in_flight("gone") == 0 and limiter.tokens_remaining(tenant) == 10
+    assert limiter.admit(tenant).allowed
+
+
+def _admit_many(db_path: str, start, results) -> None:
+    limiter = TenantLimiter(db_path)
+    start.wait(timeout=60)
+    tenant = Tenant(name="shared", rpm=20)
+    results.put(sum(limiter.admit(tenant).allowed for _ in range(30)))
+
+
+def test_two_processes_share_one_rpm_budget(db_path):
+    TenantLimiter(db_path).close()  # create the file once, as the first replica would
+    ctx = multiprocessing.get_context("spawn")
+    start, results = ctx.Event(), ctx.Queue()
+    workers = [ctx.Process(target=_admit_many, args=(str(db_path), start, results)) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    start.set()
+    admitted = [results.get(timeout=60) for _ in workers]
+    for worker in workers:
+        worker.join(timeout=60)
+        assert worker.exitcode == 0
+    assert sum(admitted) == 20
 
 
 def test_reject_decision_never_has_zero_retry_after():
     assert LimitDecision.reject("rpm", 0).retry_after_seconds == 1
+    assert LimitDecision.reject("tpm", 0.2).retry_after_seconds == 1
