@@ -11,6 +11,7 @@ from ray.exceptions import RayTaskError
 from ray.llm._internal.serve.core.configs.openai_api_models import OpenAIHTTPException
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
+from vllm.exceptions import VLLMClientError
 
 from rag.ids import InvalidIdError
 from rag.store import CollectionNotFound, DocumentNotFound
@@ -26,6 +27,20 @@ def error_body(status: int, message: str, kind: str) -> JSONResponse:
         status_code=status,
         content={"error": {"message": message, "type": kind, "code": status}, "object": "error", "message": message},
     )
+
+
+# A replica that died or is being restarted by Ray Serve: the request may be retried shortly.
+UNAVAILABLE_MARKERS = ("EngineDeadError", "EngineCore", "ActorDiedError", "ActorUnavailableError", "RayActorError",
+                       "DeploymentUnavailableError", "BackPressureError", "WorkerCrashedError", "ObjectLostError",
+                       "engine is dead", "ReplicaUnavailableError")
+UNAVAILABLE_RETRY_AFTER_S = 10
+
+
+def unavailable(replica: str, detail: str, retry_after_s: int = UNAVAILABLE_RETRY_AFTER_S) -> JSONResponse:
+    response = error_body(503, f"the {replica} replica is unavailable (restarting); retry after {retry_after_s}s. "
+                               f"Cause: {detail.strip()[:300]}", "service_unavailable")
+    response.headers["Retry-After"] = str(retry_after_s)
+    return response
 
 
 def _describe_validation(exc: RequestValidationError) -> tuple[int, str]:
@@ -94,9 +109,17 @@ def map_exception(exc: Exception) -> JSONResponse:
         if isinstance(exc, kind):
             cause = getattr(exc, "cause", exc)
             return error_body(status, str(cause.args[0] if cause.args else cause), "invalid_request_error")
+    cause = getattr(exc, "cause", exc)
+    if isinstance(cause, VLLMClientError) or isinstance(exc, VLLMClientError):
+        # vLLM's request validation (a missing prompt, a bad parameter): the client's mistake.
+        return error_body(400, f"invalid request: {cause}", "invalid_request_error")
     message = context_length_message(exc)
     if message:
         return error_body(400, message, "invalid_request_error")
+    text = f"{type(exc).__name__}: {exc}"
+    if any(marker in text for marker in UNAVAILABLE_MARKERS):
+        logger.warning("a replica is unavailable: %s", text[:500])
+        return unavailable("chat" if "Engine" in text or "LLM" in text else "backend", text.splitlines()[0])
     status = getattr(exc, "status_code", None)
     if isinstance(status, int) and 400 <= status < 600:
         kind = getattr(exc, "type", None) or ("invalid_request_error" if status < 500 else "internal_error")

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextvars
+import hashlib
 import json
 import logging
 import time
@@ -24,19 +26,22 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
 from ray.serve.llm.ingress import OpenAiIngress
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
-from starlette.middleware.body_limit import RequestBodyLimitMiddleware
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from deployments.errors import error_body
+from deployments.errors import error_body, unavailable
+from deployments.request_guard import RequestBodyGuard
 from deployments.process_memory import process_tree_rss, release_freed_heap
 from deployments.streams import force_stream_usage, rag_stream, tracked_stream
 from deployments.schemas import AddDocumentsRequest, RagOptions, RagQueryRequest
-from deployments.tenants import ADMIN_ENDPOINTS, TenantAdminRoutes, TenantAuthMiddleware, record_usage, tenant_of
+from deployments.tenants import (ADMIN_ENDPOINTS, TenantAdminRoutes, TenantAuthMiddleware, record_usage,
+                                 reserve_tokens, tenant_of)
 from rag.ids import validate_collection, validate_document_id
 from rag.prompt import RetrievedChunk, augment_chat, citations, last_user_text, rag_messages
 
 logger = logging.getLogger("poolserve.gateway")
 HEALTH_TIMEOUT_S = 5.0
+# vLLM's default max_tokens for /v1/completions (OpenAI's too), used in the TPM estimate.
+VLLM_COMPLETION_MAX_TOKENS = 16
 # A passed health check is trusted this long, so /healthz notices a replica that died.
 HEALTHY_TTL_S = 15.0
 
@@ -66,11 +71,19 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
             done, pending = await asyncio.wait(checks, timeout=HEALTH_TIMEOUT_S)
             for task in pending:
                 task.cancel()
-            failed = [task.result() for task in done if task.result()]
-            if pending or failed:
-                return error_body(503, f"not ready: {failed or 'replicas still starting'}", "service_unavailable")
+            replicas = {name: ("ok" if task in done and task.result() is None else
+                               f"down: {task.result() if task in done else 'no answer in %gs' % HEALTH_TIMEOUT_S}")
+                        for name, task in zip(("embedder", "retriever", "chat"), checks)}
+            replicas["gateway"] = "ok"
+            down = sorted(name for name, state in replicas.items() if state != "ok")
+            if down:
+                response = error_body(503, f"not ready: {', '.join(down)} down or starting", "service_unavailable")
+                body = json.loads(response.body)
+                body["replicas"] = replicas
+                return JSONResponse(body, status_code=503,
+                                    headers={"Retry-After": str(self._settings["unavailable_retry_after_s"])})
             self._healthy_until = time.monotonic() + HEALTHY_TTL_S
-        return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "ok", "replicas": {n: "ok" for n in ("chat", "embedder", "retriever", "gateway")}})
 
     @staticmethod
     async def _ready_check(call) -> str | None:
@@ -121,6 +134,10 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
         if isinstance(response, StreamingResponse):
             stream = tracked_stream(response.body_iterator, request, model, cited, *usage_wanted)
             return StreamingResponse(stream, media_type="text/event-stream")
+        if response.status_code >= 500:  # the engine failed or is restarting: the client may retry
+            logger.warning("chat replica answered %s: %s", response.status_code, bytes(response.body)[:300])
+            return unavailable("chat", bytes(response.body).decode(errors="replace")[:300],
+                               self._settings["unavailable_retry_after_s"])
         payload = json.loads(response.body)
         await record_usage(request, model, payload.get("usage"), response.status_code)
         if cited is None:
@@ -148,21 +165,60 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
                 f"context of {self._max_model_len} tokens. Shorten the prompt or lower max_tokens.",
             )
 
-    async def _check_prompt_fits(self, body: ChatCompletionRequest) -> None:
+    def _check_choices(self, body) -> int:
+        """`n` (and `best_of`) multiply the work of one request: bounded, and part of the estimate."""
+        limit = self._settings["max_choices"]
+        choices = max(getattr(body, "n", None) or 1, getattr(body, "best_of", None) or 1)
+        if choices > limit:
+            field = "n" if (getattr(body, "n", None) or 1) >= (getattr(body, "best_of", None) or 1) else "best_of"
+            raise HTTPException(400, f"{field} is {choices}; the limit is {limit} choices per request "
+                                     "(gateway.max_choices)")
+        return choices
+
+    def _completion_budget(self, body, prompt_tokens: int, default: int | None) -> int:
+        wanted = getattr(body, "max_completion_tokens", None) or body.max_tokens or default
+        return wanted if wanted is not None else max(1, self._max_model_len - prompt_tokens)
+
+    async def _check_prompt_fits(self, body: ChatCompletionRequest, request: Request) -> None:
+        """400 for a prompt that does not fit, else charge its estimate (prompt + max_tokens x n) to TPM."""
+        choices = self._check_choices(body)
         # Tokenizing a multi-megabyte prompt takes a while: keep it off the event loop.
         tokens = await run_in_threadpool(self._count_chat_tokens, [dict(m) for m in body.messages])
         self._refuse_if_too_long(tokens, body)
+        await reserve_tokens(request, tokens + self._completion_budget(body, tokens, None) * choices)
+        self._salt(body, request)
 
-    async def _check_completion_fits(self, body: CompletionRequest) -> None:
+    async def _check_completion_fits(self, body: CompletionRequest, request: Request) -> None:
+        choices = self._check_choices(body)
         prompts = body.prompt if isinstance(body.prompt, list) else [body.prompt]
+        if prompts and all(isinstance(p, int) for p in prompts):
+            prompts = [prompts]  # one prompt given as token ids
+        if len(prompts) > self._settings["max_prompts"]:
+            raise HTTPException(400, f"prompt is a list of {len(prompts)} prompts; the limit is "
+                                     f"{self._settings['max_prompts']} (gateway.max_prompts)")
+        estimate = 0
         for prompt in prompts:
             if isinstance(prompt, str):
                 tokens = len(await run_in_threadpool(self._tokenizer.encode, prompt))
-            elif isinstance(prompt, list):  # token ids, or a list of them
+            elif isinstance(prompt, list):  # token ids
                 tokens = len(prompt)
             else:
                 continue
             self._refuse_if_too_long(tokens, body)
+            estimate += tokens + self._completion_budget(body, tokens, VLLM_COMPLETION_MAX_TOKENS) * choices
+        await reserve_tokens(request, estimate)
+        self._salt(body, request)
+
+    @staticmethod
+    def _salt(body, request: Request) -> None:
+        """Each tenant gets its own prefix-cache namespace, so one tenant cannot learn from cache-hit
+        timing what another tenant's prompts (RAG context) contained. A client's own salt only splits
+        its tenant's namespace further."""
+        tenant = tenant_of(request)
+        if tenant is None:
+            return
+        own = getattr(body, "cache_salt", None) or ""
+        body.cache_salt = hashlib.sha256(f"poolserve-tenant\0{tenant.name}\0{own}".encode()).hexdigest()
 
     async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
         rag = (body.model_extra or {}).pop("rag", None)
@@ -179,7 +235,7 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
                                         options.top_k)
             body.messages = augment_chat(messages, hits)
             cited = citations(hits)
-        await self._check_prompt_fits(body)
+        await self._check_prompt_fits(body, request)
         response = await super().chat(body, _without_credentials(request))
         return await self._finish(request, model, response, cited, usage_wanted)
 
@@ -187,7 +243,7 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
         model = await self._require_model(request, body.model)
         body.model = model
         usage_wanted = force_stream_usage(body)
-        await self._check_completion_fits(body)
+        await self._check_completion_fits(body, request)
         response = await super().completions(body, _without_credentials(request))
         return await self._finish(request, model, response, None, usage_wanted)
 
@@ -202,11 +258,14 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
             texts = [texts]
         if not texts or not all(isinstance(t, str) for t in texts):
             raise HTTPException(400, "input must be a non-empty string or list of strings (token ids are not accepted)")
-        if len(texts) > 2048:
-            raise HTTPException(400, f"input has {len(texts)} items; the limit is 2048")
+        if len(texts) > self._settings["max_embedding_inputs"]:
+            raise HTTPException(400, f"input has {len(texts)} items; the limit is {self._settings['max_embedding_inputs']} "
+                                     "(gateway.max_embedding_inputs)")
         if getattr(body, "dimensions", None):
             raise HTTPException(400, f"dimensions is not supported: {self._embed_model_id} has one output size")
-        result = await self._embedder.embed.remote(texts)
+        # Runs to the end even if the client hangs up: the work is paid for, and the tenant's
+        # concurrency slot stays held until the embedder is done with it.
+        result = await run_to_completion(self._embed_and_charge(request, texts))
         vectors: np.ndarray = result["vectors"]
         as_base64 = getattr(body, "encoding_format", "float") == "base64"
         data = [
@@ -215,7 +274,6 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
             for i, v in enumerate(vectors)
         ]
         usage = {"prompt_tokens": result["tokens"], "total_tokens": result["tokens"]}
-        await record_usage(request, self._embed_model_id, usage)
         return JSONResponse({"object": "list", "data": data, "model": self._embed_model_id, "usage": usage},
                             background=_release_heap_after_sending())
 
@@ -225,28 +283,38 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
         validate_collection(collection)
         limit = self._settings["max_documents_per_request"]
         if len(body.documents) > limit:
-            raise HTTPException(400, f"{len(body.documents)} documents in one request; the limit is {limit}")
+            raise HTTPException(400, f"documents has {len(body.documents)} items; the limit is {limit} per request "
+                                     "(rag.max_documents_per_request)")
         ids = [validate_document_id(doc.id) for doc in body.documents]
         if len(set(ids)) != len(ids):
-            raise HTTPException(400, "document ids repeat within the request")
-        for doc in body.documents:
-            if len(doc.text) > self._settings["max_document_chars"]:
-                raise HTTPException(400, f"document {doc.id!r} has {len(doc.text)} characters; the limit is "
-                                         f"{self._settings['max_document_chars']}")
-        # Chunk and embed everything before the first write, so a failure stores nothing.
-        chunked = await asyncio.gather(*(self._embedder.chunk.remote(doc.text) for doc in body.documents))
-        all_chunks = [chunk for chunks in chunked for chunk in chunks]
-        embedded = await self._embedder.embed.remote(all_chunks) if all_chunks else {"vectors": [], "tokens": 0}
-        await record_usage(request, self._embed_model_id, {"prompt_tokens": embedded["tokens"]})
-        results, start = [], 0
-        for doc, chunks in zip(body.documents, chunked):
-            vectors = embedded["vectors"][start:start + len(chunks)]
-            start += len(chunks)
-            count = await self._retriever.upsert_document.remote(
-                tenant, collection, doc.id, chunks, vectors, doc.metadata, len(doc.text))
-            results.append({"id": doc.id, "chunks": count})
+            raise HTTPException(400, "documents[].id repeats within the request; each id may appear once")
+        max_chars = self._settings["max_document_chars"]
+        for i, doc in enumerate(body.documents):
+            if len(doc.text) > max_chars:
+                raise HTTPException(413, f"documents[{i}].text (id {doc.id!r}) has {len(doc.text)} characters; the "
+                                         f"limit is {max_chars} (rag.max_document_chars)")
+        # The whole ingest finishes even if the client hangs up (it is atomic and it is paid for).
+        results = await run_to_completion(self._ingest(request, tenant, collection, body.documents))
         return JSONResponse({"collection": collection, "documents": results,
                              "chunks": sum(r["chunks"] for r in results)}, background=_release_heap_after_sending())
+
+    async def _ingest(self, request: Request, tenant: str, collection: str, documents) -> list[dict]:
+        """Chunk and embed everything, then store all documents in one transaction: all or none."""
+        chunked = await asyncio.gather(*(self._embedder.chunk.remote(doc.text) for doc in documents))
+        all_chunks = [chunk for chunks in chunked for chunk in chunks]
+        embedded = await self._embed_and_charge(request, all_chunks) if all_chunks else {"vectors": [], "tokens": 0}
+        batch, start = [], 0
+        for doc, chunks in zip(documents, chunked):
+            batch.append((doc.id, chunks, embedded["vectors"][start:start + len(chunks)], doc.metadata, len(doc.text)))
+            start += len(chunks)
+        counts = await self._retriever.upsert_documents.remote(tenant, collection, batch)
+        return [{"id": doc.id, "chunks": count} for doc, count in zip(documents, counts)]
+
+    async def _embed_and_charge(self, request: Request, texts: list[str]) -> dict:
+        result = await self._embedder.embed.remote(texts)
+        await record_usage(request, self._embed_model_id, {"prompt_tokens": result["tokens"],
+                                                           "total_tokens": result["tokens"]})
+        return result
 
     async def list_collections(self, request: Request) -> Response:
         collections = await self._retriever.list_collections.remote(self._tenant(request))
@@ -287,12 +355,15 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
             stream=body.stream,
         )
         force_stream_usage(chat_body)
-        await self._check_prompt_fits(chat_body)
+        await self._check_prompt_fits(chat_body, request)
         response = await super().chat(chat_body, _without_credentials(request))
         cited = citations(hits)
         if isinstance(response, StreamingResponse):
             tracked = tracked_stream(response.body_iterator, request, model, None, True, False)
             return StreamingResponse(rag_stream(tracked, cited), media_type="text/event-stream")
+        if response.status_code >= 500:
+            return unavailable("chat", bytes(response.body).decode(errors="replace")[:300],
+                               self._settings["unavailable_retry_after_s"])
         payload = json.loads(response.body)
         await record_usage(request, model, payload.get("usage"))
         answer = payload["choices"][0]["message"].get("content") or ""
@@ -315,6 +386,24 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
             replica["planned_bytes"] = planned.get(replica["name"])
             replica["planned_at_rest_bytes"] = at_rest.get(replica["name"])
         return JSONResponse({"replicas": replicas, "retriever": await self._retriever.stats.remote()})
+
+
+async def run_to_completion(coro):
+    """Await `coro` in its own task. If this request is cancelled (the client hung up), wait for that
+    task to finish before letting the cancellation through: the work it started is done, stored and
+    charged, and the tenant's concurrency slot is held until then."""
+    # A fresh context: Ray Serve cancels the replica calls a cancelled request made (it finds them
+    # through the request's context), and this work must not be cancelled half-way.
+    task = asyncio.get_running_loop().create_task(coro, context=contextvars.Context())
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        while not task.done():
+            try:
+                await asyncio.wait([task])
+            except asyncio.CancelledError:
+                continue
+        raise
 
 
 def _release_heap_after_sending() -> BackgroundTask:
@@ -362,5 +451,7 @@ def make_app(guard_config: dict, max_body_bytes: int) -> FastAPI:
     app = FastAPI(title="poolserve", docs_url="/docs", redoc_url=None)
     install_error_handlers(app)
     app.add_middleware(TenantAuthMiddleware, guard_config=guard_config)
-    app.add_middleware(RequestBodyLimitMiddleware, max_body_size=max_body_bytes)
+    # Outermost: an over-long body is a JSON 413, and NaN, lone surrogates, invalid UTF-8 or absurd
+    # nesting a 400 naming the field, before anything parses or stores it.
+    app.add_middleware(RequestBodyGuard, max_body_bytes=max_body_bytes)
     return app

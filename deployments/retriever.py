@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ray import serve
@@ -15,12 +16,19 @@ class Retriever:
     def __init__(self, state_dir: str, dim: int, index_kind: str, hnsw_m: int, faiss_threads: int):
         import faiss
 
+        os.umask(0o077)  # the chunk store and its -wal/-shm are the owner's only
         faiss.omp_set_num_threads(faiss_threads)
         self.store = KnowledgeStore(Path(state_dir) / "knowledge.sqlite3", dim=dim, index_kind=index_kind, hnsw_m=hnsw_m)
 
     def upsert_document(self, tenant, collection, doc_id, chunks, vectors, metadata, chars) -> int:
         stored = self.store.upsert_document(tenant, collection, doc_id, chunks, vectors, metadata, chars)
         release_freed_heap(collect=False)  # the request's vectors and SQLite rows are garbage now
+        return stored
+
+    def upsert_documents(self, tenant, collection, documents: list[tuple]) -> list[int]:
+        """All of a request's documents in one transaction: an ingest is stored whole or not at all."""
+        stored = self.store.upsert_documents(tenant, collection, documents)
+        release_freed_heap(collect=False)
         return stored
 
     def delete_document(self, tenant: str, collection: str, doc_id: str) -> None:

@@ -2,7 +2,42 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# Documented bounds on DocumentIn.metadata: it is stored with every document and returned with
+# every citation, so it stays small. Keys are strings; values are any JSON.
+METADATA_MAX_KEYS = 64  # keys at the top level
+METADATA_MAX_BYTES = 8 * 1024  # serialized as compact UTF-8 JSON
+METADATA_MAX_DEPTH = 4  # nested objects/arrays, counting metadata itself: {"a": {"b": {"c": {}}}} is 4
+
+
+def _json_depth(value: Any) -> int:
+    """How many containers deep `value` nests (a scalar is 0). Iterative, so any depth is safe."""
+    deepest, stack = 0, [(value, 1)] if isinstance(value, (dict, list)) else []
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        for kid in node.values() if isinstance(node, dict) else node:
+            if isinstance(kid, (dict, list)):
+                stack.append((kid, depth + 1))
+    return deepest
+
+
+def check_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
+    if len(metadata) > METADATA_MAX_KEYS:
+        raise ValueError(f"metadata has {len(metadata)} keys; at most {METADATA_MAX_KEYS} are allowed (METADATA_MAX_KEYS)")
+    if (depth := _json_depth(metadata)) > METADATA_MAX_DEPTH:
+        raise ValueError(f"metadata nests {depth} levels deep; at most {METADATA_MAX_DEPTH} are allowed (METADATA_MAX_DEPTH)")
+    try:
+        size = len(json.dumps(metadata, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8"))
+    except (ValueError, TypeError) as exc:  # NaN/inf, a lone surrogate, or a non-JSON Python value
+        raise ValueError(f"metadata is not valid JSON: {exc}") from None
+    if size > METADATA_MAX_BYTES:
+        raise ValueError(f"metadata is {size} bytes as JSON; at most {METADATA_MAX_BYTES} are allowed (METADATA_MAX_BYTES)")
+    return metadata
 
 
 class _Body(BaseModel):
@@ -12,7 +47,16 @@ class _Body(BaseModel):
 class DocumentIn(_Body):
     id: str = Field(..., description="Document id, unique within the collection; posting it again replaces it.")
     text: str = Field(..., min_length=1, description="The document's text.")
-    metadata: dict = Field(default_factory=dict, description="Returned with citations.")
+    metadata: dict[str, Any] = Field(
+        default_factory=dict,
+        description=f"Returned with citations. At most {METADATA_MAX_KEYS} top-level keys, "
+                    f"{METADATA_MAX_BYTES} bytes as JSON and {METADATA_MAX_DEPTH} levels of nesting.",
+    )
+
+    @field_validator("metadata")
+    @classmethod
+    def bounded_metadata(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return check_metadata(value)
 
 
 class AddDocumentsRequest(_Body):

@@ -44,30 +44,73 @@ def force_stream_usage(body) -> tuple[bool, bool]:
     return wanted
 
 
+def stream_error_event(message: str, status: int = 503) -> str:
+    """An OpenAI-style error event. It ends a broken stream in place of `[DONE]`, so no client
+    mistakes a truncated answer for a finished one."""
+    kind = "service_unavailable" if status == 503 else "internal_error"
+    return f"data: {json.dumps({'error': {'message': message, 'type': kind, 'code': status}})}\n\n"
+
+
+class StreamCompleteness:
+    """Tracks whether an OpenAI stream really finished: every choice got a finish_reason, no error."""
+
+    def __init__(self) -> None:
+        self.open_choices: set[int] = set()
+        self.finished_choices: set[int] = set()
+        self.error: str | None = None
+
+    def observe(self, chunk: dict) -> None:
+        if "error" in chunk or chunk.get("object") == "error":
+            error = chunk.get("error") or chunk
+            self.error = str(error.get("message") if isinstance(error, dict) else error)
+        for choice in chunk.get("choices") or []:
+            index = choice.get("index", 0)
+            self.open_choices.add(index)
+            if choice.get("finish_reason"):
+                self.finished_choices.add(index)
+
+    def problem(self) -> str | None:
+        if self.error:
+            return f"the chat engine failed mid-answer: {self.error}"
+        if not self.open_choices or self.open_choices - self.finished_choices:
+            return "the chat engine stopped before the answer was finished (the replica died or is restarting)"
+        return None
+
+
 async def tracked_stream(body_iterator, request: Request, model: str, cited: list[dict] | None,
                          client_wants_usage: bool, client_continuous_usage: bool = False):
     """Pass OpenAI chunks through; record usage when the stream ends (or the client leaves);
-    chat-with-RAG's first chunk carries `citations`. Usage the client did not ask for is removed."""
-    first, usage = True, None
+    chat-with-RAG's first chunk carries `citations`. Usage the client did not ask for is removed.
+    A stream the engine did not finish ends with an error event and no `[DONE]`."""
+    first, usage, done = True, None, False
+    seen = StreamCompleteness()
     try:
-        async for events in sse_event_batches(body_iterator):
-            out = []
-            for data in events:
-                if data != "[DONE]":
+        try:
+            async for events in sse_event_batches(body_iterator):
+                out = []
+                for data in events:
+                    if data == "[DONE]":
+                        done, problem = True, seen.problem()
+                        out.append(stream_error_event(problem) if problem else "data: [DONE]\n\n")
+                        continue
                     chunk = json.loads(data)
+                    seen.observe(chunk)
                     usage = chunk.get("usage") or usage
                     if not chunk.get("choices"):
-                        if not client_wants_usage:
-                            continue  # the final usage-only chunk
+                        if not client_wants_usage or "error" in chunk:
+                            continue  # the final usage-only chunk; an error is reported once, at the end
                     elif not client_continuous_usage:
                         chunk.pop("usage", None)
                     if first and cited is not None:
                         chunk["citations"] = cited
                     first = False
-                    data = json.dumps(chunk)
-                out.append(f"data: {data}\n\n")
-            if out:
-                yield "".join(out)
+                    out.append(f"data: {json.dumps(chunk)}\n\n")
+                if out:
+                    yield "".join(out)
+            if not done:  # the source ended without [DONE]
+                yield stream_error_event(seen.problem() or "the chat stream ended without [DONE]")
+        except Exception as exc:  # the replica died under the stream
+            yield stream_error_event(f"the chat engine failed mid-answer: {type(exc).__name__}")
     finally:
         # A client that hangs up cancels this task; anyio's cancellation would abort the write.
         with anyio.CancelScope(shield=True):
@@ -75,8 +118,10 @@ async def tracked_stream(body_iterator, request: Request, model: str, cited: lis
 
 
 async def rag_stream(body_iterator, cited: list[dict]):
-    """/v1/rag/query stream: a citations event, answer deltas, a final usage event, [DONE]."""
+    """/v1/rag/query stream: a citations event, answer deltas, a final usage event, [DONE].
+    An error event from the chat stream is passed on and ends the stream without [DONE]."""
     yield f"data: {json.dumps({'object': 'rag.citations', 'citations': cited})}\n\n"
+    failed = False
     async for events in sse_event_batches(body_iterator):
         out = []
         for data in events:
@@ -84,6 +129,7 @@ async def rag_stream(body_iterator, cited: list[dict]):
                 continue  # drain the source so its usage is recorded before this response ends
             chunk = json.loads(data)
             if chunk.get("object") == "error" or "error" in chunk:
+                failed = True
                 out.append(f"data: {json.dumps(chunk)}\n\n")
                 continue
             for choice in chunk.get("choices", []):
@@ -94,4 +140,5 @@ async def rag_stream(body_iterator, cited: list[dict]):
                 out.append(f"data: {json.dumps({'object': 'rag.usage', 'usage': chunk['usage']})}\n\n")
         if out:
             yield "".join(out)
-    yield "data: [DONE]\n\n"
+    if not failed:
+        yield "data: [DONE]\n\n"

@@ -7,6 +7,7 @@ The pure logic (hashing, SQLite, limiter maths) lives in `tenancy/`.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -14,9 +15,6 @@ import os
 from pathlib import Path
 
 from fastapi import HTTPException, Request
-from limits import RateLimitItemPerMinute
-from limits.storage import MemoryStorage
-from limits.strategies import MovingWindowRateLimiter
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
@@ -40,13 +38,16 @@ from tenancy import (
 
 logger = logging.getLogger("poolserve.tenants")
 ADMIN_KEY_ENV = "POOLSERVE_ADMIN_KEY"
+# The tenants file seeds once; with this set to 1 it is applied again (revoked keys stay revoked).
+RESEED_ENV = "POOLSERVE_RESEED_TENANTS"
 # Operator routes outside /admin that also need the admin key: they name tenants and processes.
 OPERATOR_PATHS = ("/metrics", "/status")
-# Wrong keys per key id per minute before the gateway stops even checking them.
-FAILED_AUTH_PER_MINUTE = 20
+# The only routes served without a key; every other path needs the tenant key (fail closed).
+PUBLIC_PATHS = ("/healthz", "/docs", "/docs/oauth2-redirect", "/openapi.json")
 # Per-request scope keys. Not scope["state"]: servers may share that dict across requests.
 TENANT_KEY = "poolserve.tenant"
 GUARD_KEY = "poolserve.guard"
+TOKENS_KEY = "poolserve.tokens"  # the request's TPM reservation, settled once its usage is known
 
 
 def tenant_of(request: Request):
@@ -62,20 +63,21 @@ class TenantGuard:
     """Everything tenant-related one gateway replica holds: store, limiter, metrics."""
 
     def __init__(self, state_dir: str, tenants_file: str | None):
+        os.umask(0o077)  # tenants, usage and audit databases and key files are the owner's only
         self.state_dir = Path(state_dir)
         self.store = TenantStore(self.state_dir / "tenants.sqlite3")
-        self.limiter = TenantLimiter()
+        # One SQLite file shared by every gateway replica: a tenant's limits hold across replicas.
+        self.limiter = TenantLimiter(self.state_dir / "limits.sqlite3")
         self.registry = CollectorRegistry()
         self.metrics = TenantMetrics(self.registry)
         self.admin_key = os.environ.get(ADMIN_KEY_ENV) or None
-        self._failed_auth = MovingWindowRateLimiter(MemoryStorage())
-        self._failed_auth_limit = RateLimitItemPerMinute(FAILED_AUTH_PER_MINUTE)
         demo_key, created_at = resolve_demo_key(self.state_dir)
         if created_at:
             logger.warning("demo tenant key written to %s (mode 0600)", created_at)
         if tenants_file:
             applied = apply_tenants_file(self.store, load_tenants_file(tenants_file),
-                                         {**os.environ, DEMO_KEY_ENV: demo_key})
+                                         {**os.environ, DEMO_KEY_ENV: demo_key},
+                                         reseed=os.environ.get(RESEED_ENV) == "1")
             for name, key in applied.new_keys.items():
                 logger.warning("key for tenant %s written to %s (mode 0600)", name, self._write_key_file(name, key))
             logger.info("tenants file %s: synced %s", tenants_file, ", ".join(applied.synced) or "nothing")
@@ -96,19 +98,33 @@ class TenantGuard:
                     and hmac.compare_digest(presented.encode(), self.admin_key.encode()))
 
     def authenticate(self, presented: str | None):
-        """The key's tenant, or None. Once a key id keeps failing, only keys this replica has
-        already verified pass, so a flood of wrong secrets costs no hashing."""
+        """The key's tenant, or None. Keys are checked by SHA-256 (microseconds), so a flood of
+        wrong secrets against a key id costs little and never locks the real key out."""
         try:
-            key_id = parse_api_key(presented).key_id if presented else None
+            parse_api_key(presented or "")
         except ValueError:
             return None
-        if key_id is None:
-            return None
-        allow_hashing = self._failed_auth.test(self._failed_auth_limit, key_id)
-        tenant = self.store.authenticate(presented, allow_hashing=allow_hashing)
-        if tenant is None:
-            self._failed_auth.hit(self._failed_auth_limit, key_id)
-        return tenant
+        return self.store.authenticate(presented)
+
+    def admit(self, tenant):
+        """A concurrency lease and an RPM slot (with a 1-token TPM reservation), or the refusal."""
+        lease = self.limiter.try_acquire(tenant)
+        if not lease.allowed:
+            return lease, None
+        admission = self.limiter.admit(tenant, estimated_tokens=1)
+        if not admission.allowed:
+            self.limiter.release(tenant, lease.lease_id)
+            return admission.decision, None
+        return lease, admission.reservation
+
+
+def app_path(scope) -> str:
+    """The path inside the app: Ray Serve (and uvicorn's root_path) keep the route prefix in
+    scope["path"] and name it in scope["root_path"]; auth must not depend on where the app is mounted."""
+    path, root = scope.get("path", ""), scope.get("root_path", "").rstrip("/")
+    if root and (path == root or path.startswith(root + "/")):
+        path = path[len(root):]
+    return "/" + path.lstrip("/")
 
 
 def _bearer(scope) -> str | None:
@@ -125,6 +141,7 @@ class TenantAuthMiddleware:
     def __init__(self, app, guard_config: dict):
         self.app = app
         self.guard = TenantGuard(**guard_config)
+        self._closing: set[asyncio.Future] = set()  # strong references to in-progress lease releases
 
     async def _reject(self, scope, receive, send, status: int, message: str, headers: dict | None = None,
                       kind: str = "invalid_request_error") -> None:
@@ -138,7 +155,7 @@ class TenantAuthMiddleware:
             return await self.app(scope, receive, send)
         guard = self.guard
         scope[GUARD_KEY] = guard
-        path = scope["path"]
+        path = app_path(scope)
         if path.startswith("/admin") or path in OPERATOR_PATHS:
             if not guard.admin_key:
                 return await self._reject(scope, receive, send, 404,
@@ -147,35 +164,62 @@ class TenantAuthMiddleware:
                 return await self._reject(scope, receive, send, 401, "missing or invalid admin key",
                                           {"WWW-Authenticate": "Bearer"}, kind="authentication_error")
             return await self.app(scope, receive, send)
-        if not path.startswith("/v1"):
+        if path in PUBLIC_PATHS:
             return await self.app(scope, receive, send)
         tenant = await run_in_threadpool(guard.authenticate, _bearer(scope))
         if tenant is None:
             return await self._reject(scope, receive, send, 401,
                                       "missing or invalid API key: send 'Authorization: Bearer <key>'",
                                       {"WWW-Authenticate": "Bearer"}, kind="authentication_error")
-        decision = guard.limiter.try_acquire(tenant)
-        if decision.allowed:
-            # An estimate of 1 token refuses a tenant whose minute is spent, before its RPM hit.
-            decision = guard.limiter.check_request(tenant, estimated_tokens=1)
-            if not decision.allowed:
-                guard.limiter.release(tenant)
+        decision, reservation = await run_in_threadpool(guard.admit, tenant)
         if not decision.allowed:
-            guard.metrics.observe_rejection(tenant.name, decision.reason)
-            what = {"rpm": f"{tenant.rpm} requests per minute", "tpm": f"{tenant.tpm} tokens per minute",
-                    "concurrency": f"{tenant.max_concurrency} concurrent requests"}[decision.reason]
-            return await self._reject(scope, receive, send, 429,
-                                      f"tenant {tenant.name!r} is over its limit of {what}; retry after "
-                                      f"{decision.retry_after_seconds}s",
-                                      {"Retry-After": str(decision.retry_after_seconds)}, kind="rate_limit_error")
+            return await self._reject_over_limit(scope, receive, send, tenant, decision)
         scope[TENANT_KEY] = tenant
+        tokens = scope[TOKENS_KEY] = {"reservation": reservation, "settled": False}
         in_flight = guard.metrics.in_flight.labels(tenant=tenant.name)
         in_flight.inc()
         try:
             await self.app(scope, receive, send)
         finally:
             in_flight.dec()
-            guard.limiter.release(tenant)
+            # Its own task: a client that hangs up cancels this one, and the lease must still go back.
+            closing = asyncio.ensure_future(run_in_threadpool(self._close_request, tenant, tokens, decision.lease_id))
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
+            await asyncio.shield(closing)
+
+    def _close_request(self, tenant, tokens: dict, lease_id: str | None) -> None:
+        if not tokens["settled"]:  # no usage reported: give the reservation back
+            self.guard.limiter.settle(tenant, tokens["reservation"], 0)
+        self.guard.limiter.release(tenant, lease_id)
+
+    async def _reject_over_limit(self, scope, receive, send, tenant, decision) -> None:
+        self.guard.metrics.observe_rejection(tenant.name, decision.reason)
+        await self._reject(scope, receive, send, 429, over_limit_message(tenant, decision),
+                           {"Retry-After": str(decision.retry_after_seconds)}, kind="rate_limit_error")
+
+
+def over_limit_message(tenant, decision) -> str:
+    what = {"rpm": f"{tenant.rpm} requests per minute", "tpm": f"{tenant.tpm} tokens per minute",
+            "concurrency": f"{tenant.max_concurrency} concurrent requests"}[decision.reason]
+    return (f"tenant {tenant.name!r} is over its limit of {what}; retry after "
+            f"{decision.retry_after_seconds}s")
+
+
+async def reserve_tokens(request: Request, estimated_tokens: int) -> None:
+    """Charge a generating request's estimate (prompt + max_tokens x n) before it runs: 429 when the
+    tenant's minute cannot hold it. Settled to the engine's count by record_usage."""
+    tenant, tokens = tenant_of(request), request.scope.get(TOKENS_KEY)
+    if tenant is None or tokens is None:
+        return
+    guard = guard_of(request)
+    admission = await run_in_threadpool(guard.limiter.reserve_more, tenant, tokens["reservation"], estimated_tokens)
+    if not admission.allowed:
+        guard.metrics.observe_rejection(tenant.name, "tpm")
+        raise HTTPException(429, over_limit_message(tenant, admission.decision) +
+                            f" (this request is estimated at {estimated_tokens} tokens: prompt + max_tokens x n)",
+                            headers={"Retry-After": str(admission.decision.retry_after_seconds)})
+    tokens["reservation"] = admission.reservation
 
 
 async def record_usage(request: Request, model: str, usage: dict | None, status: int = 200) -> None:
@@ -187,7 +231,12 @@ async def record_usage(request: Request, model: str, usage: dict | None, status:
     prompt = int((usage or {}).get("prompt_tokens") or 0)
     completion = int((usage or {}).get("completion_tokens") or 0)
     await run_in_threadpool(guard.store.record_usage, tenant.name, model, prompt, completion)
-    guard.limiter.charge_tokens(tenant, prompt + completion)
+    tokens = request.scope.get(TOKENS_KEY)
+    if tokens is not None and not tokens["settled"]:
+        tokens["settled"] = True  # the first usage settles the reservation; later work is charged on top
+        await run_in_threadpool(guard.limiter.settle, tenant, tokens["reservation"], prompt + completion)
+    else:
+        await run_in_threadpool(guard.limiter.charge_tokens, tenant, prompt + completion)
     guard.metrics.observe_request(tenant.name, model, str(status))
     guard.metrics.observe_tokens(tenant.name, model, prompt, completion)
 
@@ -226,6 +275,7 @@ class TenantAdminRoutes:
         except TenantNotFound:
             raise HTTPException(404, f"tenant {name!r} not found")
         guard.metrics.forget_tenant(name)
+        await run_in_threadpool(guard.limiter.forget, name)
         # A later tenant of the same name must not inherit this one's knowledge bases.
         await self._retriever.delete_tenant.remote(name)
         return JSONResponse({"deleted": name})

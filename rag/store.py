@@ -96,29 +96,42 @@ class KnowledgeStore:
         chars: int = 0,
     ) -> int:
         """Store (or replace) a document's chunks; returns the chunk count."""
-        array = self._vectors(vectors) if chunks else np.zeros((0, self.dim), dtype=np.float32)
-        if len(array) != len(chunks):
-            raise ValueError(f"{len(chunks)} chunks but {len(array)} vectors")
+        return self.upsert_documents(tenant, collection, [(doc_id, chunks, vectors, metadata, chars)])[0]
+
+    def upsert_documents(self, tenant: str, collection: str, documents: list[tuple]) -> list[int]:
+        """Store (or replace) several documents in ONE transaction: all of them or none.
+
+        Each document is (doc_id, chunks, vectors, metadata, chars); returns each one's chunk count."""
+        arrays = []
+        for doc_id, chunks, vectors, _, _ in documents:
+            array = self._vectors(vectors) if chunks else np.zeros((0, self.dim), dtype=np.float32)
+            if len(array) != len(chunks):
+                raise ValueError(f"document {doc_id!r}: {len(chunks)} chunks but {len(array)} vectors")
+            arrays.append(array)
         now = time.time()
         with self._lock:
             cur = self._db.cursor()
             cur.execute("BEGIN IMMEDIATE")
+            changes = []
             try:
                 cur.execute("INSERT OR IGNORE INTO collections VALUES (?, ?, ?)", (tenant, collection, now))
-                old_ids = [r[0] for r in cur.execute(
-                    "SELECT id FROM chunks WHERE tenant=? AND collection=? AND doc_id=?", (tenant, collection, doc_id))]
-                cur.execute("DELETE FROM chunks WHERE tenant=? AND collection=? AND doc_id=?", (tenant, collection, doc_id))
-                new_ids = []
-                for i, (text, vector) in enumerate(zip(chunks, array)):
+                for (doc_id, chunks, _, metadata, chars), array in zip(documents, arrays):
+                    old_ids = [r[0] for r in cur.execute(
+                        "SELECT id FROM chunks WHERE tenant=? AND collection=? AND doc_id=?", (tenant, collection, doc_id))]
+                    cur.execute("DELETE FROM chunks WHERE tenant=? AND collection=? AND doc_id=?",
+                                (tenant, collection, doc_id))
+                    new_ids = []
+                    for i, (text, vector) in enumerate(zip(chunks, array)):
+                        cur.execute(
+                            "INSERT INTO chunks (tenant, collection, doc_id, chunk_index, text, vector) VALUES (?,?,?,?,?,?)",
+                            (tenant, collection, doc_id, i, text, vector.tobytes()),
+                        )
+                        new_ids.append(cur.lastrowid)
                     cur.execute(
-                        "INSERT INTO chunks (tenant, collection, doc_id, chunk_index, text, vector) VALUES (?,?,?,?,?,?)",
-                        (tenant, collection, doc_id, i, text, vector.tobytes()),
+                        "INSERT OR REPLACE INTO documents VALUES (?,?,?,?,?,?,?)",
+                        (tenant, collection, doc_id, json.dumps(metadata or {}, allow_nan=False), chars, len(chunks), now),
                     )
-                    new_ids.append(cur.lastrowid)
-                cur.execute(
-                    "INSERT OR REPLACE INTO documents VALUES (?,?,?,?,?,?,?)",
-                    (tenant, collection, doc_id, json.dumps(metadata or {}), chars, len(chunks), now),
-                )
+                    changes.append((old_ids, np.array(new_ids, dtype=np.int64), array))
                 cur.execute("COMMIT")
             except BaseException:
                 cur.execute("ROLLBACK")
@@ -126,8 +139,9 @@ class KnowledgeStore:
             key = (tenant, collection)
             if key not in self._indexes:
                 self._indexes[key] = self._new_index()
-            self._apply(key, old_ids, np.array(new_ids, dtype=np.int64), array)
-        return len(chunks)
+            for old_ids, new_ids, array in changes:
+                self._apply(key, old_ids, new_ids, array)
+        return [len(doc[1]) for doc in documents]
 
     def _apply(self, key: tuple[str, str], removed: list[int], added_ids: np.ndarray, added: np.ndarray) -> None:
         index = self._indexes[key]
