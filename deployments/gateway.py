@@ -85,6 +85,18 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
             self._healthy_until = time.monotonic() + HEALTHY_TTL_S
         return JSONResponse({"status": "ok", "replicas": {n: "ok" for n in ("chat", "embedder", "retriever", "gateway")}})
 
+    async def _engine(self, call):
+        """A call to the chat replica; when it fails, /healthz re-checks (the error is mapped to 503)."""
+        try:
+            return await call
+        except Exception:
+            self._recheck_health()
+            raise
+
+    def _recheck_health(self) -> None:
+        """A replica just failed a request: /healthz asks every replica again instead of its cache."""
+        self._healthy_until = 0.0
+
     @staticmethod
     async def _ready_check(call) -> str | None:
         """None when the replica answered, else why not (a replica still starting raises)."""
@@ -132,10 +144,12 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
                       usage_wanted: tuple[bool, bool]) -> Response:
         """Record usage (streams: when they end) and attach citations for chat-with-RAG."""
         if isinstance(response, StreamingResponse):
-            stream = tracked_stream(response.body_iterator, request, model, cited, *usage_wanted)
+            stream = tracked_stream(response.body_iterator, request, model, cited, *usage_wanted,
+                                    on_broken=self._recheck_health)
             return StreamingResponse(stream, media_type="text/event-stream")
         if response.status_code >= 500:  # the engine failed or is restarting: the client may retry
             logger.warning("chat replica answered %s: %s", response.status_code, bytes(response.body)[:300])
+            self._healthy_until = 0.0  # /healthz checks again instead of trusting its last answer
             return unavailable("chat", bytes(response.body).decode(errors="replace")[:300],
                                self._settings["unavailable_retry_after_s"])
         payload = json.loads(response.body)
@@ -236,7 +250,7 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
             body.messages = augment_chat(messages, hits)
             cited = citations(hits)
         await self._check_prompt_fits(body, request)
-        response = await super().chat(body, _without_credentials(request))
+        response = await self._engine(super().chat(body, _without_credentials(request)))
         return await self._finish(request, model, response, cited, usage_wanted)
 
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
@@ -244,7 +258,7 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
         body.model = model
         usage_wanted = force_stream_usage(body)
         await self._check_completion_fits(body, request)
-        response = await super().completions(body, _without_credentials(request))
+        response = await self._engine(super().completions(body, _without_credentials(request)))
         return await self._finish(request, model, response, None, usage_wanted)
 
     # ---- embeddings ----------------------------------------------------------------------
@@ -356,12 +370,14 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
         )
         force_stream_usage(chat_body)
         await self._check_prompt_fits(chat_body, request)
-        response = await super().chat(chat_body, _without_credentials(request))
+        response = await self._engine(super().chat(chat_body, _without_credentials(request)))
         cited = citations(hits)
         if isinstance(response, StreamingResponse):
-            tracked = tracked_stream(response.body_iterator, request, model, None, True, False)
+            tracked = tracked_stream(response.body_iterator, request, model, None, True, False,
+                                     on_broken=self._recheck_health)
             return StreamingResponse(rag_stream(tracked, cited), media_type="text/event-stream")
         if response.status_code >= 500:
+            self._healthy_until = 0.0
             return unavailable("chat", bytes(response.body).decode(errors="replace")[:300],
                                self._settings["unavailable_retry_after_s"])
         payload = json.loads(response.body)

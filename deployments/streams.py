@@ -66,7 +66,10 @@ class StreamCompleteness:
         for choice in chunk.get("choices") or []:
             index = choice.get("index", 0)
             self.open_choices.add(index)
-            if choice.get("finish_reason"):
+            reason = choice.get("finish_reason")
+            if reason in ("abort", "error"):  # vLLM aborted it (e.g. a draining replica): not an answer
+                self.error = self.error or f"choice {index} ended with finish_reason {reason!r}"
+            elif reason:
                 self.finished_choices.add(index)
 
     def problem(self) -> str | None:
@@ -78,7 +81,7 @@ class StreamCompleteness:
 
 
 async def tracked_stream(body_iterator, request: Request, model: str, cited: list[dict] | None,
-                         client_wants_usage: bool, client_continuous_usage: bool = False):
+                         client_wants_usage: bool, client_continuous_usage: bool = False, on_broken=None):
     """Pass OpenAI chunks through; record usage when the stream ends (or the client leaves);
     chat-with-RAG's first chunk carries `citations`. Usage the client did not ask for is removed.
     A stream the engine did not finish ends with an error event and no `[DONE]`."""
@@ -91,13 +94,15 @@ async def tracked_stream(body_iterator, request: Request, model: str, cited: lis
                 for data in events:
                     if data == "[DONE]":
                         done, problem = True, seen.problem()
+                        if problem and on_broken:
+                            on_broken()
                         out.append(stream_error_event(problem) if problem else "data: [DONE]\n\n")
                         continue
                     chunk = json.loads(data)
                     seen.observe(chunk)
                     usage = chunk.get("usage") or usage
                     if not chunk.get("choices"):
-                        if not client_wants_usage or "error" in chunk:
+                        if not client_wants_usage or "error" in chunk or chunk.get("object") == "error":
                             continue  # the final usage-only chunk; an error is reported once, at the end
                     elif not client_continuous_usage:
                         chunk.pop("usage", None)
@@ -108,9 +113,14 @@ async def tracked_stream(body_iterator, request: Request, model: str, cited: lis
                 if out:
                     yield "".join(out)
             if not done:  # the source ended without [DONE]
+                if on_broken:
+                    on_broken()
                 yield stream_error_event(seen.problem() or "the chat stream ended without [DONE]")
         except Exception as exc:  # the replica died under the stream
-            yield stream_error_event(f"the chat engine failed mid-answer: {type(exc).__name__}")
+            if on_broken:
+                on_broken()
+            if not done:
+                yield stream_error_event(f"the chat engine failed mid-answer: {type(exc).__name__}")
     finally:
         # A client that hangs up cancels this task; anyio's cancellation would abort the write.
         with anyio.CancelScope(shield=True):

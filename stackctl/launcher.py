@@ -34,7 +34,7 @@ from planner.profile import Profile
 from stackctl.processes import STACK_ENV, end_stack, stack_pids
 
 # Ray ports a head opens; each gets a free port so two stacks on one machine never collide.
-RAY_PORT_FLAGS = ("--port", "--ray-client-server-port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
+RAY_PORT_FLAGS = ("--port", "--ray-client-server-port", "--dashboard-port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
                   "--metrics-export-port", "--runtime-env-agent-port", "--node-manager-port", "--object-manager-port")
 SERVE_SHUTDOWN_GRACE_S = 60.0
 
@@ -69,7 +69,9 @@ def secure_state_dir(state_dir: Path) -> None:
     state_dir.chmod(0o700)
     for root, dirs, files in os.walk(state_dir):
         for name in dirs:
-            os.chmod(os.path.join(root, name), 0o700)
+            path = os.path.join(root, name)
+            if not os.path.islink(path):  # never tighten a shared directory a link points to
+                os.chmod(path, 0o700)
         for name in files:
             path = os.path.join(root, name)
             if not os.path.islink(path):

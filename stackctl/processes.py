@@ -8,6 +8,7 @@ exactly its own processes, even those that left its process group.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import time
@@ -89,4 +90,9 @@ def listening_sockets(pids: list[int]) -> list[tuple[int, str, int]]:
 
 
 def is_loopback(address: str) -> bool:
-    return address.startswith("127.") or address in ("::1", "localhost") or address.startswith("::ffff:127.")
+    try:
+        ip = ipaddress.ip_address(address.split("%")[0])
+    except ValueError:
+        return address == "localhost"
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or bool(mapped and mapped.is_loopback)

@@ -29,8 +29,9 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def write_stack_config(workdir: Path, port: int, chat_overrides: dict | None = None) -> Path:
-    """A profile like the embedded default, with its own state dir, and a serve.yaml naming it."""
+def write_stack_config(workdir: Path, port: int, chat_overrides: dict | None = None,
+                       gateway_overrides: dict | None = None, route_prefix: str = "/") -> Path:
+    """A profile like the embedded default, with its own state dir and port, and a serve.yaml naming it."""
     profile = yaml.safe_load((ROOT / "configs" / "cpu-tiny.yaml").read_text())
     profile["state_dir"] = str(workdir / "state")
     profile["tenants_file"] = str(ROOT / "configs" / "tenants.example.yaml")
@@ -38,21 +39,36 @@ def write_stack_config(workdir: Path, port: int, chat_overrides: dict | None = N
     profile["embedder"]["model"] = str(ROOT / profile["embedder"]["model"])
     for key, value in (chat_overrides or {}).items():
         profile["chat"][key] = value
+    profile["gateway"] = {**profile.get("gateway", {}), "port": port, **(gateway_overrides or {})}
     profile_path = workdir / "profile.yaml"
     profile_path.write_text(yaml.safe_dump(profile))
     serve_config = yaml.safe_load((ROOT / "serve.yaml").read_text())
     serve_config["http_options"]["port"] = port
     serve_config["applications"][0]["args"]["profile"] = str(profile_path)
+    serve_config["applications"][0]["route_prefix"] = route_prefix
     config_path = workdir / "serve.yaml"
     config_path.write_text(yaml.safe_dump(serve_config))
     return config_path
 
 
 class Stack:
-    def __init__(self, config_path: Path, port: int, log_path: Path):
+    def __init__(self, config_path: Path, port: int, log_path: Path, route_prefix: str = ""):
         self.config_path, self.port, self.log_path = config_path, port, log_path
-        self.url = f"http://127.0.0.1:{port}"
+        self.origin = f"http://127.0.0.1:{port}"
+        self.url = self.origin + route_prefix.rstrip("/")
         self.process: subprocess.Popen | None = None
+        self.state_dir = config_path.parent / "state"
+
+    @property
+    def stack_id(self) -> str:
+        from stackctl.launcher import StackLayout
+
+        return StackLayout(self.state_dir).stack_id
+
+    def pids(self) -> list[int]:
+        from stackctl.processes import stack_pids
+
+        return stack_pids(self.stack_id)
 
     def start(self, demo_key: bool = True) -> float:
         env = {**os.environ, "POOLSERVE_ADMIN_KEY": ADMIN_KEY, "RAY_USAGE_STATS_ENABLED": "0"}
@@ -81,12 +97,12 @@ class Stack:
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
             try:
-                os.killpg(self.process.pid, signal.SIGINT)
-                self.process.wait(timeout=120)
+                os.killpg(self.process.pid, signal.SIGTERM)  # the launcher stops `serve run`, then its processes
+                self.process.wait(timeout=150)
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 pass
-        # Ray workers and vLLM's EngineCore/Worker live in other process groups: end them all.
-        subprocess.run(["bash", str(ROOT / "scripts" / "stop.sh")], timeout=120, check=False)
+        # Whatever is left of this stack (and only this stack: found by its marker) is ended here.
+        subprocess.run(["bash", str(ROOT / "scripts" / "stop.sh"), str(self.config_path)], timeout=120, check=False)
         self.process = None
 
     def restart(self, demo_key: bool = True) -> float:
@@ -94,8 +110,23 @@ class Stack:
         return self.start(demo_key=demo_key)
 
 
+# Development only: the workdir of a stack already started by `python -m tests.integration.conftest DIR`;
+# the session then reuses it instead of starting (and stopping) its own.
+REUSE_ENV = "POOLSERVE_TEST_REUSE_STACK"
+
+
+def _reused_stack(workdir: Path) -> Stack:
+    port = yaml.safe_load((workdir / "profile.yaml").read_text())["gateway"]["port"]
+    return Stack(workdir / "serve.yaml", port, workdir / "serve.log")
+
+
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory):
+    if os.environ.get(REUSE_ENV):
+        reused = _reused_stack(Path(os.environ[REUSE_ENV]))
+        reused.start_seconds = 0.0
+        yield reused
+        return
     workdir = tmp_path_factory.mktemp("stack")
     port = _free_port()
     config = write_stack_config(workdir, port)
@@ -128,3 +159,14 @@ def openai_client(stack):
     from openai import OpenAI
 
     return OpenAI(base_url=f"{stack.url}/v1", api_key=DEMO_KEY, timeout=120, max_retries=0)
+
+
+if __name__ == "__main__":  # start a stack for REUSE_ENV and leave it running
+    import sys
+
+    target = Path(sys.argv[1])
+    target.mkdir(parents=True, exist_ok=True)
+    dev = Stack(write_stack_config(target, _free_port()), 0, target / "serve.log")
+    dev.port = yaml.safe_load((target / "profile.yaml").read_text())["gateway"]["port"]
+    dev.url = dev.origin = f"http://127.0.0.1:{dev.port}"
+    print(f"healthy in {dev.start():.0f}s at {dev.url}; {REUSE_ENV}={target}")

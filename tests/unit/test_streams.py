@@ -1,4 +1,5 @@
-"""SSE plumbing: event splitting, usage accounting hooks, citations, the RAG event stream."""
+"""SSE plumbing: event splitting, usage accounting hooks, citations, the RAG event stream, and
+streams that end early: only a stream whose every choice finished ends with [DONE]."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 from types import SimpleNamespace
 
 from deployments.streams import rag_stream, sse_event_batches, tracked_stream
+from deployments.tenants import GUARD_KEY, TENANT_KEY
 
 
 def _chunks(*events: dict | str) -> list[str]:
@@ -18,8 +20,17 @@ async def _aiter(items):
         yield item
 
 
+async def _aiter_then_raise(items, exc: Exception):
+    for item in items:
+        yield item
+    raise exc
+
+
 def _collect(agen) -> list:
     async def run():
+        return await asyncio.wait_for(_drain(agen), timeout=10)
+
+    async def _drain(agen):
         return [item async for item in agen]
     return asyncio.run(run())
 
@@ -29,10 +40,34 @@ def _events(out: list[str]) -> list[str]:
     return [event + "\n\n" for event in "".join(out).split("\n\n") if event]
 
 
+def _payloads(out: list[str]) -> list:
+    """Each event's payload: the parsed JSON, or the literal "[DONE]"."""
+    events = [e.strip()[len("data: "):] for e in _events(out)]
+    return [e if e == "[DONE]" else json.loads(e) for e in events]
+
+
+def _choice(index: int, content: str | None = None, finish: str | None = None) -> dict:
+    delta = {"content": content} if content is not None else {}
+    return {"index": index, "delta": delta, "finish_reason": finish}
+
+
 DELTA = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "Hi"}}]}
+FINAL = {"object": "chat.completion.chunk", "choices": [_choice(0, finish="stop")]}
 USAGE = {"object": "chat.completion.chunk", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 1}}
 REQUEST = SimpleNamespace(scope={})  # no tenant: usage recording is a no-op
 
+
+def _is_error(payload, code: int = 503) -> bool:
+    return bool(isinstance(payload, dict) and set(payload) == {"error"} and payload["error"]["code"] == code
+                and payload["error"]["type"] == "service_unavailable" and payload["error"]["message"])
+
+
+def _tracked(pieces, wants_usage: bool = False, request=REQUEST) -> list:
+    source = pieces if hasattr(pieces, "__aiter__") else _aiter(pieces)
+    return _payloads(_collect(tracked_stream(source, request, "m", None, wants_usage)))
+
+
+# ---- well-formed streams ------------------------------------------------------------------
 
 def test_sse_events_reassembles_events_split_across_pieces():
     raw = "".join(_chunks(DELTA, "[DONE]"))
@@ -41,31 +76,113 @@ def test_sse_events_reassembles_events_split_across_pieces():
 
 
 def test_a_batch_of_chunks_leaves_the_gateway_as_one_piece():
-    batched = ["".join(_chunks(DELTA, DELTA)), "".join(_chunks(DELTA, USAGE, "[DONE]"))]
+    batched = ["".join(_chunks(DELTA, DELTA)), "".join(_chunks(DELTA, FINAL, USAGE, "[DONE]"))]
     out = _collect(tracked_stream(_aiter(batched), REQUEST, "m", None, True))
     assert len(out) == 2
-    assert [e.strip() for e in _events(out)][-1] == "data: [DONE]" and len(_events(out)) == 5
+    assert [e.strip() for e in _events(out)][-1] == "data: [DONE]" and len(_events(out)) == 6
 
 
 def test_tracked_stream_drops_forced_usage_chunk_when_client_did_not_ask():
-    out = _events(_collect(tracked_stream(_aiter(_chunks(DELTA, USAGE, "[DONE]")), REQUEST, "m", None, False)))
-    assert [json.loads(e[6:]) if e.startswith("data: {") else e.strip() for e in out] == [DELTA, "data: [DONE]"]
+    assert _tracked(_chunks(DELTA, FINAL, USAGE, "[DONE]")) == [DELTA, FINAL, "[DONE]"]
 
 
 def test_tracked_stream_keeps_usage_when_asked_and_puts_citations_first():
     cited = [{"document_id": "d", "chunk_id": "d#0", "score": 0.9, "text": "t"}]
-    out = _events(_collect(tracked_stream(_aiter(_chunks(DELTA, USAGE, "[DONE]")), REQUEST, "m", cited, True)))
-    first = json.loads(out[0][6:])
-    assert first["citations"] == cited and first["choices"] == DELTA["choices"]
-    assert json.loads(out[1][6:])["usage"] == USAGE["usage"]
-    assert "citations" not in json.loads(out[1][6:])
+    out = _payloads(_collect(tracked_stream(_aiter(_chunks(DELTA, FINAL, USAGE, "[DONE]")), REQUEST, "m", cited, True)))
+    assert out[0]["citations"] == cited and out[0]["choices"] == DELTA["choices"]
+    assert out[1] == FINAL and out[2]["usage"] == USAGE["usage"]
+    assert all("citations" not in chunk for chunk in out[1:3]) and out[3] == "[DONE]"
+
+
+def test_n2_stream_with_every_choice_finished_ends_with_done():
+    both = {"choices": [_choice(0, "a"), _choice(1, "b")]}
+    out = _tracked(_chunks(both, {"choices": [_choice(1, finish="length")]},
+                           {"choices": [_choice(0, finish="stop")]}, "[DONE]"))
+    assert out[-1] == "[DONE]" and not any(_is_error(p) for p in out)
 
 
 def test_rag_stream_sequence():
     cited = [{"document_id": "d"}]
-    out = _events(_collect(rag_stream(_aiter(_chunks(DELTA, USAGE, "[DONE]")), cited)))
-    events = [e[6:].strip() for e in out]
-    assert json.loads(events[0]) == {"object": "rag.citations", "citations": cited}
-    assert json.loads(events[1]) == {"object": "rag.delta", "delta": "Hi"}
-    assert json.loads(events[2]) == {"object": "rag.usage", "usage": USAGE["usage"]}
-    assert events[3] == "[DONE]"
+    out = _payloads(_collect(rag_stream(_aiter(_chunks(DELTA, FINAL, USAGE, "[DONE]")), cited)))
+    assert out == [{"object": "rag.citations", "citations": cited}, {"object": "rag.delta", "delta": "Hi"},
+                   {"object": "rag.usage", "usage": USAGE["usage"]}, "[DONE]"]
+
+
+# ---- broken streams: an error event instead of [DONE] -------------------------------------
+
+def test_truncated_stream_without_finish_reason_ends_with_error_not_done():
+    out = _tracked(_chunks(DELTA, USAGE, "[DONE]"))
+    assert out[:-1] == [DELTA] and _is_error(out[-1]) and "[DONE]" not in out
+
+
+def test_stream_with_no_choices_at_all_is_not_finished():
+    out = _tracked(_chunks(USAGE, "[DONE]"))
+    assert _is_error(out[-1]) and "[DONE]" not in out
+
+
+def test_n2_stream_where_only_choice_0_finished_is_an_error():
+    both = {"choices": [_choice(0, "a"), _choice(1, "b")]}
+    out = _tracked(_chunks(both, {"choices": [_choice(0, finish="stop")]}, "[DONE]"))
+    assert _is_error(out[-1]) and "[DONE]" not in out
+    assert sum(_is_error(p) for p in out) == 1
+
+
+def test_source_raising_mid_stream_ends_with_error_event():
+    source = _aiter_then_raise(_chunks(DELTA), RuntimeError("ActorDiedError: replica gone"))
+    out = _tracked(source)
+    assert out[0] == DELTA and len(out) == 2 and _is_error(out[1])
+    assert "RuntimeError" in out[1]["error"]["message"]
+
+
+def test_source_ending_without_done_ends_with_error():
+    out = _tracked(_chunks(DELTA, FINAL))  # every choice finished, but no [DONE]
+    assert out[:2] == [DELTA, FINAL] and _is_error(out[-1]) and "[DONE]" not in out
+    out = _tracked(_chunks(DELTA))
+    assert _is_error(out[-1]) and "[DONE]" not in out
+
+
+def test_error_chunk_from_the_engine_ends_with_one_error_and_no_done():
+    engine_error = {"error": {"message": "EngineDeadError: boom", "type": "InternalServerError", "code": 500}}
+    for wants_usage in (False, True):
+        out = _tracked(_chunks(DELTA, engine_error, FINAL, "[DONE]"), wants_usage=wants_usage)
+        assert "[DONE]" not in out and _is_error(out[-1])
+        assert "EngineDeadError: boom" in out[-1]["error"]["message"]
+        assert engine_error not in out  # reported once, as the final event
+    legacy = {"object": "error", "message": "engine is dead", "type": "InternalServerError", "code": 500}
+    out = _tracked(_chunks(DELTA, legacy, "[DONE]"))
+    assert "[DONE]" not in out and _is_error(out[-1]) and "engine is dead" in out[-1]["error"]["message"]
+
+
+def test_rag_stream_over_a_broken_tracked_stream_ends_with_the_error():
+    source = _aiter_then_raise(_chunks(DELTA), RuntimeError("replica died"))
+    tracked = tracked_stream(source, REQUEST, "m", None, True, False)
+    out = _payloads(_collect(rag_stream(tracked, [{"document_id": "d"}])))
+    assert out[0]["object"] == "rag.citations" and out[1] == {"object": "rag.delta", "delta": "Hi"}
+    assert _is_error(out[-1]) and "[DONE]" not in out
+
+    truncated = tracked_stream(_aiter(_chunks(DELTA, USAGE, "[DONE]")), REQUEST, "m", None, True, False)
+    out = _payloads(_collect(rag_stream(truncated, [])))
+    assert _is_error(out[-1]) and "[DONE]" not in out
+    assert {"object": "rag.usage", "usage": USAGE["usage"]} in out  # usage still reported
+
+
+# ---- usage is recorded however the stream ends -------------------------------------------
+
+class _FakeGuard:
+    def __init__(self) -> None:
+        self.recorded: list[tuple] = []
+        self.store = SimpleNamespace(record_usage=lambda *args: self.recorded.append(("usage", *args)))
+        self.limiter = SimpleNamespace(settle=lambda *args: self.recorded.append(("settle", *args)),
+                                       charge_tokens=lambda *args: self.recorded.append(("charge", *args)))
+        self.metrics = SimpleNamespace(observe_request=lambda *a: None, observe_tokens=lambda *a: None)
+
+
+def test_usage_is_recorded_when_the_source_raises():
+    guard, tenant = _FakeGuard(), SimpleNamespace(name="acme")
+    tokens = {"reservation": "r", "settled": False}
+    request = SimpleNamespace(scope={TENANT_KEY: tenant, GUARD_KEY: guard, "poolserve.tokens": tokens})
+    source = _aiter_then_raise(_chunks(DELTA, USAGE), RuntimeError("gone"))
+    out = _tracked(source, request=request)
+    assert _is_error(out[-1])
+    assert ("usage", "acme", "m", 5, 1) in guard.recorded
+    assert ("settle", tenant, "r", 6) in guard.recorded and tokens["settled"]

@@ -1,0 +1,34 @@
+"""Each tenant's prompts live in their own prefix-cache namespace (vLLM's cache_salt)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from deployments.gateway import Gateway
+from deployments.tenants import TENANT_KEY
+
+
+def _salted(tenant: str, client_salt: str | None = None) -> str:
+    body = SimpleNamespace(cache_salt=client_salt)
+    Gateway._salt(body, SimpleNamespace(scope={TENANT_KEY: SimpleNamespace(name=tenant)}))
+    return body.cache_salt
+
+
+def test_tenants_get_different_salts_and_the_same_tenant_the_same_one():
+    assert _salted("alpha") == _salted("alpha")
+    assert _salted("alpha") != _salted("beta")
+
+
+def test_a_client_cannot_choose_another_tenants_namespace():
+    # Whatever salt beta sends, it never lands in alpha's namespace (nor in its own default one).
+    alpha = _salted("alpha")
+    for attempt in (alpha, "alpha", "", None, "x" * 64):
+        assert _salted("beta", attempt) != alpha
+    assert _salted("beta", "mine") != _salted("beta")
+    assert _salted("beta", "mine") == _salted("beta", "mine")
+
+
+def test_salt_is_accepted_by_vllm_validation():
+    from vllm.entrypoints.generate.base.protocol import validate_cache_salt
+
+    validate_cache_salt(_salted("alpha", "client"))
