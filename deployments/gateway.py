@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextvars
 import hashlib
 import json
 import logging
@@ -24,29 +23,30 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
     ModelList,
 )
 from ray.serve.llm.ingress import OpenAiIngress
-from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from deployments.errors import error_body, unavailable
 from deployments.request_guard import RequestBodyGuard
-from deployments.process_memory import process_tree_rss, release_freed_heap
-from deployments.streams import force_stream_usage, rag_stream, tracked_stream
-from deployments.schemas import AddDocumentsRequest, RagOptions, RagQueryRequest
+from deployments.knowledge import KnowledgeRoutes
+from deployments.process_memory import process_tree_rss
+from deployments.work import release_heap_after_sending, run_to_completion, without_credentials
+from deployments.streams import force_stream_usage, tracked_stream
+from deployments.schemas import RagOptions
 from deployments.tenants import (ADMIN_ENDPOINTS, TenantAdminRoutes, TenantAuthMiddleware, record_usage,
                                  reserve_tokens, tenant_of)
-from rag.ids import validate_collection, validate_document_id
-from rag.prompt import RetrievedChunk, augment_chat, citations, last_user_text, rag_messages
+from rag.prompt import augment_chat, citations, last_user_text
 
 logger = logging.getLogger("poolserve.gateway")
 HEALTH_TIMEOUT_S = 5.0
 # vLLM's default max_tokens for /v1/completions (OpenAI's too), used in the TPM estimate.
 VLLM_COMPLETION_MAX_TOKENS = 16
-# A passed health check is trusted this long, so /healthz notices a replica that died.
-HEALTHY_TTL_S = 15.0
+# A passed health check is trusted this long (a failed request resets it), so /healthz notices a
+# replica that died within seconds while a load balancer polling it costs little.
+HEALTHY_TTL_S = 2.0
 
 
-class Gateway(TenantAdminRoutes, OpenAiIngress):
+class Gateway(KnowledgeRoutes, TenantAdminRoutes, OpenAiIngress):
     def __init__(self, llm_deployments, model_cards, *, embedder, retriever, settings: dict):
         super().__init__(llm_deployments, model_cards)
         from transformers import AutoTokenizer
@@ -250,7 +250,7 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
             body.messages = augment_chat(messages, hits)
             cited = citations(hits)
         await self._check_prompt_fits(body, request)
-        response = await self._engine(super().chat(body, _without_credentials(request)))
+        response = await self._engine(super().chat(body, without_credentials(request)))
         return await self._finish(request, model, response, cited, usage_wanted)
 
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
@@ -258,7 +258,7 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
         body.model = model
         usage_wanted = force_stream_usage(body)
         await self._check_completion_fits(body, request)
-        response = await self._engine(super().completions(body, _without_credentials(request)))
+        response = await self._engine(super().completions(body, without_credentials(request)))
         return await self._finish(request, model, response, None, usage_wanted)
 
     # ---- embeddings ----------------------------------------------------------------------
@@ -289,102 +289,7 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
         ]
         usage = {"prompt_tokens": result["tokens"], "total_tokens": result["tokens"]}
         return JSONResponse({"object": "list", "data": data, "model": self._embed_model_id, "usage": usage},
-                            background=_release_heap_after_sending())
-
-    # ---- knowledge bases -----------------------------------------------------------------
-    async def add_documents(self, collection: str, body: AddDocumentsRequest, request: Request) -> Response:
-        tenant = self._tenant(request)
-        validate_collection(collection)
-        limit = self._settings["max_documents_per_request"]
-        if len(body.documents) > limit:
-            raise HTTPException(400, f"documents has {len(body.documents)} items; the limit is {limit} per request "
-                                     "(rag.max_documents_per_request)")
-        ids = [validate_document_id(doc.id) for doc in body.documents]
-        if len(set(ids)) != len(ids):
-            raise HTTPException(400, "documents[].id repeats within the request; each id may appear once")
-        max_chars = self._settings["max_document_chars"]
-        for i, doc in enumerate(body.documents):
-            if len(doc.text) > max_chars:
-                raise HTTPException(413, f"documents[{i}].text (id {doc.id!r}) has {len(doc.text)} characters; the "
-                                         f"limit is {max_chars} (rag.max_document_chars)")
-        # The whole ingest finishes even if the client hangs up (it is atomic and it is paid for).
-        results = await run_to_completion(self._ingest(request, tenant, collection, body.documents))
-        return JSONResponse({"collection": collection, "documents": results,
-                             "chunks": sum(r["chunks"] for r in results)}, background=_release_heap_after_sending())
-
-    async def _ingest(self, request: Request, tenant: str, collection: str, documents) -> list[dict]:
-        """Chunk and embed everything, then store all documents in one transaction: all or none."""
-        chunked = await asyncio.gather(*(self._embedder.chunk.remote(doc.text) for doc in documents))
-        all_chunks = [chunk for chunks in chunked for chunk in chunks]
-        embedded = await self._embed_and_charge(request, all_chunks) if all_chunks else {"vectors": [], "tokens": 0}
-        batch, start = [], 0
-        for doc, chunks in zip(documents, chunked):
-            batch.append((doc.id, chunks, embedded["vectors"][start:start + len(chunks)], doc.metadata, len(doc.text)))
-            start += len(chunks)
-        counts = await self._retriever.upsert_documents.remote(tenant, collection, batch)
-        return [{"id": doc.id, "chunks": count} for doc, count in zip(documents, counts)]
-
-    async def _embed_and_charge(self, request: Request, texts: list[str]) -> dict:
-        result = await self._embedder.embed.remote(texts)
-        await record_usage(request, self._embed_model_id, {"prompt_tokens": result["tokens"],
-                                                           "total_tokens": result["tokens"]})
-        return result
-
-    async def list_collections(self, request: Request) -> Response:
-        collections = await self._retriever.list_collections.remote(self._tenant(request))
-        return JSONResponse({"object": "list", "data": collections})
-
-    async def get_collection(self, collection: str, request: Request) -> Response:
-        validate_collection(collection)
-        return JSONResponse(await self._retriever.collection_info.remote(self._tenant(request), collection))
-
-    async def delete_document(self, collection: str, document_id: str, request: Request) -> Response:
-        validate_collection(collection)
-        validate_document_id(document_id)
-        await self._retriever.delete_document.remote(self._tenant(request), collection, document_id)
-        return JSONResponse({"deleted": document_id, "collection": collection})
-
-    async def delete_collection(self, collection: str, request: Request) -> Response:
-        validate_collection(collection)
-        await self._retriever.delete_collection.remote(self._tenant(request), collection)
-        return JSONResponse({"deleted": collection})
-
-    # ---- RAG ------------------------------------------------------------------------------
-    async def _retrieve(self, tenant: str, collection: str, question: str, top_k: int | None) -> list[RetrievedChunk]:
-        validate_collection(collection)
-        top_k = top_k or self._settings["default_top_k"]
-        if top_k > self._settings["max_top_k"]:
-            raise HTTPException(400, f"top_k {top_k} is above the limit of {self._settings['max_top_k']}")
-        if not question.strip():
-            raise HTTPException(400, "no question: the last user message is empty")
-        vector = (await self._embedder.embed.remote([question]))["vectors"][0]
-        return await self._retriever.search.remote(tenant, collection, vector, top_k)
-
-    async def rag_query(self, body: RagQueryRequest, request: Request) -> Response:
-        model = await self._require_model(request, body.model)
-        hits = await self._retrieve(self._tenant(request), body.collection, body.question, body.top_k)
-        chat_body = ChatCompletionRequest(
-            model=model, messages=rag_messages(body.question, hits),
-            max_tokens=body.max_tokens or self._settings["answer_max_tokens"], temperature=body.temperature,
-            stream=body.stream,
-        )
-        force_stream_usage(chat_body)
-        await self._check_prompt_fits(chat_body, request)
-        response = await self._engine(super().chat(chat_body, _without_credentials(request)))
-        cited = citations(hits)
-        if isinstance(response, StreamingResponse):
-            tracked = tracked_stream(response.body_iterator, request, model, None, True, False,
-                                     on_broken=self._recheck_health)
-            return StreamingResponse(rag_stream(tracked, cited), media_type="text/event-stream")
-        if response.status_code >= 500:
-            self._healthy_until = 0.0
-            return unavailable("chat", bytes(response.body).decode(errors="replace")[:300],
-                               self._settings["unavailable_retry_after_s"])
-        payload = json.loads(response.body)
-        await record_usage(request, model, payload.get("usage"))
-        answer = payload["choices"][0]["message"].get("content") or ""
-        return JSONResponse({"answer": answer, "citations": cited, "usage": payload.get("usage", {}),
-                             "model": payload.get("model"), "id": payload.get("id")})
+                            background=release_heap_after_sending())
 
     # ---- operations ---------------------------------------------------------------------------
     async def status(self) -> Response:
@@ -402,35 +307,6 @@ class Gateway(TenantAdminRoutes, OpenAiIngress):
             replica["planned_bytes"] = planned.get(replica["name"])
             replica["planned_at_rest_bytes"] = at_rest.get(replica["name"])
         return JSONResponse({"replicas": replicas, "retriever": await self._retriever.stats.remote()})
-
-
-async def run_to_completion(coro):
-    """Await `coro` in its own task. If this request is cancelled (the client hung up), wait for that
-    task to finish before letting the cancellation through: the work it started is done, stored and
-    charged, and the tenant's concurrency slot is held until then."""
-    # A fresh context: Ray Serve cancels the replica calls a cancelled request made (it finds them
-    # through the request's context), and this work must not be cancelled half-way.
-    task = asyncio.get_running_loop().create_task(coro, context=contextvars.Context())
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        while not task.done():
-            try:
-                await asyncio.wait([task])
-            except asyncio.CancelledError:
-                continue
-        raise
-
-
-def _release_heap_after_sending() -> BackgroundTask:
-    """Bulk bodies (documents in, vectors out) leave megabytes in glibc's free lists; return them."""
-    return BackgroundTask(release_freed_heap, collect=False)
-
-
-def _without_credentials(request: Request) -> Request:
-    """The request as forwarded to the chat replica: the tenant's key stays at the gateway."""
-    headers = [(k, v) for k, v in request.scope.get("headers", []) if k != b"authorization"]
-    return Request({**request.scope, "headers": headers}, request.receive)
 
 
 def _text_of(content) -> str:

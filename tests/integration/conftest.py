@@ -34,7 +34,11 @@ def write_stack_config(workdir: Path, port: int, chat_overrides: dict | None = N
     """A profile like the embedded default, with its own state dir and port, and a serve.yaml naming it."""
     profile = yaml.safe_load((ROOT / "configs" / "cpu-tiny.yaml").read_text())
     profile["state_dir"] = str(workdir / "state")
-    profile["tenants_file"] = str(ROOT / "configs" / "tenants.example.yaml")
+    # The example tenants plus one seeded from the file with a generated key (deleted in test_zz_restart).
+    tenants = yaml.safe_load((ROOT / "configs" / "tenants.example.yaml").read_text())
+    tenants["tenants"].append({"name": "seeded", "rpm": 100})
+    (workdir / "tenants.yaml").write_text(yaml.safe_dump(tenants))
+    profile["tenants_file"] = str(workdir / "tenants.yaml")
     profile["chat"]["model"] = str(ROOT / profile["chat"]["model"])
     profile["embedder"]["model"] = str(ROOT / profile["embedder"]["model"])
     for key, value in (chat_overrides or {}).items():

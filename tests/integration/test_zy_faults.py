@@ -37,6 +37,7 @@ def _stack_process(stack, fragment: str) -> psutil.Process:
 
 
 def _wait_until_healthy(stack, started: float) -> float:
+    time.sleep(3)  # past the gateway's 2 s health cache: the answer below is about the replicas now
     statuses = set()
     while time.monotonic() - started < RECOVERY_TIMEOUT_S:
         try:
@@ -93,7 +94,7 @@ def test_engine_death_mid_stream_is_an_error_then_503_then_recovery(stack, demo_
 
 
 def test_killing_the_retriever_during_ingest_loses_no_acknowledged_document(stack, demo_headers):
-    acknowledged, stop = [], threading.Event()
+    acknowledged, server_errors, stop = [], [], threading.Event()
 
     def ingest():
         with httpx.Client(base_url=stack.url, headers=demo_headers, timeout=60) as http:
@@ -105,7 +106,8 @@ def test_killing_the_retriever_during_ingest_loses_no_acknowledged_document(stac
                         {"id": f"doc-{i}", "text": f"Fault tolerance note number {i}."}]})
                 except httpx.HTTPError:
                     continue
-                assert response.status_code < 500 or response.status_code == 503, response.text
+                if response.status_code >= 500 and response.status_code != 503:
+                    server_errors.append(response.text)
                 if response.status_code == 200:
                     acknowledged.append(f"doc-{i}")
 
@@ -122,12 +124,11 @@ def test_killing_the_retriever_during_ingest_loses_no_acknowledged_document(stac
         worker.join(timeout=300)
         stop.set()
     with httpx.Client(base_url=stack.url, headers=demo_headers, timeout=60) as http:
-        info = http.get("/v1/collections/faults").json()
-        assert info["documents"] >= len(acknowledged)
-        for doc_id in acknowledged[-5:] + acknowledged[:5]:
-            hits = http.post("/v1/rag/query", json={"collection": "faults", "question": f"note {doc_id}",
-                                                     "top_k": 1, "max_tokens": 1})
-            assert hits.status_code == 200
+        stored = {doc["id"] for doc in http.get("/v1/collections/faults").json()["documents"]}
+    assert not server_errors, server_errors[:3]
+    missing = [doc_id for doc_id in acknowledged if doc_id not in stored]
+    assert not missing, f"{len(missing)} acknowledged documents lost: {missing[:5]}"
+    print(f"retriever kill: {len(acknowledged)} ingests acknowledged, all stored")
 
 
 @pytest.mark.parametrize("replica, probe", [
