@@ -5,6 +5,8 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.poolserve-installed
 PROFILE ?= configs/cpu-tiny.yaml
+# `make serve POOL=11GiB` runs the whole stack inside a memory cgroup of that size (root).
+POOL ?=
 
 .PHONY: setup install models serve stop test test-unit test-integration plan bench clean
 
@@ -26,7 +28,7 @@ models: $(STAMP)
 	$(PY) scripts/prepare_models.py --models-dir models
 
 serve: setup
-	bash scripts/serve.sh serve.yaml
+	bash scripts/serve.sh serve.yaml $(if $(POOL),--pool $(POOL))
 
 stop:
 	bash scripts/stop.sh

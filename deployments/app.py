@@ -20,8 +20,7 @@ from deployments.chat import PoolserveLLMServer, llm_config_from_plan
 from deployments.embedder import Embedder
 from deployments.gateway import ENDPOINTS, Gateway, make_app
 from deployments.retriever import Retriever
-from planner.architecture import embedding_dimension
-from planner.plan import build_plan
+from planner.plan import build_plan, embedder_dimension
 from planner.profile import load_profile
 
 logger = logging.getLogger("poolserve.app")
@@ -61,13 +60,17 @@ def build_app(args: dict) -> serve.Application:
 
     llm_config = llm_config_from_plan(profile, plan)
     chat = build_llm_deployment(llm_config, deployment_cls=PoolserveLLMServer)
+    # Ordered start: the engine first (KV cache allocated, warm-up answered), then everything else.
+    after_engines = [(chat._bound_deployment.name, "check_health")]
+    logger.info("start order: %s, then embedder, retriever and gateway", after_engines[0][0])
     embedder = Embedder.options(**_options(plan, "embedder")).bind(
         profile.embedder.model, profile.embedder.model_id, profile.embedder.batch_size,
-        profile.rag.chunk_tokens, profile.rag.chunk_overlap, profile.embedder.torch_threads,
+        profile.rag.chunk_tokens, profile.rag.chunk_overlap, profile.embedder.torch_threads, after_engines,
     )
     retriever = Retriever.options(**_options(plan, "retriever")).bind(
-        profile.state_dir, embedding_dimension(profile.embedder.model), profile.retriever.index,
-        profile.retriever.hnsw_m, profile.retriever.faiss_threads,
+        profile.state_dir, embedder_dimension(profile), profile.retriever.index,
+        profile.retriever.hnsw_m, profile.retriever.faiss_threads, profile.retriever.capacity_chunks,
+        profile.retriever.sqlite_cache_bytes, after_engines,
     )
     settings = {
         "chat_model_id": profile.chat.model_id,
@@ -80,8 +83,11 @@ def build_app(args: dict) -> serve.Application:
         **profile.gateway.model_dump(include={"max_choices", "max_prompts", "max_embedding_inputs",
                                               "unavailable_retry_after_s"}),
         "state_dir": profile.state_dir,
+        "start_after": after_engines,
     }
-    guard_config = {"state_dir": profile.state_dir, "tenants_file": profile.tenants_file}
+    pool = profile.pools[0]
+    guard_config = {"state_dir": profile.state_dir, "tenants_file": profile.tenants_file,
+                    "shed_ingest_at": pool.shed_ingest_at, "shed_all_at": pool.shed_all_at}
     app = make_app(guard_config, profile.gateway.max_body_bytes)
     ingress_cls = make_fastapi_ingress(Gateway, endpoint_map=ENDPOINTS, app=app)
     gateway = serve.deployment(ingress_cls, name="gateway", max_ongoing_requests=512).options(

@@ -6,15 +6,18 @@ import numpy as np
 from ray import serve
 
 from deployments.process_memory import process_tree_rss, release_freed_heap
+from deployments.start_order import wait_for_predecessors
 from rag.chunking import Chunker
 
 
 @serve.deployment(name="embedder", max_ongoing_requests=64)
 class Embedder:
-    def __init__(self, model_path: str, model_id: str, batch_size: int, chunk_tokens: int,
-                 chunk_overlap: int, torch_threads: int):
+    async def __init__(self, model_path: str, model_id: str, batch_size: int, chunk_tokens: int,
+                       chunk_overlap: int, torch_threads: int, start_after: list[tuple[str, str]]):
         import torch
         from sentence_transformers import SentenceTransformer
+
+        await wait_for_predecessors("embedder", start_after, serve.get_replica_context().app_name)
 
         torch.set_num_threads(torch_threads)
         self.model_id = model_id

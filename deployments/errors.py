@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse
 from vllm.exceptions import VLLMClientError
 
 from rag.ids import InvalidIdError
-from rag.store import CollectionNotFound, DocumentNotFound
+from rag.store import CapacityExceeded, CollectionNotFound, DocumentNotFound
 
 logger = logging.getLogger("poolserve.gateway")
 
@@ -105,7 +105,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
 def map_exception(exc: Exception) -> JSONResponse:
     # Errors raised inside other replicas arrive as RayTaskError subclasses of the cause.
-    for kind, status in ((InvalidIdError, 400), (CollectionNotFound, 404), (DocumentNotFound, 404)):
+    for kind, status in ((InvalidIdError, 400), (CollectionNotFound, 404), (DocumentNotFound, 404),
+                         (CapacityExceeded, 413)):
         if isinstance(exc, kind):
             cause = getattr(exc, "cause", exc)
             return error_body(status, str(cause.args[0] if cause.args else cause), "invalid_request_error")

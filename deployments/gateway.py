@@ -30,11 +30,12 @@ from deployments.errors import error_body, unavailable
 from deployments.request_guard import RequestBodyGuard
 from deployments.knowledge import KnowledgeRoutes
 from deployments.process_memory import process_tree_rss
+from deployments.start_order import wait_for_predecessors
 from deployments.work import release_heap_after_sending, run_to_completion, without_credentials
 from deployments.streams import force_stream_usage, tracked_stream
 from deployments.schemas import RagOptions
 from deployments.tenants import (ADMIN_ENDPOINTS, TenantAdminRoutes, TenantAuthMiddleware, record_usage,
-                                 reserve_tokens, tenant_of)
+                                 guard_of, reserve_tokens, tenant_of)
 from rag.prompt import augment_chat, citations, last_user_text
 
 logger = logging.getLogger("poolserve.gateway")
@@ -47,9 +48,12 @@ HEALTHY_TTL_S = 2.0
 
 
 class Gateway(KnowledgeRoutes, TenantAdminRoutes, OpenAiIngress):
-    def __init__(self, llm_deployments, model_cards, *, embedder, retriever, settings: dict):
-        super().__init__(llm_deployments, model_cards)
+    async def __init__(self, llm_deployments, model_cards, *, embedder, retriever, settings: dict):
+        from ray import serve
         from transformers import AutoTokenizer
+
+        await wait_for_predecessors("gateway", settings["start_after"], serve.get_replica_context().app_name)
+        super().__init__(llm_deployments, model_cards)
 
         self._embedder = embedder
         self._retriever = retriever
@@ -62,7 +66,7 @@ class Gateway(KnowledgeRoutes, TenantAdminRoutes, OpenAiIngress):
         self._healthy_until = 0.0
 
     # ---- health and models -------------------------------------------------------------
-    async def healthz(self) -> Response:
+    async def healthz(self, request: Request) -> Response:
         if time.monotonic() > self._healthy_until:
             checks = [asyncio.ensure_future(self._ready_check(call)) for call in (
                 self._embedder.ready.remote(), self._retriever.ready.remote(),
@@ -80,10 +84,12 @@ class Gateway(KnowledgeRoutes, TenantAdminRoutes, OpenAiIngress):
                 response = error_body(503, f"not ready: {', '.join(down)} down or starting", "service_unavailable")
                 body = json.loads(response.body)
                 body["replicas"] = replicas
+                body["pool"] = guard_of(request).pool.describe()
                 return JSONResponse(body, status_code=503,
                                     headers={"Retry-After": str(self._settings["unavailable_retry_after_s"])})
             self._healthy_until = time.monotonic() + HEALTHY_TTL_S
-        return JSONResponse({"status": "ok", "replicas": {n: "ok" for n in ("chat", "embedder", "retriever", "gateway")}})
+        return JSONResponse({"status": "ok", "replicas": {n: "ok" for n in ("chat", "embedder", "retriever", "gateway")},
+                             "pool": guard_of(request).pool.describe()})
 
     async def _engine(self, call):
         """A call to the chat replica; when it fails, /healthz re-checks (the error is mapped to 503)."""
@@ -292,7 +298,7 @@ class Gateway(KnowledgeRoutes, TenantAdminRoutes, OpenAiIngress):
                             background=release_heap_after_sending())
 
     # ---- operations ---------------------------------------------------------------------------
-    async def status(self) -> Response:
+    async def status(self, request: Request) -> Response:
         chat_handle = self._default_serve_handles[self._chat_model_id]
         measured = await asyncio.gather(
             chat_handle.memory.remote(), self._embedder.memory.remote(), self._retriever.memory.remote(),
@@ -306,7 +312,8 @@ class Gateway(KnowledgeRoutes, TenantAdminRoutes, OpenAiIngress):
         for replica in replicas:
             replica["planned_bytes"] = planned.get(replica["name"])
             replica["planned_at_rest_bytes"] = at_rest.get(replica["name"])
-        return JSONResponse({"replicas": replicas, "retriever": await self._retriever.stats.remote()})
+        return JSONResponse({"replicas": replicas, "retriever": await self._retriever.stats.remote(),
+                             "pool": guard_of(request).pool.describe()})
 
 
 def _text_of(content) -> str:

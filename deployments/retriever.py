@@ -8,17 +8,22 @@ from pathlib import Path
 from ray import serve
 
 from deployments.process_memory import process_tree_rss, release_freed_heap
+from deployments.start_order import wait_for_predecessors
 from rag.store import KnowledgeStore
 
 
 @serve.deployment(name="retriever", max_ongoing_requests=64)
 class Retriever:
-    def __init__(self, state_dir: str, dim: int, index_kind: str, hnsw_m: int, faiss_threads: int):
+    async def __init__(self, state_dir: str, dim: int, index_kind: str, hnsw_m: int, faiss_threads: int,
+                       capacity_chunks: int, sqlite_cache_bytes: int, start_after: list[tuple[str, str]]):
         import faiss
 
+        await wait_for_predecessors("retriever", start_after, serve.get_replica_context().app_name)
         os.umask(0o077)  # the chunk store and its -wal/-shm are the owner's only
         faiss.omp_set_num_threads(faiss_threads)
-        self.store = KnowledgeStore(Path(state_dir) / "knowledge.sqlite3", dim=dim, index_kind=index_kind, hnsw_m=hnsw_m)
+        self.store = KnowledgeStore(Path(state_dir) / "knowledge.sqlite3", dim=dim, index_kind=index_kind,
+                                    hnsw_m=hnsw_m, capacity_chunks=capacity_chunks,
+                                    sqlite_cache_bytes=sqlite_cache_bytes)
 
     def upsert_document(self, tenant, collection, doc_id, chunks, vectors, metadata, chars) -> int:
         stored = self.store.upsert_document(tenant, collection, doc_id, chunks, vectors, metadata, chars)

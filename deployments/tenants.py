@@ -12,6 +12,7 @@ import hmac
 import json
 import logging
 import os
+import re
 from pathlib import Path
 
 from fastapi import HTTPException, Request
@@ -21,6 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
 from deployments.errors import error_body
+from deployments.pool_guard import PoolGuard
 from tenancy import (
     DEMO_KEY_ENV,
     ApiKeyNotFound,
@@ -43,6 +45,7 @@ RESEED_ENV = "POOLSERVE_RESEED_TENANTS"
 # Operator routes outside /admin that also need the admin key: they name tenants and processes.
 OPERATOR_PATHS = ("/metrics", "/status")
 # The only routes served without a key; every other path needs the tenant key (fail closed).
+INGEST_PATH = re.compile(r"^/v1/collections/.+/documents$")
 PUBLIC_PATHS = ("/healthz", "/docs", "/docs/oauth2-redirect", "/openapi.json")
 # Per-request scope keys. Not scope["state"]: servers may share that dict across requests.
 TENANT_KEY = "poolserve.tenant"
@@ -62,7 +65,8 @@ def guard_of(request: Request) -> "TenantGuard":
 class TenantGuard:
     """Everything tenant-related one gateway replica holds: store, limiter, metrics."""
 
-    def __init__(self, state_dir: str, tenants_file: str | None):
+    def __init__(self, state_dir: str, tenants_file: str | None, shed_ingest_at: float = 0.90,
+                 shed_all_at: float = 0.95):
         os.umask(0o077)  # tenants, usage and audit databases and key files are the owner's only
         self.state_dir = Path(state_dir)
         self.store = TenantStore(self.state_dir / "tenants.sqlite3")
@@ -70,6 +74,8 @@ class TenantGuard:
         self.limiter = TenantLimiter(self.state_dir / "limits.sqlite3")
         self.registry = CollectorRegistry()
         self.metrics = TenantMetrics(self.registry)
+        # Sheds new work with 503 before the memory pool runs out (the kernel's OOM killer never decides).
+        self.pool = PoolGuard(shed_ingest_at, shed_all_at, registry=self.registry)
         self.admin_key = os.environ.get(ADMIN_KEY_ENV) or None
         demo_key, created_at = resolve_demo_key(self.state_dir)
         if created_at:
@@ -116,6 +122,13 @@ class TenantGuard:
             self.limiter.release(tenant, lease.lease_id)
             return admission.decision, None
         return lease, admission.reservation
+
+
+def _work_kind(method: str, path: str) -> str | None:
+    """What the pool guard weighs: ingestion (shed first), other new work, or nothing (reads, deletes)."""
+    if method != "POST":
+        return None
+    return "ingest" if INGEST_PATH.match(path) else "work"
 
 
 def app_path(scope) -> str:
@@ -171,6 +184,11 @@ class TenantAuthMiddleware:
             return await self._reject(scope, receive, send, 401,
                                       "missing or invalid API key: send 'Authorization: Bearer <key>'",
                                       {"WWW-Authenticate": "Bearer"}, kind="authentication_error")
+        kind = _work_kind(scope["method"], path)
+        shed = guard.pool.refusal(kind) if kind else None
+        if shed:  # before admission: a shed request uses none of the tenant's limits
+            return await self._reject(scope, receive, send, 503, shed, {"Retry-After": str(guard.pool.retry_after_s)},
+                                      kind="service_unavailable")
         decision, reservation = await run_in_threadpool(guard.admit, tenant)
         if not decision.allowed:
             return await self._reject_over_limit(scope, receive, send, tenant, decision)

@@ -131,14 +131,30 @@ def profile_from_serve_config(serve_config_path: Path) -> Path:
 
 @app.command()
 def up(serve_config: Path = typer.Argument(Path("serve.yaml"), help="serve.yaml naming the profile."),
-       pool: str | None = typer.Option(None, help="Pool size override, e.g. 24GiB.")) -> None:
+       pool: str | None = typer.Option(None, help="Run inside a memory cgroup of this size, e.g. 6GiB "
+                                        "(the plan is made for it).")) -> None:
     """Run the stack in the foreground: a private loopback Ray head with token auth, then `serve run`.
     Ctrl-C or SIGTERM stops it and every process it started (and no other)."""
     from stackctl.launcher import up as run_stack
 
     profile_path = profile_from_serve_config(serve_config)
     result, prof = _plan_or_exit(profile_path, pool, Console(stderr=True))
-    raise typer.Exit(run_stack(serve_config, prof, profile_path, result, log=lambda m: typer.echo(f"poolserve: {m}", err=True)))
+    raise typer.Exit(run_stack(serve_config, prof, profile_path, result, pool_bytes=parse_size(pool) if pool else None,
+                               log=lambda m: typer.echo(f"poolserve: {m}", err=True)))
+
+
+@app.command()
+def preflight(profile: Path = typer.Argument(..., help="Profile YAML."),
+              pool: str | None = typer.Option(None, "--pool", help="Pool size override (the cgroup to be made).")) -> None:
+    """Compare the live pool (MemAvailable, MemFree, page cache, a cgroup's use) with the plan, step by start
+    step. `poolserve up` runs it before every start. Exits 2 when the plan does not fit now."""
+    from stackctl.preflight import check, read_live
+
+    result, _ = _plan_or_exit(profile, pool, Console(stderr=True))
+    outcome = check(result, read_live(None))
+    for line in outcome.lines:
+        typer.echo(line)
+    raise typer.Exit(0 if outcome.ok else 2)
 
 
 @app.command()
@@ -182,6 +198,11 @@ def status(url: str = typer.Option("http://127.0.0.1:8000", "--url", help="Gatew
                       gib(int(r.get("anon_bytes") or 0)), gib(int(r.get("file_bytes") or 0)),
                       ",".join(str(p) for p in r.get("pids", [])))
     Console(width=120).print(table)
+    pool = data.get("pool")
+    if pool:
+        typer.echo(f"pool: {pool['state']}, {pool['used_bytes'] / 2**30:.2f} of {pool['limit_bytes'] / 2**30:.2f} GiB "
+                   f"in use ({pool['fraction']:.0%}; sheds ingestion at {pool['shed_ingest_at']:.0%}, all new work at "
+                   f"{pool['shed_all_at']:.0%}); {pool['source']}; {pool['shed_requests']} requests shed")
 
 
 if __name__ == "__main__":

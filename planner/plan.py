@@ -119,15 +119,20 @@ class Plan(BaseModel):
 
 
 def detect_total_bytes() -> int:
-    """Unified memory: the pool is the machine's MemTotal (a discrete GPU's size is passed in)."""
+    """Unified memory: the pool is the machine's MemTotal, or the limit of the memory cgroup this process
+    runs in when that is smaller (`make serve POOL=...`). A discrete GPU's size is passed in."""
+    from stackctl.cgroup import effective_limit_bytes
+
     with open("/proc/meminfo") as meminfo:
         for line in meminfo:
             if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
+                total = int(line.split()[1]) * 1024
+                return min(total, effective_limit_bytes() or total)
     raise PlanError("cannot read MemTotal from /proc/meminfo; set pools[0].total")
 
 
-def _embedder_dim(profile: Profile) -> int:
+def embedder_dimension(profile: Profile) -> int:
+    """retriever.dim when set, else the embedder's hidden size: one number for the plan and the index."""
     if profile.retriever.dim:
         return profile.retriever.dim
     try:
@@ -212,7 +217,7 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None) -> Plan:
         chat_opts["num_gpus"] = 0.8
     chat_replica = ReplicaPlan(name="chat", kind="chat", planned_bytes=chat_bytes, breakdown=eng.breakdown,
                                vllm=eng.vllm, ray_actor_options=chat_opts, env=eng.env, start_order=0)
-    replicas = [chat_replica, *_side_replicas(profile, spec.gpu, _embedder_dim(profile))]
+    replicas = [chat_replica, *_side_replicas(profile, spec.gpu, embedder_dimension(profile))]
     ray = _ray_plan(profile, cpus, replicas)
     ray_bytes = sum(ray.breakdown.values())
     page_cache = {f"page_cache.{c} (on disk, {gib(b)})": profile.chat.disk_page_cache_bytes
@@ -276,4 +281,4 @@ def _admission(replicas: list[ReplicaPlan], total: int, spec: PoolSpec, outside:
 
 
 __all__ = ["Plan", "PlanError", "ReplicaPlan", "PoolPlan", "ChatFacts", "RayPlan", "Admission", "build_plan",
-           "detect_total_bytes", "pinned"]
+           "detect_total_bytes", "embedder_dimension", "pinned"]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 _UNITS = {
     "": 1, "b": 1,
@@ -56,6 +56,19 @@ class PoolSpec(_Strict):
     gpu: bool = Field(False, description="True when replicas run on a GPU that shares this pool.")
     unified: bool = Field(True, description="True when CPU and GPU share one memory (DGX Spark, GH200); "
                           "False for a discrete GPU, whose device memory is then the pool.")
+    cgroup: bool = Field(False, description="Run the whole stack inside a memory cgroup of `total` bytes: a real "
+                         "pool on a machine without unified memory (needs root or a delegated cgroup).")
+    shed_ingest_at: float = Field(0.90, gt=0, lt=1, description="Pool guard: above this fraction of the pool in "
+                                  "use (not reclaimable), new ingestion gets 503 + Retry-After.")
+    shed_all_at: float = Field(0.95, gt=0, lt=1, description="Pool guard: above this fraction, every new "
+                               "generation, embedding and ingestion gets 503 + Retry-After.")
+
+    @model_validator(mode="after")
+    def _marks_in_order(self) -> "PoolSpec":
+        if self.shed_ingest_at > self.shed_all_at:
+            raise ValueError(f"shed_ingest_at ({self.shed_ingest_at}) must not be above shed_all_at "
+                             f"({self.shed_all_at}): ingestion is shed first")
+        return self
 
 
 class SpeculativeSpec(_Strict):

@@ -43,13 +43,22 @@ class DocumentNotFound(LookupError):
     pass
 
 
+class CapacityExceeded(ValueError):
+    """An ingest would take the index past the chunks its memory budget was planned for."""
+
+
 class KnowledgeStore:
-    def __init__(self, db_path: str | Path, dim: int, index_kind: str = "flat", hnsw_m: int = 32):
+    def __init__(self, db_path: str | Path, dim: int, index_kind: str = "flat", hnsw_m: int = 32,
+                 capacity_chunks: int | None = None, sqlite_cache_bytes: int | None = None):
         self.dim = dim
         self.index_kind = index_kind
         self.hnsw_m = hnsw_m
+        # The plan sized the index for this many chunks: past it, memory would outgrow the budget.
+        self.capacity_chunks = capacity_chunks
         Path(db_path).parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(str(db_path), check_same_thread=False, isolation_level=None)
+        if sqlite_cache_bytes:
+            self._db.execute(f"PRAGMA cache_size=-{max(1, int(sqlite_cache_bytes) // 1024)}")  # negative: KiB
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
@@ -110,6 +119,7 @@ class KnowledgeStore:
             arrays.append(array)
         now = time.time()
         with self._lock:
+            self._check_capacity(tenant, collection, documents)
             cur = self._db.cursor()
             cur.execute("BEGIN IMMEDIATE")
             changes = []
@@ -142,6 +152,19 @@ class KnowledgeStore:
             for old_ids, new_ids, array in changes:
                 self._apply(key, old_ids, new_ids, array)
         return [len(doc[1]) for doc in documents]
+
+    def _check_capacity(self, tenant: str, collection: str, documents: list[tuple]) -> None:
+        if self.capacity_chunks is None:
+            return
+        held = sum(index.ntotal for index in self._indexes.values())
+        replaced = sum(r[0] for doc in documents for r in self._db.execute(
+            "SELECT count(*) FROM chunks WHERE tenant=? AND collection=? AND doc_id=?", (tenant, collection, doc[0])))
+        adding = sum(len(doc[1]) for doc in documents)
+        if held - replaced + adding > self.capacity_chunks:
+            raise CapacityExceeded(
+                f"the knowledge store holds {held:,} chunks of the {self.capacity_chunks:,} its memory is planned "
+                f"for (retriever.capacity_chunks); this ingest adds {adding:,}. Delete documents or re-plan with a "
+                "larger capacity")
 
     def _apply(self, key: tuple[str, str], removed: list[int], added_ids: np.ndarray, added: np.ndarray) -> None:
         index = self._indexes[key]

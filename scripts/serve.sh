@@ -4,4 +4,5 @@
 # foreground. Ctrl-C or SIGTERM ends this stack's processes, vLLM's engine included, and no others.
 set -u
 cd "$(dirname "$0")/.."
-exec .venv/bin/poolserve up "${1:-serve.yaml}"
+[ $# -gt 0 ] || set -- serve.yaml
+exec .venv/bin/poolserve up "$@"

@@ -10,7 +10,9 @@ anyone who reaches them can run code as the service user. Here:
     suite beside `make serve`) never meets the first one;
   * every process carries POOLSERVE_STACK=<id> in its environment, so `poolserve down` ends exactly
     this stack's processes and nobody else's;
-  * the umask is 077, so the state dir, its databases and keys are private.
+  * the umask is 077, so the state dir, its databases and keys are private;
+  * with a pool size (`--pool`, `make serve POOL=6GiB`, or `pools[0].cgroup`), everything runs inside a
+    memory cgroup of that size, and a preflight compares the live pool with the plan before anything starts.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ import yaml
 
 from planner.plan import Plan
 from planner.profile import Profile
+from planner.units import gib
+from stackctl.cgroup import MemoryCgroup, PoolUnavailable, create_pool, own_cgroup, remove_pool
+from stackctl.preflight import can_drop_page_cache, check, drop_clean_page_cache, read_live
 from stackctl.processes import STACK_ENV, end_stack, stack_pids
 
 # Ray ports a head opens; each gets a free port so two stacks on one machine never collide.
@@ -125,10 +130,11 @@ def ray_start_command(ray_bin: str, plan: Plan, layout: StackLayout, ports: list
 
 
 def resolved_serve_config(serve_config: dict, profile: Profile, profile_path: Path) -> dict:
-    """serve.yaml with the gateway's address taken from the profile (loopback unless opened there)."""
+    """serve.yaml with the gateway's address and request timeout taken from the profile (loopback unless
+    opened there)."""
     config = yaml.safe_load(yaml.safe_dump(serve_config))
     config["http_options"] = {**config.get("http_options", {}), "host": profile.gateway.host,
-                              "port": profile.gateway.port}
+                              "port": profile.gateway.port, "request_timeout_s": profile.gateway.request_timeout_s}
     config["applications"][0]["args"]["profile"] = str(profile_path.resolve())
     return config
 
@@ -138,7 +144,30 @@ def _bin(name: str) -> str:
     return str(local) if local.exists() else name
 
 
-def up(serve_config_path: Path, profile: Profile, profile_path: Path, plan: Plan, log=print) -> int:
+def enter_pool(layout: StackLayout, pool_bytes: int, log) -> tuple[MemoryCgroup, MemoryCgroup | None]:
+    """Move this process (so everything it starts) into a new memory cgroup of pool_bytes."""
+    origin = own_cgroup()
+    pool = create_pool(f"poolserve-{layout.stack_id}", pool_bytes)
+    pool.add(os.getpid())
+    log(f"memory pool: cgroup v{pool.version} {pool.path}, limit {gib(pool_bytes)}; Ray, every replica and "
+        "the engine run inside it")
+    return pool, origin
+
+
+def run_preflight(plan: Plan, pool: MemoryCgroup | None, log) -> bool:
+    """The live pool against the plan; drops clean page cache once when that is what stands in the way."""
+    result = check(plan, read_live(pool))
+    if not result.ok and can_drop_page_cache() and read_live(pool).page_cache > 0:
+        log("preflight: dropping clean page cache (root) and checking again")
+        drop_clean_page_cache()
+        result = check(plan, read_live(pool))
+    for line in result.lines:
+        log(f"preflight: {line}")
+    return result.ok
+
+
+def up(serve_config_path: Path, profile: Profile, profile_path: Path, plan: Plan, log=print,
+       pool_bytes: int | None = None) -> int:
     """Run the stack in the foreground until `serve run` exits or we are signalled; always clean up."""
     os.umask(0o077)
     layout = StackLayout(Path(profile.state_dir))
@@ -146,6 +175,23 @@ def up(serve_config_path: Path, profile: Profile, profile_path: Path, plan: Plan
     if stack_pids(layout.stack_id):
         log(f"a stack using {layout.state_dir} is already running; `poolserve down` ends it")
         return 1
+    spec = profile.pools[0]
+    if pool_bytes is None and spec.cgroup:
+        if spec.total == "auto":
+            log("pools[0].cgroup needs a size: set pools[0].total, or pass --pool / POOL=")
+            return 2
+        pool_bytes = spec.total
+    pool = origin = None
+    if pool_bytes:
+        try:
+            pool, origin = enter_pool(layout, pool_bytes, log)
+        except PoolUnavailable as exc:
+            log(f"cannot make the memory pool: {exc}")
+            return 2
+    if not run_preflight(plan, pool, log):
+        if pool is not None:
+            remove_pool(pool, origin)
+        return 2
     ensure_token(layout.token_path)
     layout.run_dir.mkdir(exist_ok=True, mode=0o700)
     env = stack_env(layout)
@@ -193,6 +239,8 @@ def up(serve_config_path: Path, profile: Profile, profile_path: Path, plan: Plan
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         down(layout, log)
+        if pool is not None:
+            remove_pool(pool, origin)
 
 
 def down(layout: StackLayout, log=print) -> int:

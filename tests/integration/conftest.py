@@ -55,6 +55,19 @@ def write_stack_config(workdir: Path, port: int, chat_overrides: dict | None = N
     return config_path
 
 
+def pool_size_for(profile_path: Path) -> int:
+    """The pool a profile's plan asks for: what it plans (replicas, Ray, page cache) plus its reserve,
+    rounded up to 256 MiB."""
+    from planner.plan import build_plan
+    from planner.profile import load_profile
+
+    profile = load_profile(profile_path)
+    plan = build_plan(profile)
+    wanted = plan.pool.planned_bytes + plan.pool.ray_bytes + plan.pool.page_cache_bytes + profile.pools[0].reserve
+    step = 256 * 2**20
+    return -(-wanted // step) * step
+
+
 class Stack:
     def __init__(self, config_path: Path, port: int, log_path: Path, route_prefix: str = ""):
         self.config_path, self.port, self.log_path = config_path, port, log_path
@@ -62,6 +75,7 @@ class Stack:
         self.url = self.origin + route_prefix.rstrip("/")
         self.process: subprocess.Popen | None = None
         self.state_dir = config_path.parent / "state"
+        self.pool_bytes = pool_size_for(config_path.parent / "profile.yaml")
 
     @property
     def stack_id(self) -> str:
@@ -82,8 +96,9 @@ class Stack:
         started = time.monotonic()
         log = open(self.log_path, "ab")
         # The same path as `make serve`: plan, `ray start` sized by the plan, `serve run`.
+        # Inside a real memory pool (a cgroup) sized from the plan, as `make serve POOL=...` runs it.
         self.process = subprocess.Popen(
-            ["bash", str(ROOT / "scripts" / "serve.sh"), str(self.config_path)],
+            ["bash", str(ROOT / "scripts" / "serve.sh"), str(self.config_path), "--pool", str(self.pool_bytes)],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         deadline = started + START_TIMEOUT_S

@@ -44,7 +44,7 @@ def _machine_address() -> str:
         return probe.getsockname()[0]
 
 
-def test_only_loopback_listens_or_rays_token_is_required(stack):
+def assert_only_the_gateway_is_reachable(stack) -> None:
     pids = stack.pids()
     assert len(pids) >= 8, "the stack's processes carry its marker"
     sockets = listening_sockets(pids)
@@ -57,6 +57,10 @@ def test_only_loopback_listens_or_rays_token_is_required(stack):
     for pid, address, port in exposed:
         cmdline = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
         assert "ServeReplica" in cmdline, f"{cmdline[:80]} listens on {address}:{port}"
+
+
+def test_only_loopback_listens_or_rays_token_is_required(stack):
+    assert_only_the_gateway_is_reachable(stack)
 
 
 def test_state_is_private(stack, client):

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.integration.conftest import ADMIN_KEY, DEMO_KEY, Stack, _free_port, write_stack_config
-from tests.integration.test_security import test_only_loopback_listens_or_rays_token_is_required
+from tests.integration.test_security import assert_only_the_gateway_is_reachable
 
 PREFIX = "/api"
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -74,4 +74,4 @@ def test_rpm_holds_across_two_gateway_replicas(prefixed):
 
 
 def test_only_the_gateway_is_reachable(prefixed):
-    test_only_loopback_listens_or_rays_token_is_required(prefixed)
+    assert_only_the_gateway_is_reachable(prefixed)

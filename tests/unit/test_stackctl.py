@@ -239,8 +239,11 @@ def test_resolved_serve_config_takes_the_gateway_address_from_the_profile(monkey
                                                                                        "port": 9123})})
     serve = yaml.safe_load((ROOT / "serve.yaml").read_text())
     serve["http_options"]["request_timeout_s"] = 30
+    serve["http_options"]["keep_alive_timeout_s"] = 7
     before = yaml.safe_dump(serve)
     config = resolved_serve_config(serve, profile, Path("configs/cpu-tiny.yaml"))
-    assert config["http_options"] == {"host": "0.0.0.0", "port": 9123, "request_timeout_s": 30}
+    # Host, port and the request timeout come from the profile; other options are kept.
+    assert config["http_options"] == {"host": "0.0.0.0", "port": 9123, "keep_alive_timeout_s": 7,
+                                      "request_timeout_s": profile.gateway.request_timeout_s}
     assert config["applications"][0]["args"]["profile"] == str(ROOT / "configs/cpu-tiny.yaml")
     assert yaml.safe_dump(serve) == before, "the input is not modified"

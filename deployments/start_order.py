@@ -1,0 +1,32 @@
+"""Ordered start: a replica waits in its constructor until the deployments before it are running.
+
+Ray Serve starts every deployment of an application at once. On a GB10, engines that start together
+each count the other's loading as their own overhead and fail vLLM's start check (vllm#55827, #35920),
+so poolserve starts the engines one at a time, each after the previous one has allocated its KV cache
+and answered its warm-up, and the other replicas after the engines. Each wait is logged and bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+logger = logging.getLogger("ray.serve")  # configured in every replica, so the order shows in the log
+# An engine's start (weights, KV cache, warm-up) takes 45-110 s on 2 cores; a GB10 loading 100 GB more.
+WAIT_TIMEOUT_S = 1800.0
+
+
+async def wait_for_predecessors(me: str, predecessors: list[tuple[str, str]], app_name: str,
+                                timeout_s: float = WAIT_TIMEOUT_S) -> None:
+    """Block until each (deployment, method) answers; a call is routed only to a running replica,
+    so an answer means that deployment finished its constructor (for an engine: KV cache allocated)."""
+    from ray import serve
+
+    for deployment, method in predecessors:
+        started = time.monotonic()
+        logger.info("start order: %s waits for %s", me, deployment)
+        handle = serve.get_deployment_handle(deployment, app_name=app_name)
+        await asyncio.wait_for(getattr(handle, method).remote(), timeout=timeout_s)
+        logger.info("start order: %s starts, %s is running (waited %.1fs)", me, deployment,
+                    time.monotonic() - started)

@@ -1,0 +1,114 @@
+"""Preflight: compare the live pool with the plan before anything starts, and refuse with sized advice.
+
+A plan says what the stack needs; the machine says what is free now. Other processes, a page cache
+full of last week's downloads, or a cgroup already half used all shrink what is free. On a GB10, vLLM
+reads MemFree, not MemAvailable, so reclaimable page cache alone fails its start check (vllm#48140):
+preflight says so, and drops clean page cache when it may (root).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import psutil
+
+from planner.plan import Plan
+from planner.units import gib
+from stackctl.cgroup import MemoryCgroup
+
+DROP_CACHES = "/proc/sys/vm/drop_caches"
+
+
+@dataclass(frozen=True)
+class LiveMemory:
+    total: int
+    available: int  # MemAvailable: free + what the kernel can reclaim
+    free: int  # MemFree: what vLLM's GPU start check reads on a GB10
+    page_cache: int
+    pool_limit: int | None = None  # the stack's cgroup pool, when it runs in one
+    pool_usage: int = 0
+
+    @property
+    def usable(self) -> int:
+        """What the stack can have: the host's available memory, capped by the room left in its pool."""
+        if self.pool_limit is None:
+            return self.available
+        return min(self.available, self.pool_limit - self.pool_usage)
+
+
+@dataclass
+class PreflightResult:
+    ok: bool
+    lines: list[str] = field(default_factory=list)
+
+
+def read_live(pool: MemoryCgroup | None = None) -> LiveMemory:
+    info = {}
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            key, _, value = line.partition(":")
+            info[key] = int(value.split()[0]) * 1024
+    limit = pool.limit_bytes() if pool is not None else None
+    return LiveMemory(info["MemTotal"], info["MemAvailable"], info["MemFree"],
+                      info.get("Cached", 0) + info.get("Buffers", 0), limit,
+                      pool.usage_bytes() if pool is not None else 0)
+
+
+def biggest_other_processes(exclude: set[int], count: int = 5) -> list[tuple[str, int]]:
+    """The processes outside the stack that hold the most memory (name, RSS)."""
+    found = []
+    for proc in psutil.process_iter(["pid", "name", "memory_info"]):
+        if proc.info["pid"] in exclude or proc.info["memory_info"] is None:
+            continue
+        found.append((f"{proc.info['name']}[{proc.info['pid']}]", proc.info["memory_info"].rss))
+    return sorted(found, key=lambda item: -item[1])[:count]
+
+
+def can_drop_page_cache() -> bool:
+    return os.geteuid() == 0 and os.access(DROP_CACHES, os.W_OK)
+
+
+def drop_clean_page_cache() -> None:
+    os.sync()  # only clean pages are dropped: write dirty ones first
+    with open(DROP_CACHES, "w") as handle:
+        handle.write("1")
+
+
+def needed_bytes(plan: Plan) -> int:
+    return plan.pool.planned_bytes + plan.pool.ray_bytes + plan.pool.page_cache_bytes
+
+
+def start_steps(plan: Plan) -> list[tuple[str, int]]:
+    """(replica, bytes in use once it has started), in start order: the peak grows step by step."""
+    running, steps = plan.pool.ray_bytes + plan.pool.page_cache_bytes, []
+    for replica in sorted(plan.replicas, key=lambda r: r.start_order):
+        running += replica.pool_bytes
+        steps.append((replica.name, running))
+    return steps
+
+
+def check(plan: Plan, live: LiveMemory) -> PreflightResult:
+    """Does the plan fit what is free now, at every start step? Pure: no side effects."""
+    result = PreflightResult(ok=True)
+    usable = live.usable
+    where = f"pool {gib(live.pool_limit)} ({gib(live.pool_usage)} in use)" if live.pool_limit else "host"
+    result.lines.append(f"live: MemTotal {gib(live.total)}, MemAvailable {gib(live.available)}, MemFree "
+                        f"{gib(live.free)}, page cache {gib(live.page_cache)}; {where}; usable {gib(usable)}")
+    for name, peak in start_steps(plan):
+        fits = peak <= usable
+        result.lines.append(f"  step {name}: {gib(peak)} in use once started -> {'fits' if fits else 'does NOT fit'}")
+        result.ok = result.ok and fits
+    chat = plan.replica("chat")
+    requested = int(chat.vllm.get("gpu_memory_utilization", 0) * live.total) or chat.vllm.get("kv_cache_memory_bytes", 0)
+    if plan.pool.gpu and live.free < requested <= live.available:
+        result.lines.append(f"  vLLM's start check reads MemFree ({gib(live.free)}) and would refuse {gib(requested)} "
+                            f"although MemAvailable ({gib(live.available)}) holds it: clean page cache "
+                            f"({gib(live.page_cache)}) must be dropped first (vllm#48140)")
+        result.ok = False
+    if not result.ok:
+        short = needed_bytes(plan) - usable
+        result.lines.append(f"refused: the plan needs {gib(needed_bytes(plan))}, {gib(usable)} is usable now "
+                            f"({gib(max(short, 0))} short). Free memory held by others, or plan for what is "
+                            f"free: `poolserve plan PROFILE --pool {max(usable, 0) // 2**20}MiB` shows what to shrink.")
+    return result
