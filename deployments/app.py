@@ -32,9 +32,7 @@ class AppArgs(BaseModel):
 
 
 def _options(plan, name: str) -> dict:
-    replica = plan.replica(name)
-    actor_options = {**replica.ray_actor_options, "runtime_env": {"env_vars": dict(replica.env)}}
-    return {"ray_actor_options": actor_options}
+    return plan.replica(name).serve_options()
 
 
 def _warn_if_ray_is_open() -> None:
@@ -58,11 +56,18 @@ def build_app(args: dict) -> serve.Application:
     _warn_if_ray_is_open()
     logger.info("plan for %s: %s", profile.name, {r.name: r.planned_bytes for r in plan.replicas})
 
-    llm_config = llm_config_from_plan(profile, plan)
-    chat = build_llm_deployment(llm_config, deployment_cls=PoolserveLLMServer)
-    # Ordered start: the engine first (KV cache allocated, warm-up answered), then everything else.
-    after_engines = [(chat._bound_deployment.name, "check_health")]
-    logger.info("start order: %s, then embedder, retriever and gateway", after_engines[0][0])
+    # Ordered start: engines one at a time (each after the previous one has allocated its KV cache and
+    # answered its warm-up), then everything else.
+    llm_deployments, model_cards, after = {}, {}, []
+    for name, spec in profile.chat_engines():
+        llm_config = llm_config_from_plan(spec, plan.replica(name), after)
+        engine = build_llm_deployment(llm_config, deployment_cls=PoolserveLLMServer)
+        llm_deployments[spec.model_id] = engine
+        model_cards[spec.model_id] = to_model_metadata(spec.model_id, llm_config)
+        after = [(engine._bound_deployment.name, "check_health")]
+    after_engines = after
+    logger.info("start order: %s, then embedder, retriever and gateway",
+                " -> ".join(d._bound_deployment.name for d in llm_deployments.values()))
     embedder = Embedder.options(**_options(plan, "embedder")).bind(
         profile.embedder.model, profile.embedder.model_id, profile.embedder.batch_size,
         profile.rag.chunk_tokens, profile.rag.chunk_overlap, profile.embedder.torch_threads, after_engines,
@@ -74,9 +79,9 @@ def build_app(args: dict) -> serve.Application:
     )
     settings = {
         "chat_model_id": profile.chat.model_id,
-        "chat_model_path": profile.chat.model,
+        "chat_models": {spec.model_id: {"path": spec.model, "max_model_len": plan.replica(name).vllm["max_model_len"],
+                                        "replica": name} for name, spec in profile.chat_engines()},
         "embed_model_id": profile.embedder.model_id,
-        "max_model_len": plan.replica("chat").vllm["max_model_len"],
         "planned_bytes": {r.name: r.planned_bytes for r in plan.replicas},
         "planned_at_rest_bytes": {r.name: r.planned_bytes - r.growth_bytes for r in plan.replicas},
         **profile.rag.model_dump(),
@@ -91,10 +96,8 @@ def build_app(args: dict) -> serve.Application:
     app = make_app(guard_config, profile.gateway.max_body_bytes)
     ingress_cls = make_fastapi_ingress(Gateway, endpoint_map=ENDPOINTS, app=app)
     gateway = serve.deployment(ingress_cls, name="gateway", max_ongoing_requests=512).options(
-        num_replicas=plan.replica("gateway").num_replicas, **_options(plan, "gateway")
-    )
+        **_options(plan, "gateway"))
     return gateway.bind(
-        llm_deployments={profile.chat.model_id: chat},
-        model_cards={profile.chat.model_id: to_model_metadata(profile.chat.model_id, llm_config)},
+        llm_deployments=llm_deployments, model_cards=model_cards,
         embedder=embedder, retriever=retriever, settings=settings,
     )

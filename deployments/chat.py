@@ -9,8 +9,9 @@ from ray.serve.llm import LLMConfig
 from ray.serve.llm.deployment import LLMServer
 
 from deployments.process_memory import process_tree_rss
-from planner.plan import Plan
-from planner.profile import Profile
+from deployments.start_order import wait_for_predecessors
+from planner.plan import ReplicaPlan
+from planner.profile import ChatSpec
 
 logger = logging.getLogger("poolserve.chat")
 # The replica actor itself only relays requests; the engine's CPU share sits in its bundle.
@@ -21,6 +22,11 @@ class PoolserveLLMServer(LLMServer):
     """LLMServer that answers one short request before Serve marks the replica ready."""
 
     async def start(self):
+        # Engines start one at a time: each after the one before has allocated its KV cache.
+        from ray import serve
+
+        start_after = [tuple(p) for p in self._llm_config.experimental_configs.get("start_after", [])]
+        await wait_for_predecessors(self._llm_config.model_id, start_after, serve.get_replica_context().app_name)
         await super().start()
         await self._warm_up()
 
@@ -41,15 +47,16 @@ class PoolserveLLMServer(LLMServer):
         return process_tree_rss()
 
 
-def llm_config_from_plan(profile: Profile, plan: Plan) -> LLMConfig:
-    chat_plan = plan.replica("chat")
+def llm_config_from_plan(chat: ChatSpec, chat_plan: ReplicaPlan, start_after: list[tuple[str, str]]) -> LLMConfig:
+    """One engine's ray.serve.llm config, every number from its plan. The replica's Serve name is
+    `PoolserveLLMServer:<plan name>` (`chat` for the first engine)."""
     engine_cpus = max(0.05, chat_plan.ray_actor_options.get("num_cpus", 0.5) - REPLICA_ACTOR_CPUS)
     actor_options = {k: v for k, v in chat_plan.ray_actor_options.items() if k != "num_cpus"}
     return LLMConfig(
-        model_loading_config={"model_id": profile.chat.model_id, "model_source": profile.chat.model},
+        model_loading_config={"model_id": chat.model_id, "model_source": chat.model},
         engine_kwargs=dict(chat_plan.vllm),
         deployment_config={
-            "name": "chat",
+            "name": chat_plan.name,
             "num_replicas": 1,
             "max_ongoing_requests": 256,
             "ray_actor_options": {**actor_options, "num_cpus": REPLICA_ACTOR_CPUS},
@@ -58,6 +65,6 @@ def llm_config_from_plan(profile: Profile, plan: Plan) -> LLMConfig:
         },
         placement_group_config={"bundles": [{"CPU": engine_cpus}], "strategy": "PACK"},
         runtime_env={"env_vars": dict(chat_plan.env)},
-        experimental_configs={"warmup_prompt": profile.chat.warmup_prompt},
+        experimental_configs={"warmup_prompt": chat.warmup_prompt, "start_after": [list(p) for p in start_after]},
         log_engine_metrics=True,
     )

@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import time
+from types import SimpleNamespace
 
 import numpy as np
 from fastapi import FastAPI, HTTPException, Request
@@ -60,24 +61,29 @@ class Gateway(KnowledgeRoutes, TenantAdminRoutes, OpenAiIngress):
         self._settings = settings
         self._chat_model_id = settings["chat_model_id"]
         self._embed_model_id = settings["embed_model_id"]
-        self._max_model_len = settings["max_model_len"]
-        # The chat tokenizer lets the gateway refuse an over-long prompt with a 400 before the engine.
-        self._tokenizer = AutoTokenizer.from_pretrained(settings["chat_model_path"])
+        # Each engine's tokenizer lets the gateway refuse an over-long prompt with a 400 before the engine.
+        tokenizers = {}
+        self._engines = {}
+        for model_id, engine in settings["chat_models"].items():
+            if engine["path"] not in tokenizers:
+                tokenizers[engine["path"]] = AutoTokenizer.from_pretrained(engine["path"])
+            self._engines[model_id] = SimpleNamespace(tokenizer=tokenizers[engine["path"]], replica=engine["replica"],
+                                                      max_model_len=engine["max_model_len"])
         self._healthy_until = 0.0
 
     # ---- health and models -------------------------------------------------------------
     async def healthz(self, request: Request) -> Response:
         if time.monotonic() > self._healthy_until:
-            checks = [asyncio.ensure_future(self._ready_check(call)) for call in (
-                self._embedder.ready.remote(), self._retriever.ready.remote(),
-                self._default_serve_handles[self._chat_model_id].check_health.remote(),
-            )]
+            calls = {"embedder": self._embedder.ready.remote(), "retriever": self._retriever.ready.remote(),
+                     **{engine.replica: self._default_serve_handles[model].check_health.remote()
+                        for model, engine in self._engines.items()}}
+            checks = [asyncio.ensure_future(self._ready_check(call)) for call in calls.values()]
             done, pending = await asyncio.wait(checks, timeout=HEALTH_TIMEOUT_S)
             for task in pending:
                 task.cancel()
             replicas = {name: ("ok" if task in done and task.result() is None else
                                f"down: {task.result() if task in done else 'no answer in %gs' % HEALTH_TIMEOUT_S}")
-                        for name, task in zip(("embedder", "retriever", "chat"), checks)}
+                        for name, task in zip(calls, checks)}
             replicas["gateway"] = "ok"
             down = sorted(name for name, state in replicas.items() if state != "ok")
             if down:
@@ -88,7 +94,8 @@ class Gateway(KnowledgeRoutes, TenantAdminRoutes, OpenAiIngress):
                 return JSONResponse(body, status_code=503,
                                     headers={"Retry-After": str(self._settings["unavailable_retry_after_s"])})
             self._healthy_until = time.monotonic() + HEALTHY_TTL_S
-        return JSONResponse({"status": "ok", "replicas": {n: "ok" for n in ("chat", "embedder", "retriever", "gateway")},
+        names = [engine.replica for engine in self._engines.values()] + ["embedder", "retriever", "gateway"]
+        return JSONResponse({"status": "ok", "replicas": {n: "ok" for n in names},
                              "pool": guard_of(request).pool.describe()})
 
     async def _engine(self, call):
@@ -166,10 +173,10 @@ class Gateway(KnowledgeRoutes, TenantAdminRoutes, OpenAiIngress):
         return JSONResponse(payload, status_code=response.status_code)
 
     # ---- chat ----------------------------------------------------------------------------
-    def _count_chat_tokens(self, messages: list) -> int:
+    def _count_chat_tokens(self, model: str, messages: list) -> int:
         flat = [{**m, "content": _text_of(m.get("content"))} for m in messages]
         try:
-            ids = self._tokenizer.apply_chat_template(flat, tokenize=True, add_generation_prompt=True)
+            ids = self._engines[model].tokenizer.apply_chat_template(flat, tokenize=True, add_generation_prompt=True)
         except Exception as exc:  # a malformed message shape is the client's mistake
             raise HTTPException(400, f"messages could not be rendered with the chat template: {exc}")
         if isinstance(ids, dict) or hasattr(ids, "keys"):
@@ -178,11 +185,12 @@ class Gateway(KnowledgeRoutes, TenantAdminRoutes, OpenAiIngress):
 
     def _refuse_if_too_long(self, tokens: int, body) -> None:
         wanted = getattr(body, "max_completion_tokens", None) or body.max_tokens or 1
-        if tokens >= self._max_model_len or tokens + wanted > self._max_model_len:
+        context = self._engines[body.model].max_model_len
+        if tokens >= context or tokens + wanted > context:
             raise HTTPException(
                 400,
                 f"prompt is {tokens} tokens and max_tokens is {wanted}; together they exceed the model's "
-                f"context of {self._max_model_len} tokens. Shorten the prompt or lower max_tokens.",
+                f"context of {context} tokens. Shorten the prompt or lower max_tokens.",
             )
 
     def _check_choices(self, body) -> int:
@@ -197,13 +205,13 @@ class Gateway(KnowledgeRoutes, TenantAdminRoutes, OpenAiIngress):
 
     def _completion_budget(self, body, prompt_tokens: int, default: int | None) -> int:
         wanted = getattr(body, "max_completion_tokens", None) or body.max_tokens or default
-        return wanted if wanted is not None else max(1, self._max_model_len - prompt_tokens)
+        return wanted if wanted is not None else max(1, self._engines[body.model].max_model_len - prompt_tokens)
 
     async def _check_prompt_fits(self, body: ChatCompletionRequest, request: Request) -> None:
         """400 for a prompt that does not fit, else charge its estimate (prompt + max_tokens x n) to TPM."""
         choices = self._check_choices(body)
         # Tokenizing a multi-megabyte prompt takes a while: keep it off the event loop.
-        tokens = await run_in_threadpool(self._count_chat_tokens, [dict(m) for m in body.messages])
+        tokens = await run_in_threadpool(self._count_chat_tokens, body.model, [dict(m) for m in body.messages])
         self._refuse_if_too_long(tokens, body)
         await reserve_tokens(request, tokens + self._completion_budget(body, tokens, None) * choices)
         self._salt(body, request)
@@ -219,7 +227,7 @@ class Gateway(KnowledgeRoutes, TenantAdminRoutes, OpenAiIngress):
         estimate = 0
         for prompt in prompts:
             if isinstance(prompt, str):
-                tokens = len(await run_in_threadpool(self._tokenizer.encode, prompt))
+                tokens = len(await run_in_threadpool(self._engines[body.model].tokenizer.encode, prompt))
             elif isinstance(prompt, list):  # token ids
                 tokens = len(prompt)
             else:
@@ -299,12 +307,12 @@ class Gateway(KnowledgeRoutes, TenantAdminRoutes, OpenAiIngress):
 
     # ---- operations ---------------------------------------------------------------------------
     async def status(self, request: Request) -> Response:
-        chat_handle = self._default_serve_handles[self._chat_model_id]
+        engine_calls = [self._default_serve_handles[model].memory.remote() for model in self._engines]
         measured = await asyncio.gather(
-            chat_handle.memory.remote(), self._embedder.memory.remote(), self._retriever.memory.remote(),
+            *engine_calls, self._embedder.memory.remote(), self._retriever.memory.remote(),
             return_exceptions=True,
         )
-        names = ["chat", "embedder", "retriever"]
+        names = [engine.replica for engine in self._engines.values()] + ["embedder", "retriever"]
         replicas = [{"name": n, **(m if isinstance(m, dict) else {"error": str(m)})} for n, m in zip(names, measured)]
         replicas.append({"name": "gateway", **process_tree_rss()})
         planned = self._settings.get("planned_bytes", {})

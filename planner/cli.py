@@ -57,13 +57,13 @@ def _print_plan(plan: Plan, console: Console) -> None:
                          ("headroom", p.headroom_bytes)):
         table.add_row(f"[bold]{label}[/bold]", f"{value:,}", gib(value))
     console.print(table)
-    c = plan.chat
-    console.print(f"chat: {c.kv_bytes_per_token:,} B/token KV (target {c.target_kv_bytes_per_token:,}, indexer "
-                  f"{c.indexer_bytes_per_token:,}, drafter {c.drafter_kv_bytes_per_token:,}); state "
-                  f"{c.state_bytes_per_sequence:,} B/sequence; block {c.block_size}; {c.num_blocks:,} blocks = "
-                  f"{c.kv_pool_tokens:,} tokens; max_num_seqs {c.max_num_seqs}; source {c.architecture_source}",
-                  highlight=False)
-    console.print(f"vLLM engine_kwargs: {json.dumps(plan.replica('chat').vllm)}", highlight=False, markup=False)
+    for name, c in (plan.engines or {"chat": plan.chat}).items():
+        console.print(f"{name}: {c.kv_bytes_per_token:,} B/token KV (target {c.target_kv_bytes_per_token:,}, indexer "
+                      f"{c.indexer_bytes_per_token:,}, drafter {c.drafter_kv_bytes_per_token:,}); state "
+                      f"{c.state_bytes_per_sequence:,} B/sequence; block {c.block_size}; {c.num_blocks:,} blocks = "
+                      f"{c.kv_pool_tokens:,} tokens; max_num_seqs {c.max_num_seqs}; source {c.architecture_source}",
+                      highlight=False)
+        console.print(f"{name} vLLM engine_kwargs: {json.dumps(plan.replica(name).vllm)}", highlight=False, markup=False)
     adm = Table(title="start order and admission")
     for col in ("#", "replica", "check", "requested", "free at its turn", "free if last", "ok"):
         adm.add_column(col)
@@ -95,9 +95,7 @@ def plan(profile: Path = typer.Argument(..., help="Profile YAML."),
 def serve_config(result: Plan, profile_path: Path) -> dict:
     deployments = []
     for r in sorted(result.replicas, key=lambda r: r.start_order):
-        opts = dict(r.ray_actor_options)
-        opts["runtime_env"] = {"env_vars": dict(r.env)}
-        deployments.append({"name": r.name, "num_replicas": 1, "ray_actor_options": opts})
+        deployments.append({"name": r.name, **r.serve_options()})
     return {
         "proxy_location": "HeadOnly",
         "http_options": {"host": "127.0.0.1", "port": 8000},

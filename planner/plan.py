@@ -43,6 +43,11 @@ class ReplicaPlan(BaseModel):
     start_order: int
     num_replicas: int = Field(1, description="Copies of this replica; each gets planned_bytes.")
 
+    def serve_options(self) -> dict:
+        """Ray Serve deployment options for this replica; the app and `poolserve render` both use this."""
+        actor = {**self.ray_actor_options, "runtime_env": {"env_vars": dict(self.env)}}
+        return {"num_replicas": self.num_replicas, "ray_actor_options": actor}
+
     @property
     def pool_bytes(self) -> int:
         """What all copies of this replica take from the pool."""
@@ -105,6 +110,8 @@ class Plan(BaseModel):
     pools: list[PoolPlan] = Field(default_factory=list)
     replicas: list[ReplicaPlan]
     chat: ChatFacts
+    engines: dict[str, ChatFacts] = Field(default_factory=dict, description="Every chat engine's facts by replica "
+                                          "name (`chat` is the first).")
     ray: RayPlan
     admission: list[Admission] = Field(default_factory=list)
     threads: dict[str, int] = Field(default_factory=dict)
@@ -141,7 +148,7 @@ def embedder_dimension(profile: Profile) -> int:
         raise PlanError(f"{exc}; set retriever.dim") from exc
 
 
-def _side_replicas(profile: Profile, gpu: bool, dim: int) -> list[ReplicaPlan]:
+def _side_replicas(profile: Profile, gpu: bool, dim: int, first_order: int = 1) -> list[ReplicaPlan]:
     emb, ret, gw = profile.embedder, profile.retriever, profile.gateway
     emb_weights = safetensors_bytes(emb.model)
     if not emb_weights:
@@ -171,10 +178,10 @@ def _side_replicas(profile: Profile, gpu: bool, dim: int) -> list[ReplicaPlan]:
                            ray_actor_options=opts, env=env, start_order=order, num_replicas=copies)
 
     return [
-        replica("embedder", emb_lines, emb, emb.torch_threads, 1, growth=emb_act, gpus=0.1 if gpu else 0.0),
-        replica("retriever", ret_lines, ret, ret.faiss_threads, 2,
+        replica("embedder", emb_lines, emb, emb.torch_threads, first_order, growth=emb_act, gpus=0.1 if gpu else 0.0),
+        replica("retriever", ret_lines, ret, ret.faiss_threads, first_order + 1,
                 growth=index + n * 56 + ret.sqlite_cache_bytes),
-        replica("gateway", gw_lines, gw, 1, 3, growth=2 * gw.max_body_bytes, copies=gw.replicas),
+        replica("gateway", gw_lines, gw, 1, first_order + 2, growth=2 * gw.max_body_bytes, copies=gw.replicas),
     ]
 
 
@@ -191,7 +198,7 @@ def _ray_plan(profile: Profile, cpus: float, replicas: list[ReplicaPlan]) -> Ray
 def _pool_for(profile: Profile, pool_total_bytes: int | None) -> tuple[PoolSpec, int, float]:
     spec = profile.pools[0]
     names = {p.name for p in profile.pools}
-    for section in (profile.chat, profile.embedder, profile.retriever):
+    for section in (profile.chat, *profile.engines, profile.embedder, profile.retriever):
         if section.node and section.node not in names:
             raise PlanError(f"{section.node!r} names no pool; pools: {', '.join(sorted(names))}")
         if section.node and section.node != spec.name:
@@ -206,22 +213,29 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None) -> Plan:
     spec, total, cpus = _pool_for(profile, pool_total_bytes)
     free = total - spec.reserve
     other_threads = profile.embedder.torch_threads
-    try:
-        eng = plan_engine(profile.chat, spec, cpus, total, other_threads)
-    except (EngineError, ArchitectureError) as exc:
-        raise PlanError(str(exc)) from exc
-    chat = profile.chat
-    chat_bytes = sum(eng.breakdown.values())
-    chat_opts: dict = {"num_cpus": chat.num_cpus, "memory": chat_bytes}
-    if spec.gpu:
-        chat_opts["num_gpus"] = 0.8
-    chat_replica = ReplicaPlan(name="chat", kind="chat", planned_bytes=chat_bytes, breakdown=eng.breakdown,
-                               vllm=eng.vllm, ray_actor_options=chat_opts, env=eng.env, start_order=0)
-    replicas = [chat_replica, *_side_replicas(profile, spec.gpu, embedder_dimension(profile))]
+    engines, engine_replicas = {}, []
+    for order, (name, chat) in enumerate(profile.chat_engines()):
+        try:
+            eng = plan_engine(chat, spec, cpus, total, other_threads)
+        except (EngineError, ArchitectureError) as exc:
+            raise PlanError(f"{name}: {exc}" if name != "chat" else str(exc)) from exc
+        chat_bytes = sum(eng.breakdown.values())
+        vllm = dict(eng.vllm)
+        if spec.gpu:
+            vllm["gpu_memory_utilization"] = _utilization(name, chat, chat_bytes, total)
+        chat_opts: dict = {"num_cpus": chat.num_cpus, "memory": chat_bytes}
+        if spec.gpu:
+            chat_opts["num_gpus"] = 0.8 / len(profile.chat_engines())
+        engine_replicas.append(ReplicaPlan(name=name, kind="chat", planned_bytes=chat_bytes, breakdown=eng.breakdown,
+                                           vllm=vllm, ray_actor_options=chat_opts, env=eng.env,
+                                           start_order=order))
+        engines[name] = (chat, eng)
+    eng = engines["chat"][1]
+    replicas = [*engine_replicas, *_side_replicas(profile, spec.gpu, embedder_dimension(profile), len(engines))]
     ray = _ray_plan(profile, cpus, replicas)
     ray_bytes = sum(ray.breakdown.values())
-    page_cache = {f"page_cache.{c} (on disk, {gib(b)})": profile.chat.disk_page_cache_bytes
-                  for c, b in eng.disk_components.items()}
+    page_cache = {f"page_cache.{name}.{c} (on disk, {gib(b)})": chat.disk_page_cache_bytes
+                  for name, (chat, e) in engines.items() for c, b in e.disk_components.items()}
     needed = sum(r.pool_bytes for r in replicas) + ray_bytes + sum(page_cache.values())
     if needed > free:
         raise PlanError(overcommit_message(profile, spec, total, free, replicas, ray.breakdown, page_cache, eng))
@@ -229,15 +243,16 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None) -> Plan:
     if want_cpus > cpus:
         raise PlanError(f"replicas ask for {want_cpus:g} Ray CPUs but pool {spec.name} has {cpus:g}: lower the "
                         "num_cpus of chat/embedder/retriever/gateway (fractions are fine)")
-    notes = list(eng.notes)
-    admission = _admission(replicas, total, spec, ray_bytes + sum(page_cache.values()), profile, notes)
+    notes = [n for name, (_, e) in engines.items() for n in e.notes]
+    admission = _admission(replicas, total, spec, ray_bytes + sum(page_cache.values()), notes)
     pool = PoolPlan(name=spec.name, total_bytes=total, reserve_bytes=spec.reserve, free_bytes=free, cpus=cpus,
                     gpu=spec.gpu, planned_bytes=needed - ray_bytes - sum(page_cache.values()), ray_bytes=ray_bytes,
                     page_cache_bytes=sum(page_cache.values()), headroom_bytes=free - needed)
-    facts = {k: v for k, v in eng.facts.items() if k in ChatFacts.model_fields}
+    facts = {name: ChatFacts(**{k: v for k, v in e.facts.items() if k in ChatFacts.model_fields},
+                             architecture_source=e.arch.source) for name, (_, e) in engines.items()}
     return Plan(
         profile=profile.name, pool=pool, pools=[pool], replicas=replicas,
-        chat=ChatFacts(**facts, architecture_source=eng.arch.source), ray=ray, admission=admission,
+        chat=facts["chat"], engines=facts, ray=ray, admission=admission,
         threads={"cpus": int(cpus), "chat_omp": eng.facts["omp_threads"],
                  "embedder_torch": profile.embedder.torch_threads, "faiss": profile.retriever.faiss_threads,
                  "gateway": 1},
@@ -245,9 +260,22 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None) -> Plan:
     )
 
 
-def _admission(replicas: list[ReplicaPlan], total: int, spec: PoolSpec, outside: int, profile: Profile,
+def _utilization(name: str, chat, planned: int, total: int) -> float:
+    """The engine's gpu_memory_utilization: covers exactly its planned bytes, or the pinned value if that does."""
+    util = chat.gpu_memory_utilization
+    if util is None:
+        return utilization_for(planned, total)
+    if util * total < planned:
+        raise PlanError(f"{name}.gpu_memory_utilization {util} is pinned: {gib(util * total)} of the pool, "
+                        f"but the engine is planned at {gib(planned)}; unpin it or raise it to "
+                        f"{utilization_for(planned, total)}")
+    return util
+
+
+def _admission(replicas: list[ReplicaPlan], total: int, spec: PoolSpec, outside: int,
                notes: list[str]) -> list[Admission]:
-    """Engines start one at a time; vLLM refuses util x total > free (GPU) or KV > MemAvailable (CPU)."""
+    """Engines start one at a time; vLLM refuses util x total > free (GPU) or KV > MemAvailable (CPU).
+    Reads the replicas only: a plan is never edited by its admission check."""
     rows = []
     base = total - spec.reserve - outside
     started = 0
@@ -255,14 +283,7 @@ def _admission(replicas: list[ReplicaPlan], total: int, spec: PoolSpec, outside:
     for r in sorted(replicas, key=lambda r: r.start_order):
         free_before, worst = base - started, base - (everyone - r.pool_bytes)
         if r.kind == "chat" and spec.gpu:
-            util = profile.chat.gpu_memory_utilization
-            if util is None:
-                util = utilization_for(r.planned_bytes, total)
-            elif util * total < r.planned_bytes:
-                raise PlanError(f"chat.gpu_memory_utilization {util} is pinned: {gib(util * total)} of the pool, "
-                                f"but the engine is planned at {gib(r.planned_bytes)}; unpin it or raise it to "
-                                f"{utilization_for(r.planned_bytes, total)}")
-            r.vllm["gpu_memory_utilization"] = util
+            util = r.vllm["gpu_memory_utilization"]
             requested, check = int(util * total), f"util {util} x total <= free"
         elif r.kind == "chat":
             requested, check = r.vllm["kv_cache_memory_bytes"], "kv_cache_memory_bytes <= MemAvailable"

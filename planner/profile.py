@@ -201,13 +201,28 @@ class Profile(_Strict):
     state_dir: str = Field("var", description="SQLite databases, FAISS snapshots and the demo key live here.")
     pools: list[PoolSpec] = Field(default_factory=lambda: [PoolSpec()], min_length=1,
                                   description="One entry per node; one node runs here.")
-    chat: ChatSpec = Field(..., description="The vLLM chat engine.")
+    chat: ChatSpec = Field(..., description="The vLLM chat engine (the default model; started first).")
+    engines: list[ChatSpec] = Field(default_factory=list, description="More vLLM chat engines in the same pool, "
+                                    "each planned with its own admission step and started after the one before.")
     embedder: EmbedderSpec = Field(..., description="The embedder.")
     retriever: RetrieverSpec = Field(default_factory=RetrieverSpec, description="The FAISS retriever.")
     rag: RagSpec = Field(default_factory=RagSpec, description="RAG defaults.")
     gateway: GatewaySpec = Field(default_factory=GatewaySpec, description="The ingress.")
     ray: RaySpec = Field(default_factory=RaySpec, description="Ray's object store and dashboard.")
     tenants_file: str | None = Field(None, description="YAML of tenants to create at start.")
+
+    @model_validator(mode="after")
+    def _distinct_model_ids(self) -> "Profile":
+        ids = [self.chat.model_id, *(e.model_id for e in self.engines), self.embedder.model_id]
+        repeated = sorted({i for i in ids if ids.count(i) > 1})
+        if repeated:
+            raise ValueError(f"model_id {', '.join(repeated)} is used twice; every engine and the embedder "
+                             "need their own name")
+        return self
+
+    def chat_engines(self) -> list[tuple[str, ChatSpec]]:
+        """(replica name, spec) of every chat engine, in start order; the first is `chat`."""
+        return [("chat", self.chat), *((f"chat-{e.model_id}", e) for e in self.engines)]
 
     def resolve_paths(self, root: Path) -> "Profile":
         """Return a copy whose local paths are absolute (a models/ name stays a name if absent)."""
@@ -221,10 +236,11 @@ class Profile(_Strict):
         data["state_dir"] = absolute(self.state_dir)
         data["tenants_file"] = absolute(self.tenants_file)
         data["embedder"]["model"] = absolute(self.embedder.model)
-        for section in (data["chat"], data["chat"].get("speculative", {})):
-            model = section.get("model")
-            if model and (("/" in model) or (root / model).exists()):
-                section["model"] = absolute(model)
+        for engine in (data["chat"], *data.get("engines", [])):
+            for section in (engine, engine.get("speculative", {})):
+                model = section.get("model")
+                if model and (("/" in model) or (root / model).exists()):
+                    section["model"] = absolute(model)
         return Profile.model_validate(data)
 
 

@@ -30,9 +30,11 @@ def _free_port() -> int:
 
 
 def write_stack_config(workdir: Path, port: int, chat_overrides: dict | None = None,
-                       gateway_overrides: dict | None = None, route_prefix: str = "/") -> Path:
-    """A profile like the embedded default, with its own state dir and port, and a serve.yaml naming it."""
-    profile = yaml.safe_load((ROOT / "configs" / "cpu-tiny.yaml").read_text())
+                       gateway_overrides: dict | None = None, route_prefix: str = "/",
+                       base_profile: str = "cpu-tiny.yaml") -> Path:
+    """A profile like the embedded default (or another of configs/), with its own state dir and port,
+    and a serve.yaml naming it."""
+    profile = yaml.safe_load((ROOT / "configs" / base_profile).read_text())
     profile["state_dir"] = str(workdir / "state")
     # The example tenants plus one seeded from the file with a generated key (deleted in test_zz_restart).
     tenants = yaml.safe_load((ROOT / "configs" / "tenants.example.yaml").read_text())
@@ -40,6 +42,8 @@ def write_stack_config(workdir: Path, port: int, chat_overrides: dict | None = N
     (workdir / "tenants.yaml").write_text(yaml.safe_dump(tenants))
     profile["tenants_file"] = str(workdir / "tenants.yaml")
     profile["chat"]["model"] = str(ROOT / profile["chat"]["model"])
+    for engine in profile.get("engines", []):
+        engine["model"] = str(ROOT / engine["model"])
     profile["embedder"]["model"] = str(ROOT / profile["embedder"]["model"])
     for key, value in (chat_overrides or {}).items():
         profile["chat"][key] = value

@@ -42,13 +42,21 @@ def test_every_process_of_the_stack_is_in_one_pool_of_the_planned_size(stack):
     assert guard["state"] == "ok" and guard["limit_bytes"] == stack.pool_bytes and "cgroup" in guard["source"]
 
 
+def _oom_kills(pool) -> int:
+    events = pool.path / ("memory.oom_control" if pool.version == 1 else "memory.events")
+    for line in events.read_text().splitlines():
+        if line.startswith("oom_kill "):
+            return int(line.split()[1])
+    return 0
+
+
 def _guard_state(stack) -> str:
     return httpx.get(f"{stack.url}/healthz", timeout=30).json()["pool"]["state"]
 
 
 def test_the_guard_sheds_load_before_the_pool_runs_out_and_recovers(stack, client):
     pool = _pool_of(stack)
-    before = set(stack.pids())
+    before, kills_before = set(stack.pids()), _oom_kills(pool)
     helper = subprocess.Popen([sys.executable, "-c", ALLOCATOR], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True)
     try:
@@ -80,6 +88,7 @@ def test_the_guard_sheds_load_before_the_pool_runs_out_and_recovers(stack, clien
         helper.kill()
         helper.wait(timeout=30)
     assert before <= set(stack.pids()), "a replica died while the pool was squeezed"
+    assert _oom_kills(pool) == kills_before, "the kernel's OOM killer ran in the pool"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and _guard_state(stack) != "ok":
         time.sleep(1)

@@ -1,7 +1,9 @@
-"""Runs last: the stack served under `route_prefix: /api` with two gateway replicas.
+"""Runs last: one more stack variant, started once after the main stack is stopped: served under
+`route_prefix: /api`, with two gateway replicas and two chat engines in one pool
+(configs/cpu-two-engines.yaml).
 
-Auth must not depend on where the app is mounted, and a tenant's limits must hold across gateway
-replicas (rpm N gives N requests a minute, not 2N). Started once, after the main stack is stopped.
+Auth must not depend on where the app is mounted; a tenant's limits must hold across gateway replicas
+(rpm N gives N requests a minute, not 2N); the engines start one at a time and both answer.
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ def prefixed(stack, tmp_path_factory):
     stack.stop()  # one stack at a time on a 2-core machine
     workdir = tmp_path_factory.mktemp("prefixed")
     port = _free_port()
-    config = write_stack_config(workdir, port, gateway_overrides={"replicas": 2}, route_prefix=PREFIX)
+    config = write_stack_config(workdir, port, gateway_overrides={"replicas": 2}, route_prefix=PREFIX,
+                                base_profile="cpu-two-engines.yaml")
     running = Stack(config, port, workdir / "serve.log", route_prefix=PREFIX)
     try:
-        print(f"prefixed stack (2 gateways) healthy in {running.start():.0f}s")
+        print(f"prefixed stack (2 gateways, 2 engines) healthy in {running.start():.0f}s")
         yield running
     finally:
         running.stop()
@@ -75,3 +78,25 @@ def test_rpm_holds_across_two_gateway_replicas(prefixed):
 
 def test_only_the_gateway_is_reachable(prefixed):
     assert_only_the_gateway_is_reachable(prefixed)
+
+
+def test_two_engines_share_the_pool_and_started_one_after_the_other(prefixed):
+    with httpx.Client(base_url=prefixed.url, headers=DEMO, timeout=120) as http:
+        listed = {m["id"] for m in http.get("/v1/models").json()["data"]}
+        assert {"smollm2-135m-instruct", "smollm2-135m-plain"} <= listed
+        for model in ("smollm2-135m-instruct", "smollm2-135m-plain"):
+            answer = http.post("/v1/chat/completions", json={"model": model, "max_tokens": 8, "temperature": 0,
+                                                            "messages": [{"role": "user", "content": "Say OK."}]})
+            assert answer.status_code == 200 and answer.json()["model"] == model, answer.text
+        too_long = http.post("/v1/completions", json={"model": "smollm2-135m-plain", "prompt": "word " * 2100,
+                                                     "max_tokens": 4})
+        assert too_long.status_code == 400 and "2048" in too_long.json()["error"]["message"], too_long.text
+    status = httpx.get(f"{prefixed.url}/status", headers=ADMIN, timeout=60).json()
+    engines = {r["name"]: r for r in status["replicas"] if r["name"].startswith("chat")}
+    assert set(engines) == {"chat", "chat-smollm2-135m-plain"}
+    for replica in engines.values():
+        assert replica["measured_bytes"] < replica["planned_bytes"], replica
+    log = prefixed.log_path.read_text(errors="replace")
+    waited = log.index("start order: smollm2-135m-plain waits for PoolserveLLMServer:chat")
+    assert log.index("chat warm-up answered") < log.index("start order: smollm2-135m-plain starts")
+    assert waited < log.index("start order: embedder starts")

@@ -1,0 +1,53 @@
+"""Several chat engines in one pool: each planned with its own lines and admission step, in start order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from planner.plan import PlanError, build_plan
+from planner.profile import load_profile
+
+ROOT = Path(__file__).resolve().parents[2]
+GiB = 2**30
+
+
+def _two_engines(tmp_path: Path, **second) -> Path:
+    data = yaml.safe_load((ROOT / "configs" / "cpu-two-engines.yaml").read_text())
+    for section in (data["chat"], *data["engines"], data["embedder"]):
+        section["model"] = str(ROOT / section["model"])
+    data["engines"][0].update(second)
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_each_engine_has_its_own_budget_and_admission_step(tmp_path):
+    plan = build_plan(load_profile(_two_engines(tmp_path)), 24 * GiB)
+    names = [r.name for r in sorted(plan.replicas, key=lambda r: r.start_order)]
+    assert names == ["chat", "chat-smollm2-135m-plain", "embedder", "retriever", "gateway"]
+    first, second = plan.replica("chat"), plan.replica("chat-smollm2-135m-plain")
+    assert second.vllm["kv_cache_memory_bytes"] == 512 * 2**20 and second.vllm["max_model_len"] == 2048
+    assert "speculative_config" not in second.vllm and "speculative_config" in first.vllm
+    assert second.planned_bytes < first.planned_bytes
+    steps = {a.name: a for a in plan.admission}
+    # The second engine is admitted against what is free after the first one took its budget.
+    assert steps["chat-smollm2-135m-plain"].free_before_bytes == steps["chat"].free_before_bytes - first.planned_bytes
+    assert set(plan.engines) == {"chat", "chat-smollm2-135m-plain"}
+    assert plan.engines["chat-smollm2-135m-plain"].kv_pool_tokens == 512 * 2**20 // 23_040 // 128 * 128
+    planned = sum(r.pool_bytes for r in plan.replicas)
+    assert plan.pool.planned_bytes == planned
+
+
+def test_a_pool_too_small_for_the_second_engine_is_refused(tmp_path):
+    one = build_plan(load_profile(ROOT / "configs" / "cpu-tiny.yaml"), 11 * GiB)
+    assert one.pool.headroom_bytes >= 0
+    with pytest.raises(PlanError):
+        build_plan(load_profile(_two_engines(tmp_path)), 11 * GiB)
+
+
+def test_engine_model_ids_must_differ(tmp_path):
+    with pytest.raises(ValueError, match="used twice"):
+        load_profile(_two_engines(tmp_path, model_id="smollm2-135m-instruct"))
