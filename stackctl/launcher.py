@@ -35,7 +35,7 @@ from planner.plan import Plan
 from planner.profile import Profile
 from planner.units import gib
 from stackctl.cgroup import MemoryCgroup, PoolUnavailable, create_pool, own_cgroup, remove_pool
-from stackctl.preflight import can_drop_page_cache, check, drop_clean_page_cache, read_live
+from stackctl.preflight import biggest_other_processes, can_drop_page_cache, check, drop_clean_page_cache, read_live
 from stackctl.processes import STACK_ENV, end_stack, stack_pids
 
 # Ray ports a head opens; each gets a free port so two stacks on one machine never collide.
@@ -161,6 +161,8 @@ def run_preflight(plan: Plan, pool: MemoryCgroup | None, log) -> bool:
         log("preflight: dropping clean page cache (root) and checking again")
         drop_clean_page_cache()
         result = check(plan, read_live(pool))
+    if not result.ok:  # say who holds the memory the plan needs
+        result = check(plan, read_live(pool), biggest_other_processes({os.getpid()}))
     for line in result.lines:
         log(f"preflight: {line}")
     return result.ok

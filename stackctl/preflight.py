@@ -88,7 +88,7 @@ def start_steps(plan: Plan) -> list[tuple[str, int]]:
     return steps
 
 
-def check(plan: Plan, live: LiveMemory) -> PreflightResult:
+def check(plan: Plan, live: LiveMemory, others: list[tuple[str, int]] | None = None) -> PreflightResult:
     """Does the plan fit what is free now, at every start step? Pure: no side effects."""
     result = PreflightResult(ok=True)
     usable = live.usable
@@ -111,4 +111,6 @@ def check(plan: Plan, live: LiveMemory) -> PreflightResult:
         result.lines.append(f"refused: the plan needs {gib(needed_bytes(plan))}, {gib(usable)} is usable now "
                             f"({gib(max(short, 0))} short). Free memory held by others, or plan for what is "
                             f"free: `poolserve plan PROFILE --pool {max(usable, 0) // 2**20}MiB` shows what to shrink.")
+        if others:
+            result.lines.append("held by other processes: " + ", ".join(f"{name} {gib(rss)}" for name, rss in others))
     return result
