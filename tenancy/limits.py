@@ -33,13 +33,13 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from tenancy.models import Tenant
+from tenancy.sqlite_db import LockedSQLite
 
 RejectReason = Literal["rpm", "tpm", "concurrency"]
 # When the concurrency cap is hit there is no window to wait for; ask for a short retry.
@@ -119,7 +119,7 @@ def _create_private(db_path: str) -> None:
     os.chmod(db_path, 0o600)  # the umask could only narrow it; an older file is tightened too
 
 
-class TenantLimiter:
+class TenantLimiter(LockedSQLite):
     def __init__(self, db_path: str | Path, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
         self._lock = threading.Lock()
@@ -136,28 +136,6 @@ class TenantLimiter:
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.executescript(_SCHEMA)
 
-    def close(self) -> None:
-        with self._lock:
-            self._conn.close()
-
-    def __enter__(self) -> TenantLimiter:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            # IMMEDIATE takes the write lock before the first read, so test-then-record is atomic
-            # across processes.
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._conn
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
 
     @staticmethod
     def _add_tokens(conn: sqlite3.Connection, tenant: str, minute: int, delta: int) -> None:

@@ -18,8 +18,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -56,6 +55,7 @@ from tenancy.models import (  # noqa: F401 (the errors are re-exported for calle
     validate_tenant_name,
     validated_limits,
 )
+from tenancy.sqlite_db import LockedSQLite
 
 KEY_ORIGIN_GENERATED = "generated"
 KEY_ORIGIN_CONFIG = "config"
@@ -72,7 +72,7 @@ _BACKFILL_TOMBSTONES = (
 )
 
 
-class TenantStore:
+class TenantStore(LockedSQLite):
     def __init__(self, db_path: str | Path, hasher: ApiKeyHasher | None = None) -> None:
         self._hasher = hasher or ApiKeyHasher()  # only for legacy argon2 rows
         self._lock = threading.Lock()
@@ -115,28 +115,6 @@ class TenantStore:
             conn.execute(statement)
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
-    def close(self) -> None:
-        with self._lock:
-            self._conn.close()
-
-    def __enter__(self) -> TenantStore:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            # IMMEDIATE takes the write lock up front, so two gateway processes
-            # sharing the file cannot interleave a read-then-write.
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._conn
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
         with self._lock:
