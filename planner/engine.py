@@ -120,14 +120,14 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
     ssm_name = arch.ssm_dtype if chat.mamba_ssm_cache_dtype == "auto" else chat.mamba_ssm_cache_dtype
     ssm_b = DTYPE_BYTES[ssm_name]
     if arch.is_hybrid:
-        hybrid_block = arch.hybrid_attention_block(kvb, conv_b, ssm_b, max(16, block))
+        hybrid_block = arch.hybrid_attention_block(kvb, conv_b, ssm_b, max(16, block), drafter.k)
         if chat.block_size and chat.block_size < hybrid_block:
             raise EngineError(f"chat.block_size {chat.block_size} is pinned, but vLLM raises the attention block "
                               f"of {arch.name} to {hybrid_block} tokens so one page covers a layer's recurrent "
                               "state; pin at least that or unpin")
         if hybrid_block > block:
             notes.append(f"chat: attention block raised {block} -> {hybrid_block} tokens to match the "
-                         f"{gib(arch.state_bytes_per_layer(conv_b, ssm_b))} state page (as vLLM does)")
+                         f"{gib(arch.state_bytes_per_layer(conv_b, ssm_b, drafter.k))} state page (as vLLM does)")
         block = max(block, hybrid_block)
     target_tok = arch.kv_bytes_per_token(kvb)
     indexer_tok = arch.indexer_bytes_per_token()
@@ -170,7 +170,7 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
         breakdown[f"drafter.kv ({drafter.method})"] = num_blocks * block * drafter.kv_bytes_per_token
     if kv_pool > num_blocks * block_bytes:
         breakdown["kv_pool.unused_tail"] = kv_pool - num_blocks * block_bytes
-    state_seq = arch.state_bytes_per_sequence(conv_b, ssm_b)
+    state_seq = arch.state_bytes_per_sequence(conv_b, ssm_b, drafter.k)
     mamba_mode = chat.mamba_cache_mode
     if mamba_mode == "auto":
         mamba_mode = "align" if chat.enable_prefix_caching else "none"
