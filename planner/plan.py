@@ -83,6 +83,10 @@ class ChatFacts(BaseModel):
     omp_threads: int = 1
     quantization: str = "none"
     speculative_method: str = "none"
+    kv_group_size: int = Field(0, description="vLLM's layer slots per KV-cache group (hybrids; 0: one group).")
+    kv_group_layers: list[str] = Field(default_factory=list, description="Real layers per group, kind:count.")
+    state_pool_bytes_per_sequence: int = Field(0, description="One state block per sequence as vLLM allocates "
+                                               "it: state groups x group size x the attention page.")
     architecture_source: str = ""
 
 
