@@ -104,6 +104,8 @@ class Admission(BaseModel):
     free_before_bytes: int = Field(description="Expected free memory when this replica starts in order.")
     free_worst_bytes: int = Field(description="Free memory if every other replica started first.")
     requested_bytes: int
+    overhead_bytes: int = Field(0, description="Memory the engine's own processes hold when vLLM samples free "
+                                               "memory (GPU): it is taken from free before the check.")
     check: str
     ok: bool
 
@@ -286,21 +288,25 @@ def _admission(replicas: list[ReplicaPlan], total: int, spec: PoolSpec, outside:
     everyone = sum(r.pool_bytes for r in replicas)
     for r in sorted(replicas, key=lambda r: r.start_order):
         free_before, worst = base - started, base - (everyone - r.pool_bytes)
+        overhead = 0
         if r.kind == "chat" and spec.gpu:
             util = r.vllm["gpu_memory_utilization"]
-            requested, check = int(util * total), f"util {util} x total <= free"
+            overhead = runtime.VLLM_GPU_START_OVERHEAD
+            requested = int(util * total)
+            check = f"util {util} x total <= free - {gib(overhead)} of its own start-up (sampled after it)"
         elif r.kind == "chat":
             requested, check = r.vllm["kv_cache_memory_bytes"], "kv_cache_memory_bytes <= MemAvailable"
         else:
             requested, check = r.pool_bytes, "planned bytes <= free"
-        ok = requested <= free_before
+        ok = requested <= free_before - overhead
         if not ok:
             raise PlanError(f"{r.name} would be refused at start: {check} fails ({gib(requested)} requested, "
-                            f"{gib(free_before)} free at its turn)")
-        if requested > worst:
+                            f"{gib(free_before)} free at its turn, {gib(free_before - overhead)} when vLLM looks)")
+        if requested > worst - overhead:
             notes.append(f"{r.name}: admission needs start order (passes only if started before the others)")
         rows.append(Admission(name=r.name, start_order=r.start_order, free_before_bytes=free_before,
-                              free_worst_bytes=worst, requested_bytes=requested, check=check, ok=ok))
+                              free_worst_bytes=worst, requested_bytes=requested, overhead_bytes=overhead,
+                              check=check, ok=ok))
         started += r.pool_bytes
     return rows
 

