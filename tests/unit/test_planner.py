@@ -136,6 +136,11 @@ def test_spark_186_fits_with_ple_resident():
 
 def test_spark_128_needs_ple_on_disk(tmp_path):
     plan = build_plan(load_profile(ROOT / "configs/dgx-spark-128.yaml"))
+    # Honest 128 GB: idle MemAvailable (110 GiB of 121.7) as the pool, >= 4 GiB left at steady state and at start.
+    assert plan.pool.free_bytes == 110 * GiB
+    assert plan.pool.headroom_bytes >= 4 * GiB and plan.pool.start_headroom_bytes >= 4 * GiB
+    assert set(plan.start_peak) == {"start.chat.weights_page_cache", "start.chat.compile", "start.chat.cuda_graph_capture"}
+    assert plan.replica("chat").vllm["kv_cache_dtype"] == "fp8"
     assert not any(k.startswith("weights.ple") for k in plan.replica("chat").breakdown)
     assert plan.page_cache  # headroom for the mmap'd table is planned
     with pytest.raises(PlanError) as err:
