@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from planner import runtime
-from planner.advice import overcommit_message
+from planner.advice import Overcommit, overcommit_message
 from planner.architecture import ArchitectureError, embedding_dimension
 from planner.engine import EngineError, plan_engine, utilization_for
 from planner.profile import PoolSpec, Profile, pinned
@@ -221,7 +221,8 @@ def _pool_for(profile: Profile, pool_total_bytes: int | None) -> tuple[PoolSpec,
     return spec, total, cpus
 
 
-def build_plan(profile: Profile, pool_total_bytes: int | None = None) -> Plan:
+def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bool = True) -> Plan:
+    """advise=False: an overcommit raises a bare Overcommit (advice re-plans through this)."""
     spec, total, cpus = _pool_for(profile, pool_total_bytes)
     free = total - spec.reserve
     other_threads = profile.embedder.torch_threads
@@ -250,6 +251,8 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None) -> Plan:
                   for name, (chat, e) in engines.items() for c, b in e.disk_components.items()}
     needed = sum(r.pool_bytes for r in replicas) + ray_bytes + sum(page_cache.values())
     if needed > free:
+        if not advise:
+            raise Overcommit(f"short by {gib(needed - free)}", needed, free)
         raise PlanError(overcommit_message(profile, spec, total, free, replicas, ray.breakdown, page_cache, eng))
     want_cpus = sum(r.ray_actor_options["num_cpus"] * r.num_replicas for r in replicas)
     if want_cpus > cpus:
