@@ -33,7 +33,7 @@ def render(name: str) -> str:
     out += ["", f"Pool {p.total_bytes:,} - reserve {p.reserve_bytes:,} = {p.free_bytes:,} free; planned "
             f"{p.free_bytes - p.headroom_bytes:,}; headroom **{gib(p.headroom_bytes)}** at steady state"]
     if plan.start_peak:
-        out[-1] += (f", **{gib(p.start_headroom_bytes)}** while the tightest engine starts (start peak "
+        out[-1] += (f", **{gib(p.start_headroom_bytes)}** while starting (tightest engine's start peak "
                     f"{gib(p.start_peak_bytes)}: {', '.join(plan.start_peak)})")
     out[-1] += "."
     for name_, c in plan.engines.items():

@@ -127,7 +127,7 @@ class Plan(BaseModel):
     admission: list[Admission] = Field(default_factory=list)
     threads: dict[str, int] = Field(default_factory=dict)
     page_cache: dict[str, int] = Field(default_factory=dict)
-    start_peak: dict[str, int] = Field(default_factory=dict, description="The largest engine's start lines.")
+    start_peak: dict[str, int] = Field(default_factory=dict, description="Start lines of the engine whose start is tightest.")
     notes: list[str] = Field(default_factory=list)
 
     def replica(self, name: str) -> ReplicaPlan:
@@ -262,13 +262,14 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
     notes = [n for name, (_, e) in engines.items() for n in e.notes]
     admission = _admission(replicas, total, spec, ray_bytes + sum(page_cache.values()), notes, starts)
     # Headroom at start: the tightest moment of the start order (an engine at its start peak).
-    binding = min(admission, key=lambda a: a.start_headroom_bytes)
-    start = starts.get(binding.name, {})
+    tightest = min(a.start_headroom_bytes for a in admission)
+    engine_rows = [a for a in admission if a.name in starts]
+    start = starts[min(engine_rows, key=lambda a: a.start_headroom_bytes).name] if engine_rows else {}
     pool = PoolPlan(name=spec.name, total_bytes=total, reserve_bytes=spec.reserve, free_bytes=free, cpus=cpus,
                     gpu=spec.gpu, planned_bytes=needed - ray_bytes - sum(page_cache.values()), ray_bytes=ray_bytes,
                     page_cache_bytes=sum(page_cache.values()), headroom_bytes=free - needed,
                     start_peak_bytes=sum(start.values()),
-                    start_headroom_bytes=min(free - needed, binding.start_headroom_bytes))
+                    start_headroom_bytes=min(free - needed, tightest))
     facts = {name: ChatFacts(**{k: v for k, v in e.facts.items() if k in ChatFacts.model_fields},
                              architecture_source=e.arch.source) for name, (_, e) in engines.items()}
     return Plan(
