@@ -11,6 +11,10 @@ size the cache:
     VllmConfig and a backend class to call);
   - _get_kv_cache_groups_uniform_page_size (v1/core/kv_cache_utils.py) on a spec per layer, for the
     layer groups and their padding.
+Grouping found: the 27B's five DSpark layers have the target's FullAttentionSpec, so vLLM puts them in
+the attention bucket (one group of 21) and the 48 GDN layers in three groups of 16 padded to 21 slots;
+a 5-layer drafter group padded to 8 does not arise in this path (nor in the block-outermost packed
+path, which returns None once the Mamba page is padded to the attention page).
 Not covered: Qwen4Exp's PLE short-conv state spec (nvidia/model.py get_mamba_specs_from_config needs
 ple_conv_kernel_size, ngram_size and hc_count, which the bundled public facts do not carry) and the
 QSA indexer's own spec (the planner plans it from the measured per-token cost).
@@ -74,17 +78,15 @@ CASES = [  # profile, changes, drafter layers in the attention spec
 
 @pytest.mark.parametrize("name,changes,draft_layers", CASES)
 def test_kv_arithmetic_matches_vllm(tmp_path, name, changes, draft_layers):
+    from planner.architecture import read_architecture
     from tests.unit.test_planner import _profile
 
-    plan = build_plan(load_profile(_profile(tmp_path, name, **changes)), 24 * 2**30 if name == "cpu-tiny" else None)
-    c = plan.chat
-    chat = plan.replica("chat")
-    spec = chat.vllm.get("speculative_config") or {}
-    k = spec.get("num_speculative_tokens", 0) if spec.get("method") != "ngram" else spec["num_speculative_tokens"]
-    from planner.architecture import read_architecture
-    prof = load_profile(_profile(tmp_path, name, **changes))
-    a = read_architecture(prof.chat.model, prof.chat.architecture)
-    per_token, state, block, groups = _vllm(a, prof.chat.kv_cache_dtype, k, draft_layers, c.block_size)
+    profile = load_profile(_profile(tmp_path, name, **changes))
+    c = build_plan(profile, 24 * 2**30 if name == "cpu-tiny" else None).chat
+    spec = profile.chat.speculative
+    k = spec.num_speculative_tokens if spec.method != "none" else 0  # vLLM passes k for every method
+    a = read_architecture(profile.chat.model, profile.chat.architecture)
+    per_token, state, block, groups = _vllm(a, profile.chat.kv_cache_dtype, k, draft_layers, c.block_size)
     assert c.kv_bytes_per_token - c.indexer_bytes_per_token == per_token
     assert c.state_bytes_per_sequence == state
     assert c.block_size == block
