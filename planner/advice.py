@@ -1,66 +1,93 @@
-"""Overcommit advice: name the biggest items and every concrete way to fit, each with its size."""
+"""Overcommit advice: name the biggest items and every concrete way to fit, each re-planned.
+
+Every lever is a change to the profile; the planner is run again with it, and the refusal shows the
+plan it gives (needed, headroom, or what still refuses). Levers that save nothing are dropped, and a
+combination that fits (the biggest savers, added one by one) is offered when one exists.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pydantic import BaseModel
+
 from planner.units import gib
-from planner.weights import BYTES_PER_PARAM, component_params
 
 if TYPE_CHECKING:
     from planner.engine import EnginePlan
     from planner.profile import PoolSpec, Profile
 
+Change = dict[str, object]  # dotted profile path -> new value
 
-def _levers(profile: "Profile", eng: "EnginePlan", replicas, ray_breakdown: dict) -> list[tuple[str, int]]:
-    chat, facts, b = profile.chat, eng.facts, eng.breakdown
-    levers: list[tuple[str, int]] = []
-    ple = eng.component_bytes.get("ple", 0)
-    if ple and "ple" not in eng.disk_components:
-        levers.append((f"PLE on disk (chat.placement.ple: disk) frees {gib(ple - chat.disk_page_cache_bytes)} "
-                       f"({gib(ple)} table, {gib(chat.disk_page_cache_bytes)} page-cache headroom kept)",
-                       ple - chat.disk_page_cache_bytes))
-        params = component_params(eng.arch)["ple"]
+
+class Overcommit(ValueError):
+    """The plan needs more than the pool has; carries the figures for re-planned advice."""
+
+    def __init__(self, message: str, needed: int, free: int):
+        super().__init__(message)
+        self.needed, self.free = needed, free
+
+
+def apply(profile: "Profile", change: Change) -> "Profile":
+    """A copy of the profile with dotted fields replaced; pins stay pins (model_copy keeps fields_set)."""
+    for dotted, value in change.items():
+        *parents, leaf = dotted.split(".")
+        chain: list[BaseModel] = [profile]
+        for key in parents:
+            chain.append(getattr(chain[-1], key))
+        new = chain[-1].model_copy(update={leaf: value})
+        for parent, key in zip(reversed(chain[:-1]), reversed(parents)):
+            new = parent.model_copy(update={key: new})
+        profile = new
+    return profile
+
+
+def _levers(profile: "Profile", eng: "EnginePlan") -> list[tuple[str, Change]]:
+    chat, facts = profile.chat, eng.facts
+    levers: list[tuple[str, Change]] = []
+    if eng.component_bytes.get("ple") and "ple" not in eng.disk_components:
+        levers.append(("PLE on disk (chat.placement.ple: disk)", {"chat.placement": {**chat.placement, "ple": "disk"}}))
         for dtype in ("int4", "int3"):
-            saved = ple - int(params * BYTES_PER_PARAM[dtype])
-            if saved > 0:
-                levers.append((f"PLE in {dtype} (chat.component_dtypes.ple: {dtype}) frees {gib(saved)}", saved))
-    attention = b.get("kv_pool.attention", 0)
-    if attention and chat.kv_cache_dtype in ("auto", "bfloat16") and facts["speculative_method"] != "dspark":
-        levers.append((f"fp8 KV (chat.kv_cache_dtype: fp8) halves {gib(attention)} of attention KV, "
-                       f"freeing {gib(attention // 2)}", attention // 2))
-    kv_total = attention + b.get("kv_pool.indexer (bf16)", 0) + sum(v for k, v in b.items() if k.startswith("drafter.kv"))
-    if kv_total and chat.kv_cache_bytes != "auto":
-        levers.append((f"chat.kv_cache_bytes {gib(chat.kv_cache_bytes)} -> {gib(chat.kv_cache_bytes // 2)} "
-                       f"frees {gib(chat.kv_cache_bytes // 2)}", chat.kv_cache_bytes // 2))
+            levers.append((f"PLE in {dtype} (chat.component_dtypes.ple: {dtype})",
+                           {"chat.component_dtypes": {**chat.component_dtypes, "ple": dtype}}))
+    if chat.kv_cache_dtype in ("auto", "bfloat16") and facts["speculative_method"] != "dspark":
+        levers.append(("fp8 KV (chat.kv_cache_dtype: fp8)", {"chat.kv_cache_dtype": "fp8"}))
+    if chat.kv_cache_bytes != "auto":
+        levers.append((f"chat.kv_cache_bytes {gib(chat.kv_cache_bytes)} -> {gib(chat.kv_cache_bytes // 2)}",
+                       {"chat.kv_cache_bytes": chat.kv_cache_bytes // 2}))
     seqs = facts["max_num_seqs"]
     if seqs > 1:
-        half = seqs // 2
-        state = sum(v for k, v in b.items() if "recurrent_state" in k or k == "kv_pool.sliding_window")
-        kv_part = kv_total // 2 if chat.kv_cache_bytes == "auto" else 0
-        saved = state - state * half // seqs + kv_part
-        if saved:
-            what = "GDN state" if state else "KV"
-            levers.append((f"max_num_seqs {seqs} -> {half} frees {gib(saved)} of {what}", saved))
-    act = b.get("activations", 0)
-    if act > 2**28 and chat.max_num_batched_tokens > 256:
-        levers.append((f"max_num_batched_tokens {chat.max_num_batched_tokens} -> {chat.max_num_batched_tokens // 2}"
-                       f" frees about {gib(act // 2)} of activations", act // 2))
-    drafter = sum(v for k, v in b.items() if k.startswith("drafter."))
-    if drafter:
-        levers.append((f"speculative {facts['speculative_method']} -> ngram frees {gib(drafter)} "
-                       "(drafter weights, KV and state)", drafter))
-    retriever = next(r for r in replicas if r.name == "retriever")
-    index = sum(v for k, v in retriever.breakdown.items() if k.startswith("index"))
+        change: Change = {"chat.max_num_seqs": seqs // 2}
+        if chat.expected_concurrency:
+            change["chat.expected_concurrency"] = min(chat.expected_concurrency, seqs // 2)
+        levers.append((f"max_num_seqs {seqs} -> {seqs // 2}", change))
+    if chat.max_num_batched_tokens > 256:
+        levers.append((f"max_num_batched_tokens {chat.max_num_batched_tokens} -> {chat.max_num_batched_tokens // 2}",
+                       {"chat.max_num_batched_tokens": chat.max_num_batched_tokens // 2}))
+    if facts["speculative_method"] not in ("none", "ngram"):
+        spec = chat.speculative.model_copy(update={"method": "ngram", "model": None, "architecture": None})
+        levers.append((f"speculative {facts['speculative_method']} -> ngram", {"chat.speculative": spec}))
     cap = profile.retriever.capacity_chunks
-    levers.append((f"retriever.capacity_chunks {cap:,} -> {cap // 2:,} frees {gib(index // 2)}", index // 2))
-    if ray_breakdown.get("dashboard"):
-        levers.append((f"ray.include_dashboard false frees {gib(ray_breakdown['dashboard'])}", ray_breakdown["dashboard"]))
-    for r in replicas:
-        if r.name in ("embedder", "gateway"):
-            levers.append((f"drop the {r.name} replica from this node (place it elsewhere) frees {gib(r.pool_bytes)}",
-                           r.pool_bytes))
-    return sorted(levers, key=lambda x: -x[1])
+    levers.append((f"retriever.capacity_chunks {cap:,} -> {cap // 2:,}", {"retriever.capacity_chunks": cap // 2}))
+    if profile.ray.include_dashboard:
+        levers.append(("ray.include_dashboard false", {"ray.include_dashboard": False}))
+    return levers
+
+
+def _replan(profile: "Profile", total: int, change: Change) -> tuple[int | None, str]:
+    """(bytes needed, outcome) of the plan with the change applied; needed is None if it cannot be sized."""
+    from planner.plan import PlanError, build_plan
+
+    try:
+        plan = build_plan(apply(profile, change), total, advise=False)
+    except Overcommit as exc:
+        return exc.needed, f"needs {gib(exc.needed)}, still short by {gib(exc.needed - exc.free)}"
+    except PlanError as exc:
+        return None, f"refused: {str(exc).splitlines()[0]}"
+    p = plan.pool
+    start = f", {gib(p.start_headroom_bytes)} while starting" if plan.start_peak else ""
+    return p.free_bytes - p.headroom_bytes, f"fits: needs {gib(p.free_bytes - p.headroom_bytes)}, " \
+                                            f"headroom {gib(p.headroom_bytes)}{start}  [fits]"
 
 
 def overcommit_message(profile: "Profile", spec: "PoolSpec", total: int, free: int, replicas,
@@ -75,9 +102,27 @@ def overcommit_message(profile: "Profile", spec: "PoolSpec", total: int, free: i
         f"({gib(total)} total - {gib(spec.reserve)} reserve); short by {gib(short)}.",
         "Biggest items:",
         *(f"  {name:<48} {gib(v):>12}" for name, v in biggest),
-        "Ways to fit (each alone; '[fits]' = enough by itself):",
+        "Ways to fit, each re-planned alone (levers that save nothing are left out):",
     ]
-    for text, saved in _levers(profile, eng, replicas, ray_breakdown):
-        lines.append(f"  - {text}{'  [fits]' if saved >= short else ''}")
+    rows = []
+    for text, change in _levers(profile, eng):
+        after, outcome = _replan(profile, total, change)
+        if after is not None and after < needed:
+            rows.append((needed - after, text, change, outcome))
+    rows.sort(key=lambda row: -row[0])
+    lines += [f"  - {text} frees {gib(saved)}: {outcome}" for saved, text, _, outcome in rows]
+    combined: Change = {}
+    names: list[str] = []
+    for _, text, change, _ in rows:
+        if set(change) & set(combined):
+            continue  # e.g. PLE on disk and PLE in int4 change the same setting
+        combined, names = {**combined, **change}, [*names, text]
+        after, outcome = _replan(profile, total, combined)
+        if outcome.endswith("[fits]"):
+            if len(names) > 1:
+                lines.append(f"  - together: {' + '.join(names)}: {outcome}")
+            break
+    else:
+        lines.append("  - no combination of these fits; move replicas to another node or use a bigger pool")
     lines.append(f"  - a bigger pool: --pool {gib(total + short)} or more")
     return "\n".join(lines)

@@ -12,7 +12,9 @@ KV per token (one token, all layers of a kind):
   sliding window        same per token as full, but a sequence holds at most window-1+batched tokens
   indexer (QSA/DSA)     layers x index_head_dim x indexer_bytes (stays bf16 when KV is fp8)
 Recurrent state per sequence (Gated DeltaNet / Mamba layers):
-  conv  (kernel-1) x conv_dim x conv_dtype,  ssm  heads x k_dim x v_dim (or state) x ssm_dtype
+  conv  (kernel-1+k) x conv_dim x conv_dtype,  ssm  heads x k_dim x v_dim (or state) x ssm_dtype
+  k = num_speculative_tokens: vLLM keeps k extra conv rows so a rejected draft can be rolled back
+  (mamba_utils.py MambaStateShapeCalculator.gated_delta_net_state_shape / mamba2_state_shape, num_spec).
 """
 
 from __future__ import annotations
@@ -134,7 +136,7 @@ class Architecture:
         return tokens * self.sliding_layers * self.kv_bytes_per_token_per_layer(kv_dtype_bytes)
 
     # ---- recurrent state -----------------------------------------------------------------
-    def state_bytes_per_layer(self, conv_dtype_bytes: int, ssm_dtype_bytes: int) -> int:
+    def state_bytes_per_layer(self, conv_dtype_bytes: int, ssm_dtype_bytes: int, num_spec: int = 0) -> int:
         if self.lin_kind == "gdn":
             conv_dim = 2 * self.lin_k_heads * self.lin_k_dim + self.lin_v_heads * self.lin_v_dim
             ssm = self.lin_v_heads * self.lin_k_dim * self.lin_v_dim
@@ -144,18 +146,18 @@ class Architecture:
             ssm = self.lin_v_heads * self.lin_v_dim * self.mamba_state
         else:
             return 0
-        return (self.conv_kernel - 1) * conv_dim * conv_dtype_bytes + ssm * ssm_dtype_bytes
+        return (self.conv_kernel - 1 + num_spec) * conv_dim * conv_dtype_bytes + ssm * ssm_dtype_bytes
 
-    def state_bytes_per_sequence(self, conv_dtype_bytes: int, ssm_dtype_bytes: int) -> int:
-        """One sequence's recurrent state over all linear-attention layers (no speculation)."""
-        return self.linear_layers * self.state_bytes_per_layer(conv_dtype_bytes, ssm_dtype_bytes)
+    def state_bytes_per_sequence(self, conv_dtype_bytes: int, ssm_dtype_bytes: int, num_spec: int = 0) -> int:
+        """One sequence's recurrent state over all linear-attention layers (k speculative tokens)."""
+        return self.linear_layers * self.state_bytes_per_layer(conv_dtype_bytes, ssm_dtype_bytes, num_spec)
 
     def hybrid_attention_block(self, kv_dtype_bytes: int, conv_dtype_bytes: int, ssm_dtype_bytes: int,
-                               alignment: int) -> int:
+                               alignment: int, num_spec: int = 0) -> int:
         """vLLM's attention block for hybrids: the smallest multiple of `alignment` tokens whose
         per-layer attention page is >= one layer's state page (platforms/interface.py
         _align_hybrid_block_size); 0 when the model has no recurrent layers."""
-        state = self.state_bytes_per_layer(conv_dtype_bytes, ssm_dtype_bytes)
+        state = self.state_bytes_per_layer(conv_dtype_bytes, ssm_dtype_bytes, num_spec)
         if not state:
             return 0
         per_token = self.kv_bytes_per_token_per_layer(kv_dtype_bytes)

@@ -56,6 +56,10 @@ def _print_plan(plan: Plan, console: Console) -> None:
                          ("planned (replicas + ray + page cache)", p.planned_bytes + p.ray_bytes + p.page_cache_bytes),
                          ("headroom", p.headroom_bytes)):
         table.add_row(f"[bold]{label}[/bold]", f"{value:,}", gib(value))
+    for line, value in plan.start_peak.items():
+        table.add_row(f"  {line} (while it starts)", f"{value:,}", gib(value))
+    if plan.start_peak:
+        table.add_row("[bold]headroom at start[/bold]", f"{p.start_headroom_bytes:,}", gib(p.start_headroom_bytes))
     console.print(table)
     for name, c in (plan.engines or {"chat": plan.chat}).items():
         console.print(f"{name}: {c.kv_bytes_per_token:,} B/token KV (target {c.target_kv_bytes_per_token:,}, indexer "

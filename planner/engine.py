@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from planner import runtime
 from planner.architecture import DTYPE_BYTES, Architecture, read_architecture
+from planner.kvgroups import KVGroups, kv_cache_groups
 from planner.profile import ChatSpec, PoolSpec, pinned
 from planner.speculative import Drafter, SpeculativeError, plan_drafter
 from planner.units import cdiv, gib
@@ -63,6 +64,21 @@ def _kv_dtype(chat: ChatSpec) -> tuple[int, str]:
     if chat.kv_cache_dtype == "auto":
         return DTYPE_BYTES["bfloat16" if chat.dtype == "auto" else chat.dtype], "auto"
     return DTYPE_BYTES[chat.kv_cache_dtype], chat.kv_cache_dtype
+
+
+def _kv_groups(arch: Architecture, drafter: Drafter, kvb: int) -> KVGroups:
+    """vLLM's layer groups for a hybrid; none for single-spec models (one group, no padding).
+    Drafter layers shaped like the target's attention share its spec, hence its bucket."""
+    if not arch.is_hybrid:
+        return KVGroups(0, ())
+    buckets = {"attention": arch.full_layers, "sliding": arch.sliding_layers, "state": arch.linear_layers}
+    draft = drafter.architecture
+    if drafter.method == "mtp":
+        buckets["attention"] += arch.mtp_layers
+    elif draft is not None:
+        same = (draft.num_kv_heads, draft.head_dim, draft.uses_mla) == (arch.num_kv_heads, arch.head_dim, arch.uses_mla)
+        buckets["attention" if same else "drafter"] = buckets["attention"] * same + draft.num_layers
+    return kv_cache_groups(buckets)
 
 
 def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_threads: int) -> EnginePlan:
@@ -120,18 +136,23 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
     ssm_name = arch.ssm_dtype if chat.mamba_ssm_cache_dtype == "auto" else chat.mamba_ssm_cache_dtype
     ssm_b = DTYPE_BYTES[ssm_name]
     if arch.is_hybrid:
-        hybrid_block = arch.hybrid_attention_block(kvb, conv_b, ssm_b, max(16, block))
+        hybrid_block = arch.hybrid_attention_block(kvb, conv_b, ssm_b, max(16, block), drafter.k)
         if chat.block_size and chat.block_size < hybrid_block:
             raise EngineError(f"chat.block_size {chat.block_size} is pinned, but vLLM raises the attention block "
                               f"of {arch.name} to {hybrid_block} tokens so one page covers a layer's recurrent "
                               "state; pin at least that or unpin")
         if hybrid_block > block:
             notes.append(f"chat: attention block raised {block} -> {hybrid_block} tokens to match the "
-                         f"{gib(arch.state_bytes_per_layer(conv_b, ssm_b))} state page (as vLLM does)")
+                         f"{gib(arch.state_bytes_per_layer(conv_b, ssm_b, drafter.k))} state page (as vLLM does)")
         block = max(block, hybrid_block)
     target_tok = arch.kv_bytes_per_token(kvb)
     indexer_tok = arch.indexer_bytes_per_token()
-    per_token = target_tok + indexer_tok + drafter.kv_bytes_per_token
+    groups = _kv_groups(arch, drafter, kvb)
+    # Empty layer slots of short attention groups still take their page in every block.
+    pad_tok = groups.padding("attention") * arch.kv_bytes_per_token_per_layer(kvb) if groups.groups else 0
+    if groups.groups and drafter.architecture is not None:
+        pad_tok += groups.padding("drafter") * drafter.architecture.kv_bytes_per_token_per_layer(kvb)
+    per_token = target_tok + indexer_tok + drafter.kv_bytes_per_token + pad_tok
     block_bytes = block * per_token
 
     seqs = chat.max_num_seqs
@@ -168,9 +189,13 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
         breakdown["kv_pool.indexer (bf16)"] = num_blocks * block * indexer_tok
     if drafter.kv_bytes_per_token:
         breakdown[f"drafter.kv ({drafter.method})"] = num_blocks * block * drafter.kv_bytes_per_token
+    if pad_tok:
+        empty = groups.padding("attention") + groups.padding("drafter")
+        breakdown[f"kv_pool.group_padding ({empty} empty layer slots)"] = \
+            num_blocks * block * pad_tok
     if kv_pool > num_blocks * block_bytes:
         breakdown["kv_pool.unused_tail"] = kv_pool - num_blocks * block_bytes
-    state_seq = arch.state_bytes_per_sequence(conv_b, ssm_b)
+    state_seq = arch.state_bytes_per_sequence(conv_b, ssm_b, drafter.k)
     mamba_mode = chat.mamba_cache_mode
     if mamba_mode == "auto":
         mamba_mode = "align" if chat.enable_prefix_caching else "none"
@@ -182,6 +207,14 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
                 state_seq * seqs * drafter.state_blocks
         if mamba_mode == "align":
             state_lines["recurrent_state.align_checkpoint"] = state_seq * seqs
+        # Each state block is a full page per layer slot: the state page padded to the attention
+        # page, times the group size (vLLM pads the state page and the short groups alike).
+        page = block * arch.kv_bytes_per_token_per_layer(kvb)
+        pad_seq = groups.slots("state") * page - state_seq
+        blocks_per_seq = 1 + drafter.state_blocks + (mamba_mode == "align")
+        if pad_seq > 0:
+            state_lines[f"recurrent_state.page_padding ({groups.padding('state')} empty slots, "
+                        f"x{blocks_per_seq} blocks)"] = pad_seq * seqs * blocks_per_seq
     sliding = arch.sliding_bytes_per_sequence(kvb, chat.max_num_batched_tokens, chat.max_model_len, block) * seqs
     if sliding:
         state_lines["kv_pool.sliding_window"] = sliding
@@ -253,7 +286,10 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
         "num_blocks": num_blocks, "max_num_seqs": seqs, "kv_cache_memory_bytes": kv_cache_memory_bytes,
         "weight_bytes": sum(v for k, v in breakdown.items() if k.startswith("weights.")),
         "drafter_weight_bytes": drafter.weight_bytes, "omp_threads": omp, "quantization": quant,
-        "speculative_method": drafter.method,
+        "speculative_method": drafter.method, "kv_group_size": groups.group_size,
+        "kv_group_layers": [f"{g.kind}:{g.layers}" for g in groups.groups],
+        "state_pool_bytes_per_sequence": groups.slots("state") * block * arch.kv_bytes_per_token_per_layer(kvb)
+        if state_seq else 0,
     }
     return EnginePlan(arch, breakdown, vllm, env, facts, comp, disk, page_cache, drafter, notes)
 

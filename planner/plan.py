@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from planner import runtime
-from planner.advice import overcommit_message
+from planner.advice import Overcommit, overcommit_message
 from planner.architecture import ArchitectureError, embedding_dimension
 from planner.engine import EngineError, plan_engine, utilization_for
 from planner.profile import PoolSpec, Profile, pinned
@@ -65,6 +65,9 @@ class PoolPlan(BaseModel):
     ray_bytes: int = 0
     page_cache_bytes: int = 0
     headroom_bytes: int = 0
+    start_peak_bytes: int = Field(0, description="Largest engine's start-up transient (GPU): weights in the page "
+                                                 "cache, compile, graph capture.")
+    start_headroom_bytes: int = Field(0, description="headroom while that engine starts: headroom - start peak.")
 
 
 class ChatFacts(BaseModel):
@@ -83,6 +86,10 @@ class ChatFacts(BaseModel):
     omp_threads: int = 1
     quantization: str = "none"
     speculative_method: str = "none"
+    kv_group_size: int = Field(0, description="vLLM's layer slots per KV-cache group (hybrids; 0: one group).")
+    kv_group_layers: list[str] = Field(default_factory=list, description="Real layers per group, kind:count.")
+    state_pool_bytes_per_sequence: int = Field(0, description="One state block per sequence as vLLM allocates "
+                                               "it: state groups x group size x the attention page.")
     architecture_source: str = ""
 
 
@@ -100,6 +107,10 @@ class Admission(BaseModel):
     free_before_bytes: int = Field(description="Expected free memory when this replica starts in order.")
     free_worst_bytes: int = Field(description="Free memory if every other replica started first.")
     requested_bytes: int
+    start_peak_bytes: int = Field(0, description="Transient on top of planned bytes while it starts (GPU engines).")
+    start_headroom_bytes: int = Field(0, description="free_before - planned bytes - start peak.")
+    overhead_bytes: int = Field(0, description="Memory the engine's own processes hold when vLLM samples free "
+                                               "memory (GPU): it is taken from free before the check.")
     check: str
     ok: bool
 
@@ -116,6 +127,7 @@ class Plan(BaseModel):
     admission: list[Admission] = Field(default_factory=list)
     threads: dict[str, int] = Field(default_factory=dict)
     page_cache: dict[str, int] = Field(default_factory=dict)
+    start_peak: dict[str, int] = Field(default_factory=dict, description="Start lines of the engine whose start is tightest.")
     notes: list[str] = Field(default_factory=list)
 
     def replica(self, name: str) -> ReplicaPlan:
@@ -209,7 +221,8 @@ def _pool_for(profile: Profile, pool_total_bytes: int | None) -> tuple[PoolSpec,
     return spec, total, cpus
 
 
-def build_plan(profile: Profile, pool_total_bytes: int | None = None) -> Plan:
+def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bool = True) -> Plan:
+    """advise=False: an overcommit raises a bare Overcommit (advice re-plans through this)."""
     spec, total, cpus = _pool_for(profile, pool_total_bytes)
     free = total - spec.reserve
     other_threads = profile.embedder.torch_threads
@@ -238,16 +251,25 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None) -> Plan:
                   for name, (chat, e) in engines.items() for c, b in e.disk_components.items()}
     needed = sum(r.pool_bytes for r in replicas) + ray_bytes + sum(page_cache.values())
     if needed > free:
+        if not advise:
+            raise Overcommit(f"short by {gib(needed - free)}", needed, free)
         raise PlanError(overcommit_message(profile, spec, total, free, replicas, ray.breakdown, page_cache, eng))
     want_cpus = sum(r.ray_actor_options["num_cpus"] * r.num_replicas for r in replicas)
     if want_cpus > cpus:
         raise PlanError(f"replicas ask for {want_cpus:g} Ray CPUs but pool {spec.name} has {cpus:g}: lower the "
                         "num_cpus of chat/embedder/retriever/gateway (fractions are fine)")
+    starts = {name: _start_lines(name, chat, e) for name, (chat, e) in engines.items()} if spec.gpu else {}
     notes = [n for name, (_, e) in engines.items() for n in e.notes]
-    admission = _admission(replicas, total, spec, ray_bytes + sum(page_cache.values()), notes)
+    admission = _admission(replicas, total, spec, ray_bytes + sum(page_cache.values()), notes, starts)
+    # Headroom at start: the tightest moment of the start order (an engine at its start peak).
+    tightest = min(a.start_headroom_bytes for a in admission)
+    engine_rows = [a for a in admission if a.name in starts]
+    start = starts[min(engine_rows, key=lambda a: a.start_headroom_bytes).name] if engine_rows else {}
     pool = PoolPlan(name=spec.name, total_bytes=total, reserve_bytes=spec.reserve, free_bytes=free, cpus=cpus,
                     gpu=spec.gpu, planned_bytes=needed - ray_bytes - sum(page_cache.values()), ray_bytes=ray_bytes,
-                    page_cache_bytes=sum(page_cache.values()), headroom_bytes=free - needed)
+                    page_cache_bytes=sum(page_cache.values()), headroom_bytes=free - needed,
+                    start_peak_bytes=sum(start.values()),
+                    start_headroom_bytes=min(free - needed, tightest))
     facts = {name: ChatFacts(**{k: v for k, v in e.facts.items() if k in ChatFacts.model_fields},
                              architecture_source=e.arch.source) for name, (_, e) in engines.items()}
     return Plan(
@@ -256,8 +278,18 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None) -> Plan:
         threads={"cpus": int(cpus), "chat_omp": eng.facts["omp_threads"],
                  "embedder_torch": profile.embedder.torch_threads, "faiss": profile.retriever.faiss_threads,
                  "gateway": 1},
-        page_cache=page_cache, notes=notes,
+        page_cache=page_cache, start_peak=start, notes=notes,
     )
+
+
+def _start_lines(name: str, chat, eng) -> dict[str, int]:
+    """A GPU engine's start-up transient, beyond its steady lines (runtime.START_*)."""
+    weights = eng.facts["weight_bytes"] + eng.facts["drafter_weight_bytes"]
+    lines = {f"start.{name}.weights_page_cache": min(runtime.START_WEIGHT_READ, weights)}
+    if not chat.enforce_eager:
+        lines[f"start.{name}.compile"] = runtime.START_COMPILE
+        lines[f"start.{name}.cuda_graph_capture"] = runtime.START_GRAPH_CAPTURE
+    return lines
 
 
 def _utilization(name: str, chat, planned: int, total: int) -> float:
@@ -273,7 +305,7 @@ def _utilization(name: str, chat, planned: int, total: int) -> float:
 
 
 def _admission(replicas: list[ReplicaPlan], total: int, spec: PoolSpec, outside: int,
-               notes: list[str]) -> list[Admission]:
+               notes: list[str], starts: dict[str, dict[str, int]] | None = None) -> list[Admission]:
     """Engines start one at a time; vLLM refuses util x total > free (GPU) or KV > MemAvailable (CPU).
     Reads the replicas only: a plan is never edited by its admission check."""
     rows = []
@@ -282,21 +314,30 @@ def _admission(replicas: list[ReplicaPlan], total: int, spec: PoolSpec, outside:
     everyone = sum(r.pool_bytes for r in replicas)
     for r in sorted(replicas, key=lambda r: r.start_order):
         free_before, worst = base - started, base - (everyone - r.pool_bytes)
+        overhead = 0
         if r.kind == "chat" and spec.gpu:
             util = r.vllm["gpu_memory_utilization"]
-            requested, check = int(util * total), f"util {util} x total <= free"
+            overhead = runtime.VLLM_GPU_START_OVERHEAD
+            requested = int(util * total)
+            check = f"util {util} x total <= free - {gib(overhead)} of its own start-up (sampled after it)"
         elif r.kind == "chat":
             requested, check = r.vllm["kv_cache_memory_bytes"], "kv_cache_memory_bytes <= MemAvailable"
         else:
             requested, check = r.pool_bytes, "planned bytes <= free"
-        ok = requested <= free_before
+        ok = requested <= free_before - overhead
         if not ok:
             raise PlanError(f"{r.name} would be refused at start: {check} fails ({gib(requested)} requested, "
-                            f"{gib(free_before)} free at its turn)")
-        if requested > worst:
+                            f"{gib(free_before)} free at its turn, {gib(free_before - overhead)} when vLLM looks)")
+        peak = sum((starts or {}).get(r.name, {}).values())
+        if free_before - r.pool_bytes < peak:
+            raise PlanError(f"{r.name} would run out while it starts: {gib(free_before)} free at its turn, "
+                            f"{gib(r.pool_bytes)} planned + {gib(peak)} start peak ({', '.join(starts[r.name])})")
+        if requested > worst - overhead:
             notes.append(f"{r.name}: admission needs start order (passes only if started before the others)")
         rows.append(Admission(name=r.name, start_order=r.start_order, free_before_bytes=free_before,
-                              free_worst_bytes=worst, requested_bytes=requested, check=check, ok=ok))
+                              free_worst_bytes=worst, requested_bytes=requested, overhead_bytes=overhead,
+                              start_peak_bytes=peak, start_headroom_bytes=free_before - r.pool_bytes - peak,
+                              check=check, ok=ok))
         started += r.pool_bytes
     return rows
 

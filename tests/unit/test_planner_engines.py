@@ -51,3 +51,23 @@ def test_a_pool_too_small_for_the_second_engine_is_refused(tmp_path):
 def test_engine_model_ids_must_differ(tmp_path):
     with pytest.raises(ValueError, match="used twice"):
         load_profile(_two_engines(tmp_path, model_id="smollm2-135m-instruct"))
+
+
+def test_gpu_admission_counts_vllm_start_overhead():
+    """vLLM samples free memory after its own processes and CUDA context exist (runtime.VLLM_GPU_START_OVERHEAD):
+    the second engine is checked against what is free then, not before it started."""
+    from planner import runtime
+    from planner.plan import _admission
+
+    profile = load_profile(ROOT / "configs/dgx-spark-27b-plus-small.yaml")
+    plan = build_plan(profile)
+    small = next(a for a in plan.admission if a.name == "chat-smollm2-135m-instruct")
+    assert small.start_order == 1 and small.overhead_bytes == runtime.VLLM_GPU_START_OVERHEAD
+    assert small.requested_bytes <= small.free_before_bytes - small.overhead_bytes
+    assert all(a.overhead_bytes == 0 for a in plan.admission if not a.name.startswith("chat"))
+    # Take away all but 1 GiB of the small engine's margin: it would pass a check that ignored the overhead.
+    margin = small.free_before_bytes - small.requested_bytes
+    spec = profile.pools[0].model_copy(update={"reserve": profile.pools[0].reserve + margin - GiB})
+    outside = plan.pool.ray_bytes + plan.pool.page_cache_bytes
+    with pytest.raises(PlanError, match="chat-smollm2-135m-instruct would be refused at start.*when vLLM looks"):
+        _admission(plan.replicas, plan.pool.total_bytes, spec, outside, [])
