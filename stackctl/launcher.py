@@ -42,6 +42,7 @@ from stackctl.processes import STACK_ENV, end_stack, stack_pids
 RAY_PORT_FLAGS = ("--port", "--ray-client-server-port", "--dashboard-port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
                   "--metrics-export-port", "--runtime-env-agent-port", "--node-manager-port", "--object-manager-port")
 SERVE_SHUTDOWN_GRACE_S = 60.0
+RAY_MEMORY_USAGE_THRESHOLD = 0.98
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,9 @@ def stack_env(layout: StackLayout, base: dict | None = None) -> dict:
         "RAY_AUTH_TOKEN_PATH": str(layout.token_path),
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # keep 127.0.0.1 as the node address (one machine)
         "RAY_USAGE_STATS_ENABLED": "0",
+        # Ray's memory monitor kills workers above 95% of the node's memory by default, a loading engine
+        # included. The pool guard sheds load at 90/95% of the pool first; Ray acts only past 98%.
+        "RAY_memory_usage_threshold": str(RAY_MEMORY_USAGE_THRESHOLD),
     })
     env.pop("RAY_ADDRESS", None)  # never join some other cluster the shell points at
     return env

@@ -65,6 +65,15 @@ def biggest_other_processes(exclude: set[int], count: int = 5) -> list[tuple[str
     return sorted(found, key=lambda item: -item[1])[:count]
 
 
+def shm_free_bytes() -> int | None:
+    """Free space of /dev/shm, where Ray keeps its object store; None where there is none."""
+    try:
+        stats = os.statvfs("/dev/shm")
+    except OSError:
+        return None
+    return stats.f_bavail * stats.f_frsize
+
+
 def can_drop_page_cache() -> bool:
     return os.geteuid() == 0 and os.access(DROP_CACHES, os.W_OK)
 
@@ -99,6 +108,12 @@ def check(plan: Plan, live: LiveMemory, others: list[tuple[str, int]] | None = N
         fits = peak <= usable
         result.lines.append(f"  step {name}: {gib(peak)} in use once started -> {'fits' if fits else 'does NOT fit'}")
         result.ok = result.ok and fits
+    shm = shm_free_bytes()
+    if shm is not None and shm < plan.ray.object_store_memory:
+        result.lines.append(f"  /dev/shm has {gib(shm)} free but Ray's object store is planned at "
+                            f"{gib(plan.ray.object_store_memory)}: Ray would fall back to disk; enlarge /dev/shm "
+                            "or lower ray.object_store_memory")
+        result.ok = False
     chat = plan.replica("chat")
     requested = int(chat.vllm.get("gpu_memory_utilization", 0) * live.total) or chat.vllm.get("kv_cache_memory_bytes", 0)
     if plan.pool.gpu and live.free < requested <= live.available:
