@@ -296,14 +296,10 @@ class Gateway(KnowledgeRoutes, TenantAdminRoutes, OpenAiIngress):
         result = await run_to_completion(self._embed_and_charge(request, texts))
         vectors: np.ndarray = result["vectors"]
         as_base64 = getattr(body, "encoding_format", "float") == "base64"
-        data = [
-            {"object": "embedding", "index": i,
-             "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if as_base64 else v.tolist()}
-            for i, v in enumerate(vectors)
-        ]
         usage = {"prompt_tokens": result["tokens"], "total_tokens": result["tokens"]}
-        return JSONResponse({"object": "list", "data": data, "model": self._embed_model_id, "usage": usage},
-                            background=release_heap_after_sending())
+        # Rendering up to millions of floats takes a while: off the event loop, so streams keep flowing.
+        content = await run_in_threadpool(_embeddings_body, vectors, as_base64, self._embed_model_id, usage)
+        return Response(content, media_type="application/json", background=release_heap_after_sending())
 
     # ---- operations ---------------------------------------------------------------------------
     async def status(self, request: Request) -> Response:
@@ -322,6 +318,15 @@ class Gateway(KnowledgeRoutes, TenantAdminRoutes, OpenAiIngress):
             replica["planned_at_rest_bytes"] = at_rest.get(replica["name"])
         return JSONResponse({"replicas": replicas, "retriever": await self._retriever.stats.remote(),
                              "pool": guard_of(request).pool.describe()})
+
+
+def _embeddings_body(vectors: np.ndarray, as_base64: bool, model: str, usage: dict) -> bytes:
+    data = [
+        {"object": "embedding", "index": i,
+         "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if as_base64 else v.tolist()}
+        for i, v in enumerate(vectors)
+    ]
+    return json.dumps({"object": "list", "data": data, "model": model, "usage": usage}).encode()
 
 
 def _text_of(content) -> str:
@@ -351,14 +356,16 @@ ENDPOINTS = {
 
 
 def make_app(guard_config: dict, max_body_bytes: int) -> FastAPI:
-    """The gateway's FastAPI app: error mapping, tenant auth, and outermost a body-size limit.
+    """The gateway's FastAPI app: error mapping, a strict body guard, and outermost tenant auth.
     No CORS middleware: cross-origin browser calls stay closed unless an operator adds it."""
     from deployments.errors import install_error_handlers
 
     app = FastAPI(title="poolserve", docs_url="/docs", redoc_url=None)
     install_error_handlers(app)
-    app.add_middleware(TenantAuthMiddleware, guard_config=guard_config)
-    # Outermost: an over-long body is a JSON 413, and NaN, lone surrogates, invalid UTF-8 or absurd
-    # nesting a 400 naming the field, before anything parses or stores it.
+    # An over-long body is a JSON 413, and NaN, lone surrogates, invalid UTF-8 or absurd nesting a 400
+    # naming the field, before anything parses or stores it.
     app.add_middleware(RequestBodyGuard, max_body_bytes=max_body_bytes)
+    # Outermost (added last): a request without a valid key, or one the pool guard sheds, is answered
+    # before its body is even read, so unauthenticated clients cannot make the gateway buffer and parse.
+    app.add_middleware(TenantAuthMiddleware, guard_config=guard_config)
     return app

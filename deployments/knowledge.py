@@ -114,6 +114,8 @@ class KnowledgeRoutes:
                                self._settings["unavailable_retry_after_s"])
         payload = json.loads(response.body)
         await record_usage(request, model, payload.get("usage"))
+        if response.status_code >= 400 or not payload.get("choices"):
+            return response  # the engine's own OpenAI-shaped error, passed on as it is
         answer = payload["choices"][0]["message"].get("content") or ""
         return JSONResponse({"answer": answer, "citations": cited, "usage": payload.get("usage", {}),
                              "model": payload.get("model"), "id": payload.get("id")})

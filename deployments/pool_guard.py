@@ -16,7 +16,7 @@ from typing import Literal
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from stackctl.cgroup import MemoryCgroup, effective_limit_bytes, own_cgroup
+from stackctl.cgroup import effective_limit_bytes, limited_cgroup
 
 GuardState = Literal["ok", "shedding_ingest", "shedding_all"]
 STATE_CODES = {"ok": 0, "shedding_ingest": 1, "shedding_all": 2}
@@ -42,26 +42,9 @@ def _host_reading() -> PoolReading:
     return PoolReading(info["MemTotal"] - info["MemAvailable"], info["MemTotal"], "host (MemAvailable)")
 
 
-def _limited_cgroup() -> MemoryCgroup | None:
-    """The nearest cgroup (own or an ancestor) that has a memory limit: the pool."""
-    cgroup = own_cgroup()
-    while cgroup is not None:
-        try:
-            limit = cgroup.limit_bytes()
-        except (OSError, ValueError):  # the v2 root (or a cgroup without the memory controller) has no memory.max
-            limit = None
-        if limit is not None:
-            return cgroup
-        parent = cgroup.path.parent
-        if not (parent / "cgroup.procs").exists():
-            return None
-        cgroup = MemoryCgroup(parent, cgroup.version)
-    return None
-
-
 def read_pool() -> PoolReading:
     """The pool this process lives in: its limited memory cgroup if any, else the host's memory."""
-    cgroup = _limited_cgroup()
+    cgroup = limited_cgroup()
     if cgroup is not None and effective_limit_bytes(cgroup):
         return PoolReading(cgroup.in_use_bytes(), effective_limit_bytes(cgroup), f"cgroup {cgroup.path}")
     return _host_reading()

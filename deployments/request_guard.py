@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -191,7 +192,8 @@ class RequestBodyGuard:
         body = b"".join(chunks)
 
         if body and _is_json(headers.get("content-type")):
-            problem = validate_json(body, self.max_json_depth)
+            # Off the event loop: a few MB of pathological JSON takes seconds to walk.
+            problem = await run_in_threadpool(validate_json, body, self.max_json_depth)
             if problem is not None:
                 await error_body(400, problem, "invalid_request_error")(scope, receive, send)
                 return

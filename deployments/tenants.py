@@ -117,7 +117,11 @@ class TenantGuard:
         lease = self.limiter.try_acquire(tenant)
         if not lease.allowed:
             return lease, None
-        admission = self.limiter.admit(tenant, estimated_tokens=1)
+        try:
+            admission = self.limiter.admit(tenant, estimated_tokens=1)
+        except BaseException:
+            self.limiter.release(tenant, lease.lease_id)
+            raise
         if not admission.allowed:
             self.limiter.release(tenant, lease.lease_id)
             return admission.decision, None
@@ -189,7 +193,14 @@ class TenantAuthMiddleware:
         if shed:  # before admission: a shed request uses none of the tenant's limits
             return await self._reject(scope, receive, send, 503, shed, {"Retry-After": str(guard.pool.retry_after_s)},
                                       kind="service_unavailable")
-        decision, reservation = await run_in_threadpool(guard.admit, tenant)
+        # Its own task: if the client hangs up meanwhile, the lease it takes is still given back.
+        admitting = asyncio.ensure_future(run_in_threadpool(guard.admit, tenant))
+        try:
+            decision, reservation = await asyncio.shield(admitting)
+        except asyncio.CancelledError:
+            self._closing.add(admitting)
+            admitting.add_done_callback(self._release_abandoned(tenant))
+            raise
         if not decision.allowed:
             return await self._reject_over_limit(scope, receive, send, tenant, decision)
         scope[TENANT_KEY] = tenant
@@ -207,9 +218,25 @@ class TenantAuthMiddleware:
             await asyncio.shield(closing)
 
     def _close_request(self, tenant, tokens: dict, lease_id: str | None) -> None:
-        if not tokens["settled"]:  # no usage reported: give the reservation back
-            self.guard.limiter.settle(tenant, tokens["reservation"], 0)
-        self.guard.limiter.release(tenant, lease_id)
+        try:
+            if not tokens["settled"]:  # no usage reported: give the reservation back
+                self.guard.limiter.settle(tenant, tokens["reservation"], 0)
+        finally:
+            self.guard.limiter.release(tenant, lease_id)
+
+    def _release_abandoned(self, tenant):
+        """Done-callback for an admission whose request was cancelled: hand back what it took."""
+        def release(task: asyncio.Future) -> None:
+            self._closing.discard(task)
+            if task.cancelled() or task.exception() is not None:
+                return
+            decision, reservation = task.result()
+            if decision.allowed:
+                closing = asyncio.ensure_future(run_in_threadpool(
+                    self._close_request, tenant, {"reservation": reservation, "settled": False}, decision.lease_id))
+                self._closing.add(closing)
+                closing.add_done_callback(self._closing.discard)
+        return release
 
     async def _reject_over_limit(self, scope, receive, send, tenant, decision) -> None:
         self.guard.metrics.observe_rejection(tenant.name, decision.reason)
@@ -288,14 +315,17 @@ class TenantAdminRoutes:
 
     async def delete_tenant(self, name: str, request: Request) -> Response:
         guard: TenantGuard = guard_of(request)
+        if await run_in_threadpool(guard.store.get_tenant, name) is None:
+            raise HTTPException(404, f"tenant {name!r} not found")
+        # Knowledge bases first: if the retriever is down this fails (503) with the tenant still there,
+        # so the DELETE can be retried; a later tenant of the same name never inherits the documents.
+        await self._retriever.delete_tenant.remote(name)
         try:
             await run_in_threadpool(guard.store.delete_tenant, name, "admin-api")
         except TenantNotFound:
             raise HTTPException(404, f"tenant {name!r} not found")
         guard.metrics.forget_tenant(name)
         await run_in_threadpool(guard.limiter.forget, name)
-        # A later tenant of the same name must not inherit this one's knowledge bases.
-        await self._retriever.delete_tenant.remote(name)
         return JSONResponse({"deleted": name})
 
     async def tenant_usage(self, name: str, request: Request) -> Response:

@@ -9,6 +9,7 @@ delegated cgroup) and a memory controller, and when that is missing the error sa
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,11 +165,40 @@ def create_pool(name: str, limit_bytes: int) -> MemoryCgroup:
     return MemoryCgroup(path, parent.version)
 
 
-def remove_pool(pool: MemoryCgroup, back_to: MemoryCgroup | None) -> None:
-    """Move this process back out and remove the (by then empty) pool; never raises."""
+def remove_pool(pool: MemoryCgroup, back_to: MemoryCgroup | None, log=None) -> None:
+    """Move this process back out, end anything still in the pool (all of it is the stack's), and
+    remove the then empty pool; never raises."""
     try:
         if back_to is not None and os.getpid() in pool.pids():
             back_to.add(os.getpid())
+        for _ in range(20):
+            left = [pid for pid in pool.pids() if pid != os.getpid()]
+            if not left:
+                break
+            for pid in left:
+                try:
+                    os.kill(pid, 9)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.5)
         pool.path.rmdir()
-    except OSError:
-        pass
+    except OSError as exc:
+        if log:
+            log(f"could not remove the memory pool {pool.path}: {exc}")
+
+
+def limited_cgroup(cgroup: MemoryCgroup | None = None) -> MemoryCgroup | None:
+    """The nearest cgroup (this process's own or an ancestor) that has a memory limit: the pool."""
+    cgroup = cgroup or own_cgroup()
+    while cgroup is not None:
+        try:
+            limit = cgroup.limit_bytes()
+        except (OSError, ValueError):  # the v2 root (or a cgroup without the memory controller) has no memory.max
+            limit = None
+        if limit is not None:
+            return cgroup
+        parent = cgroup.path.parent
+        if not (parent / "cgroup.procs").exists():
+            return None
+        cgroup = MemoryCgroup(parent, cgroup.version)
+    return None

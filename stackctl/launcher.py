@@ -23,6 +23,7 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -34,7 +35,7 @@ import yaml
 from planner.plan import Plan
 from planner.profile import Profile
 from planner.units import gib
-from stackctl.cgroup import MemoryCgroup, PoolUnavailable, create_pool, own_cgroup, remove_pool
+from stackctl.cgroup import MemoryCgroup, PoolUnavailable, create_pool, limited_cgroup, own_cgroup, remove_pool
 from stackctl.preflight import biggest_other_processes, can_drop_page_cache, check, drop_clean_page_cache, read_live
 from stackctl.processes import STACK_ENV, end_stack, stack_pids
 
@@ -160,6 +161,7 @@ def enter_pool(layout: StackLayout, pool_bytes: int, log) -> tuple[MemoryCgroup,
 
 def run_preflight(plan: Plan, pool: MemoryCgroup | None, log) -> bool:
     """The live pool against the plan; drops clean page cache once when that is what stands in the way."""
+    pool = pool or limited_cgroup()  # e.g. a systemd scope or a container with a memory limit
     result = check(plan, read_live(pool))
     if not result.ok and can_drop_page_cache() and read_live(pool).page_cache > 0:
         log("preflight: dropping clean page cache (root) and checking again")
@@ -170,6 +172,18 @@ def run_preflight(plan: Plan, pool: MemoryCgroup | None, log) -> bool:
     for line in result.lines:
         log(f"preflight: {line}")
     return result.ok
+
+
+def private_temp_dir(path: Path) -> None:
+    """Ray's temp dir: ours, 0700, never a link. Its name is predictable, and Ray makes what it creates
+    inside 0777; a 0700 root keeps other users out of all of it."""
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        info = os.lstat(path)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+            raise PermissionError(f"{path} exists and is not a directory of this user's; remove it and start again")
+    path.chmod(0o700)
 
 
 def up(serve_config_path: Path, profile: Profile, profile_path: Path, plan: Plan, log=print,
@@ -187,28 +201,6 @@ def up(serve_config_path: Path, profile: Profile, profile_path: Path, plan: Plan
             log("pools[0].cgroup needs a size: set pools[0].total, or pass --pool / POOL=")
             return 2
         pool_bytes = spec.total
-    pool = origin = None
-    if pool_bytes:
-        try:
-            pool, origin = enter_pool(layout, pool_bytes, log)
-        except PoolUnavailable as exc:
-            log(f"cannot make the memory pool: {exc}")
-            return 2
-    if not run_preflight(plan, pool, log):
-        if pool is not None:
-            remove_pool(pool, origin)
-        return 2
-    ensure_token(layout.token_path)
-    layout.run_dir.mkdir(exist_ok=True, mode=0o700)
-    env = stack_env(layout)
-    ports = free_ports(len(RAY_PORT_FLAGS))
-    gcs_address = f"127.0.0.1:{ports[0]}"
-    config = resolved_serve_config(yaml.safe_load(serve_config_path.read_text()), profile, profile_path)
-    resolved_path = layout.run_dir / "serve.yaml"
-    resolved_path.write_text(yaml.safe_dump(config, sort_keys=False))
-    (layout.run_dir / "stack.yaml").write_text(yaml.safe_dump({
-        "stack_id": layout.stack_id, "gcs_address": gcs_address, "ray_temp_dir": str(layout.ray_temp_dir),
-        "gateway": f"http://{profile.gateway.host}:{profile.gateway.port}", "launcher_pid": os.getpid()}))
     serve = None
     stopping = {"signal": None}
 
@@ -217,13 +209,38 @@ def up(serve_config_path: Path, profile: Profile, profile_path: Path, plan: Plan
         if serve is not None and serve.poll() is None:
             serve.send_signal(signal.SIGINT)  # `serve run` shuts the app down on SIGINT
 
+    # Installed before anything is made, so a signal at any point still reaches the cleanup below.
     previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    pool = origin = None
     try:
+        if pool_bytes:
+            try:
+                pool, origin = enter_pool(layout, pool_bytes, log)
+            except PoolUnavailable as exc:
+                log(f"cannot make the memory pool: {exc}")
+                return 2
+        if not run_preflight(plan, pool, log):
+            return 2
+        if stopping["signal"] is not None:
+            return 0
+        ensure_token(layout.token_path)
+        layout.run_dir.mkdir(exist_ok=True, mode=0o700)
+        private_temp_dir(layout.ray_temp_dir)
+        env = stack_env(layout)
+        ports = free_ports(len(RAY_PORT_FLAGS))
+        gcs_address = f"127.0.0.1:{ports[0]}"
+        config = resolved_serve_config(yaml.safe_load(serve_config_path.read_text()), profile, profile_path)
+        resolved_path = layout.run_dir / "serve.yaml"
+        resolved_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        (layout.run_dir / "stack.yaml").write_text(yaml.safe_dump({
+            "stack_id": layout.stack_id, "gcs_address": gcs_address, "ray_temp_dir": str(layout.ray_temp_dir),
+            "gateway": f"http://{profile.gateway.host}:{profile.gateway.port}", "launcher_pid": os.getpid()}))
         started = subprocess.run(ray_start_command(_bin("ray"), plan, layout, ports), env=env,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=180)
         if started.returncode != 0:
             log(f"ray start failed ({started.returncode}): {started.stderr[-2000:]}")
             return 1
+        layout.ray_temp_dir.chmod(0o700)
         log(f"ray head on {gcs_address} (loopback only, token auth; token {layout.token_path}); "
             f"gateway on http://{profile.gateway.host}:{profile.gateway.port}")
         serve = subprocess.Popen([_bin("serve"), "run", "--address", gcs_address, str(resolved_path)], env=env)
@@ -241,12 +258,18 @@ def up(serve_config_path: Path, profile: Profile, profile_path: Path, plan: Plan
                         code = 130
                     break
         return code if stopping["signal"] is None else 0
+    except PermissionError as exc:
+        log(str(exc))
+        return 1
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        # A second Ctrl-C while the stack winds down must not cut the cleanup short.
+        for sig in previous:
+            signal.signal(sig, signal.SIG_IGN)
         down(layout, log)
         if pool is not None:
-            remove_pool(pool, origin)
+            remove_pool(pool, origin, log)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def down(layout: StackLayout, log=print) -> int:

@@ -114,13 +114,20 @@ def check(plan: Plan, live: LiveMemory, others: list[tuple[str, int]] | None = N
                             f"{gib(plan.ray.object_store_memory)}: Ray would fall back to disk; enlarge /dev/shm "
                             "or lower ray.object_store_memory")
         result.ok = False
-    chat = plan.replica("chat")
-    requested = int(chat.vllm.get("gpu_memory_utilization", 0) * live.total) or chat.vllm.get("kv_cache_memory_bytes", 0)
-    if plan.pool.gpu and live.free < requested <= live.available:
-        result.lines.append(f"  vLLM's start check reads MemFree ({gib(live.free)}) and would refuse {gib(requested)} "
-                            f"although MemAvailable ({gib(live.available)}) holds it: clean page cache "
-                            f"({gib(live.page_cache)}) must be dropped first (vllm#48140)")
-        result.ok = False
+    # vLLM's GPU start check per engine, in start order: each samples MemFree after the engines before
+    # it took their share.
+    taken = 0
+    for replica in sorted(plan.replicas, key=lambda r: r.start_order):
+        if replica.kind != "chat":
+            continue
+        requested = int(replica.vllm.get("gpu_memory_utilization", 0) * live.total)
+        free, available = live.free - taken, live.available - taken
+        if plan.pool.gpu and free < requested <= available:
+            result.lines.append(f"  {replica.name}: vLLM's start check reads MemFree ({gib(free)} at its turn) and "
+                                f"would refuse {gib(requested)} although MemAvailable ({gib(available)}) holds it: "
+                                f"clean page cache ({gib(live.page_cache)}) must be dropped first (vllm#48140)")
+            result.ok = False
+        taken += replica.pool_bytes
     if not result.ok:
         short = needed_bytes(plan) - usable
         result.lines.append(f"refused: the plan needs {gib(needed_bytes(plan))}, {gib(usable)} is usable now "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -39,10 +40,13 @@ def resolve_demo_key(state_dir: str | Path,
         # O_EXCL: if another replica wins the race, use its key instead of overwriting it.
         fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _OWNER_ONLY)
     except FileExistsError:
-        raced = _read_key_file(key_path)
-        if raced is None:
-            raise RuntimeError(f"{key_path} exists but holds no key") from None
-        return raced, None
+        # Another replica created it first and may still be writing it: give it a moment.
+        for _ in range(50):
+            raced = _read_key_file(key_path)
+            if raced is not None:
+                return raced, None
+            time.sleep(0.1)
+        raise RuntimeError(f"{key_path} exists but holds no key") from None
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         os.fchmod(handle.fileno(), _OWNER_ONLY)  # the umask could only narrow it, but be exact
         handle.write(api_key + "\n")

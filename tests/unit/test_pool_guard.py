@@ -258,8 +258,8 @@ def test_read_pool_uses_the_nearest_limited_cgroup(monkeypatch, tmp_path):
     monkeypatch.setattr(cgroup, "CGROUP_ROOT", tmp_path)
     pool = _v2_dir(tmp_path / "pool", str(4 * GiB), usage=3 * GiB, inactive_file=GiB)
     leaf = _v2_dir(pool / "replica", "max", usage=GiB)
-    monkeypatch.setattr(pool_guard, "own_cgroup", lambda pid="self": MemoryCgroup(leaf, 2))
-    assert pool_guard._limited_cgroup() == MemoryCgroup(pool, 2)
+    monkeypatch.setattr(cgroup, "own_cgroup", lambda pid="self": MemoryCgroup(leaf, 2))
+    assert cgroup.limited_cgroup() == MemoryCgroup(pool, 2)
     reading = read_pool()
     assert reading == PoolReading(2 * GiB, 4 * GiB, f"cgroup {pool}")
     assert reading.fraction == 0.5
@@ -267,10 +267,10 @@ def test_read_pool_uses_the_nearest_limited_cgroup(monkeypatch, tmp_path):
 
 def test_read_pool_falls_back_to_the_host_without_a_limit(monkeypatch, tmp_path):
     leaf = _v2_dir(tmp_path / "leaf", "max", usage=GiB)  # tmp_path has no cgroup.procs: the walk stops
-    monkeypatch.setattr(pool_guard, "own_cgroup", lambda pid="self": MemoryCgroup(leaf, 2))
-    assert pool_guard._limited_cgroup() is None
+    monkeypatch.setattr(cgroup, "own_cgroup", lambda pid="self": MemoryCgroup(leaf, 2))
+    assert cgroup.limited_cgroup() is None
     assert read_pool().source == "host (MemAvailable)"
-    monkeypatch.setattr(pool_guard, "own_cgroup", lambda pid="self": None)
+    monkeypatch.setattr(cgroup, "own_cgroup", lambda pid="self": None)
     assert read_pool().source == "host (MemAvailable)"
 
 
@@ -281,5 +281,5 @@ def test_read_pool_v2_walk_reaching_the_root_cgroup(monkeypatch, tmp_path):
     (tmp_path / "cgroup.procs").write_text("1\n")
     (tmp_path / "cgroup.controllers").write_text("cpu memory\n")
     leaf = _v2_dir(_v2_dir(tmp_path / "user.slice", "max") / "session.scope", "max", usage=GiB)
-    monkeypatch.setattr(pool_guard, "own_cgroup", lambda pid="self": MemoryCgroup(leaf, 2))
+    monkeypatch.setattr(cgroup, "own_cgroup", lambda pid="self": MemoryCgroup(leaf, 2))
     assert read_pool().source == "host (MemAvailable)"
