@@ -94,8 +94,9 @@ def test_two_engines_share_the_pool_and_started_one_after_the_other(prefixed):
     status = httpx.get(f"{prefixed.url}/status", headers=ADMIN, timeout=60).json()
     engines = {r["name"]: r for r in status["replicas"] if r["name"].startswith("chat")}
     assert set(engines) == {"chat", "chat-smollm2-135m-plain"}
-    for replica in engines.values():
-        assert replica["measured_bytes"] < replica["planned_bytes"], replica
+    for replica in engines.values():  # each engine against its own plan (the tolerance of test_plan_vs_measured)
+        at_rest = replica["planned_at_rest_bytes"]
+        assert abs(replica["measured_bytes"] - at_rest) <= 0.15 * at_rest, replica
     log = prefixed.log_path.read_text(errors="replace")
     waited = log.index("start order: smollm2-135m-plain waits for PoolserveLLMServer:chat")
     assert log.index("chat warm-up answered") < log.index("start order: smollm2-135m-plain starts")
