@@ -16,7 +16,7 @@ from typing import Literal
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from stackctl.cgroup import effective_limit_bytes, limited_cgroup
+from stackctl.cgroup import effective_limit_bytes, host_meminfo, limited_cgroup
 
 GuardState = Literal["ok", "shedding_ingest", "shedding_all"]
 STATE_CODES = {"ok": 0, "shedding_ingest": 1, "shedding_all": 2}
@@ -34,11 +34,7 @@ class PoolReading:
 
 
 def _host_reading() -> PoolReading:
-    info = {}
-    with open("/proc/meminfo") as meminfo:
-        for line in meminfo:
-            key, _, value = line.partition(":")
-            info[key] = int(value.split()[0]) * 1024
+    info = host_meminfo()
     return PoolReading(info["MemTotal"] - info["MemAvailable"], info["MemTotal"], "host (MemAvailable)")
 
 

@@ -25,15 +25,10 @@ class Retriever:
                                     hnsw_m=hnsw_m, capacity_chunks=capacity_chunks,
                                     sqlite_cache_bytes=sqlite_cache_bytes)
 
-    def upsert_document(self, tenant, collection, doc_id, chunks, vectors, metadata, chars) -> int:
-        stored = self.store.upsert_document(tenant, collection, doc_id, chunks, vectors, metadata, chars)
-        release_freed_heap(collect=False)  # the request's vectors and SQLite rows are garbage now
-        return stored
-
     def upsert_documents(self, tenant, collection, documents: list[tuple]) -> list[int]:
         """All of a request's documents in one transaction: an ingest is stored whole or not at all."""
         stored = self.store.upsert_documents(tenant, collection, documents)
-        release_freed_heap(collect=False)
+        release_freed_heap(collect=False)  # the request's vectors and SQLite rows are garbage now
         return stored
 
     def delete_document(self, tenant: str, collection: str, doc_id: str) -> None:

@@ -140,14 +140,12 @@ class Plan(BaseModel):
 def detect_total_bytes() -> int:
     """Unified memory: the pool is the machine's MemTotal, or the limit of the memory cgroup this process
     runs in when that is smaller (`make serve POOL=...`). A discrete GPU's size is passed in."""
-    from stackctl.cgroup import effective_limit_bytes
+    from stackctl.cgroup import effective_limit_bytes, host_meminfo
 
-    with open("/proc/meminfo") as meminfo:
-        for line in meminfo:
-            if line.startswith("MemTotal:"):
-                total = int(line.split()[1]) * 1024
-                return min(total, effective_limit_bytes() or total)
-    raise PlanError("cannot read MemTotal from /proc/meminfo; set pools[0].total")
+    total = host_meminfo().get("MemTotal")
+    if not total:
+        raise PlanError("cannot read MemTotal from /proc/meminfo; set pools[0].total")
+    return min(total, effective_limit_bytes() or total)
 
 
 def embedder_dimension(profile: Profile) -> int:

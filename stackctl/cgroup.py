@@ -18,6 +18,18 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 UNLIMITED = 2**62
 
 
+def host_meminfo() -> dict[str, int]:
+    """/proc/meminfo in bytes (MemTotal, MemAvailable, MemFree, Cached, ...): the host's side of the pool."""
+    info = {}
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            key, _, value = line.partition(":")
+            fields = value.split()
+            if fields and fields[0].isdigit():
+                info[key] = int(fields[0]) * (1024 if fields[1:] == ["kB"] else 1)
+    return info
+
+
 class PoolUnavailable(RuntimeError):
     """A memory pool cannot be made here; the message says why and what to do."""
 

@@ -15,7 +15,7 @@ import psutil
 
 from planner.plan import Plan
 from planner.units import gib
-from stackctl.cgroup import MemoryCgroup
+from stackctl.cgroup import MemoryCgroup, host_meminfo
 
 DROP_CACHES = "/proc/sys/vm/drop_caches"
 
@@ -44,11 +44,7 @@ class PreflightResult:
 
 
 def read_live(pool: MemoryCgroup | None = None) -> LiveMemory:
-    info = {}
-    with open("/proc/meminfo") as meminfo:
-        for line in meminfo:
-            key, _, value = line.partition(":")
-            info[key] = int(value.split()[0]) * 1024
+    info = host_meminfo()
     limit = pool.limit_bytes() if pool is not None else None
     return LiveMemory(info["MemTotal"], info["MemAvailable"], info["MemFree"],
                       info.get("Cached", 0) + info.get("Buffers", 0), limit,
