@@ -77,19 +77,7 @@ def build_app(args: dict) -> serve.Application:
         profile.retriever.hnsw_m, profile.retriever.faiss_threads, profile.retriever.capacity_chunks,
         profile.retriever.sqlite_cache_bytes, after_engines,
     )
-    settings = {
-        "chat_model_id": profile.chat.model_id,
-        "chat_models": {spec.model_id: {"path": spec.model, "max_model_len": plan.replica(name).vllm["max_model_len"],
-                                        "replica": name} for name, spec in profile.chat_engines()},
-        "embed_model_id": profile.embedder.model_id,
-        "planned_bytes": {r.name: r.planned_bytes for r in plan.replicas},
-        "planned_at_rest_bytes": {r.name: r.planned_bytes - r.growth_bytes for r in plan.replicas},
-        **profile.rag.model_dump(),
-        **profile.gateway.model_dump(include={"max_choices", "max_prompts", "max_embedding_inputs",
-                                              "unavailable_retry_after_s"}),
-        "state_dir": profile.state_dir,
-        "start_after": after_engines,
-    }
+    settings = {**plan.gateway.as_dict(), "start_after": after_engines}
     pool = profile.pools[0]
     guard_config = {"state_dir": profile.state_dir, "tenants_file": profile.tenants_file,
                     "shed_ingest_at": pool.shed_ingest_at, "shed_all_at": pool.shed_all_at}

@@ -8,7 +8,7 @@ import time
 from ray.serve.llm import LLMConfig
 from ray.serve.llm.deployment import LLMServer
 
-from deployments.process_memory import process_tree_rss
+from deployments.process_memory import process_tree_memory
 from deployments.start_order import wait_for_predecessors
 from planner.plan import ReplicaPlan
 from planner.profile import ChatSpec
@@ -44,17 +44,18 @@ class PoolserveLLMServer(LLMServer):
         logger.info("chat warm-up answered in %.1fs", time.monotonic() - started)
 
     async def memory(self) -> dict:
-        return process_tree_rss()
+        return process_tree_memory()
 
 
 def llm_config_from_plan(chat: ChatSpec, chat_plan: ReplicaPlan, start_after: list[tuple[str, str]]) -> LLMConfig:
     """One engine's ray.serve.llm config, every number from its plan. The replica's Serve name is
     `PoolserveLLMServer:<plan name>` (`chat` for the first engine)."""
-    engine_cpus = max(0.05, chat_plan.ray_actor_options.get("num_cpus", 0.5) - REPLICA_ACTOR_CPUS)
-    actor_options = {k: v for k, v in chat_plan.ray_actor_options.items() if k != "num_cpus"}
+    engine_cpus = max(0.05, chat_plan.ray_actor_options.num_cpus - REPLICA_ACTOR_CPUS)
+    actor_options = chat_plan.ray_actor_options.as_dict()
+    actor_options.pop("num_cpus")
     return LLMConfig(
         model_loading_config={"model_id": chat.model_id, "model_source": chat.model},
-        engine_kwargs=dict(chat_plan.vllm),
+        engine_kwargs=chat_plan.vllm.as_dict(),
         deployment_config={
             "name": chat_plan.name,
             "num_replicas": 1,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from ray import serve
 
-from deployments.process_memory import process_tree_rss, release_freed_heap
+from deployments.process_memory import process_tree_memory, release_freed_heap
 from deployments.start_order import wait_for_predecessors
 from rag.chunking import Chunker
 
@@ -57,7 +57,7 @@ class Embedder:
         return [chunk.text for chunk in self.chunker.split(text)]
 
     def memory(self) -> dict:
-        return process_tree_rss()
+        return process_tree_memory()
 
     def ready(self) -> bool:
         return True

@@ -30,7 +30,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from deployments.errors import error_body, unavailable
 from deployments.request_guard import RequestBodyGuard
 from deployments.knowledge import KnowledgeRoutes
-from deployments.process_memory import process_tree_rss
+from deployments.process_memory import process_tree_memory
 from deployments.start_order import wait_for_predecessors
 from deployments.work import release_heap_after_sending, run_to_completion, without_credentials
 from deployments.streams import force_stream_usage, tracked_stream
@@ -310,7 +310,7 @@ class Gateway(KnowledgeRoutes, TenantAdminRoutes, OpenAiIngress):
         )
         names = [engine.replica for engine in self._engines.values()] + ["embedder", "retriever"]
         replicas = [{"name": n, **(m if isinstance(m, dict) else {"error": str(m)})} for n, m in zip(names, measured)]
-        replicas.append({"name": "gateway", **process_tree_rss()})
+        replicas.append({"name": "gateway", **process_tree_memory()})
         planned = self._settings.get("planned_bytes", {})
         at_rest = self._settings.get("planned_at_rest_bytes", {})
         for replica in replicas:

@@ -27,6 +27,7 @@ class PoolReading:
     used_bytes: int  # what cannot be reclaimed: cgroup usage minus inactive file pages, or MemTotal - MemAvailable
     limit_bytes: int
     source: str  # "cgroup <path>" or "host (MemAvailable)"
+    peak_bytes: int | None = None  # the cgroup's highest usage so far (its start peak included)
 
     @property
     def fraction(self) -> float:
@@ -42,7 +43,8 @@ def read_pool() -> PoolReading:
     """The pool this process lives in: its limited memory cgroup if any, else the host's memory."""
     cgroup = limited_cgroup()
     if cgroup is not None and effective_limit_bytes(cgroup):
-        return PoolReading(cgroup.in_use_bytes(), effective_limit_bytes(cgroup), f"cgroup {cgroup.path}")
+        return PoolReading(cgroup.in_use_bytes(), effective_limit_bytes(cgroup), f"cgroup {cgroup.path}",
+                           cgroup.peak_bytes())
     return _host_reading()
 
 
@@ -105,6 +107,6 @@ class PoolGuard:
     def describe(self) -> dict:
         state, reading = self.sample()
         return {"state": state, "used_bytes": reading.used_bytes, "limit_bytes": reading.limit_bytes,
-                "fraction": round(reading.fraction, 4), "source": reading.source,
+                "fraction": round(reading.fraction, 4), "source": reading.source, "peak_bytes": reading.peak_bytes,
                 "shed_ingest_at": self.shed_ingest_at, "shed_all_at": self.shed_all_at,
                 "hysteresis": self.hysteresis, "shed_requests": self.shed_total}

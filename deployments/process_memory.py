@@ -1,4 +1,10 @@
-"""Measured memory of a replica: RSS of its process and every descendant (vLLM's EngineCore, Worker)."""
+"""Measured memory of a replica: its unique share of the pool (PSS) for its process and every
+descendant (vLLM's EngineCore, Worker), with RSS beside it.
+
+Budgets count unique memory: a page of libtorch mapped by six replicas is one page of the pool, so
+each process is charged 1/6 of it (the kernel's proportional set size), not all of it (RSS).
+Summed over every process of the stack, PSS is what the stack takes from the pool.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,10 @@ import gc
 import os
 
 import psutil
+
+# /proc/<pid>/smaps_rollup fields (kB) -> the keys /status reports.
+_ROLLUP_FIELDS = {"Pss:": "measured_bytes", "Pss_Anon:": "anon_bytes", "Pss_File:": "file_bytes",
+                  "Pss_Shmem:": "shmem_bytes", "Rss:": "rss_bytes"}
 
 
 def release_freed_heap(collect: bool = True) -> None:
@@ -23,35 +33,41 @@ def release_freed_heap(collect: bool = True) -> None:
         trim(0)
 
 
-def process_tree_rss(pid: int | None = None) -> dict:
-    """RSS of this process (after releasing its freed heap) and of every process it started,
-    with the kernel's split into anonymous, file-backed and shared-memory pages."""
+def process_tree_memory(pid: int | None = None) -> dict:
+    """Unique memory (PSS) of this process (after releasing its freed heap) and of every process it
+    started, split into anonymous, file-backed and shared-memory pages, with the tree's RSS."""
     if pid is None:
         release_freed_heap()
     root = psutil.Process(pid or os.getpid())
-    processes = [root, *root.children(recursive=True)]
-    total, pids, parts = 0, [], {"anon_bytes": 0, "file_bytes": 0, "shmem_bytes": 0}
-    for process in processes:
-        try:
-            total += process.memory_info().rss
-            for name, value in _rss_parts(process.pid).items():
-                parts[name] += value
-            pids.append(process.pid)
-        except (psutil.NoSuchProcess, FileNotFoundError, ProcessLookupError):
+    totals = dict.fromkeys(_ROLLUP_FIELDS.values(), 0)
+    pids = []
+    for process in [root, *root.children(recursive=True)]:
+        parts = _rollup(process.pid)
+        if not parts:
             continue
-    return {"measured_bytes": total, "pids": pids, **parts}
+        for key, value in parts.items():
+            totals[key] += value
+        pids.append(process.pid)
+    return {**totals, "pids": pids}
 
 
-def _rss_parts(pid: int) -> dict[str, int]:
-    """RssAnon / RssFile / RssShmem from /proc (Linux); empty elsewhere."""
-    fields = {"RssAnon:": "anon_bytes", "RssFile:": "file_bytes", "RssShmem:": "shmem_bytes"}
+def _rollup(pid: int) -> dict[str, int]:
+    """One process's smaps_rollup (Linux 4.14+); RSS alone where it cannot be read."""
     parts = {}
     try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            for line in rollup:
                 words = line.split()
-                if words and words[0] in fields:
-                    parts[fields[words[0]]] = int(words[1]) * 1024
-    except OSError:
+                if words and words[0] in _ROLLUP_FIELDS:
+                    parts[_ROLLUP_FIELDS[words[0]]] = int(words[1]) * 1024
+    except (FileNotFoundError, ProcessLookupError):
         return {}
+    except OSError:
+        parts = {}
+    if "measured_bytes" not in parts:
+        try:
+            rss = psutil.Process(pid).memory_info().rss
+        except psutil.Error:
+            return {}
+        parts = {"measured_bytes": rss, "rss_bytes": rss}
     return parts

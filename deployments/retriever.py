@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ray import serve
 
-from deployments.process_memory import process_tree_rss, release_freed_heap
+from deployments.process_memory import process_tree_memory, release_freed_heap
 from deployments.start_order import wait_for_predecessors
 from rag.store import KnowledgeStore
 
@@ -53,7 +53,7 @@ class Retriever:
         return self.store.stats()
 
     def memory(self) -> dict:
-        return process_tree_rss()
+        return process_tree_memory()
 
     def ready(self) -> bool:
         return True

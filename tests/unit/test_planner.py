@@ -70,7 +70,7 @@ def test_cpu_tiny_kv_tokens_match_vllm():
     assert plan.chat.block_size == 128
     assert plan.chat.kv_pool_tokens == 46_592  # vLLM logged "CPU KV cache size: 46,592 tokens" for 1 GiB
     chat = plan.replica("chat")
-    assert chat.vllm["kv_cache_memory_bytes"] == GiB
+    assert chat.vllm.kv_cache_memory_bytes == GiB
     assert "gpu_memory_utilization" not in chat.vllm
     assert chat.planned_bytes == sum(chat.breakdown.values())
     assert {r.kind for r in plan.replicas} == {"chat", "embedder", "retriever", "gateway"}
@@ -86,7 +86,7 @@ def test_cpu_tiny_refused_at_2gib():
 def test_speculative_mapping(tmp_path):
     ngram = build_plan(load_profile(_profile(tmp_path, "cpu-tiny", **{"chat.speculative": {
         "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}})), 24 * GiB)
-    assert ngram.replica("chat").vllm["speculative_config"] == {
+    assert ngram.replica("chat").vllm.speculative_config == {
         "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
     draft = str(ROOT / "models/SmolLM2-135M-Instruct-draft6")
     plan = build_plan(load_profile(_profile(tmp_path, "cpu-tiny", **{"chat.speculative": {
@@ -117,7 +117,7 @@ def test_pinned_values(tmp_path):
     with pytest.raises(PlanError, match="omp_threads"):
         build_plan(load_profile(_profile(tmp_path, "cpu-tiny", **{"chat.omp_threads": 8})), 24 * GiB)
     plan = build_plan(load_profile(_profile(tmp_path, "cpu-tiny", **{"chat.block_size": 32})), 24 * GiB)
-    assert plan.replica("chat").vllm["block_size"] == 32
+    assert plan.replica("chat").vllm.block_size == 32
     with pytest.raises(PlanError, match="gpu_memory_utilization"):
         build_plan(load_profile(_profile(tmp_path, "dgx-spark", **{"chat.gpu_memory_utilization": 0.5})))
 
@@ -128,10 +128,10 @@ def test_spark_186_fits_with_ple_resident():
     chat = plan.replica("chat")
     assert chat.breakdown["weights.ple (fp8)"] == 51_200_000_000
     assert plan.pool.headroom_bytes >= 0
-    assert chat.vllm["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 3}
-    assert chat.vllm["mamba_cache_mode"] == "align"
+    assert chat.vllm.speculative_config == {"method": "mtp", "num_speculative_tokens": 3}
+    assert chat.vllm.mamba_cache_mode == "align"
     assert all(a.ok for a in plan.admission)
-    assert chat.vllm["gpu_memory_utilization"] * plan.pool.total_bytes >= chat.planned_bytes
+    assert chat.vllm.gpu_memory_utilization * plan.pool.total_bytes >= chat.planned_bytes
 
 
 def test_spark_128_needs_ple_on_disk(tmp_path):
@@ -140,7 +140,7 @@ def test_spark_128_needs_ple_on_disk(tmp_path):
     assert plan.pool.free_bytes == 110 * GiB
     assert plan.pool.headroom_bytes >= 4 * GiB and plan.pool.start_headroom_bytes >= 4 * GiB
     assert set(plan.start_peak) == {"start.chat.weights_page_cache", "start.chat.compile", "start.chat.cuda_graph_capture"}
-    assert plan.replica("chat").vllm["kv_cache_dtype"] == "fp8"
+    assert plan.replica("chat").vllm.kv_cache_dtype == "fp8"
     assert not any(k.startswith("weights.ple") for k in plan.replica("chat").breakdown)
     assert plan.page_cache  # headroom for the mmap'd table is planned
     with pytest.raises(PlanError) as err:
@@ -151,7 +151,7 @@ def test_spark_128_needs_ple_on_disk(tmp_path):
 def test_spark_27b_dspark():
     plan = build_plan(load_profile(ROOT / "configs/dgx-spark-27b.yaml"))
     assert plan.chat.drafter_kv_bytes_per_token == 5 * 2 * 4 * 256 * 2
-    assert plan.replica("chat").vllm["speculative_config"]["method"] == "dspark"
+    assert plan.replica("chat").vllm.speculative_config["method"] == "dspark"
     assert plan.pool.headroom_bytes >= 0
 
 
@@ -181,4 +181,4 @@ def test_advice_is_replanned(tmp_path):
     spec = profile.chat.speculative.model_copy(update={"method": "ngram", "model": None, "architecture": None})
     plan = build_plan(apply(profile, {"chat.max_num_seqs": 20, "chat.expected_concurrency": 20, "chat.speculative": spec}))
     assert f"headroom {plan.pool.headroom_bytes / GiB:.2f} GiB" in together
-    assert plan.replica("chat").vllm["max_num_seqs"] == 20
+    assert plan.replica("chat").vllm.max_num_seqs == 20

@@ -29,8 +29,8 @@ def test_each_engine_has_its_own_budget_and_admission_step(tmp_path):
     names = [r.name for r in sorted(plan.replicas, key=lambda r: r.start_order)]
     assert names == ["chat", "chat-smollm2-135m-plain", "embedder", "retriever", "gateway"]
     first, second = plan.replica("chat"), plan.replica("chat-smollm2-135m-plain")
-    assert second.vllm["kv_cache_memory_bytes"] == 512 * 2**20 and second.vllm["max_model_len"] == 2048
-    assert "speculative_config" not in second.vllm and "speculative_config" in first.vllm
+    assert second.vllm.kv_cache_memory_bytes == 512 * 2**20 and second.vllm.max_model_len == 2048
+    assert second.vllm.speculative_config is None and first.vllm.speculative_config is not None
     assert second.planned_bytes < first.planned_bytes
     steps = {a.name: a for a in plan.admission}
     # The second engine is admitted against what is free after the first one took its budget.

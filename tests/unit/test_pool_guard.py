@@ -175,6 +175,7 @@ def test_describe():
         "limit_bytes": LIMIT,
         "fraction": 0.8,
         "source": "fake pool",
+        "peak_bytes": None,
         "shed_ingest_at": 0.8,
         "shed_all_at": 0.9,
         "hysteresis": 0.05,

@@ -59,7 +59,7 @@ def test_a_small_dev_shm_is_refused(monkeypatch):
 def test_vllm_memfree_check_is_flagged_on_a_gpu_pool(monkeypatch):
     monkeypatch.setattr(preflight, "shm_free_bytes", lambda: 8 * GiB)
     plan = build_plan(load_profile(ROOT / "configs" / "dgx-spark-128.yaml"))
-    requested = int(plan.replica("chat").vllm["gpu_memory_utilization"] * 121.7 * GiB)
+    requested = int(plan.replica("chat").vllm.gpu_memory_utilization * 121.7 * GiB)
     live = LiveMemory(total=int(121.7 * GiB), available=requested + 20 * GiB, free=requested - GiB,
                       page_cache=30 * GiB)
     result = check(plan, live)

@@ -1,0 +1,72 @@
+"""Typed outputs of a plan: the vLLM engine arguments, Ray actor options and gateway settings that
+the runtime uses. Every field is planned; nothing downstream computes a number of its own."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.profile import RagSpec
+
+
+class _Output(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    def as_dict(self) -> dict:
+        """What the runtime receives: unset (None) options are left to the library's default."""
+        return self.model_dump(exclude_none=True)
+
+
+class EngineArgs(_Output):
+    """One chat engine's vLLM arguments (AsyncEngineArgs names), passed as ray.serve.llm engine_kwargs."""
+
+    dtype: str = Field(description="Weights and activations dtype.")
+    max_model_len: int = Field(description="Longest prompt + completion, in tokens.")
+    max_num_seqs: int = Field(description="Sequences decoded together: bounds the KV pool's concurrent use "
+                              "and the activations planned.")
+    max_num_batched_tokens: int = Field(description="Tokens one scheduler step may run (prefill chunk size).")
+    kv_cache_memory_bytes: int = Field(description="KV cache bytes vLLM allocates: exactly the plan's KV pool.")
+    gpu_memory_utilization: float | None = Field(None, description="GPU only: fraction of the pool the engine "
+                                                 "may hold; covers exactly its planned bytes.")
+    enable_prefix_caching: bool = Field(description="Reuse KV blocks of shared prompt prefixes.")
+    enable_chunked_prefill: bool = Field(True, description="Split long prompts across scheduler steps.")
+    block_size: int | None = Field(None, description="KV cache block in tokens; None: vLLM's platform default.")
+    kv_cache_dtype: str | None = Field(None, description="KV cache dtype when not the model dtype (fp8).")
+    speculative_config: dict | None = Field(None, description="vLLM speculative_config (ngram, draft, MTP).")
+    quantization: str | None = Field(None, description="vLLM quantization method of the checkpoint.")
+    mamba_cache_mode: str | None = Field(None, description="Hybrid models: how recurrent state is cached.")
+    mamba_ssm_cache_dtype: str | None = Field(None, description="Hybrid models: dtype of the SSM state.")
+    enforce_eager: bool | None = Field(None, description="No torch.compile / CUDA graphs.")
+    compilation_config: dict | None = Field(None, description="GPU: CUDA graph capture sizes.")
+
+
+class RayActorOptions(_Output):
+    """Ray resources of one replica actor: what the scheduler reserves for it."""
+
+    num_cpus: float = Field(description="Ray CPUs (fractions: Ray sees the machine's cores and every "
+                            "replica must fit beside the others).")
+    memory: int = Field(description="Ray's logical memory resource: the replica's planned bytes.")
+    num_gpus: float | None = Field(None, description="GPU share on a GPU pool; None on CPU.")
+
+
+class ChatModelCard(_Output):
+    path: str = Field(description="Model folder: the gateway loads its tokenizer to count prompt tokens.")
+    max_model_len: int = Field(description="The engine's context: longer prompts get a 400 before the engine.")
+    replica: str = Field(description="The engine's replica name in the plan.")
+
+
+class GatewaySettings(RagSpec):
+    """Everything the gateway reads, from the profile and its plan (the RAG section's fields included)."""
+
+    chat_model_id: str = Field(description="Default chat model.")
+    chat_models: dict[str, ChatModelCard] = Field(description="Every chat engine, by the id clients send.")
+    embed_model_id: str = Field(description="The embedder's id for /v1/embeddings.")
+    planned_bytes: dict[str, int] = Field(description="Each replica's budget (ceiling), for /status and the guard.")
+    planned_at_rest_bytes: dict[str, int] = Field(description="Each replica's planned resident memory at rest.")
+    max_choices: int = Field(description="Largest n / best_of.")
+    max_prompts: int = Field(description="Most prompts in one completions request.")
+    max_embedding_inputs: int = Field(description="Most inputs in one embeddings request.")
+    unavailable_retry_after_s: int = Field(description="Retry-After of a 503 while a replica is down.")
+    state_dir: str = Field(description="SQLite databases, index snapshots, the tenant store.")
+
+    def as_dict(self) -> dict:
+        return self.model_dump()
