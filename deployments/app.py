@@ -20,8 +20,9 @@ from deployments.chat import PoolserveLLMServer, llm_config_from_plan
 from deployments.embedder import Embedder
 from deployments.gateway import ENDPOINTS, Gateway, make_app
 from deployments.retriever import Retriever
-from planner.plan import build_plan, embedder_dimension
-from planner.profile import load_profile
+from planner.gpu import torch_device
+from planner.plan import Plan, build_plan, embedder_dimension
+from planner.profile import Profile, load_profile
 
 logger = logging.getLogger("poolserve.app")
 
@@ -47,6 +48,28 @@ def _warn_if_ray_is_open() -> None:
                      "RAY_AUTH_MODE=token (docs/SECURITY.md).", node_ip)
 
 
+def engine_deployments(profile: Profile, plan: Plan) -> tuple[dict, dict, list[tuple[str, str]]]:
+    """Every chat engine's deployment and model card by model id, each engine to start after the one
+    before it, and what the rest waits for (the last engine's health check)."""
+    llm_deployments, model_cards, after = {}, {}, []
+    for name, spec in profile.chat_engines():
+        llm_config = llm_config_from_plan(spec, plan.replica(name), after)
+        engine = build_llm_deployment(llm_config, deployment_cls=PoolserveLLMServer)
+        llm_deployments[spec.model_id] = engine
+        model_cards[spec.model_id] = to_model_metadata(spec.model_id, llm_config)
+        after = [(engine._bound_deployment.name, "check_health")]
+    return llm_deployments, model_cards, after
+
+
+def embedder_deployment(profile: Profile, plan: Plan, start_after: list[tuple[str, str]]) -> serve.Application:
+    """The embedder bound as its plan says: resources, and the device that goes with them."""
+    emb = profile.embedder
+    return Embedder.options(**_options(plan, "embedder")).bind(
+        emb.model, emb.model_id, emb.batch_size, profile.rag.chunk_tokens, profile.rag.chunk_overlap,
+        emb.torch_threads, start_after, device=torch_device(plan.replica("embedder").ray_actor_options.num_gpus),
+    )
+
+
 def build_app(args: dict) -> serve.Application:
     parsed = AppArgs.model_validate(args or {})
     profile = load_profile(os.path.abspath(parsed.profile))
@@ -58,20 +81,10 @@ def build_app(args: dict) -> serve.Application:
 
     # Ordered start: engines one at a time (each after the previous one has allocated its KV cache and
     # answered its warm-up), then everything else.
-    llm_deployments, model_cards, after = {}, {}, []
-    for name, spec in profile.chat_engines():
-        llm_config = llm_config_from_plan(spec, plan.replica(name), after)
-        engine = build_llm_deployment(llm_config, deployment_cls=PoolserveLLMServer)
-        llm_deployments[spec.model_id] = engine
-        model_cards[spec.model_id] = to_model_metadata(spec.model_id, llm_config)
-        after = [(engine._bound_deployment.name, "check_health")]
-    after_engines = after
+    llm_deployments, model_cards, after_engines = engine_deployments(profile, plan)
     logger.info("start order: %s, then embedder, retriever and gateway",
                 " -> ".join(d._bound_deployment.name for d in llm_deployments.values()))
-    embedder = Embedder.options(**_options(plan, "embedder")).bind(
-        profile.embedder.model, profile.embedder.model_id, profile.embedder.batch_size,
-        profile.rag.chunk_tokens, profile.rag.chunk_overlap, profile.embedder.torch_threads, after_engines,
-    )
+    embedder = embedder_deployment(profile, plan, after_engines)
     retriever = Retriever.options(**_options(plan, "retriever")).bind(
         profile.state_dir, embedder_dimension(profile), profile.retriever.index,
         profile.retriever.hnsw_m, profile.retriever.faiss_threads, profile.retriever.capacity_chunks,

@@ -13,7 +13,8 @@ from rag.chunking import Chunker
 @serve.deployment(name="embedder", max_ongoing_requests=64)
 class Embedder:
     async def __init__(self, model_path: str, model_id: str, batch_size: int, chunk_tokens: int,
-                       chunk_overlap: int, torch_threads: int, start_after: list[tuple[str, str]]):
+                       chunk_overlap: int, torch_threads: int, start_after: list[tuple[str, str]],
+                       device: str):
         import torch
         from sentence_transformers import SentenceTransformer
 
@@ -22,7 +23,8 @@ class Embedder:
         torch.set_num_threads(torch_threads)
         self.model_id = model_id
         self.batch_size = batch_size
-        self.model = SentenceTransformer(model_path, device="cpu", local_files_only=True)
+        # `cuda` only when the plan gave this replica a GPU share: Ray then sets CUDA_VISIBLE_DEVICES to it.
+        self.model = SentenceTransformer(model_path, device=device, local_files_only=True)
         self.dimension = int(self.model.get_sentence_embedding_dimension())
         tokenizer = self.model.tokenizer
         self._count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -17,6 +17,7 @@ from planner import runtime
 from planner.advice import Overcommit, overcommit_message
 from planner.architecture import ArchitectureError, embedding_dimension
 from planner.engine import EngineError, plan_engine, utilization_for
+from planner.gpu import gpu_fraction
 from planner.outputs import ChatModelCard, EngineArgs, GatewaySettings, RayActorOptions
 from planner.profile import PoolSpec, Profile, pinned
 from planner.units import gib
@@ -162,7 +163,8 @@ def embedder_dimension(profile: Profile) -> int:
         raise PlanError(f"{exc}; set retriever.dim") from exc
 
 
-def _side_replicas(profile: Profile, gpu: bool, dim: int, first_order: int = 1) -> list[ReplicaPlan]:
+def _side_replicas(profile: Profile, gpu: bool, dim: int, first_order: int = 1,
+                   pool_bytes: int = 0) -> list[ReplicaPlan]:
     emb, ret, gw = profile.embedder, profile.retriever, profile.gateway
     emb_weights = safetensors_bytes(emb.model)
     if not emb_weights:
@@ -190,7 +192,8 @@ def _side_replicas(profile: Profile, gpu: bool, dim: int, first_order: int = 1) 
                            ray_actor_options=opts, env=env, start_order=order, num_replicas=copies)
 
     return [
-        replica("embedder", emb_lines, emb, emb.torch_threads, first_order, growth=emb_act, gpus=0.1 if gpu else 0.0),
+        replica("embedder", emb_lines, emb, emb.torch_threads, first_order, growth=emb_act,
+                gpus=gpu_fraction(sum(emb_lines.values()), pool_bytes) if gpu else 0.0),
         replica("retriever", ret_lines, ret, ret.faiss_threads, first_order + 1,
                 growth=index + n * 56 + ret.sqlite_cache_bytes),
         replica("gateway", gw_lines, gw, 1, first_order + 2, growth=2 * gw.max_body_bytes + runtime.GATEWAY_TRAFFIC_GROWTH, copies=gw.replicas),
@@ -237,13 +240,14 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
         if spec.gpu:
             vllm = vllm.model_copy(update={"gpu_memory_utilization": _utilization(name, chat, chat_bytes, total)})
         chat_opts = RayActorOptions(num_cpus=chat.num_cpus, memory=chat_bytes,
-                                    num_gpus=0.8 / len(profile.chat_engines()) if spec.gpu else None)
+                                    num_gpus=gpu_fraction(chat_bytes, total) if spec.gpu else None)
         engine_replicas.append(ReplicaPlan(name=name, kind="chat", planned_bytes=chat_bytes, breakdown=eng.breakdown,
                                            vllm=vllm, ray_actor_options=chat_opts, env=eng.env,
                                            start_order=order, growth_bytes=runtime.VLLM_TRAFFIC_GROWTH))
         engines[name] = (chat, eng)
     eng = engines["chat"][1]
-    replicas = [*engine_replicas, *_side_replicas(profile, spec.gpu, embedder_dimension(profile), len(engines))]
+    replicas = [*engine_replicas, *_side_replicas(profile, spec.gpu, embedder_dimension(profile), len(engines),
+                                                     pool_bytes=total)]
     ray = _ray_plan(profile, cpus, replicas)
     ray_bytes = sum(ray.breakdown.values())
     page_cache = {f"page_cache.{name}.{c} (on disk, {gib(b)})": chat.disk_page_cache_bytes
