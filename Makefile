@@ -4,7 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.poolserve-installed
-PROFILE ?= configs/cpu-tiny.yaml
+# Every target that needs a profile takes PROFILE=... (or $POOLSERVE_PROFILE); the CPU default otherwise.
+PROFILE ?= $(or $(POOLSERVE_PROFILE),configs/cpu-tiny.yaml)
 # `make serve POOL=11GiB` runs the whole stack inside a memory cgroup of that size (root).
 POOL ?=
 
@@ -28,10 +29,10 @@ models: $(STAMP)
 	$(PY) scripts/prepare_models.py --models-dir models
 
 serve: setup
-	bash scripts/serve.sh serve.yaml $(if $(POOL),--pool $(POOL))
+	bash scripts/serve.sh serve.yaml --profile $(PROFILE) $(if $(POOL),--pool $(POOL))
 
 stop:
-	bash scripts/stop.sh
+	bash scripts/stop.sh serve.yaml --profile $(PROFILE)
 
 plan: install
 	$(VENV)/bin/poolserve plan $(PROFILE)

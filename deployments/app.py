@@ -29,7 +29,9 @@ logger = logging.getLogger("poolserve.app")
 
 class AppArgs(BaseModel):
     model_config = {"extra": "ignore"}  # `poolserve render` adds the resolved plan for review
-    profile: str = Field("configs/cpu-tiny.yaml", description="Profile YAML, relative to the working directory.")
+    profile: str = Field(default_factory=lambda: os.environ.get("POOLSERVE_PROFILE", "configs/cpu-tiny.yaml"),
+                         description="Profile YAML, relative to the working directory; default $POOLSERVE_PROFILE, "
+                                     "else the CPU default.")
 
 
 def _options(plan, name: str) -> dict:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 from ray import serve
 
@@ -23,6 +25,9 @@ class Embedder:
         torch.set_num_threads(torch_threads)
         self.model_id = model_id
         self.batch_size = batch_size
+        # One batch in flight: the plan budgets one batch's activations, and concurrent encodes on the
+        # same cores only share them (measured: four at once held 4x the activations, 0.5 GiB over budget).
+        self._one_batch = threading.Lock()
         # `cuda` only when the plan gave this replica a GPU share: Ray then sets CUDA_VISIBLE_DEVICES to it.
         self.model = SentenceTransformer(model_path, device=device, local_files_only=True)
         self.dimension = int(self.model.get_sentence_embedding_dimension())
@@ -41,18 +46,19 @@ class Embedder:
 
     def embed(self, texts: list[str]) -> dict:
         """Unit-length float32 vectors and the tokens the model actually read."""
-        vectors = self.model.encode(
-            texts, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True,
-            show_progress_bar=False,
-        ).astype(np.float32)
+        with self._one_batch:
+            vectors = self.model.encode(
+                texts, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True,
+                show_progress_bar=False,
+            ).astype(np.float32)
+            # torch frees a batch's activations to glibc, which keeps them; hand them back to the pool
+            # (a few ms) so a replica at rest holds weights + runtime, as planned.
+            release_freed_heap(collect=False)
         # One batched call (the fast tokenizer's Rust loop), as the model reads them: with its special
         # tokens, cut at max_seq_length.
         read = sum(len(ids) for ids in self.model.tokenizer(
             texts, truncation=True, max_length=int(self.model.max_seq_length),
             return_attention_mask=False, return_token_type_ids=False)["input_ids"])
-        # torch frees a batch's activations to glibc, which keeps them; hand them back to the pool
-        # (a few ms) so a replica at rest holds weights + runtime, as planned.
-        release_freed_heap(collect=False)
         return {"vectors": vectors, "tokens": read}
 
     def chunk(self, text: str) -> list[str]:

@@ -17,6 +17,20 @@ from planner.units import gib
 
 app = typer.Typer(help="Plan, render and check poolserve's unified memory pool.", no_args_is_help=True)
 
+# One profile argument for every command: the command line, else $POOLSERVE_PROFILE, else the CPU default.
+PROFILE_ENV = "POOLSERVE_PROFILE"
+DEFAULT_PROFILE = Path("configs/cpu-tiny.yaml")
+PROFILE_HELP = f"Profile YAML (or ${PROFILE_ENV}); default {DEFAULT_PROFILE}."
+
+
+def profile_argument():
+    return typer.Argument(DEFAULT_PROFILE, envvar=PROFILE_ENV, help=PROFILE_HELP, show_default=False)
+
+
+def profile_option():
+    return typer.Option(None, "--profile", "-p", envvar=PROFILE_ENV, help=PROFILE_HELP + " Overrides the profile "
+                        "serve.yaml names.")
+
 
 def _plan_or_exit(profile: Path, pool: str | None, console: Console) -> tuple[Plan, object]:
     try:
@@ -31,7 +45,7 @@ def plan_json(plan: Plan) -> dict:
     data = plan.model_dump(exclude_none=True)
     data["replicas"] = [
         {k: r[k] for k in ("name", "kind", "planned_bytes", "growth_bytes", "breakdown", "vllm",
-                           "ray_actor_options", "env", "start_order")} for r in data["replicas"]]
+                           "ray_actor_options", "env", "start_order") if k in r} for r in data["replicas"]]
     return data
 
 
@@ -87,7 +101,7 @@ def _print_plan(plan: Plan, console: Console) -> None:
 
 
 @app.command()
-def plan(profile: Path = typer.Argument(..., help="Profile YAML."),
+def plan(profile: Path = profile_argument(),
          pool: str | None = typer.Option(None, "--pool", help="Pool size, e.g. 24GiB; overrides pools[0].total."),
          as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON.")) -> None:
     """Print the plan; a refused plan exits non-zero with the advice."""
@@ -115,7 +129,7 @@ def serve_config(result: Plan, profile_path: Path) -> dict:
 
 
 @app.command()
-def render(profile: Path = typer.Argument(..., help="Profile YAML."),
+def render(profile: Path = profile_argument(),
            output: Path = typer.Option(..., "-o", "--output", help="Where to write the resolved Serve config."),
            pool: str | None = typer.Option(None, "--pool", help="Pool size override.")) -> None:
     """Write the fully resolved Serve config (every number explicit) for review."""
@@ -127,29 +141,32 @@ def render(profile: Path = typer.Argument(..., help="Profile YAML."),
     typer.echo(f"wrote {output}")
 
 
-def profile_from_serve_config(serve_config_path: Path) -> Path:
-    """The profile a serve.yaml names (its first application's `args.profile`)."""
+def profile_from_serve_config(serve_config_path: Path, chosen: Path | None = None) -> Path:
+    """The profile to run: the one chosen (--profile / $POOLSERVE_PROFILE), else the one a serve.yaml names
+    (its first application's `args.profile`), else the CPU default; relative to the serve.yaml's folder."""
     config = yaml.safe_load(serve_config_path.read_text()) or {}
-    profile = Path(config["applications"][0]["args"]["profile"])
+    named = ((config.get("applications") or [{}])[0].get("args") or {}).get("profile")
+    profile = Path(chosen or named or DEFAULT_PROFILE)
     return profile if profile.is_absolute() else serve_config_path.resolve().parent / profile
 
 
 @app.command()
-def up(serve_config: Path = typer.Argument(Path("serve.yaml"), help="serve.yaml naming the profile."),
+def up(serve_config: Path = typer.Argument(Path("serve.yaml"), help="The Serve config (serve.yaml)."),
+       profile: Path | None = profile_option(),
        pool: str | None = typer.Option(None, help="Run inside a memory cgroup of this size, e.g. 6GiB "
                                         "(the plan is made for it).")) -> None:
     """Run the stack in the foreground: a private loopback Ray head with token auth, then `serve run`.
     Ctrl-C or SIGTERM stops it and every process it started (and no other)."""
     from stackctl.launcher import up as run_stack
 
-    profile_path = profile_from_serve_config(serve_config)
+    profile_path = profile_from_serve_config(serve_config, profile)
     result, prof = _plan_or_exit(profile_path, pool, Console(stderr=True))
     raise typer.Exit(run_stack(serve_config, prof, profile_path, result, pool_bytes=parse_size(pool) if pool else None,
                                log=lambda m: typer.echo(f"poolserve: {m}", err=True)))
 
 
 @app.command()
-def preflight(profile: Path = typer.Argument(..., help="Profile YAML."),
+def preflight(profile: Path = profile_argument(),
               pool: str | None = typer.Option(None, "--pool", help="Pool size override (the cgroup to be made).")) -> None:
     """Compare the live pool (MemAvailable, MemFree, page cache, a cgroup's use) with the plan, step by start
     step. `poolserve up` runs it before every start. Exits 2 when the plan does not fit now."""
@@ -165,19 +182,25 @@ def preflight(profile: Path = typer.Argument(..., help="Profile YAML."),
 
 
 @app.command()
-def down(serve_config: Path = typer.Argument(Path("serve.yaml"), help="serve.yaml naming the profile.")) -> None:
-    """Stop the stack of this serve.yaml's state dir: only the processes it started, found by their marker."""
+def down(serve_config: Path = typer.Argument(Path("serve.yaml"), help="The Serve config (serve.yaml)."),
+         profile: Path | None = profile_option()) -> None:
+    """Stop the stack of the profile's state dir: only the processes it started, found by their marker."""
     from stackctl.launcher import StackLayout, down as stop_stack
 
-    prof = load_profile(profile_from_serve_config(serve_config))
+    prof = load_profile(profile_from_serve_config(serve_config, profile))
     stop_stack(StackLayout(Path(prof.state_dir)), log=lambda m: typer.echo(f"poolserve: {m}", err=True))
 
 
 @app.command()
-def status(url: str = typer.Option("http://127.0.0.1:8000", "--url", help="Gateway base URL."),
+def status(url: str | None = typer.Option(None, "--url", help="Gateway base URL; default: the profile's "
+                                        "gateway.host and gateway.port."),
+           profile: Path = typer.Option(DEFAULT_PROFILE, "--profile", "-p", envvar=PROFILE_ENV, help=PROFILE_HELP),
            admin_key: str = typer.Option(..., envvar="POOLSERVE_ADMIN_KEY", help="The gateway's admin key."),
            as_json: bool = typer.Option(False, "--json", help="Print the gateway's JSON.")) -> None:
     """Planned vs measured bytes per replica, from the running gateway's /status."""
+    if url is None:
+        gateway = load_profile(profile).gateway
+        url = f"http://{'127.0.0.1' if gateway.host in ('0.0.0.0', '::') else gateway.host}:{gateway.port}"
     target = url.rstrip("/") + "/status"
     try:
         response = httpx.get(target, timeout=30.0, headers={"Authorization": f"Bearer {admin_key}"})

@@ -57,10 +57,11 @@ START_GRAPH_CAPTURE = 1 * GiB
 # embedder and retriever also do after every batch); without that, glibc keeps freed batches and a
 # replica's footprint followed its history by 20-25%.
 # Embedder: torch + transformers + sentence-transformers + Ray worker heap 0.311 GiB beyond its
-# weights; mapped files 0.106-0.11 GiB. Its weights and a batch's activations (released after each
-# batch) are planned on their own lines.
+# weights; mapped files 0.065-0.11 GiB (its share of libtorch falls as more replicas map it). Its
+# weights and a batch's activations (released after each batch) are planned on their own lines;
+# it encodes one batch at a time, so one batch's activations are its peak.
 EMBEDDER_RUNTIME = 334 * MB
-EMBEDDER_MAPPED_FILES = 117 * MB
+EMBEDDER_MAPPED_FILES = 92 * MB
 # Gateway = an OpenAiIngress subclass (ray.serve.llm imports vllm, pyarrow, fastapi) plus the chat
 # tokenizer and the tenant store: heap 0.497 GiB (it grows a little with traffic), mapped files
 # 0.037-0.06 GiB.
