@@ -154,8 +154,8 @@ def plan_table(plan: Plan) -> Table:
         if facts:
             engine = (f"weights {gib(facts.weight_bytes)}, KV {facts.kv_pool_tokens:,} tokens, "
                       f"max_num_seqs {facts.max_num_seqs}")
-            if "gpu_memory_utilization" in r.vllm:
-                engine += f", gpu_memory_utilization {r.vllm['gpu_memory_utilization']}"
+            if r.vllm and r.vllm.gpu_memory_utilization:
+                engine += f", gpu_memory_utilization {r.vllm.gpu_memory_utilization}"
         copies = f" x{r.num_replicas}" if r.num_replicas > 1 else ""
         table.add_row(f"{r.name}{copies}", gib(r.pool_bytes), gib(r.pool_bytes - r.growth_bytes * r.num_replicas),
                       engine)

@@ -172,7 +172,7 @@ def test_config_that_fits_is_checked_then_the_weights_are_fetched_with_progress(
     assert code == 0, out
     assert f"chat: {REPO}@main is commit {COMMIT}" in out
     assert "config.json matches qwen3.8-flash-next.json in every field the planner reads" in out
-    assert "re-planned from the hub's configs" in out and "fits:" in out
+    assert "re-planned from the hub's configs" in out and "fits:" in out and "gpu_memory_utilization 0." in out
     assert "chat: Fetching 6 files" in out  # the rich progress bar, fed by huggingface_hub
     folder = tmp_path / "models/Qwen3.8-Flash-Next-NVFP4"
     for name in (*WEIGHTS, "config.json", "tokenizer.json", "chat_template.jinja", "model.safetensors.index.json"):
