@@ -65,7 +65,8 @@ def _levers(profile: "Profile", eng: "EnginePlan") -> list[tuple[str, Change]]:
         levers.append((f"max_num_batched_tokens {chat.max_num_batched_tokens} -> {chat.max_num_batched_tokens // 2}",
                        {"chat.max_num_batched_tokens": chat.max_num_batched_tokens // 2}))
     if facts["speculative_method"] not in ("none", "ngram"):
-        spec = chat.speculative.model_copy(update={"method": "ngram", "model": None, "architecture": None})
+        spec = chat.speculative.model_copy(update={"method": "ngram", "model": None, "architecture": None,
+                                                      "hub": None})
         levers.append((f"speculative {facts['speculative_method']} -> ngram", {"chat.speculative": spec}))
     cap = profile.retriever.capacity_chunks
     levers.append((f"retriever.capacity_chunks {cap:,} -> {cap // 2:,}", {"retriever.capacity_chunks": cap // 2}))

@@ -275,15 +275,30 @@ def architecture_from_config(cfg: dict, name: str = "", source: str = "") -> Arc
     )
 
 
-def find_config(model: str, architecture: str | None = None) -> tuple[dict, str]:
-    """(config dict, where it came from). A folder's config.json wins over bundled facts."""
-    path = Path(model)
-    if (path / "config.json").exists():
-        return json.loads((path / "config.json").read_text()), str(path / "config.json")
-    for candidate in filter(None, (architecture, path.name, model)):
+def bundled_facts(model: str, architecture: str | None = None) -> Path | None:
+    """configs/models/<name>.json for this model: the named architecture, else the folder's name."""
+    for candidate in filter(None, (architecture, Path(model).name, model)):
         bundled = BUNDLED_DIR / f"{candidate}.json"
         if bundled.exists():
-            return json.loads(bundled.read_text()), str(bundled)
+            return bundled
+    return None
+
+
+def find_config(model: str, architecture: str | None = None) -> tuple[dict, str]:
+    """(config dict, where it came from). A folder's config.json wins over bundled facts; the bundled
+    `poolserve` block (facts a config.json does not carry) is kept when the folder's config has none."""
+    path = Path(model)
+    bundled = bundled_facts(model, architecture)
+    if (path / "config.json").exists():
+        cfg, source = json.loads((path / "config.json").read_text()), str(path / "config.json")
+        facts = json.loads(bundled.read_text()).get("poolserve") if bundled else None
+        if facts and "poolserve" not in cfg:
+            # a checkpoint fetched from a hub has no PLE shape or published sizes; without them the
+            # planner would lose the PLE table it must place
+            cfg, source = {**cfg, "poolserve": facts}, f"{source} + poolserve facts of {bundled}"
+        return cfg, source
+    if bundled:
+        return json.loads(bundled.read_text()), str(bundled)
     names = sorted(p.stem for p in BUNDLED_DIR.glob("*.json"))
     raise ArchitectureError(
         f"no config.json in {model} and no configs/models/<name>.json for it "

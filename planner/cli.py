@@ -235,5 +235,16 @@ def status(url: str | None = typer.Option(None, "--url", help="Gateway base URL;
                    f"{pool['shed_all_at']:.0%}); {pool['source']}; {pool['shed_requests']} requests shed")
 
 
+@app.command()
+def fetch(profile: Path = typer.Argument(Path("configs/cpu-tiny.yaml"), envvar="POOLSERVE_PROFILE",
+                                         help="Profile YAML."),
+          pool: str | None = typer.Option(None, "--pool", help="Pool size override for the re-plan.")) -> None:
+    """Download the profile's hub models into their folders. Each config.json is read first and the plan
+    re-made from it; a plan that no longer fits exits 2 with the advice, before any weight is fetched."""
+    from stackctl.fetch import fetch_profile
+
+    raise typer.Exit(fetch_profile(profile, parse_size(pool) if pool else None, Console(stderr=True)))
+
+
 if __name__ == "__main__":
     app()

@@ -71,6 +71,15 @@ class PoolSpec(_Strict):
         return self
 
 
+class HubSource(_Strict):
+    """A Hugging Face repo at a revision: where `poolserve fetch` downloads a model folder from."""
+
+    repo_id: str = Field(..., pattern=r"^(?:[\w.-]+/)?[\w.-]+$",
+                         description="Hugging Face repo id: 'org/name' (or a legacy id without an org).")
+    revision: str = Field(..., min_length=1, description="Branch, tag or commit to fetch. A 40-hex commit pins "
+                          "the bytes; a branch is resolved to its commit once, so config and weights match.")
+
+
 class SpeculativeSpec(_Strict):
     """Speculative decoding; its bytes come out of the chat engine's budget."""
 
@@ -80,9 +89,17 @@ class SpeculativeSpec(_Strict):
     model: str | None = Field(None, description="Draft model folder (draft_model, dspark, eagle).")
     architecture: str | None = Field(None, description="Bundled configs/models/<name>.json for a draft folder "
                                      "that is not on this machine.")
+    hub: HubSource | None = Field(None, description="Hub repo `poolserve fetch` downloads the draft folder "
+                                  "(`model`) from; None = the folder is provided locally.")
     num_speculative_tokens: int = Field(3, ge=1, le=16, description="Tokens proposed per step.")
     prompt_lookup_min: int = Field(2, ge=1, description="ngram: shortest n-gram to match.")
     prompt_lookup_max: int = Field(4, ge=1, description="ngram: longest n-gram to match.")
+
+    @model_validator(mode="after")
+    def _hub_needs_a_folder(self) -> "SpeculativeSpec":
+        if self.hub and not self.model:
+            raise ValueError("speculative.hub needs speculative.model: the folder the draft is fetched into")
+        return self
 
 
 class ChatSpec(_Strict):
@@ -92,6 +109,8 @@ class ChatSpec(_Strict):
     model: str = Field(..., description="Model folder (config.json + weights), or a name under configs/models/.")
     architecture: str | None = Field(None, description="Name of bundled architecture facts (configs/models/<name>.json) "
                                      "used when the model folder is not on this machine.")
+    hub: HubSource | None = Field(None, description="Hub repo `poolserve fetch` downloads the model folder "
+                                  "(`model`) from; None = the folder is provided locally.")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("bfloat16", description="Activation/weight dtype.")
     quantization: Literal["auto", "none", "fp8", "nvfp4", "int4", "awq", "int3", "mxfp4"] = Field(
         "auto", description="Weight format of the checkpoint; 'auto' reads config.json's quantization_config.")
@@ -135,6 +154,8 @@ class EmbedderSpec(_Strict):
 
     model_id: str = Field(..., description="Name clients send as `model` to /v1/embeddings.")
     model: str = Field(..., description="sentence-transformers folder.")
+    hub: HubSource | None = Field(None, description="Hub repo `poolserve fetch` downloads the folder (`model`) "
+                                  "from; None = the folder is provided locally.")
     batch_size: int = Field(32, ge=1, le=1024, description="Texts embedded per forward pass.")
     num_cpus: float = Field(0.3, gt=0, description="Ray CPUs for the embedder.")
     torch_threads: int = Field(1, ge=1, description="torch intra-op threads.")
@@ -239,7 +260,8 @@ class Profile(_Strict):
         for engine in (data["chat"], *data.get("engines", [])):
             for section in (engine, engine.get("speculative", {})):
                 model = section.get("model")
-                if model and (("/" in model) or (root / model).exists()):
+                # a folder fetched from a hub is always a path, even before it exists
+                if model and (("/" in model) or (root / model).exists() or section.get("hub")):
                     section["model"] = absolute(model)
         return Profile.model_validate(data)
 
