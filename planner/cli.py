@@ -236,8 +236,7 @@ def status(url: str | None = typer.Option(None, "--url", help="Gateway base URL;
 
 
 @app.command()
-def fetch(profile: Path = typer.Argument(Path("configs/cpu-tiny.yaml"), envvar="POOLSERVE_PROFILE",
-                                         help="Profile YAML."),
+def fetch(profile: Path = profile_argument(),
           pool: str | None = typer.Option(None, "--pool", help="Pool size override for the re-plan.")) -> None:
     """Download the profile's hub models into their folders. Each config.json is read first and the plan
     re-made from it; a plan that no longer fits exits 2 with the advice, before any weight is fetched."""

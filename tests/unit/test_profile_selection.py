@@ -40,7 +40,7 @@ def test_serve_config_profile_yields_to_the_chosen_one(tmp_path):
 
 
 def test_every_command_that_plans_takes_the_same_profile_argument():
-    for command in ("plan", "render", "preflight", "up", "down", "status"):
+    for command in ("plan", "render", "preflight", "up", "down", "status", "fetch"):
         result = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"})
         assert result.exit_code == 0 and "POOLSERVE_PROFILE" in result.output, (command, result.output)
 
