@@ -11,6 +11,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from planner.gpu import engine_placement
 from planner.plan import Plan, PlanError, build_plan
 from planner.profile import load_profile, parse_size
 from planner.units import gib
@@ -113,10 +114,20 @@ def plan(profile: Path = profile_argument(),
         _print_plan(result, console)
 
 
+def _chat_deployment(r) -> dict:
+    """A chat replica as the app deploys it (planner.gpu.engine_placement, which deployments/chat.py uses):
+    ray.serve.llm adds the replica actor's resources to the engine's bundle, and the actor runs in it."""
+    actor, bundle, env = engine_placement(r.ray_actor_options)
+    merged = {"GPU": 0, **bundle, "CPU": bundle["CPU"] + actor["num_cpus"], "memory": actor["memory"]}
+    return {"name": f"PoolserveLLMServer:{r.name}", "num_replicas": r.num_replicas,
+            "ray_actor_options": {**actor, "runtime_env": {"env_vars": {**r.env, **env}}},
+            "placement_group_bundles": [merged], "placement_group_strategy": "PACK"}
+
+
 def serve_config(result: Plan, profile_path: Path) -> dict:
     deployments = []
     for r in sorted(result.replicas, key=lambda r: r.start_order):
-        deployments.append({"name": r.name, **r.serve_options()})
+        deployments.append(_chat_deployment(r) if r.kind == "chat" else {"name": r.name, **r.serve_options()})
     return {
         "proxy_location": "HeadOnly",
         "http_options": {"host": "127.0.0.1", "port": 8000},

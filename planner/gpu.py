@@ -9,10 +9,14 @@ build_plan already enforces by refusing overcommit.
 
 from __future__ import annotations
 
+from planner.outputs import RayActorOptions
+
 
 # Ray subdivides one resource into 10,000 units (ray/_private/ray_constants.py MIN_RESOURCE_GRANULARITY);
 # a finer fraction is rounded by Ray, possibly up, so shares are rounded down to whole units here.
 GPU_UNITS = 10_000
+# A chat replica actor only relays requests; the engine's CPU share sits in its placement bundle.
+REPLICA_ACTOR_CPUS = 0.05
 
 
 def gpu_fraction(planned_bytes: int, pool_bytes: int) -> float:
@@ -31,3 +35,32 @@ def gpu_fraction(planned_bytes: int, pool_bytes: int) -> float:
 def torch_device(num_gpus: float | None) -> str:
     """The device a replica's torch model runs on: `cuda` when its plan gives it a GPU share, else `cpu`."""
     return "cuda" if num_gpus else "cpu"
+
+
+def engine_placement(options: RayActorOptions) -> tuple[dict, dict, dict[str, str]]:
+    """The replica actor's options, the engine's bundle and the env vLLM needs, as ray.serve.llm 2.60 and
+    vLLM 0.32 read them (site-packages paths under ray/llm/_internal/serve and vllm/):
+
+    - core/server/llm_server.py get_deployment_options: the replica's num_cpus/num_gpus/memory are added to
+      the engine's first bundle and the replica actor runs in bundle 0.
+    - engines/vllm/vllm_models.py: a GPU key in a bundle makes the engine a GPU one, which forces
+      distributed_executor_backend="ray" (CPU bundles: "mp"); the vLLM worker is then a Ray actor of its own.
+    - vllm/v1/executor/ray_executor.py _init_workers_ray: that worker asks num_gpus=VLLM_RAY_PER_WORKER_GPUS
+      (default 1.0) from the first bundle that has a GPU key (or VLLM_RAY_BUNDLE_INDICES).
+    So the engine's whole GPU share sits in its bundle, the replica actor asks none (it only relays; a
+    share of its own would double bundle 0's GPU), and VLLM_RAY_PER_WORKER_GPUS must equal the share.
+    """
+    gpus = options.num_gpus or 0
+    actor = options.as_dict()
+    for key in ("num_cpus", "num_gpus"):
+        actor.pop(key, None)
+    bundle: dict = {"CPU": max(0.05, options.num_cpus - REPLICA_ACTOR_CPUS)}
+    env: dict[str, str] = {}
+    if gpus:
+        bundle["GPU"] = gpus
+        # vllm_models.py get_runtime_env_with_local_env_vars derives this same value (str of the bundle's
+        # fraction) but only for its own start-up tasks' runtime_env, not the replica's, and the executor
+        # reads it in the EngineCore the replica spawns: without it the worker asks a whole GPU from a
+        # fractional bundle and never schedules (ray#58328). Set here, it reaches the replica's env.
+        env["VLLM_RAY_PER_WORKER_GPUS"] = str(gpus)
+    return {**actor, "num_cpus": REPLICA_ACTOR_CPUS}, bundle, env

@@ -141,3 +141,19 @@ def test_device_follows_the_plans_gpu_share():
     assert torch_device(0.0172) == "cuda"
     assert torch_device(None) == "cpu"
     assert torch_device(0.0) == "cpu"
+
+
+@pytest.mark.parametrize("config", [*SPARKS, "cpu-tiny.yaml"])
+def test_render_shows_the_chat_deployments_as_built(config, no_ray):
+    """`poolserve render` is a review copy: its chat entries carry the bundles and env the app deploys."""
+    from planner.cli import serve_config
+
+    plan, engines, _ = _built(config)
+    rendered = {d["name"]: d for d in serve_config(plan, ROOT / "configs" / config)["applications"][0]["deployments"]}
+    for deployment in engines:
+        review = rendered[deployment.name]
+        assert review["placement_group_bundles"] == deployment._replica_config.placement_group_bundles
+        assert review["placement_group_strategy"] == deployment._replica_config.placement_group_strategy
+        built_env = deployment.ray_actor_options["runtime_env"]["env_vars"]
+        assert review["ray_actor_options"]["runtime_env"]["env_vars"].items() <= built_env.items()
+        assert review["ray_actor_options"]["num_cpus"] == deployment.ray_actor_options["num_cpus"]
