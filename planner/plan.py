@@ -171,11 +171,14 @@ def _side_replicas(profile: Profile, gpu: bool, dim: int, first_order: int = 1,
         raise PlanError(f"no safetensors weights in embedder.model {emb.model}")
     heads = max(1, dim // 32)
     # live hidden states, q/k/v and the MLP input of one layer, plus one layer's attention scores (fp32)
-    emb_act = emb.batch_size * emb.max_seq_tokens * (dim * 16 + heads * emb.max_seq_tokens * 4)
+    if gpu:  # measured on an H200: linear in tokens, and kept reserved by torch's allocator
+        emb_act = emb.batch_size * emb.max_seq_tokens * dim * runtime.EMBEDDER_GPU_ACT_PER_TOKEN_DIM
+    else:
+        emb_act = emb.batch_size * emb.max_seq_tokens * (dim * 16 + heads * emb.max_seq_tokens * 4)
     emb_lines = {"weights (fp32)": emb_weights, "activations": emb_act, "runtime": runtime.EMBEDDER_RUNTIME,
                  "mapped_files": runtime.EMBEDDER_MAPPED_FILES}
     if gpu:
-        emb_lines["cuda_context"] = runtime.CUDA_CONTEXT
+        emb_lines["cuda_context"] = runtime.EMBEDDER_CUDA_CONTEXT
     n = ret.capacity_chunks
     index = n * dim * 4 if ret.index == "flat" else n * (dim * 4 + ret.hnsw_m * 8)
     ret_lines = {f"index.{ret.index} ({n:,} x {dim})": index, "index.id_map": n * 56,
@@ -192,7 +195,7 @@ def _side_replicas(profile: Profile, gpu: bool, dim: int, first_order: int = 1,
                            ray_actor_options=opts, env=env, start_order=order, num_replicas=copies)
 
     return [
-        replica("embedder", emb_lines, emb, emb.torch_threads, first_order, growth=emb_act,
+        replica("embedder", emb_lines, emb, emb.torch_threads, first_order, growth=0 if gpu else emb_act,
                 gpus=gpu_fraction(sum(emb_lines.values()), pool_bytes) if gpu else 0.0),
         replica("retriever", ret_lines, ret, ret.faiss_threads, first_order + 1,
                 growth=index + n * 56 + ret.sqlite_cache_bytes),

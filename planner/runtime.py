@@ -30,6 +30,14 @@ VLLM_TRAFFIC_GROWTH = 160 * MB
 VLLM_WORKER_GPU = 100 * MB
 # One CUDA context per process that touches the GPU (DESIGN 3: about 0.5-1 GB); estimate.
 CUDA_CONTEXT = 1 * GiB
+# The embedder's CUDA context, measured on an H200 (torch 2.11+cu130, driver 580.159), not on a GB10:
+# 651 MB at creation, 720 MB outside torch's allocator once the first forward has loaded its kernels,
+# + 35 MB kept allocated (cuBLAS workspaces); bench/bench_gpu_embedder.py, docs/BENCHMARKS.md section 6.
+EMBEDDER_CUDA_CONTEXT = 755 * MB
+# Its activations on a GPU (same H200 run): bytes per token per hidden unit, fp32 weights, SDPA attention,
+# as torch's caching allocator keeps them reserved after a batch (450.3 MB at 64 x 256 x 384; linear in
+# tokens, not quadratic in length as on CPU's eager formula). They stay reserved: resident, not growth.
+EMBEDDER_GPU_ACT_PER_TOKEN_DIM = 72
 # CUDA graph pool when graphs are captured (enforce_eager false); estimate, GPU only.
 CUDA_GRAPHS = 1 * GiB
 # vLLM's GPU start check (worker's request_memory) samples free memory after the driver, EngineCore,
