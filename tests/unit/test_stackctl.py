@@ -49,10 +49,13 @@ def _alive(pid: int) -> bool:
 
 def _wait_for_pids(stack_id: str, count: int, ready=lambda pids: True, timeout_s: float = 10.0) -> list[int]:
     deadline = time.monotonic() + timeout_s
+    previous = None
     while time.monotonic() < deadline:
         pids = stack_pids(stack_id)
-        if len(pids) >= count and ready(pids):
+        # Settled: the same set twice (setsid forks and its parent exits, so the set moves for a moment).
+        if len(pids) >= count and ready(pids) and pids == previous:
             return pids
+        previous = pids
         time.sleep(0.05)
     raise AssertionError(f"expected {count} marked processes, found {stack_pids(stack_id)}")
 
