@@ -84,12 +84,14 @@ def needed_bytes(plan: Plan) -> int:
     return plan.pool.planned_bytes + plan.pool.ray_bytes + plan.pool.page_cache_bytes
 
 
-def start_steps(plan: Plan) -> list[tuple[str, int]]:
-    """(replica, bytes in use once it has started), in start order: the peak grows step by step."""
+def start_steps(plan: Plan) -> list[tuple[str, int, int]]:
+    """(replica, bytes in use at its start peak, bytes in use once it has started), in start order: an
+    engine's peak holds its checkpoint in the page cache (and compile workers) on top of its budget."""
+    peaks = {a.name: a.start_peak_bytes for a in plan.admission}
     running, steps = plan.pool.ray_bytes + plan.pool.page_cache_bytes, []
     for replica in sorted(plan.replicas, key=lambda r: r.start_order):
         running += replica.pool_bytes
-        steps.append((replica.name, running))
+        steps.append((replica.name, running + peaks.get(replica.name, 0), running))
     return steps
 
 
@@ -100,9 +102,10 @@ def check(plan: Plan, live: LiveMemory, others: list[tuple[str, int]] | None = N
     where = f"pool {gib(live.pool_limit)} ({gib(live.pool_usage)} in use)" if live.pool_limit else "host"
     result.lines.append(f"live: MemTotal {gib(live.total)}, MemAvailable {gib(live.available)}, MemFree "
                         f"{gib(live.free)}, page cache {gib(live.page_cache)}; {where}; usable {gib(usable)}")
-    for name, peak in start_steps(plan):
+    for name, peak, started in start_steps(plan):
         fits = peak <= usable
-        result.lines.append(f"  step {name}: {gib(peak)} in use once started -> {'fits' if fits else 'does NOT fit'}")
+        result.lines.append(f"  step {name}: {gib(peak)} at its start peak, {gib(started)} once started -> "
+                            f"{'fits' if fits else 'does NOT fit'}")
         result.ok = result.ok and fits
     shm = shm_free_bytes()
     if shm is not None and shm < plan.ray.object_store_memory:

@@ -27,9 +27,12 @@ def _live(available: float, free: float | None = None, pool_limit: float | None 
 def test_start_steps_grow_to_what_the_plan_needs():
     plan = _plan()
     steps = start_steps(plan)
-    assert [name for name, _ in steps] == ["chat", "embedder", "retriever", "gateway"]
-    assert [b for _, b in steps] == sorted(b for _, b in steps)
-    assert steps[-1][1] == needed_bytes(plan)
+    assert [name for name, _, _ in steps] == ["chat", "embedder", "retriever", "gateway"]
+    assert [b for _, _, b in steps] == sorted(b for _, _, b in steps)
+    assert steps[-1][2] == needed_bytes(plan)
+    # The engine's step peaks above its steady state by its planned start peak (checkpoint in the cache).
+    chat_peak = next(a.start_peak_bytes for a in plan.admission if a.name == "chat")
+    assert chat_peak > 0 and steps[0][1] == steps[0][2] + chat_peak
 
 
 def test_a_plan_that_fits_passes_and_one_that_does_not_is_refused_with_the_shortfall(monkeypatch):
