@@ -37,3 +37,13 @@ class Chunker:
     def split(self, text: str) -> list[Chunk]:
         pieces = [p for p in self._splitter.split_text(text) if p.strip()]
         return [Chunk(index=i, text=p) for i, p in enumerate(pieces)]
+
+
+def word_windows(text: str, words: int, overlap: int = 0) -> list[str]:
+    """Plain windows of `words` whitespace-separated words, `overlap` shared by neighbours: the
+    simplest chunking, kept as the baseline the token-aware Chunker is measured against."""
+    if not 0 <= overlap < words:
+        raise ValueError(f"overlap ({overlap}) must be at least 0 and smaller than the window ({words})")
+    tokens = text.split()
+    step = words - overlap
+    return [" ".join(tokens[i:i + words]) for i in range(0, max(1, len(tokens) - overlap), step) if tokens[i:i + words]]
