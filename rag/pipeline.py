@@ -13,6 +13,7 @@ from typing import Any, Generic
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from rag.chunking import document_title, with_title
 from rag.interfaces import ChatEngine, Embedder, KnowledgeIndex, Reply
 from rag.prompt import RetrievedChunk, augment_chat, citations, last_user_text, rag_messages
 from rag.retrieval import RetrievalMode, SearchQuery
@@ -31,6 +32,7 @@ class PipelineSettings(BaseModel):
     default_top_k: int = Field(4, ge=1)
     max_top_k: int = Field(20, ge=1)
     answer_max_tokens: int = Field(256, ge=1)
+    embed_title: bool = Field(True, description="Embed each chunk with its document's title in front.")
     embed_batch_chunks: int = Field(1024, ge=1, description="Chunks per embedder call during an ingest.")
 
 
@@ -64,13 +66,18 @@ class RagPipeline:
         """Chunk and embed every document, then store them all in one transaction (all or none).
         Returns each document's chunk count."""
         chunked = await asyncio.gather(*(self.embedder.chunk(doc.text) for doc in documents))
-        texts = [text for chunks in chunked for text in chunks]
-        vectors = await self._embed(texts)
+        vectors = await self._embed([self._embedded_text(doc, chunk) for doc, chunks in zip(documents, chunked)
+                                     for chunk in chunks])
         batch, start = [], 0
         for doc, chunks in zip(documents, chunked):
             batch.append((doc.id, chunks, vectors[start:start + len(chunks)], doc.metadata, len(doc.text)))
             start += len(chunks)
         return await self.index.upsert_documents(tenant, collection, batch)
+
+    def _embedded_text(self, doc: DocumentInput, chunk: str) -> str:
+        """A chunk deep in a long document rarely names what it belongs to; with the title in front
+        its vector does (the stored text, which citations and prompts show, stays the chunk)."""
+        return with_title(document_title(doc.text, doc.metadata), chunk) if self.settings.embed_title else chunk
 
     async def _embed(self, texts: list[str]) -> np.ndarray:
         """Embedded in bounded calls, so one large ingest is not one huge message to the embedder."""

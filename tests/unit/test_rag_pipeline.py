@@ -89,7 +89,7 @@ def pipeline_over(store, **settings) -> tuple[RagPipeline, FakeEmbedder, FakeCha
 
 
 def test_ingest_chunks_embeds_and_stores_every_document(store):
-    pipeline, embedder, _ = pipeline_over(store)
+    pipeline, embedder, _ = pipeline_over(store, embed_title=False)
     assert run(pipeline.ingest("t", "kb", DOCS)) == [2, 2, 1]
     assert embedder.document_calls == [["The Zorblax reactor was built by Mira Quell.", "It produces forty megawatts.",
                                         "Cats sleep for most of the day.", "A cat purrs when content.",
@@ -103,7 +103,7 @@ def test_ingest_chunks_embeds_and_stores_every_document(store):
 def test_ingest_embeds_in_bounded_batches_and_keeps_vectors_with_their_documents():
     index = RecordingIndex()
     embedder = FakeEmbedder()
-    pipeline = RagPipeline(embedder, index, PipelineSettings(embed_batch_chunks=2))
+    pipeline = RagPipeline(embedder, index, PipelineSettings(embed_batch_chunks=2, embed_title=False))
     assert run(pipeline.ingest("t", "kb", DOCS)) == [2, 2, 1]
     assert [len(call) for call in embedder.document_calls] == [2, 2, 1]
     (_, _, stored), = index.upserts
@@ -111,6 +111,20 @@ def test_ingest_embeds_in_bounded_batches_and_keeps_vectors_with_their_documents
         assert len(vectors) == len(chunks)
         for text, vector in zip(chunks, vectors):
             np.testing.assert_array_equal(vector, bag_of_words(text))
+
+
+def test_chunks_are_embedded_with_their_documents_title_but_stored_without_it(store):
+    pipeline, embedder, _ = pipeline_over(store)
+    docs = [DocumentInput("guide", "Chapter one.\n\nMore text here.", {"title": "Zorblax guide"}),
+            DocumentInput("notes", "Release notes\n\nFixed a crash."),
+            DocumentInput("prose", "x" * 200 + "\n\nsecond part")]
+    run(pipeline.ingest("t", "kb", docs))
+    assert embedder.document_calls == [[
+        "Zorblax guide\nChapter one.", "Zorblax guide\nMore text here.",  # the metadata's title
+        "Release notes", "Release notes\nFixed a crash.",  # a short first line; not repeated in front of itself
+        "x" * 200, "second part",  # a long first line is prose, not a title
+    ]]
+    assert [h.text for h in store.search_lexical("t", "kb", "crash", 5)] == ["Fixed a crash."]
 
 
 def test_ingest_of_an_empty_document_stores_it_without_chunks(store):
