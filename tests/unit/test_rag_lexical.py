@@ -261,3 +261,30 @@ def test_table_names_are_fixed_hex_whatever_the_names():
     assert name != index.table("tenant", "c") and name == index.table("tenant'; DROP TABLE chunks; --", "c")
     with pytest.raises(ValueError):
         LexicalIndex("unicode61'); DROP TABLE chunks; --")
+
+
+def test_a_failed_delete_keeps_the_lexical_rows_with_their_chunks(store, db_path):
+    put(store, "a", ["alpha words"])
+
+    class ChunkDeleteFails:
+        def __init__(self, db):
+            self._db = db
+
+        def execute(self, sql, *args):
+            if sql.startswith("DELETE FROM chunks"):
+                raise sqlite3.OperationalError("simulated crash")
+            return self._db.execute(sql, *args)
+
+        def cursor(self):
+            return ChunkDeleteFails(self._db.cursor())
+
+        def __getattr__(self, name):
+            return getattr(self._db, name)
+
+    real = store._db
+    store._db = ChunkDeleteFails(real)
+    with pytest.raises(sqlite3.OperationalError):
+        store.delete_document("t", "c", "a")  # the lexical rows went first, then the transaction failed
+    store._db = real
+    assert lexical_ids(store, "alpha") == ["a#0"]
+    assert lexical_rows(db_path) == chunk_rows(db_path) == 1
