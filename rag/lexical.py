@@ -18,8 +18,9 @@ import sqlite3
 
 from rag.lexical_query import fts5_match
 
-# Porter stemming over unicode61: "paths" finds "path", "compressed" finds "compress".
-# Chosen on bench/bench_rag_quality.py (docs/BENCHMARKS.md section 7).
+# Porter stemming over unicode61: "paths" finds "path", "compressed" finds "compress". Measured
+# against plain unicode61 on the bench/bench_rag_quality.py corpus: within two questions either way
+# (docs/BENCHMARKS.md section 7); kept for the word forms people type.
 DEFAULT_TOKENIZER = "porter unicode61 remove_diacritics 2"
 _PREFIX = "lexical_"
 
