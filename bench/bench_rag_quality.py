@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import MappingProxyType
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -53,24 +54,24 @@ TENANT, COLLECTION = "bench", "stdlib"
 # name -> (kind, size, overlap, embed_title): "tokens" is rag.chunking.Chunker in the embedder's
 # tokens (what the stack runs), "words" plain whitespace windows (the baseline of the issue);
 # embed_title: each chunk embedded with its document's title in front (rag.pipeline).
-CHUNKINGS = {
+CHUNKINGS = MappingProxyType({
     "tokens-200-30": ("tokens", 200, 30, True),
     "tokens-200-30-notitle": ("tokens", 200, 30, False),
     "tokens-128-20": ("tokens", 128, 20, True),
     "tokens-254-40": ("tokens", 254, 40, True),
     "words-200": ("words", 200, 0, True),
     "words-200-notitle": ("words", 200, 0, False),
-}
+})
 DEFAULT_CHUNKING = "tokens-200-30"
 # Fusion settings compared on the same two candidate lists per question (the first is the default).
-FUSIONS = {
+FUSIONS = MappingProxyType({
     "rrf k=60": FusionSettings(),
     "rrf k=20": FusionSettings(rrf_k=20),
     "rrf k=60 dense x2": FusionSettings(dense_weight=1.0, lexical_weight=0.5),
     "rrf k=60 lexical x2": FusionSettings(dense_weight=0.5, lexical_weight=1.0),
     "weighted 0.5/0.5": FusionSettings(method="weighted", dense_weight=0.5, lexical_weight=0.5),
     "weighted 0.7/0.3": FusionSettings(method="weighted", dense_weight=0.7, lexical_weight=0.3),
-}
+})
 
 
 def load_corpus() -> list[DocumentInput]:

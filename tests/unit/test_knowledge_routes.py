@@ -17,7 +17,7 @@ from deployments.schemas import AddDocumentsRequest, RagQueryRequest
 from planner.profile import RagSpec
 from rag.retrieval import retrieve
 from rag.store import KnowledgeStore
-from tests.unit.test_rag_pipeline import DIM, bag_of_words
+from tests.unit.rag_fakes import DIM, bag_of_words
 
 
 class Handle:
