@@ -37,7 +37,7 @@ from deployments.streams import force_stream_usage, tracked_stream
 from deployments.schemas import RagOptions
 from deployments.tenants import (ADMIN_ENDPOINTS, TenantAdminRoutes, TenantAuthMiddleware, record_usage,
                                  guard_of, reserve_tokens, tenant_of)
-from rag.prompt import augment_chat, citations, last_user_text
+from rag.prompt import citations
 
 logger = logging.getLogger("poolserve.gateway")
 HEALTH_TIMEOUT_S = 5.0
@@ -258,10 +258,8 @@ class Gateway(KnowledgeRoutes, TenantAdminRoutes, OpenAiIngress):
         cited = None
         if rag is not None:
             options = RagOptions.model_validate(rag)
-            messages = [dict(m) for m in body.messages]
-            hits = await self._retrieve(self._tenant(request), options.collection, last_user_text(messages),
-                                        options.top_k)
-            body.messages = augment_chat(messages, hits)
+            body.messages, hits = await self._augment_chat(request, options.collection,
+                                                           [dict(m) for m in body.messages], options.top_k)
             cited = citations(hits)
         await self._check_prompt_fits(body, request)
         response = await self._engine(super().chat(body, without_credentials(request)))

@@ -1,9 +1,12 @@
 """Knowledge-base and RAG routes, mixed into the gateway: ingest (atomic, paid even if the client
-leaves), collections, and RAG queries with citations."""
+leaves), collections, and RAG queries with citations.
+
+The RAG logic itself is rag.pipeline.RagPipeline; these routes validate the request, adapt the
+gateway's Ray handles to the pipeline (deployments/rag_adapters.py) and shape its results as HTTP.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 from fastapi import HTTPException, Request
@@ -11,17 +14,31 @@ from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletio
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from deployments.errors import unavailable
+from deployments.rag_adapters import GatewayChat, RayEmbedder, RayIndex
 from deployments.schemas import AddDocumentsRequest, RagQueryRequest
-from deployments.streams import force_stream_usage, rag_stream, tracked_stream
+from deployments.streams import rag_stream, tracked_stream
 from deployments.tenants import record_usage
 from deployments.work import release_heap_after_sending, run_to_completion, without_credentials
 from rag.ids import validate_collection, validate_document_id
-from rag.prompt import RetrievedChunk, citations, rag_messages
+from rag.pipeline import DocumentInput, InvalidQuery, PipelineSettings, RagPipeline
+from rag.prompt import RetrievedChunk
 
 
 class KnowledgeRoutes:
     """Needs from the gateway: _embedder, _retriever, _settings, _embed_model_id, _tenant,
     _require_model, _check_prompt_fits, _engine, _recheck_health."""
+
+    def _pipeline(self, request: Request, model: str | None = None) -> RagPipeline:
+        """The pipeline for one request: its embedder charges this request's tenant."""
+        chat = GatewayChat(self, request, model) if model else None
+        embedder = RayEmbedder(self._embedder, lambda texts: self._embed_and_charge(request, texts))
+        return RagPipeline(embedder, RayIndex(self._retriever),
+                           PipelineSettings.model_validate(self._settings), chat=chat)
+
+    async def _chat_checked(self, body: ChatCompletionRequest, request: Request) -> Response:
+        """The chat engine's response to a prompt the gateway has checked and charged."""
+        await self._check_prompt_fits(body, request)
+        return await self._engine(super().chat(body, without_credentials(request)))
 
     # ---- knowledge bases -----------------------------------------------------------------
     async def add_documents(self, collection: str, body: AddDocumentsRequest, request: Request) -> Response:
@@ -46,14 +63,8 @@ class KnowledgeRoutes:
 
     async def _ingest(self, request: Request, tenant: str, collection: str, documents) -> list[dict]:
         """Chunk and embed everything, then store all documents in one transaction: all or none."""
-        chunked = await asyncio.gather(*(self._embedder.chunk.remote(doc.text) for doc in documents))
-        all_chunks = [chunk for chunks in chunked for chunk in chunks]
-        embedded = await self._embed_and_charge(request, all_chunks) if all_chunks else {"vectors": [], "tokens": 0}
-        batch, start = [], 0
-        for doc, chunks in zip(documents, chunked):
-            batch.append((doc.id, chunks, embedded["vectors"][start:start + len(chunks)], doc.metadata, len(doc.text)))
-            start += len(chunks)
-        counts = await self._retriever.upsert_documents.remote(tenant, collection, batch)
+        inputs = [DocumentInput(id=doc.id, text=doc.text, metadata=doc.metadata) for doc in documents]
+        counts = await self._pipeline(request).ingest(tenant, collection, inputs)
         return [{"id": doc.id, "chunks": count} for doc, count in zip(documents, counts)]
 
     async def _embed_and_charge(self, request: Request, texts: list[str]) -> dict:
@@ -82,28 +93,25 @@ class KnowledgeRoutes:
         return JSONResponse({"deleted": collection})
 
     # ---- RAG ------------------------------------------------------------------------------
-    async def _retrieve(self, tenant: str, collection: str, question: str, top_k: int | None) -> list[RetrievedChunk]:
+    async def _augment_chat(self, request: Request, collection: str, messages: list[dict],
+                            top_k: int | None) -> tuple[list[dict], list[RetrievedChunk]]:
+        """Chat-with-RAG: the messages with the retrieved context prepended, and the hits."""
         validate_collection(collection)
-        top_k = top_k or self._settings["default_top_k"]
-        if top_k > self._settings["max_top_k"]:
-            raise HTTPException(400, f"top_k {top_k} is above the limit of {self._settings['max_top_k']}")
-        if not question.strip():
-            raise HTTPException(400, "no question: the last user message is empty")
-        vector = (await self._embedder.embed.remote([question]))["vectors"][0]
-        return await self._retriever.search.remote(tenant, collection, vector, top_k)
+        try:
+            return await self._pipeline(request).augment_chat(self._tenant(request), collection, messages, top_k)
+        except InvalidQuery as exc:
+            raise HTTPException(400, str(exc)) from None
 
     async def rag_query(self, body: RagQueryRequest, request: Request) -> Response:
         model = await self._require_model(request, body.model)
-        hits = await self._retrieve(self._tenant(request), body.collection, body.question, body.top_k)
-        chat_body = ChatCompletionRequest(
-            model=model, messages=rag_messages(body.question, hits),
-            max_tokens=body.max_tokens or self._settings["answer_max_tokens"], temperature=body.temperature,
-            stream=body.stream,
-        )
-        force_stream_usage(chat_body)
-        await self._check_prompt_fits(chat_body, request)
-        response = await self._engine(super().chat(chat_body, without_credentials(request)))
-        cited = citations(hits)
+        validate_collection(body.collection)
+        try:
+            result = await self._pipeline(request, model).answer(
+                self._tenant(request), body.collection, body.question, body.top_k, max_tokens=body.max_tokens,
+                temperature=body.temperature, stream=body.stream)
+        except InvalidQuery as exc:
+            raise HTTPException(400, str(exc)) from None
+        response, cited = result.reply, result.citations
         if isinstance(response, StreamingResponse):
             tracked = tracked_stream(response.body_iterator, request, model, None, True, False,
                                      on_broken=self._recheck_health)

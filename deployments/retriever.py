@@ -1,4 +1,5 @@
-"""Retriever replica: thin Ray glue around rag.store.KnowledgeStore (SQLite + FAISS)."""
+"""Retriever replica: thin Ray glue around rag.store.KnowledgeStore (SQLite + FAISS + FTS5) and
+rag.retrieval (dense, lexical or hybrid search, fused here so a query is one call)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from ray import serve
 
 from deployments.process_memory import process_tree_memory, release_freed_heap
 from deployments.start_order import wait_for_predecessors
+from rag.prompt import RetrievedChunk
+from rag.retrieval import SearchQuery, retrieve
 from rag.store import KnowledgeStore
 
 
@@ -46,8 +49,8 @@ class Retriever:
     def collection_info(self, tenant: str, collection: str) -> dict:
         return self.store.collection_info(tenant, collection)
 
-    def search(self, tenant: str, collection: str, vector, top_k: int):
-        return self.store.search(tenant, collection, vector, top_k)
+    def search(self, tenant: str, collection: str, query: SearchQuery) -> list[RetrievedChunk]:
+        return retrieve(self.store, tenant, collection, query)
 
     def stats(self) -> dict:
         return self.store.stats()

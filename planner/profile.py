@@ -179,6 +179,12 @@ class RetrieverSpec(_Strict):
 class RagSpec(_Strict):
     """Chunking and retrieval defaults."""
 
+    retrieval: Literal["dense", "lexical", "hybrid"] = Field(
+        "hybrid", description="How RAG finds chunks: dense (embedding similarity, FAISS), lexical (SQLite FTS5 "
+        "bm25: exact names, flags, error codes) or hybrid (both, reciprocal-rank fused). Hybrid measured best "
+        "on every metric (docs/BENCHMARKS.md section 7).")
+    embed_title: bool = Field(True, description="Embed each chunk with its document's title in front (metadata "
+                              "'title', else a first line of at most 120 characters); stored chunks stay as written.")
     chunk_tokens: int = Field(200, ge=16, description="Chunk size in embedder tokens (MiniLM reads 256 at most).")
     chunk_overlap: int = Field(30, ge=0, description="Tokens shared by neighbouring chunks.")
     default_top_k: int = Field(4, ge=1, description="Chunks retrieved when the request does not say.")

@@ -2,8 +2,9 @@
 
 Writes go to SQLite first (one transaction per document), then to the collection's FAISS
 index; on start every index is rebuilt from the vectors stored in SQLite, so a crash between
-the two steps loses nothing. Collections are namespaced per tenant: every call takes the
-tenant, and another tenant's collection simply does not exist.
+the two steps loses nothing. The lexical index (FTS5, rag/lexical.py) lives in the same SQLite
+database and is written in the same transaction as the chunk rows. Collections are namespaced
+per tenant: every call takes the tenant, and another tenant's collection simply does not exist.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from rag.lexical import DEFAULT_TOKENIZER, LexicalIndex
 from rag.prompt import RetrievedChunk
 
 SCHEMA = """
@@ -49,7 +51,8 @@ class CapacityExceeded(ValueError):
 
 class KnowledgeStore:
     def __init__(self, db_path: str | Path, dim: int, index_kind: str = "flat", hnsw_m: int = 32,
-                 capacity_chunks: int | None = None, sqlite_cache_bytes: int | None = None):
+                 capacity_chunks: int | None = None, sqlite_cache_bytes: int | None = None,
+                 lexical_tokenizer: str = DEFAULT_TOKENIZER):
         self.dim = dim
         self.index_kind = index_kind
         self.hnsw_m = hnsw_m
@@ -65,6 +68,7 @@ class KnowledgeStore:
         # FAISS adds/removes are not thread-safe and SQLite's connection is shared: one lock.
         self._lock = threading.RLock()
         self._indexes: dict[tuple[str, str], faiss.Index] = {}
+        self.lexical = LexicalIndex(lexical_tokenizer)
         self._rebuild_all()
 
     # ---- index maintenance -------------------------------------------------------------
@@ -89,8 +93,11 @@ class KnowledgeStore:
 
     def _rebuild_all(self) -> None:
         with self._lock:
-            for tenant, name in self._db.execute("SELECT tenant, name FROM collections").fetchall():
+            collections = self._db.execute("SELECT tenant, name FROM collections").fetchall()
+            for tenant, name in collections:
                 self._rebuild(tenant, name)
+            # A database from before the lexical index (or another tokenizer) gets it from its chunk rows.
+            self.lexical.migrate(self._db, collections)
 
     def _vectors(self, vectors: np.ndarray | list) -> np.ndarray:
         array = np.array(vectors, dtype=np.float32, order="C")  # a copy: normalize_L2 works in place
@@ -125,9 +132,11 @@ class KnowledgeStore:
             changes = []
             try:
                 cur.execute("INSERT OR IGNORE INTO collections VALUES (?, ?, ?)", (tenant, collection, now))
+                self.lexical.create(cur, tenant, collection)
                 for (doc_id, chunks, _, metadata, chars), array in zip(documents, arrays):
                     old_ids = [r[0] for r in cur.execute(
                         "SELECT id FROM chunks WHERE tenant=? AND collection=? AND doc_id=?", (tenant, collection, doc_id))]
+                    self.lexical.remove(cur, tenant, collection, old_ids)
                     cur.execute("DELETE FROM chunks WHERE tenant=? AND collection=? AND doc_id=?",
                                 (tenant, collection, doc_id))
                     new_ids = []
@@ -137,6 +146,7 @@ class KnowledgeStore:
                             (tenant, collection, doc_id, i, text, vector.tobytes()),
                         )
                         new_ids.append(cur.lastrowid)
+                    self.lexical.add(cur, tenant, collection, list(zip(new_ids, chunks)))
                     cur.execute(
                         "INSERT OR REPLACE INTO documents VALUES (?,?,?,?,?,?,?)",
                         (tenant, collection, doc_id, json.dumps(metadata or {}, allow_nan=False), chars, len(chunks), now),
@@ -176,12 +186,15 @@ class KnowledgeStore:
         if len(added_ids):
             index.add_with_ids(added, added_ids)
 
-    def _in_transaction(self, statements: list[tuple[str, tuple]]) -> list[int]:
-        """Run the statements as one SQLite transaction; returns each one's rowcount."""
+    def _in_transaction(self, statements: list[tuple[str, tuple]], then=None) -> list[int]:
+        """Run the statements, then `then(cursor)` if given, as one SQLite transaction; returns each
+        statement's rowcount."""
         cur = self._db.cursor()
         cur.execute("BEGIN IMMEDIATE")
         try:
             counts = [cur.execute(sql, params).rowcount for sql, params in statements]
+            if then is not None:
+                then(cur)
             cur.execute("COMMIT")
         except BaseException:
             cur.execute("ROLLBACK")
@@ -194,8 +207,9 @@ class KnowledgeStore:
             self._require_collection(tenant, collection)
             ids = [r[0] for r in self._db.execute(
                 "SELECT id FROM chunks WHERE tenant=? AND collection=? AND doc_id=?", key)]
-            deleted, _ = self._in_transaction([
+            deleted, _, _ = self._in_transaction([
                 ("DELETE FROM documents WHERE tenant=? AND collection=? AND doc_id=?", key),
+                (self.lexical.remove_document_sql(tenant, collection), key),  # while the chunk rows still say which
                 ("DELETE FROM chunks WHERE tenant=? AND collection=? AND doc_id=?", key),
             ])
             if not deleted:
@@ -208,7 +222,7 @@ class KnowledgeStore:
             self._in_transaction([
                 (f"DELETE FROM {table} WHERE tenant=? AND {column}=?", (tenant, collection))
                 for table, column in (("chunks", "collection"), ("documents", "collection"), ("collections", "name"))
-            ])
+            ], then=lambda cur: self.lexical.drop(cur, tenant, collection))
             self._indexes.pop((tenant, collection), None)
 
     def delete_tenant(self, tenant: str) -> int:
@@ -216,7 +230,8 @@ class KnowledgeStore:
         with self._lock:
             names = [r[0] for r in self._db.execute("SELECT name FROM collections WHERE tenant=?", (tenant,))]
             self._in_transaction([(f"DELETE FROM {table} WHERE tenant=?", (tenant,))
-                                  for table in ("chunks", "documents", "collections")])
+                                  for table in ("chunks", "documents", "collections")],
+                                 then=lambda cur: [self.lexical.drop(cur, tenant, name) for name in names])
             for name in names:
                 self._indexes.pop((tenant, name), None)
         return len(names)
@@ -260,6 +275,7 @@ class KnowledgeStore:
         }
 
     def search(self, tenant: str, collection: str, vector, top_k: int) -> list[RetrievedChunk]:
+        """Dense search: cosine similarity of the query vector with every chunk's, best first."""
         query = self._vectors([vector])
         with self._lock:
             self._require_collection(tenant, collection)
@@ -268,17 +284,27 @@ class KnowledgeStore:
                 return []
             scores, ids = index.search(query, min(top_k, index.ntotal))
             hits = [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0]
-            if not hits:
-                return []
-            marks = ",".join("?" * len(hits))
-            rows = {
-                r[0]: r[1:]
-                for r in self._db.execute(
-                    f"SELECT c.id, c.doc_id, c.chunk_index, c.text, d.metadata FROM chunks c JOIN documents d "
-                    f"ON d.tenant=c.tenant AND d.collection=c.collection AND d.doc_id=c.doc_id WHERE c.id IN ({marks})",
-                    [i for i, _ in hits],
-                )
-            }
+            return self._chunks(hits)
+
+    def search_lexical(self, tenant: str, collection: str, text: str, top_k: int) -> list[RetrievedChunk]:
+        """Lexical search: FTS5 bm25 over the chunk texts (score = -bm25, higher is better), best first."""
+        with self._lock:
+            self._require_collection(tenant, collection)
+            return self._chunks(self.lexical.search(self._db, tenant, collection, text, top_k))
+
+    def _chunks(self, hits: list[tuple[int, float]]) -> list[RetrievedChunk]:
+        """The chunk rows of (rowid, score) hits, in the hits' order; call with the lock held."""
+        if not hits:
+            return []
+        marks = ",".join("?" * len(hits))
+        rows = {
+            r[0]: r[1:]
+            for r in self._db.execute(
+                f"SELECT c.id, c.doc_id, c.chunk_index, c.text, d.metadata FROM chunks c JOIN documents d "
+                f"ON d.tenant=c.tenant AND d.collection=c.collection AND d.doc_id=c.doc_id WHERE c.id IN ({marks})",
+                [i for i, _ in hits],
+            )
+        }
         return [
             RetrievedChunk(document_id=rows[i][0], chunk_id=f"{rows[i][0]}#{rows[i][1]}", score=score,
                            text=rows[i][2], metadata=json.loads(rows[i][3]))

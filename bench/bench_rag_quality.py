@@ -1,0 +1,237 @@
+"""RAG retrieval quality: dense, lexical and hybrid retrieval on real reference documents.
+
+Corpus: bench/data/stdlib-pydoc.jsonl.gz, the pydoc text of 179 Python standard-library modules
+(bench/make_rag_corpus.py made it). Questions: bench/data/rag-questions.json, hand-written; each
+names every document that answers it; "exact" ones hinge on an exact term (function, flag,
+constant, error name), "paraphrase" ones ask in plain words.
+
+Everything runs through the real code: rag.pipeline.RagPipeline ingests with the real embedder
+(models/all-MiniLM-L6-v2, sentence-transformers on CPU) into a real rag.store.KnowledgeStore
+(FAISS + SQLite FTS5) in a temporary directory, and retrieves through rag.retrieval.
+
+Metrics are per document: a question's rank is the position of the first retrieved chunk that
+belongs to one of its documents (top 10 chunks retrieved). recall@1 and recall@5 count ranks 1
+and <= 5; MRR averages 1/rank (0 when not in the top 10). Ingest chunks/s is chunking plus
+embedding plus storing; query p50 is one question at a time through the pipeline, embedding
+included (lexical needs no embedding).
+
+    flock /tmp/poolserve-heavy.lock .venv/bin/python bench/bench_rag_quality.py
+    # the chunking comparison (one ingest per chunking, about 2-3 minutes each on 2 cores):
+    flock /tmp/poolserve-heavy.lock .venv/bin/python bench/bench_rag_quality.py --chunkings all
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import json
+import platform
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import MappingProxyType
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from rag.chunking import word_windows  # noqa: E402
+from rag.embedding import SentenceTransformerEmbedder  # noqa: E402
+from rag.local import LocalEmbedder, LocalIndex  # noqa: E402
+from rag.pipeline import DocumentInput, PipelineSettings, RagPipeline  # noqa: E402
+from rag.retrieval import RETRIEVAL_MODES, FusionSettings, fuse  # noqa: E402
+from rag.store import KnowledgeStore  # noqa: E402
+
+DATA = ROOT / "bench" / "data"
+CORPUS = DATA / "stdlib-pydoc.jsonl.gz"
+QUESTIONS = DATA / "rag-questions.json"
+MODEL = ROOT / "models" / "all-MiniLM-L6-v2"
+DEPTH = 10  # chunks retrieved per question for the metrics
+TENANT, COLLECTION = "bench", "stdlib"
+# name -> (kind, size, overlap, embed_title): "tokens" is rag.chunking.Chunker in the embedder's
+# tokens (what the stack runs), "words" plain whitespace windows (the baseline of the issue);
+# embed_title: each chunk embedded with its document's title in front (rag.pipeline).
+CHUNKINGS = MappingProxyType({
+    "tokens-200-30": ("tokens", 200, 30, True),
+    "tokens-200-30-notitle": ("tokens", 200, 30, False),
+    "tokens-128-20": ("tokens", 128, 20, True),
+    "tokens-254-40": ("tokens", 254, 40, True),
+    "words-200": ("words", 200, 0, True),
+    "words-200-notitle": ("words", 200, 0, False),
+})
+DEFAULT_CHUNKING = "tokens-200-30"
+# Fusion settings compared on the same two candidate lists per question (the first is the default).
+FUSIONS = MappingProxyType({
+    "rrf k=60": FusionSettings(),
+    "rrf k=20": FusionSettings(rrf_k=20),
+    "rrf k=60 dense x2": FusionSettings(dense_weight=1.0, lexical_weight=0.5),
+    "rrf k=60 lexical x2": FusionSettings(dense_weight=0.5, lexical_weight=1.0),
+    "weighted 0.5/0.5": FusionSettings(method="weighted", dense_weight=0.5, lexical_weight=0.5),
+    "weighted 0.7/0.3": FusionSettings(method="weighted", dense_weight=0.7, lexical_weight=0.3),
+})
+
+
+def load_corpus() -> list[DocumentInput]:
+    with gzip.open(CORPUS, "rt", encoding="utf-8") as lines:
+        return [DocumentInput(id=d["id"], text=d["text"]) for d in map(json.loads, lines)]
+
+
+def load_questions() -> list[dict]:
+    return json.loads(QUESTIONS.read_text())["questions"]
+
+
+def check_questions(corpus: list[DocumentInput], questions: list[dict]) -> list[str]:
+    """Problems with the question set: unknown documents, evidence missing from an answer document."""
+    texts = {doc.id: doc.text for doc in corpus}
+    problems = []
+    for q in questions:
+        for doc_id in q["documents"]:
+            if doc_id not in texts:
+                problems.append(f"{q['id']}: document {doc_id!r} is not in the corpus")
+            elif not re.search(q["evidence"], texts[doc_id]):
+                problems.append(f"{q['id']}: evidence {q['evidence']!r} not found in {doc_id!r}")
+    return problems
+
+
+def chunker_for(name: str, embedder: SentenceTransformerEmbedder):
+    kind, size, overlap, _ = CHUNKINGS[name]
+    if kind == "words":
+        return lambda text: word_windows(text, size, overlap)
+    chunker = embedder.make_chunker(size, overlap)
+    return lambda text: [chunk.text for chunk in chunker.split(text)]
+
+
+def rank_of(hits, answers: set[str]) -> int | None:
+    for position, hit in enumerate(hits, start=1):
+        if hit.document_id in answers:
+            return position
+    return None
+
+
+def metrics(ranks: list[int | None]) -> dict:
+    n = len(ranks)
+    return {
+        "recall@1": round(sum(r == 1 for r in ranks) / n, 4),
+        "recall@5": round(sum(r is not None and r <= 5 for r in ranks) / n, 4),
+        "mrr": round(sum(1 / r for r in ranks if r) / n, 4),
+        "questions": n,
+    }
+
+
+async def evaluate(pipeline: RagPipeline, questions: list[dict], mode: str) -> dict:
+    ranks, seconds = [], []
+    for q in questions:
+        start = time.perf_counter()
+        hits = await pipeline.retrieve(TENANT, COLLECTION, q["question"], top_k=DEPTH, mode=mode)
+        seconds.append(time.perf_counter() - start)
+        ranks.append(rank_of(hits, set(q["documents"])))
+    by_kind = {kind: metrics([r for r, q in zip(ranks, questions) if q["kind"] == kind])
+               for kind in sorted({q["kind"] for q in questions})}
+    missed = [q["id"] for r, q in zip(ranks, questions) if r is None or r > 5]
+    return {**metrics(ranks), "query_p50_ms": round(statistics.median(seconds) * 1e3, 2),
+            "by_kind": by_kind, "missed_top5": missed}
+
+
+def compare_fusions(store: KnowledgeStore, embedder: SentenceTransformerEmbedder, questions: list[dict]) -> dict:
+    """Each fusion setting over the same dense and lexical candidates (rag.retrieval.fuse)."""
+    depth = FusionSettings().candidates
+    vectors = embedder.embed([q["question"] for q in questions])["vectors"]
+    candidates = [(store.search(TENANT, COLLECTION, v, depth), store.search_lexical(TENANT, COLLECTION, q["question"], depth))
+                  for v, q in zip(vectors, questions)]
+    return {name: metrics([rank_of(fuse(dense, lexical, DEPTH, settings), set(q["documents"]))
+                           for (dense, lexical), q in zip(candidates, questions)])
+            for name, settings in FUSIONS.items()}
+
+
+async def run_chunking(name: str, embedder: SentenceTransformerEmbedder, corpus, questions, fusion: FusionSettings,
+                       workdir: Path) -> dict:
+    store = KnowledgeStore(workdir / f"{name}.sqlite3", dim=embedder.dimension)
+    local = LocalEmbedder(embedder, chunker_for(name, embedder))
+    settings = PipelineSettings(max_top_k=DEPTH, embed_title=CHUNKINGS[name][3])
+    pipeline = RagPipeline(local, LocalIndex(store, fusion), settings)
+    start = time.perf_counter()
+    counts = []
+    for i in range(0, len(corpus), 16):  # 16 documents per ingest request
+        counts += await pipeline.ingest(TENANT, COLLECTION, corpus[i:i + 16])
+    ingest_s = time.perf_counter() - start
+    await pipeline.retrieve(TENANT, COLLECTION, "warm up", top_k=DEPTH, mode="hybrid")
+    result = {"chunking": name, "chunks": sum(counts), "ingest_s": round(ingest_s, 1),
+              "ingest_chunks_per_s": round(sum(counts) / ingest_s, 1), "embedded_tokens": local.tokens,
+              "modes": {mode: await evaluate(pipeline, questions, mode) for mode in RETRIEVAL_MODES},
+              "fusions": compare_fusions(store, embedder, questions)}
+    store.close()
+    return result
+
+
+def fusion_table(result: dict) -> str:
+    lines = [f"| fusion ({result['chunking']}) | recall@1 | recall@5 | MRR |", "|---|---:|---:|---:|"]
+    lines += [f"| {name} | {m['recall@1']:.3f} | {m['recall@5']:.3f} | {m['mrr']:.3f} |"
+              for name, m in result["fusions"].items()]
+    return "\n".join(lines)
+
+
+def table(results: list[dict]) -> str:
+    lines = ["| chunking | chunks | ingest chunks/s | mode | recall@1 | recall@5 | MRR | exact r@5 | paraphrase r@5 "
+             "| query p50 ms |", "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        for mode, m in r["modes"].items():
+            kinds = m["by_kind"]
+            lines.append(f"| {r['chunking']} | {r['chunks']} | {r['ingest_chunks_per_s']} | {mode} | {m['recall@1']:.3f} "
+                         f"| {m['recall@5']:.3f} | {m['mrr']:.3f} | {kinds['exact']['recall@5']:.3f} "
+                         f"| {kinds['paraphrase']['recall@5']:.3f} | {m['query_p50_ms']} |")
+    return "\n".join(lines)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--chunkings", default=DEFAULT_CHUNKING,
+                        help=f"comma-separated names of {', '.join(CHUNKINGS)}, or 'all'")
+    parser.add_argument("--torch-threads", type=int, default=2)
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "rag-quality.json"))
+    parser.add_argument("--check-questions", action="store_true", help="only check the question set")
+    parser.add_argument("--documents", type=int, default=None,
+                        help="smoke test: the first N documents and the questions they answer")
+    args = parser.parse_args()
+
+    corpus, questions = load_corpus(), load_questions()
+    problems = check_questions(corpus, questions)
+    if problems or args.check_questions:
+        print("\n".join(problems) or f"{len(questions)} questions, all answer documents contain their evidence")
+        sys.exit(1 if problems else 0)
+    if args.documents:
+        corpus = corpus[:args.documents]
+        kept = {doc.id for doc in corpus}
+        questions = [q for q in questions if set(q["documents"]) <= kept]
+
+    import torch
+
+    torch.set_num_threads(args.torch_threads)
+    names = list(CHUNKINGS) if args.chunkings == "all" else args.chunkings.split(",")
+    embedder = SentenceTransformerEmbedder(str(MODEL))
+    fusion = FusionSettings()
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            results.append(await run_chunking(name, embedder, corpus, questions, fusion, Path(tmp)))
+            print(table(results[-1:]) + "\n\n" + fusion_table(results[-1]) + "\n", flush=True)
+    report = {
+        "machine": {"python": platform.python_version(), "cpus": __import__("os").cpu_count(),
+                    "torch_threads": args.torch_threads},
+        "corpus": {"documents": len(corpus), "characters": sum(len(d.text) for d in corpus)},
+        "questions": {"total": len(questions), "exact": sum(q["kind"] == "exact" for q in questions),
+                      "paraphrase": sum(q["kind"] == "paraphrase" for q in questions)},
+        "fusion": fusion.model_dump(), "depth": DEPTH, "results": results,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    print(table(results))
+    for result in results:
+        print("\n" + fusion_table(result))
+    print(f"-> {args.out}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,59 @@
+"""The RAG pipeline's protocols (rag/interfaces.py) over the gateway's Ray handles.
+
+Built per request: the embedder adapter charges the request's tenant for the document tokens it
+embeds (as before the pipeline existed, questions are not charged), the chat adapter goes through
+the gateway's own checks (prompt length, TPM reservation, per-tenant cache salt).
+"""
+
+from __future__ import annotations
+
+from typing import Awaitable, Callable
+
+import numpy as np
+from fastapi import Request
+from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
+
+from deployments.streams import force_stream_usage
+from rag.prompt import RetrievedChunk
+from rag.retrieval import SearchQuery
+
+
+class RayEmbedder:
+    def __init__(self, handle, embed_and_charge: Callable[[list[str]], Awaitable[dict]]):
+        self._handle = handle
+        self._embed_and_charge = embed_and_charge  # the gateway's: embeds and records the tenant's usage
+
+    async def chunk(self, text: str) -> list[str]:
+        return await self._handle.chunk.remote(text)
+
+    async def embed_documents(self, texts: list[str]) -> np.ndarray:
+        return (await self._embed_and_charge(texts))["vectors"]
+
+    async def embed_query(self, text: str) -> np.ndarray:
+        return (await self._handle.embed.remote([text]))["vectors"][0]
+
+
+class RayIndex:
+    def __init__(self, handle):
+        self._handle = handle
+
+    async def upsert_documents(self, tenant: str, collection: str, documents: list[tuple]) -> list[int]:
+        return await self._handle.upsert_documents.remote(tenant, collection, documents)
+
+    async def search(self, tenant: str, collection: str, query: SearchQuery) -> list[RetrievedChunk]:
+        return await self._handle.search.remote(tenant, collection, query)
+
+
+class GatewayChat:
+    """Answers through the gateway's chat path; the reply is the engine's HTTP response."""
+
+    def __init__(self, gateway, request: Request, model: str):
+        self._gateway = gateway
+        self._request = request
+        self._model = model
+
+    async def complete(self, messages: list[dict], max_tokens: int, temperature: float | None, stream: bool):
+        body = ChatCompletionRequest(model=self._model, messages=messages, max_tokens=max_tokens,
+                                     temperature=temperature, stream=stream)
+        force_stream_usage(body)
+        return await self._gateway._chat_checked(body, self._request)

@@ -1,0 +1,48 @@
+"""In-process implementations of the pipeline's protocols, over the real embedder and store.
+
+For the benchmark and tools that run the pipeline without Ray; the stack itself uses
+deployments/rag_adapters.py.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from rag.embedding import SentenceTransformerEmbedder
+from rag.prompt import RetrievedChunk
+from rag.retrieval import FusionSettings, SearchQuery, retrieve
+from rag.store import KnowledgeStore
+
+
+class LocalEmbedder:
+    """The embedder's vectors; `chunker` replaces its own chunking (to compare chunkings)."""
+
+    def __init__(self, embedder: SentenceTransformerEmbedder, chunker: Callable[[str], list[str]] | None = None):
+        self._embedder = embedder
+        self._chunk = chunker or embedder.chunk
+        self.tokens = 0  # tokens embedded for documents, as the gateway charges them
+
+    async def chunk(self, text: str) -> list[str]:
+        return self._chunk(text)
+
+    async def embed_documents(self, texts: list[str]) -> np.ndarray:
+        result = self._embedder.embed(texts)
+        self.tokens += result["tokens"]
+        return result["vectors"]
+
+    async def embed_query(self, text: str) -> np.ndarray:
+        return self._embedder.embed([text])["vectors"][0]
+
+
+class LocalIndex:
+    def __init__(self, store: KnowledgeStore, fusion: FusionSettings = FusionSettings()):
+        self.store = store
+        self.fusion = fusion
+
+    async def upsert_documents(self, tenant: str, collection: str, documents: list[tuple]) -> list[int]:
+        return self.store.upsert_documents(tenant, collection, documents)
+
+    async def search(self, tenant: str, collection: str, query: SearchQuery) -> list[RetrievedChunk]:
+        return retrieve(self.store, tenant, collection, query, self.fusion)

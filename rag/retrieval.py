@@ -1,0 +1,85 @@
+"""One search over a collection, dense, lexical or both fused: what a RAG query retrieves.
+
+`retrieve` runs next to the store (in the retriever replica, or in-process in the benchmark and
+the tests), so a hybrid search is one call: both candidate lists and the fusion stay local.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, Protocol
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from rag.fusion import reciprocal_rank_fusion, weighted_score_fusion
+from rag.prompt import RetrievedChunk
+
+RetrievalMode = Literal["dense", "lexical", "hybrid"]
+RETRIEVAL_MODES: tuple[str, ...] = ("dense", "lexical", "hybrid")
+
+
+class FusionSettings(BaseModel):
+    """How hybrid retrieval merges the two rankings (defaults measured in docs/BENCHMARKS.md section 7)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    method: Literal["rrf", "weighted"] = Field("rrf", description="Reciprocal-rank fusion, or min-max normalised "
+                                               "weighted scores.")
+    rrf_k: float = Field(60.0, ge=0, description="RRF's rank constant: larger flattens the head of each list.")
+    dense_weight: float = Field(1.0, ge=0, description="Weight of the dense ranking.")
+    lexical_weight: float = Field(1.0, ge=0, description="Weight of the lexical (bm25) ranking.")
+    candidates: int = Field(50, ge=1, description="Chunks taken from each index before fusing (at least top_k).")
+
+
+@dataclass(frozen=True)
+class SearchQuery:
+    """What to look for. `vector` is the embedded `text` (needed unless the mode is lexical).
+    `filters` is reserved for metadata filters; no store supports them yet."""
+
+    text: str
+    top_k: int
+    mode: RetrievalMode = "hybrid"
+    vector: np.ndarray | None = None
+    filters: dict[str, Any] | None = field(default=None)
+
+
+class SearchableStore(Protocol):
+    """The two searches a store offers (rag.store.KnowledgeStore)."""
+
+    def search(self, tenant: str, collection: str, vector, top_k: int) -> list[RetrievedChunk]: ...
+
+    def search_lexical(self, tenant: str, collection: str, text: str, top_k: int) -> list[RetrievedChunk]: ...
+
+
+def retrieve(store: SearchableStore, tenant: str, collection: str, query: SearchQuery,
+             fusion: FusionSettings = FusionSettings()) -> list[RetrievedChunk]:
+    """The query's top_k chunks, best first; in hybrid mode each chunk's score is its fused score."""
+    if query.mode not in RETRIEVAL_MODES:
+        raise ValueError(f"retrieval mode {query.mode!r} is not one of {', '.join(RETRIEVAL_MODES)}")
+    if query.filters:
+        raise ValueError("metadata filters are not supported by this store yet")
+    if query.mode != "lexical" and query.vector is None:
+        raise ValueError(f"{query.mode} retrieval needs the query's vector")
+    if query.mode == "dense":
+        return store.search(tenant, collection, query.vector, query.top_k)
+    if query.mode == "lexical":
+        return store.search_lexical(tenant, collection, query.text, query.top_k)
+    depth = max(query.top_k, fusion.candidates)
+    dense = store.search(tenant, collection, query.vector, depth)
+    lexical = store.search_lexical(tenant, collection, query.text, depth)
+    return fuse(dense, lexical, query.top_k, fusion)
+
+
+def fuse(dense: list[RetrievedChunk], lexical: list[RetrievedChunk], top_k: int,
+         fusion: FusionSettings = FusionSettings()) -> list[RetrievedChunk]:
+    """The top_k of two rankings merged; each chunk keeps its row, with the fused score."""
+    by_id = {chunk.chunk_id: chunk for chunk in [*lexical, *dense]}
+    weights = (fusion.dense_weight, fusion.lexical_weight)
+    if fusion.method == "rrf":
+        fused = reciprocal_rank_fusion([[c.chunk_id for c in dense], [c.chunk_id for c in lexical]],
+                                       k=fusion.rrf_k, weights=weights)
+    else:
+        fused = weighted_score_fusion([[(c.chunk_id, c.score) for c in dense], [(c.chunk_id, c.score) for c in lexical]],
+                                      weights=weights)
+    return [replace(by_id[chunk_id], score=score) for chunk_id, score in fused[:top_k]]

@@ -1,0 +1,56 @@
+"""Fakes of the RAG pipeline's protocols (rag/interfaces.py) for the unit tests."""
+
+import hashlib
+import re
+
+import numpy as np
+
+DIM = 64
+
+
+def bag_of_words(text: str) -> np.ndarray:
+    """A deterministic stand-in for an embedding: hashed word counts (plural 's' folded)."""
+    vector = np.zeros(DIM, dtype=np.float32)
+    for word in re.findall(r"[a-z0-9]+", text.lower()):
+        vector[int(hashlib.md5(word.rstrip("s").encode()).hexdigest(), 16) % DIM] += 1.0
+    return vector if vector.any() else np.ones(DIM, dtype=np.float32)
+
+
+class FakeEmbedder:
+    def __init__(self):
+        self.document_calls: list[list[str]] = []
+        self.queries: list[str] = []
+
+    async def chunk(self, text: str) -> list[str]:
+        return [part.strip() for part in text.split("\n\n") if part.strip()]
+
+    async def embed_documents(self, texts):
+        self.document_calls.append(list(texts))
+        return np.stack([bag_of_words(t) for t in texts])
+
+    async def embed_query(self, text):
+        self.queries.append(text)
+        return bag_of_words(text)
+
+
+class FakeChat:
+    def __init__(self):
+        self.calls = []
+
+    async def complete(self, messages, max_tokens, temperature, stream):
+        self.calls.append({"messages": messages, "max_tokens": max_tokens, "temperature": temperature,
+                           "stream": stream})
+        return "the answer"
+
+
+class RecordingIndex:
+    def __init__(self, hits=()):
+        self.hits, self.queries, self.upserts = list(hits), [], []
+
+    async def upsert_documents(self, tenant, collection, documents):
+        self.upserts.append((tenant, collection, documents))
+        return [len(doc[1]) for doc in documents]
+
+    async def search(self, tenant, collection, query):
+        self.queries.append((tenant, collection, query))
+        return self.hits[:query.top_k]

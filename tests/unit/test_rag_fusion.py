@@ -1,0 +1,102 @@
+"""Fusion arithmetic (rag/fusion.py) and how rag.retrieval applies it to the two rankings."""
+
+import pytest
+
+from rag.fusion import reciprocal_rank_fusion, weighted_score_fusion
+from rag.prompt import RetrievedChunk
+from rag.retrieval import FusionSettings, SearchQuery, fuse, retrieve
+
+
+def test_rrf_sums_reciprocal_ranks():
+    fused = dict(reciprocal_rank_fusion([["a", "b", "c"], ["b", "d"]], k=60))
+    assert fused["a"] == pytest.approx(1 / 61)
+    assert fused["b"] == pytest.approx(1 / 62 + 1 / 61)
+    assert fused["c"] == pytest.approx(1 / 63)
+    assert fused["d"] == pytest.approx(1 / 62)
+    assert [key for key, _ in reciprocal_rank_fusion([["a", "b", "c"], ["b", "d"]], k=60)] == ["b", "a", "d", "c"]
+
+
+def test_rrf_weights_and_k():
+    fused = dict(reciprocal_rank_fusion([["a"], ["b"]], k=0, weights=[2.0, 1.0]))
+    assert fused == {"a": pytest.approx(2.0), "b": pytest.approx(1.0)}
+    # A small k lets the head of one list win; a large k favours items both lists share.
+    lists = [["x", "both"], ["y", "both"]]
+    assert reciprocal_rank_fusion(lists, k=0)[0][0] in {"x", "y"}
+    assert reciprocal_rank_fusion(lists, k=60)[0][0] == "both"
+
+
+def test_ties_keep_first_appearance_order():
+    assert [key for key, _ in reciprocal_rank_fusion([["a", "b"], ["c", "d"]])] == ["a", "c", "b", "d"]
+
+
+def test_weighted_fusion_normalises_each_list():
+    fused = dict(weighted_score_fusion([[("a", 0.9), ("b", 0.5), ("c", 0.1)], [("c", 30.0), ("a", 10.0)]],
+                                       weights=[0.5, 0.5]))
+    assert fused["a"] == pytest.approx(0.5 * 1.0 + 0.5 * 0.0)
+    assert fused["b"] == pytest.approx(0.5 * 0.5)
+    assert fused["c"] == pytest.approx(0.5 * 0.0 + 0.5 * 1.0)
+    # One item, or all equal scores: each counts as the best of its list.
+    assert dict(weighted_score_fusion([[("a", 3.0)], []])) == {"a": pytest.approx(1.0)}
+
+
+@pytest.mark.parametrize("call", [
+    lambda: reciprocal_rank_fusion([["a"]], weights=[1.0, 2.0]),
+    lambda: reciprocal_rank_fusion([["a"]], k=-1),
+    lambda: weighted_score_fusion([[("a", 1.0)]], weights=[-1.0]),
+])
+def test_bad_parameters_raise(call):
+    with pytest.raises(ValueError):
+        call()
+
+
+def chunk(doc: str, score: float) -> RetrievedChunk:
+    return RetrievedChunk(document_id=doc, chunk_id=f"{doc}#0", score=score, text=f"text of {doc}")
+
+
+def test_fuse_keeps_rows_and_replaces_scores():
+    dense = [chunk("a", 0.9), chunk("b", 0.8)]
+    lexical = [chunk("b", 12.0), chunk("c", 3.0)]
+    fused = fuse(dense, lexical, top_k=2, fusion=FusionSettings(rrf_k=60))
+    assert [c.chunk_id for c in fused] == ["b#0", "a#0"]
+    assert fused[0].score == pytest.approx(1 / 62 + 1 / 61) and fused[0].text == "text of b"
+    weighted = fuse([*dense, chunk("x", 0.1)], lexical, top_k=3,
+                    fusion=FusionSettings(method="weighted", dense_weight=0.5, lexical_weight=0.5))
+    # dense normalised: a 1, b 0.875, x 0; lexical: b 1, c 0
+    assert [(c.chunk_id, round(c.score, 4)) for c in weighted] == [("b#0", 0.9375), ("a#0", 0.5), ("x#0", 0.0)]
+
+
+class TwoLists:
+    """A store whose dense and lexical searches return fixed rankings, recording the depth asked."""
+
+    def __init__(self, dense, lexical):
+        self.dense, self.lexical, self.asked = dense, lexical, []
+
+    def search(self, tenant, collection, vector, top_k):
+        self.asked.append(("dense", top_k))
+        return self.dense[:top_k]
+
+    def search_lexical(self, tenant, collection, text, top_k):
+        self.asked.append(("lexical", top_k))
+        return self.lexical[:top_k]
+
+
+def test_retrieve_dispatches_on_the_mode_and_fuses_deeper_candidates():
+    store = TwoLists([chunk("a", 0.9), chunk("b", 0.5)], [chunk("c", 5.0), chunk("b", 4.0)])
+    query = dict(text="q", top_k=1, vector=[1.0])
+    assert [c.document_id for c in retrieve(store, "t", "c", SearchQuery(mode="dense", **query))] == ["a"]
+    assert [c.document_id for c in retrieve(store, "t", "c", SearchQuery(mode="lexical", **query))] == ["c"]
+    store.asked.clear()
+    hybrid = retrieve(store, "t", "c", SearchQuery(mode="hybrid", **query), FusionSettings(candidates=7))
+    assert [c.document_id for c in hybrid] == ["b"]  # second in both lists beats first in one
+    assert store.asked == [("dense", 7), ("lexical", 7)]
+
+
+def test_retrieve_refuses_what_it_cannot_do():
+    store = TwoLists([], [])
+    with pytest.raises(ValueError, match="vector"):
+        retrieve(store, "t", "c", SearchQuery(text="q", top_k=1, mode="hybrid"))
+    with pytest.raises(ValueError, match="filters"):
+        retrieve(store, "t", "c", SearchQuery(text="q", top_k=1, mode="lexical", filters={"lang": "en"}))
+    with pytest.raises(ValueError, match="mode"):
+        retrieve(store, "t", "c", SearchQuery(text="q", top_k=1, mode="fuzzy"))  # type: ignore[arg-type]
+    assert retrieve(store, "t", "c", SearchQuery(text="q", top_k=1, mode="lexical")) == []

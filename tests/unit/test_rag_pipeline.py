@@ -1,0 +1,179 @@
+"""rag.pipeline.RagPipeline driven with a fake embedder and a fake chat engine, over the real
+store (rag.local.LocalIndex) or a fake index: ingest, retrieval modes, answers, chat-with-RAG."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from rag.local import LocalIndex
+from rag.pipeline import DocumentInput, InvalidQuery, PipelineSettings, RagPipeline
+from rag.prompt import SYSTEM_INSTRUCTION, RetrievedChunk
+from rag.store import KnowledgeStore
+from tests.unit.rag_fakes import DIM, FakeChat, FakeEmbedder, RecordingIndex, bag_of_words
+
+DOCS = [
+    DocumentInput("reactor", "The Zorblax reactor was built by Mira Quell.\n\nIt produces forty megawatts.",
+                  {"src": "r"}),
+    DocumentInput("cats", "Cats sleep for most of the day.\n\nA cat purrs when content."),
+    DocumentInput("codes", "Error E1101 is raised when the attribute is missing."),
+]
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+@pytest.fixture
+def store(tmp_path):
+    knowledge = KnowledgeStore(tmp_path / "k.sqlite3", dim=DIM)
+    yield knowledge
+    knowledge.close()
+
+
+def pipeline_over(store, **settings) -> tuple[RagPipeline, FakeEmbedder, FakeChat]:
+    embedder, chat = FakeEmbedder(), FakeChat()
+    return RagPipeline(embedder, LocalIndex(store), PipelineSettings(**settings), chat=chat), embedder, chat
+
+
+def test_ingest_chunks_embeds_and_stores_every_document(store):
+    pipeline, embedder, _ = pipeline_over(store, embed_title=False)
+    assert run(pipeline.ingest("t", "kb", DOCS)) == [2, 2, 1]
+    assert embedder.document_calls == [["The Zorblax reactor was built by Mira Quell.", "It produces forty megawatts.",
+                                        "Cats sleep for most of the day.", "A cat purrs when content.",
+                                        "Error E1101 is raised when the attribute is missing."]]
+    info = store.collection_info("t", "kb")
+    assert info["chunk_count"] == info["indexed_vectors"] == 5
+    assert {d["id"]: d["metadata"] for d in info["documents"]}["reactor"] == {"src": "r"}
+    assert {d["id"]: d["chars"] for d in info["documents"]}["codes"] == len(DOCS[2].text)
+
+
+def test_ingest_embeds_in_bounded_batches_and_keeps_vectors_with_their_documents():
+    index = RecordingIndex()
+    embedder = FakeEmbedder()
+    pipeline = RagPipeline(embedder, index, PipelineSettings(embed_batch_chunks=2, embed_title=False))
+    assert run(pipeline.ingest("t", "kb", DOCS)) == [2, 2, 1]
+    assert [len(call) for call in embedder.document_calls] == [2, 2, 1]
+    (_, _, stored), = index.upserts
+    for doc_id, chunks, vectors, _, _ in stored:
+        assert len(vectors) == len(chunks)
+        for text, vector in zip(chunks, vectors):
+            np.testing.assert_array_equal(vector, bag_of_words(text))
+
+
+def test_chunks_are_embedded_with_their_documents_title_but_stored_without_it(store):
+    pipeline, embedder, _ = pipeline_over(store)
+    docs = [DocumentInput("guide", "Chapter one.\n\nMore text here.", {"title": "Zorblax guide"}),
+            DocumentInput("notes", "Release notes\n\nFixed a crash."),
+            DocumentInput("prose", "x" * 200 + "\n\nsecond part")]
+    run(pipeline.ingest("t", "kb", docs))
+    assert embedder.document_calls == [[
+        "Zorblax guide\nChapter one.", "Zorblax guide\nMore text here.",  # the metadata's title
+        "Release notes", "Release notes\nFixed a crash.",  # a short first line; not repeated in front of itself
+        "x" * 200, "second part",  # a long first line is prose, not a title
+    ]]
+    assert [h.text for h in store.search_lexical("t", "kb", "crash", 5)] == ["Fixed a crash."]
+
+
+def test_ingest_of_an_empty_document_stores_it_without_chunks(store):
+    pipeline, embedder, _ = pipeline_over(store)
+    assert run(pipeline.ingest("t", "kb", [DocumentInput("empty", "   ")])) == [0]
+    assert embedder.document_calls == []
+    assert store.collection_info("t", "kb")["document_count"] == 1
+
+
+def test_hybrid_is_the_default_and_finds_exact_codes_and_meaning(store):
+    pipeline, embedder, _ = pipeline_over(store)
+    run(pipeline.ingest("t", "kb", DOCS))
+    assert run(pipeline.retrieve("t", "kb", "what does E1101 mean?", top_k=1))[0].document_id == "codes"
+    assert run(pipeline.retrieve("t", "kb", "who built the Zorblax reactor?", top_k=1))[0].document_id == "reactor"
+    assert embedder.queries == ["what does E1101 mean?", "who built the Zorblax reactor?"]
+
+
+def test_mode_switch_changes_what_is_searched(store):
+    # "kitten" is in no chunk: lexical finds nothing; dense (hashed words) still ranks every chunk.
+    pipeline, embedder, _ = pipeline_over(store)
+    run(pipeline.ingest("t", "kb", DOCS))
+    assert run(pipeline.retrieve("t", "kb", "kitten", top_k=3, mode="lexical")) == []
+    assert embedder.queries == []  # lexical retrieval never embeds the question
+    assert len(run(pipeline.retrieve("t", "kb", "kitten", top_k=3, mode="dense"))) == 3
+    assert len(run(pipeline.retrieve("t", "kb", "kitten", top_k=3, mode="hybrid"))) == 3
+    lexical_only, _, _ = pipeline_over(store, retrieval="lexical")
+    assert [h.document_id for h in run(lexical_only.retrieve("t", "kb", "megawatts", top_k=3))] == ["reactor"]
+
+
+def test_settings_come_from_the_profile_rag_section():
+    settings = PipelineSettings.model_validate({"retrieval": "dense", "default_top_k": 3, "max_top_k": 9,
+                                                "answer_max_tokens": 64, "chunk_tokens": 200, "state_dir": "/x"})
+    assert (settings.retrieval, settings.default_top_k, settings.max_top_k) == ("dense", 3, 9)
+    with pytest.raises(ValueError):
+        PipelineSettings(retrieval="fuzzy")
+
+
+def test_query_carries_mode_top_k_vector_and_filters():
+    index = RecordingIndex()
+    pipeline = RagPipeline(FakeEmbedder(), index, PipelineSettings(default_top_k=3))
+    run(pipeline.retrieve("t", "kb", "cats", filters={"lang": "en"}))
+    (tenant, collection, query), = index.queries
+    assert (tenant, collection, query.text, query.top_k, query.mode, query.filters) == \
+        ("t", "kb", "cats", 3, "hybrid", {"lang": "en"})
+    np.testing.assert_array_equal(query.vector, bag_of_words("cats"))
+
+
+@pytest.mark.parametrize("question, top_k, message", [
+    ("   ", None, "no question"), ("cats", 21, "above the limit of 20"),
+])
+def test_invalid_queries_are_refused_before_any_work(question, top_k, message):
+    embedder, index = FakeEmbedder(), RecordingIndex()
+    pipeline = RagPipeline(embedder, index, PipelineSettings())
+    with pytest.raises(InvalidQuery, match=message):
+        run(pipeline.retrieve("t", "kb", question, top_k=top_k))
+    assert embedder.queries == [] and index.queries == []
+
+
+def test_answer_prompts_with_numbered_context_and_returns_citations(store):
+    pipeline, _, chat = pipeline_over(store, answer_max_tokens=77)
+    run(pipeline.ingest("t", "kb", DOCS))
+    result = run(pipeline.answer("t", "kb", "How much power does the Zorblax reactor produce?", top_k=2))
+    assert result.reply == "the answer"
+    assert result.citations[0]["document_id"] == "reactor"
+    assert [c["score"] for c in result.citations] == sorted((c["score"] for c in result.citations), reverse=True)
+    (call,) = chat.calls
+    system, user = call["messages"]
+    assert system["role"] == "system" and system["content"].startswith(SYSTEM_INSTRUCTION)
+    assert f"[1] {result.hits[0].text}" in system["content"] and f"[2] {result.hits[1].text}" in system["content"]
+    assert user == {"role": "user", "content": "How much power does the Zorblax reactor produce?"}
+    assert (call["max_tokens"], call["temperature"], call["stream"]) == (77, 0.0, False)
+
+
+def test_answer_passes_stream_and_limits_to_the_chat_engine():
+    hit = RetrievedChunk("d", "d#0", 1.0, "context")
+    chat = FakeChat()
+    pipeline = RagPipeline(FakeEmbedder(), RecordingIndex([hit]), PipelineSettings(), chat=chat)
+    run(pipeline.answer("t", "kb", "q", max_tokens=5, temperature=0.7, stream=True))
+    assert (chat.calls[0]["max_tokens"], chat.calls[0]["temperature"], chat.calls[0]["stream"]) == (5, 0.7, True)
+    with pytest.raises(RuntimeError, match="no chat engine"):
+        run(RagPipeline(FakeEmbedder(), RecordingIndex(), PipelineSettings()).answer("t", "kb", "q"))
+
+
+def test_augment_chat_retrieves_for_the_last_user_turn():
+    hit = RetrievedChunk("d", "d#0", 1.0, "the context")
+    index = RecordingIndex([hit])
+    pipeline = RagPipeline(FakeEmbedder(), index, PipelineSettings())
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "first"},
+                {"role": "assistant", "content": "ok"}, {"role": "user", "content": "second question"}]
+    augmented, hits = run(pipeline.augment_chat("t", "kb", messages, top_k=1))
+    assert hits == [hit] and index.queries[0][2].text == "second question"
+    assert augmented[0]["role"] == "system" and "[1] the context" in augmented[0]["content"]
+    assert augmented[1:] == messages
+    with pytest.raises(InvalidQuery):
+        run(pipeline.augment_chat("t", "kb", [{"role": "assistant", "content": "hi"}]))
+
+
+def test_replaced_document_is_not_retrieved_in_any_mode(store):
+    pipeline, _, _ = pipeline_over(store)
+    run(pipeline.ingest("t", "kb", [DocumentInput("doc", "The secret code word is pelican.")]))
+    run(pipeline.ingest("t", "kb", [DocumentInput("doc", "The secret code word is walrus.")]))
+    for mode in ("dense", "lexical", "hybrid"):
+        hits = run(pipeline.retrieve("t", "kb", "What is the secret code word?", top_k=5, mode=mode))
+        assert [h.text for h in hits] == ["The secret code word is walrus."], mode
