@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from rag.extract import CONTENT_TYPES, PLAIN, normalize_content_type
+
 # Documented bounds on DocumentIn.metadata: it is stored with every document and returned with
 # every citation, so it stays small. Keys are strings; values are any JSON.
 METADATA_MAX_KEYS = 64  # keys at the top level
@@ -53,14 +55,26 @@ class DocumentIn(_Body):
                     f"{METADATA_MAX_BYTES} bytes as JSON and {METADATA_MAX_DEPTH} levels of nesting.",
     )
 
+    content_type: str = Field(
+        PLAIN, description=f"How `text` is written: {', '.join(CONTENT_TYPES)} (parameters such as "
+        "'; charset=utf-8' are ignored). Markdown and HTML are reduced to the text a reader sees before chunking "
+        "(rag/extract.py); an HTML <title> or first heading becomes metadata.title unless it is set.")
+
     @field_validator("metadata")
     @classmethod
     def bounded_metadata(cls, value: dict[str, Any]) -> dict[str, Any]:
         return check_metadata(value)
 
+    @field_validator("content_type")
+    @classmethod
+    def known_content_type(cls, value: str) -> str:
+        return normalize_content_type(value)  # UnsupportedContentType is a ValueError: a 422 naming the types
+
 
 class AddDocumentsRequest(_Body):
     documents: list[DocumentIn] = Field(..., min_length=1)
+    stream: bool = Field(False, description="Answer with NDJSON progress events (deployments/ingest.py) instead "
+                         "of one JSON body at the end.")
 
 
 class RagOptions(_Body):

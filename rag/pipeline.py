@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any, Generic
+from typing import Any, Awaitable, Callable, Generic, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from rag.chunking import document_title, with_title
+from rag.extract import PLAIN, extract, normalize_content_type
 from rag.interfaces import ChatEngine, Embedder, KnowledgeIndex, Reply
 from rag.prompt import RetrievedChunk, augment_chat, citations, last_user_text, rag_messages
 from rag.retrieval import RetrievalMode, SearchQuery
@@ -33,7 +34,8 @@ class PipelineSettings(BaseModel):
     max_top_k: int = Field(20, ge=1)
     answer_max_tokens: int = Field(256, ge=1)
     embed_title: bool = Field(True, description="Embed each chunk with its document's title in front.")
-    embed_batch_chunks: int = Field(1024, ge=1, description="Chunks per embedder call during an ingest.")
+    embed_batch_chunks: int = Field(256, ge=1, description="Chunks per embedder call during an ingest: the "
+                                    "granularity of its progress reports.")
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,24 @@ class DocumentInput:
     id: str
     text: str
     metadata: dict[str, Any] = field(default_factory=dict)
+    content_type: str = PLAIN  # how `text` is written (rag/extract.py CONTENT_TYPES)
+
+
+class IngestProgress(BaseModel):
+    """Where an ingest stands; reported after chunking, after each embedder call and once stored."""
+
+    stage: Literal["chunked", "embedding", "stored"]
+    documents: int = Field(description="Documents in the ingest.")
+    chunks: int = Field(description="Chunks they were cut into (known once chunked).")
+    chunks_embedded: int = Field(description="Chunks embedded so far.")
+
+
+ProgressCallback = Callable[[IngestProgress], Awaitable[None] | None]
+
+
+async def _report(on_progress: ProgressCallback | None, progress: IngestProgress) -> None:
+    if on_progress is not None and (pending := on_progress(progress)) is not None:
+        await pending
 
 
 @dataclass(frozen=True)
@@ -53,6 +73,18 @@ class RagAnswer(Generic[Reply]):
         return citations(self.hits)
 
 
+def as_plain_text(doc: DocumentInput) -> DocumentInput:
+    """The document as the text a reader sees (rag/extract.py); a title the format names (an HTML
+    <title>, a Markdown heading) becomes its metadata title unless the client gave one."""
+    if normalize_content_type(doc.content_type) == PLAIN:
+        return doc
+    extracted = extract(doc.text, doc.content_type)
+    metadata = doc.metadata
+    if extracted.title and not metadata.get("title"):
+        metadata = {**metadata, "title": extracted.title}
+    return DocumentInput(id=doc.id, text=extracted.text, metadata=metadata, content_type=PLAIN)
+
+
 class RagPipeline:
     def __init__(self, embedder: Embedder, index: KnowledgeIndex, settings: PipelineSettings,
                  chat: ChatEngine | None = None):
@@ -62,28 +94,43 @@ class RagPipeline:
         self.chat = chat
 
     # ---- ingest ----------------------------------------------------------------------------
-    async def ingest(self, tenant: str, collection: str, documents: list[DocumentInput]) -> list[int]:
-        """Chunk and embed every document, then store them all in one transaction (all or none).
-        Returns each document's chunk count."""
+    async def ingest(self, tenant: str, collection: str, documents: list[DocumentInput],
+                     on_progress: ProgressCallback | None = None) -> list[int]:
+        """Extract, chunk and embed every document, then store them all in one transaction (all or
+        none). Returns each document's chunk count; `on_progress` hears how far it got."""
+        # Parsing HTML is CPU work: off the caller's event loop.
+        documents = await asyncio.to_thread(lambda: [as_plain_text(doc) for doc in documents])
         chunked = await asyncio.gather(*(self.embedder.chunk(doc.text) for doc in documents))
-        vectors = await self._embed([self._embedded_text(doc, chunk) for doc, chunks in zip(documents, chunked)
-                                     for chunk in chunks])
+        texts = [text for doc, chunks in zip(documents, chunked) for text in self.texts_to_embed(doc, chunks)]
+        progress = IngestProgress(stage="chunked", documents=len(documents), chunks=len(texts), chunks_embedded=0)
+        await _report(on_progress, progress)
+        vectors = await self._embed(texts, progress, on_progress)
         batch, start = [], 0
         for doc, chunks in zip(documents, chunked):
             batch.append((doc.id, chunks, vectors[start:start + len(chunks)], doc.metadata, len(doc.text)))
             start += len(chunks)
-        return await self.index.upsert_documents(tenant, collection, batch)
+        counts = await self.index.upsert_documents(tenant, collection, batch)
+        await _report(on_progress, progress.model_copy(update={"stage": "stored", "chunks_embedded": len(texts)}))
+        return counts
 
-    def _embedded_text(self, doc: DocumentInput, chunk: str) -> str:
+    def texts_to_embed(self, doc: DocumentInput, chunks: list[str]) -> list[str]:
         """A chunk deep in a long document rarely names what it belongs to; with the title in front
         its vector does (the stored text, which citations and prompts show, stays the chunk)."""
-        return with_title(document_title(doc.text, doc.metadata), chunk) if self.settings.embed_title else chunk
+        if not self.settings.embed_title:
+            return list(chunks)
+        title = document_title(doc.text, doc.metadata)
+        return [with_title(title, chunk) for chunk in chunks]
 
-    async def _embed(self, texts: list[str]) -> np.ndarray:
-        """Embedded in bounded calls, so one large ingest is not one huge message to the embedder."""
+    async def _embed(self, texts: list[str], progress: IngestProgress,
+                     on_progress: ProgressCallback | None) -> np.ndarray:
+        """Embedded in bounded calls, so one large ingest is not one huge message to the embedder and
+        its progress can be reported between them."""
         step = self.settings.embed_batch_chunks
-        parts = [np.asarray(await self.embedder.embed_documents(texts[i:i + step]), dtype=np.float32)
-                 for i in range(0, len(texts), step)]
+        parts = []
+        for i in range(0, len(texts), step):
+            parts.append(np.asarray(await self.embedder.embed_documents(texts[i:i + step]), dtype=np.float32))
+            progress = progress.model_copy(update={"stage": "embedding", "chunks_embedded": i + len(parts[-1])})
+            await _report(on_progress, progress)
         return np.concatenate(parts) if parts else np.zeros((0, 0), dtype=np.float32)
 
     # ---- query -----------------------------------------------------------------------------

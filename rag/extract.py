@@ -1,0 +1,116 @@
+"""Plain text out of an uploaded document: text/plain as it is, Markdown and HTML through libraries.
+
+What gets chunked and embedded is the text a reader sees: no tags, scripts, styles or link targets,
+but paragraphs, list items, table rows and code blocks kept on their own lines (the chunker splits
+on blank lines and newlines first). HTML is rendered by inscriptis (a layout-aware HTML-to-text
+renderer over lxml); Markdown is parsed by markdown-it-py (CommonMark + tables) into HTML and then
+rendered the same way, so both formats keep one code path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PLAIN, MARKDOWN, HTML = "text/plain", "text/markdown", "text/html"
+CONTENT_TYPES = (PLAIN, MARKDOWN, HTML)
+# Names clients commonly send for the same formats.
+ALIASES = {"text/x-markdown": MARKDOWN, "application/xhtml+xml": HTML}
+TITLE_MAX_CHARS = 120
+# Never shown to a reader: fallback content for no-JavaScript browsers, inert templates, site menus.
+UNSEEN_TAGS = ("noscript", "template", "nav")
+# Inline elements that inscriptis's profile does not list get "white-space: normal", which flattens
+# a <pre><code> block onto one line; with no white-space of their own they inherit <pre>'s.
+INLINE_TAGS = ("code", "span", "kbd", "samp", "var", "a", "b", "i", "em", "strong", "small", "sub", "sup", "mark")
+
+
+class UnsupportedContentType(ValueError):
+    """A content type this module cannot extract text from; the message lists the ones it can."""
+
+
+@dataclass(frozen=True)
+class Extracted:
+    text: str
+    title: str | None = None  # the document's own name for itself (<title>, else the first <h1>)
+
+
+def normalize_content_type(content_type: str | None) -> str:
+    """'text/HTML; charset=utf-8' -> 'text/html'; None -> text/plain. Raises UnsupportedContentType."""
+    if content_type is None:
+        return PLAIN
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    media_type = ALIASES.get(media_type, media_type)
+    if media_type not in CONTENT_TYPES:
+        raise UnsupportedContentType(f"content_type {content_type!r} is not supported; use one of "
+                                     f"{', '.join(CONTENT_TYPES)}")
+    return media_type
+
+
+def extract(content: str, content_type: str | None = PLAIN) -> Extracted:
+    """The readable text of `content` (and its title when the format names one)."""
+    media_type = normalize_content_type(content_type)
+    if media_type == PLAIN:
+        return Extracted(content)
+    html = markdown_to_html(content) if media_type == MARKDOWN else content
+    return html_to_text(html)
+
+
+def markdown_to_html(markdown: str) -> str:
+    from markdown_it import MarkdownIt
+
+    # CommonMark with raw HTML passed through (it is only rendered to text here) and GFM tables.
+    return MarkdownIt("commonmark", {"html": True}).enable("table").render(markdown)
+
+
+def html_to_text(html: str) -> Extracted:
+    import lxml.html
+    from lxml.etree import ParserError, strip_elements
+    from inscriptis import Inscriptis
+
+    if not html.strip():
+        return Extracted("")
+    try:
+        tree = lxml.html.document_fromstring(html)
+    except ParserError:  # markup with no element at all (only a comment, say): no text either
+        return Extracted("")
+    title = _title(tree)
+    strip_elements(tree, *UNSEEN_TAGS, with_tail=False)
+    text = Inscriptis(tree, _parser_config()).get_text()
+    return Extracted(_tidy(text), title)
+
+
+def _parser_config():
+    from inscriptis.css_profiles import CSS_PROFILES
+    from inscriptis.html_properties import Display
+    from inscriptis.model.config import ParserConfig
+    from inscriptis.model.html_element import HtmlElement
+
+    css = dict(CSS_PROFILES["strict"])
+    for tag in INLINE_TAGS:
+        css[tag] = HtmlElement(display=Display.inline, whitespace=None)
+    return ParserConfig(css=css, display_images=True, display_links=False,
+                        display_anchors=False)
+
+
+def _title(tree) -> str | None:
+    for path in (".//title", ".//h1"):
+        node = tree.find(path)
+        if node is not None:
+            text = " ".join(node.text_content().split())
+            if text:
+                return text[:TITLE_MAX_CHARS]
+    return None
+
+
+def _tidy(text: str) -> str:
+    """Trailing spaces off every line and at most one blank line in a row: layout, not content."""
+    lines = [line.rstrip() for line in text.splitlines()]
+    tidy, blank = [], False
+    for line in lines:
+        if not line:
+            if tidy and not blank:
+                tidy.append("")
+            blank = True
+            continue
+        tidy.append(line)
+        blank = False
+    return "\n".join(tidy).strip("\n")

@@ -1,0 +1,123 @@
+"""rag.extract: the text a reader sees, out of plain text, Markdown and HTML."""
+
+import asyncio
+
+import pytest
+
+from rag.extract import UnsupportedContentType, extract, normalize_content_type
+from rag.local import LocalIndex
+from rag.pipeline import DocumentInput, PipelineSettings, RagPipeline, as_plain_text
+from rag.store import KnowledgeStore
+from tests.unit.rag_fakes import DIM, FakeEmbedder
+
+PAGE = """<!doctype html><html><head><title>Widget manual</title><style>p { color: red }</style>
+<script>var secret = "tracking";</script></head>
+<body><nav><a href="/">Home</a> | <a href="/docs">Docs</a></nav>
+<h1>Widgets</h1><p>A widget <b>spins</b> at 3&nbsp;rpm. See <a href="https://example.com/guide">the guide</a>.</p>
+<h2>Setup</h2><ul><li>Unpack it.</li><li>Plug it in.</li></ul>
+<pre><code>widget --spin 3
+widget --stop</code></pre>
+<table><tr><th>Flag</th><th>Meaning</th></tr><tr><td>--spin</td><td>start</td></tr></table>
+<p>Caf&eacute; &amp; more <img src="wiring.png" alt="wiring diagram"></p>
+<noscript>Please enable JavaScript</noscript><template><p>inert</p></template><!-- a comment --></body></html>"""
+
+NOTES = """# Widget guide
+
+A *widget* spins at **3 rpm**; see [the guide](https://example.com/guide).
+
+## Flags
+
+| Flag | Meaning |
+|------|---------|
+| `--spin` | start |
+
+```bash
+widget --spin 3
+widget --stop
+```
+
+- unpack
+- plug in
+"""
+
+
+def test_plain_text_is_kept_exactly():
+    text = "  First line\n\n\tindented  \n"
+    assert extract(text, "text/plain").text == text
+    assert extract(text, None).text == text
+
+
+@pytest.mark.parametrize("given, expected", [
+    ("text/plain", "text/plain"), ("TEXT/HTML; charset=utf-8", "text/html"), (" text/markdown ", "text/markdown"),
+    ("text/x-markdown", "text/markdown"), ("application/xhtml+xml", "text/html"), (None, "text/plain"),
+])
+def test_content_types_are_normalized(given, expected):
+    assert normalize_content_type(given) == expected
+
+
+@pytest.mark.parametrize("content_type", ["application/pdf", "image/png", "text", ""])
+def test_unknown_content_types_are_refused_naming_the_supported_ones(content_type):
+    with pytest.raises(UnsupportedContentType, match="text/plain, text/markdown, text/html"):
+        extract("x", content_type)
+
+
+def test_html_keeps_what_a_reader_sees_and_drops_the_rest():
+    page = extract(PAGE, "text/html")
+    assert page.title == "Widget manual"
+    lines = page.text.splitlines()
+    assert "Widgets" in lines and "Setup" in lines
+    assert "A widget spins at 3 rpm. See the guide." in lines  # entities decoded, inline tags joined
+    assert "widget --spin 3" in lines and "widget --stop" in lines  # a <pre><code> block keeps its lines
+    assert any(line.split() == ["--spin", "start"] for line in lines)  # a table row stays one line
+    assert "Café & more [wiring diagram]" in lines  # an image's alt text is kept
+    for unseen in ("secret", "color", "Home", "JavaScript", "inert", "comment", "https://", "<"):
+        assert unseen not in page.text
+    assert "\n\n\n" not in page.text and page.text == page.text.strip()
+
+
+def test_html_title_falls_back_to_the_first_heading():
+    assert extract("<h1>  Release\n notes </h1><p>Fixed.</p>", "text/html").title == "Release notes"
+    assert extract("<p>No heading here.</p>", "text/html").title is None
+
+
+@pytest.mark.parametrize("html", ["", "   ", "<!-- only a comment -->", "<script>x()</script>"])
+def test_html_without_visible_text_is_empty(html):
+    assert extract(html, "text/html").text == ""
+
+
+def test_markdown_is_rendered_to_text():
+    notes = extract(NOTES, "text/markdown")
+    assert notes.title == "Widget guide"
+    lines = notes.text.splitlines()
+    assert lines[0] == "Widget guide"
+    assert "A widget spins at 3 rpm; see the guide." in lines  # emphasis and link targets gone
+    assert "widget --spin 3" in lines and "widget --stop" in lines and "```" not in notes.text
+    assert any(line.split() == ["--spin", "start"] for line in lines)
+    assert any(line.strip() == "* unpack" for line in lines)
+    assert "https://" not in notes.text and "|" not in notes.text
+
+
+def test_an_extracted_title_becomes_metadata_unless_the_client_gave_one():
+    page = as_plain_text(DocumentInput("p", PAGE, {"src": "web"}, content_type="text/html"))
+    assert page.metadata == {"src": "web", "title": "Widget manual"} and page.content_type == "text/plain"
+    given = as_plain_text(DocumentInput("p", PAGE, {"title": "Mine"}, content_type="text/html"))
+    assert given.metadata == {"title": "Mine"}
+    plain = DocumentInput("p", "<b>not parsed</b>")
+    assert as_plain_text(plain) is plain
+
+
+def test_the_pipeline_stores_and_embeds_the_extracted_text(tmp_path):
+    store = KnowledgeStore(tmp_path / "k.sqlite3", dim=DIM)
+    embedder = FakeEmbedder()
+    pipeline = RagPipeline(embedder, LocalIndex(store), PipelineSettings())
+    counts = asyncio.run(pipeline.ingest("t", "kb", [DocumentInput("page", PAGE, content_type="text/html"),
+                                                     DocumentInput("notes", NOTES, content_type="text/markdown")]))
+    assert counts[0] > 0 and counts[1] > 0
+    embedded = [text for call in embedder.document_calls for text in call]
+    assert all("<" not in text and "https://" not in text for text in embedded)
+    assert embedded[0].startswith("Widget manual\n")  # the page's <title> is the title embedded in front
+    info = store.collection_info("t", "kb")
+    assert {d["id"]: d["metadata"] for d in info["documents"]} == {"page": {"title": "Widget manual"},
+                                                                   "notes": {"title": "Widget guide"}}
+    assert [h.document_id for h in store.search_lexical("t", "kb", "wiring", 5)] == ["page"]
+    store.close()
