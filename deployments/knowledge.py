@@ -1,5 +1,5 @@
-"""Knowledge-base and RAG routes, mixed into the gateway: ingest (atomic, paid even if the client
-leaves), collections, and RAG queries with citations.
+"""Knowledge-base and RAG routes, mixed into the gateway: ingest (deployments/ingest.py),
+collections, and RAG queries with citations.
 
 The RAG logic itself is rag.pipeline.RagPipeline; these routes validate the request, adapt the
 gateway's Ray handles to the pipeline (deployments/rag_adapters.py) and shape its results as HTTP.
@@ -14,17 +14,18 @@ from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletio
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from deployments.errors import unavailable
+from deployments.ingest import IngestRoutes
 from deployments.rag_adapters import GatewayChat, RayEmbedder, RayIndex
-from deployments.schemas import AddDocumentsRequest, RagQueryRequest
+from deployments.schemas import RagQueryRequest
 from deployments.streams import rag_stream, tracked_stream
 from deployments.tenants import record_usage
-from deployments.work import release_heap_after_sending, run_to_completion, without_credentials
+from deployments.work import without_credentials
 from rag.ids import validate_collection, validate_document_id
-from rag.pipeline import DocumentInput, InvalidQuery, PipelineSettings, RagPipeline
+from rag.pipeline import InvalidQuery, PipelineSettings, RagPipeline
 from rag.prompt import RetrievedChunk
 
 
-class KnowledgeRoutes:
+class KnowledgeRoutes(IngestRoutes):
     """Needs from the gateway: _embedder, _retriever, _settings, _embed_model_id, _tenant,
     _require_model, _check_prompt_fits, _engine, _recheck_health."""
 
@@ -40,39 +41,7 @@ class KnowledgeRoutes:
         await self._check_prompt_fits(body, request)
         return await self._engine(super().chat(body, without_credentials(request)))
 
-    # ---- knowledge bases -----------------------------------------------------------------
-    async def add_documents(self, collection: str, body: AddDocumentsRequest, request: Request) -> Response:
-        tenant = self._tenant(request)
-        validate_collection(collection)
-        limit = self._settings["max_documents_per_request"]
-        if len(body.documents) > limit:
-            raise HTTPException(400, f"documents has {len(body.documents)} items; the limit is {limit} per request "
-                                     "(rag.max_documents_per_request)")
-        ids = [validate_document_id(doc.id) for doc in body.documents]
-        if len(set(ids)) != len(ids):
-            raise HTTPException(400, "documents[].id repeats within the request; each id may appear once")
-        max_chars = self._settings["max_document_chars"]
-        for i, doc in enumerate(body.documents):
-            if len(doc.text) > max_chars:
-                raise HTTPException(413, f"documents[{i}].text (id {doc.id!r}) has {len(doc.text)} characters; the "
-                                         f"limit is {max_chars} (rag.max_document_chars)")
-        # The whole ingest finishes even if the client hangs up (it is atomic and it is paid for).
-        results = await run_to_completion(self._ingest(request, tenant, collection, body.documents))
-        return JSONResponse({"collection": collection, "documents": results,
-                             "chunks": sum(r["chunks"] for r in results)}, background=release_heap_after_sending())
-
-    async def _ingest(self, request: Request, tenant: str, collection: str, documents) -> list[dict]:
-        """Chunk and embed everything, then store all documents in one transaction: all or none."""
-        inputs = [DocumentInput(id=doc.id, text=doc.text, metadata=doc.metadata) for doc in documents]
-        counts = await self._pipeline(request).ingest(tenant, collection, inputs)
-        return [{"id": doc.id, "chunks": count} for doc, count in zip(documents, counts)]
-
-    async def _embed_and_charge(self, request: Request, texts: list[str]) -> dict:
-        result = await self._embedder.embed.remote(texts)
-        await record_usage(request, self._embed_model_id, {"prompt_tokens": result["tokens"],
-                                                           "total_tokens": result["tokens"]})
-        return result
-
+    # ---- knowledge bases (ingest: deployments/ingest.py) ------------------------------------
     async def list_collections(self, request: Request) -> Response:
         collections = await self._retriever.list_collections.remote(self._tenant(request))
         return JSONResponse({"object": "list", "data": collections})

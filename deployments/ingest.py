@@ -1,0 +1,128 @@
+"""The ingest route, POST /v1/collections/{c}/documents, mixed into the gateway (through
+deployments/knowledge.py): validate, run rag.pipeline.RagPipeline.ingest, answer.
+
+Two ways to answer, both atomic (all documents stored or none) and finished even if the client
+hangs up (the work is paid for):
+- by default one JSON body once everything is stored: per-document chunk counts, total chunks and
+  the tokens embedded (what the tenant is charged);
+- with "stream": true, NDJSON (one JSON object a line) as it goes: a "progress" event after chunking
+  and after each embedder call (chunks_embedded of chunks: what a progress bar needs), then "done"
+  with the same body as the JSON answer, or "error" with the status and error body it would have had.
+Each ingest also logs one line with its counts and speed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import logging
+import time
+from typing import AsyncIterator
+
+from fastapi import HTTPException, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from deployments.errors import map_exception
+from deployments.rag_adapters import RayEmbedder, RayIndex
+from deployments.schemas import AddDocumentsRequest
+from deployments.tenants import record_usage
+from deployments.work import release_heap_after_sending, run_to_completion
+from rag.ids import validate_collection, validate_document_id
+from rag.pipeline import DocumentInput, IngestProgress, PipelineSettings, ProgressCallback, RagPipeline
+
+logger = logging.getLogger("poolserve.ingest")
+NDJSON = "application/x-ndjson"
+
+
+class IngestRoutes:
+    """Needs from the gateway: _embedder, _retriever, _settings, _embed_model_id, _tenant."""
+
+    async def add_documents(self, collection: str, body: AddDocumentsRequest, request: Request) -> Response:
+        tenant = self._tenant(request)
+        validate_collection(collection)
+        self._check_ingest_limits(body)
+        inputs = [DocumentInput(id=doc.id, text=doc.text, metadata=doc.metadata, content_type=doc.content_type)
+                  for doc in body.documents]
+        if body.stream:
+            return StreamingResponse(self._ingest_events(request, tenant, collection, inputs), media_type=NDJSON,
+                                     background=release_heap_after_sending())
+        # The whole ingest finishes even if the client hangs up (it is atomic and it is paid for).
+        result = await run_to_completion(self._ingest(request, tenant, collection, inputs))
+        return JSONResponse(result, background=release_heap_after_sending())
+
+    def _check_ingest_limits(self, body: AddDocumentsRequest) -> None:
+        limit = self._settings["max_documents_per_request"]
+        if len(body.documents) > limit:
+            raise HTTPException(400, f"documents has {len(body.documents)} items; the limit is {limit} per request "
+                                     "(rag.max_documents_per_request)")
+        ids = [validate_document_id(doc.id) for doc in body.documents]
+        if len(set(ids)) != len(ids):
+            raise HTTPException(400, "documents[].id repeats within the request; each id may appear once")
+        max_chars = self._settings["max_document_chars"]
+        for i, doc in enumerate(body.documents):
+            if len(doc.text) > max_chars:
+                raise HTTPException(413, f"documents[{i}].text (id {doc.id!r}) has {len(doc.text)} characters; the "
+                                         f"limit is {max_chars} (rag.max_document_chars)")
+
+    async def _ingest(self, request: Request, tenant: str, collection: str, inputs: list[DocumentInput],
+                      on_progress: ProgressCallback | None = None) -> dict:
+        """Extract, chunk and embed everything, then store all documents in one transaction: all or none."""
+        embedded = {"tokens": 0}
+
+        async def embed_and_count(texts: list[str]) -> dict:
+            result = await self._embed_and_charge(request, texts)
+            embedded["tokens"] += result["tokens"]
+            return result
+
+        pipeline = RagPipeline(RayEmbedder(self._embedder, embed_and_count), RayIndex(self._retriever),
+                               PipelineSettings.model_validate(self._settings))
+        started = time.perf_counter()
+        counts = await pipeline.ingest(tenant, collection, inputs, on_progress)
+        seconds = time.perf_counter() - started
+        chunks = sum(counts)
+        logger.info("ingest %s/%s: %d documents, %d chunks, %d tokens in %.1f s (%.1f chunks/s)", tenant, collection,
+                    len(inputs), chunks, embedded["tokens"], seconds, chunks / seconds if seconds else 0.0)
+        return {"collection": collection, "documents": [{"id": doc.id, "chunks": n} for doc, n in zip(inputs, counts)],
+                "chunks": chunks, "tokens": embedded["tokens"]}
+
+    async def _embed_and_charge(self, request: Request, texts: list[str]) -> dict:
+        result = await self._embedder.embed.remote(texts)
+        await record_usage(request, self._embed_model_id, {"prompt_tokens": result["tokens"],
+                                                           "total_tokens": result["tokens"]})
+        return result
+
+    async def _ingest_events(self, request: Request, tenant: str, collection: str,
+                             inputs: list[DocumentInput]) -> AsyncIterator[bytes]:
+        """NDJSON events of one ingest. The ingest runs in its own task (a fresh context, so Ray Serve
+        does not cancel its replica calls with the request); if the client leaves, this waits for it
+        before letting go, so the tenant's concurrency slot is held until the work is done."""
+        events: asyncio.Queue[IngestProgress | None] = asyncio.Queue()
+        work = asyncio.get_running_loop().create_task(
+            self._ingest(request, tenant, collection, inputs, events.put_nowait), context=contextvars.Context())
+        work.add_done_callback(lambda _: events.put_nowait(None))
+        try:
+            while (progress := await events.get()) is not None:
+                yield _line({"event": "progress", **progress.model_dump()})
+            if work.exception() is None:
+                yield _line({"event": "done", **work.result()})
+            else:
+                failed = map_exception(work.exception())
+                yield _line({"event": "error", "status": failed.status_code, **json.loads(failed.body)})
+        finally:
+            await _wait_out(work)
+            if not work.cancelled() and work.exception() is not None:  # also when nobody was left to tell
+                logger.warning("ingest %s/%s failed: %r", tenant, collection, work.exception())
+
+
+def _line(event: dict) -> bytes:
+    return json.dumps(event, separators=(",", ":")).encode() + b"\n"
+
+
+async def _wait_out(task: asyncio.Task) -> None:
+    """Wait until `task` is done, through any number of cancellations of the waiter."""
+    while not task.done():
+        try:
+            await asyncio.wait([task])
+        except asyncio.CancelledError:
+            continue
