@@ -3,10 +3,12 @@ plus chunking with the same model's tokenizer)."""
 
 from __future__ import annotations
 
-import threading
+import os
+from contextlib import contextmanager
 
 from ray import serve
 
+from deployments.embed_turns import BatchTurns, IdleCores, threads_for
 from deployments.process_memory import process_tree_memory, release_freed_heap
 from deployments.start_order import wait_for_predecessors
 from rag.embedding import SentenceTransformerEmbedder
@@ -16,18 +18,19 @@ from rag.embedding import SentenceTransformerEmbedder
 class Embedder:
     async def __init__(self, model_path: str, model_id: str, batch_size: int, chunk_tokens: int,
                        chunk_overlap: int, torch_threads: int, start_after: list[tuple[str, str]],
-                       device: str):
-        import torch
-
+                       device: str, ingest_threads: int | None = None, query_prefix: str = ""):
         await wait_for_predecessors("embedder", start_after, serve.get_replica_context().app_name)
 
-        torch.set_num_threads(torch_threads)
         self.model_id = model_id
+        self._torch_threads = torch_threads
+        self._ingest_threads = max(torch_threads, ingest_threads or torch_threads)
         # One batch in flight: the plan budgets one batch's activations, and concurrent encodes on the
         # same cores only share them (measured: four at once held 4x the activations, 0.5 GiB over budget).
-        self._one_batch = threading.Lock()
+        self._turns = BatchTurns()
+        self._idle_cores = IdleCores(len(os.sched_getaffinity(0)))
         # `cuda` only when the plan gave this replica a GPU share: Ray then sets CUDA_VISIBLE_DEVICES to it.
-        self.embedder = SentenceTransformerEmbedder(model_path, batch_size, chunk_tokens, chunk_overlap, device)
+        self.embedder = SentenceTransformerEmbedder(model_path, batch_size, chunk_tokens, chunk_overlap, device,
+                                                    query_prefix=query_prefix)
         self.dimension = self.embedder.dimension
         self._warm_up()
 
@@ -37,14 +40,34 @@ class Embedder:
         longest = " ".join(["warm"] * self.embedder.max_seq_length)
         self.embed([longest] * self.embedder.batch_size)
 
+    @contextmanager
+    def _document_batch(self, _texts: int):
+        with self._turns.turn(question=False):
+            import torch
+
+            # Set in the thread that runs the batch: torch's thread count is per calling thread.
+            torch.set_num_threads(threads_for(self._idle_cores(), self._torch_threads, self._ingest_threads))
+            yield
+
+    @contextmanager
+    def _question_batch(self, _texts: int):
+        with self._turns.turn(question=True):
+            import torch
+
+            torch.set_num_threads(self._torch_threads)
+            yield
+
     def embed(self, texts: list[str]) -> dict:
-        """Unit-length float32 vectors and the tokens the model actually read."""
-        with self._one_batch:
-            result = self.embedder.embed(texts)
-            # torch frees a batch's activations to glibc, which keeps them; hand them back to the pool
-            # (a few ms) so a replica at rest holds weights + runtime, as planned.
-            release_freed_heap(collect=False)
+        """Unit-length float32 vectors of documents (or /v1/embeddings inputs) and the tokens read."""
+        result = self.embedder.embed(texts, self._document_batch)
+        # torch frees a batch's activations to glibc, which keeps them; hand them back to the pool
+        # (a few ms) so a replica at rest holds weights + runtime, as planned.
+        release_freed_heap(collect=False)
         return result
+
+    def embed_query(self, text: str):
+        """A question's vector (with the profile's query prefix), ahead of waiting document batches."""
+        return self.embedder.embed_query(text, self._question_batch)
 
     def chunk(self, text: str) -> list[str]:
         return self.embedder.chunk(text)

@@ -30,7 +30,7 @@ class RayEmbedder:
         return (await self._embed_and_charge(texts))["vectors"]
 
     async def embed_query(self, text: str) -> np.ndarray:
-        return (await self._handle.embed.remote([text]))["vectors"][0]
+        return await self._handle.embed_query.remote(text)
 
 
 class RayIndex:

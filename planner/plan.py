@@ -283,10 +283,20 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
         profile=profile.name, pool=pool, pools=[pool], replicas=replicas,
         chat=facts["chat"], engines=facts, ray=ray, admission=admission,
         threads={"cpus": int(cpus), "chat_omp": eng.facts["omp_threads"],
-                 "embedder_torch": profile.embedder.torch_threads, "faiss": profile.retriever.faiss_threads,
+                 "embedder_torch": profile.embedder.torch_threads,
+                 "embedder_ingest_most": _embedder_ingest_threads(profile, spec, cpus),
+                 "faiss": profile.retriever.faiss_threads,
                  "gateway": 1},
         page_cache=page_cache, start_peak=start, notes=notes, gateway=_gateway_settings(profile, replicas),
     )
+
+
+def _embedder_ingest_threads(profile: Profile, spec: PoolSpec, cpus: float) -> int:
+    """The most threads a document batch may borrow (EmbedderSpec.ingest_threads): on a GPU the forward
+    pass is not the CPU's, so it keeps torch_threads unless the profile pins more."""
+    emb = profile.embedder
+    default = emb.torch_threads if spec.gpu else int(cpus)
+    return max(emb.torch_threads, emb.ingest_threads or default)
 
 
 def _gateway_settings(profile: Profile, replicas: list[ReplicaPlan]) -> GatewaySettings:

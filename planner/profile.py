@@ -158,7 +158,17 @@ class EmbedderSpec(_Strict):
                                   "from; None = the folder is provided locally.")
     batch_size: int = Field(32, ge=1, le=1024, description="Texts embedded per forward pass.")
     num_cpus: float = Field(0.3, gt=0, description="Ray CPUs for the embedder.")
-    torch_threads: int = Field(1, ge=1, description="torch intra-op threads.")
+    torch_threads: int = Field(1, ge=1, description="torch intra-op threads (questions, and every batch while the "
+                               "rest of the machine keeps the other cores busy); the chat engine's OMP threads are "
+                               "planned around them.")
+    ingest_threads: int | None = Field(None, ge=1, description="Most torch threads for a batch of documents: before "
+                                       "each batch the embedder borrows the cores the rest of the machine left idle "
+                                       "since the last one (the chat engine between requests), never fewer than "
+                                       "torch_threads. None = the pool's CPUs; torch_threads = never borrow. "
+                                       "docs/BENCHMARKS.md section 8.")
+    query_prefix: str = Field("", description="Text put in front of every question before it is embedded, for models "
+                              "trained with a query instruction (bge-*-en-v1.5: 'Represent this sentence for searching "
+                              "relevant passages: '); documents are embedded as they are. Empty for all-MiniLM-L6-v2.")
     max_seq_tokens: int = Field(256, ge=8, description="Longest input the embedder reads (MiniLM: 256), for activations.")
     node: str | None = Field(None, description="Pool (node) name to place the replica on; None = the first.")
 

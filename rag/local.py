@@ -33,7 +33,7 @@ class LocalEmbedder:
         return result["vectors"]
 
     async def embed_query(self, text: str) -> np.ndarray:
-        return self._embedder.embed([text])["vectors"][0]
+        return self._embedder.embed_query(text)
 
 
 class LocalIndex:

@@ -1,0 +1,46 @@
+"""rag.embedding.SentenceTransformerEmbedder on the real all-MiniLM-L6-v2: batch by batch under a guard,
+the same vectors as one encode call, and the query prefix."""
+
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rag.embedding import SentenceTransformerEmbedder
+
+MODEL_DIR = Path(__file__).resolve().parents[2] / "models" / "all-MiniLM-L6-v2"
+TEXTS = ["A pump moves water.", "Short.", "The valve opens when the pressure rises above two bar, and closes again.",
+         "Tenants never see each other's collections.", "Widgets spin."]
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    assert (MODEL_DIR / "config.json").exists(), f"no embedder at {MODEL_DIR}: run `make models`"
+    return SentenceTransformerEmbedder(str(MODEL_DIR), batch_size=2, query_prefix="query: ")
+
+
+def test_batches_go_through_the_guard_one_at_a_time_longest_first(embedder):
+    seen = []
+
+    @contextmanager
+    def guard(texts):
+        seen.append(texts)
+        yield
+
+    result = embedder.embed(TEXTS, guard)
+    assert seen == [2, 2, 1]
+    expected = embedder.model.encode(TEXTS, batch_size=2, normalize_embeddings=True)
+    np.testing.assert_allclose(result["vectors"], expected, atol=1e-5)  # rows stay in the caller's order
+    assert result["vectors"].dtype == np.float32
+    assert result["tokens"] == sum(len(ids) for ids in embedder.model.tokenizer(TEXTS)["input_ids"])
+
+
+def test_nothing_to_embed_is_no_batch(embedder):
+    result = embedder.embed([], lambda texts: pytest.fail("no batch expected"))
+    assert result["vectors"].shape == (0, embedder.dimension) and result["tokens"] == 0
+
+
+def test_a_question_is_embedded_with_the_query_prefix(embedder):
+    np.testing.assert_allclose(embedder.embed_query("what moves water?"),
+                               embedder.embed(["query: what moves water?"])["vectors"][0], atol=1e-6)
