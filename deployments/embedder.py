@@ -67,7 +67,9 @@ class Embedder:
 
     def embed_query(self, text: str):
         """A question's vector (with the profile's query prefix), ahead of waiting document batches."""
-        return self.embedder.embed_query(text, self._question_batch)
+        vector = self.embedder.embed_query(text, self._question_batch)
+        release_freed_heap(collect=False)  # as after documents: the replica at rest stays as planned
+        return vector
 
     def chunk(self, text: str) -> list[str]:
         return self.embedder.chunk(text)
