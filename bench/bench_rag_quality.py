@@ -6,7 +6,7 @@ names every document that answers it; "exact" ones hinge on an exact term (funct
 constant, error name), "paraphrase" ones ask in plain words.
 
 Everything runs through the real code: rag.pipeline.RagPipeline ingests with the real embedder
-(models/all-MiniLM-L6-v2, sentence-transformers on CPU) into a real rag.store.KnowledgeStore
+(models/all-MiniLM-L6-v2, or --embedder PATH with its --query-prefix; sentence-transformers on CPU) into a real rag.store.KnowledgeStore
 (FAISS + SQLite FTS5) in a temporary directory, and retrieves through rag.retrieval.
 
 Metrics are per document: a question's rank is the position of the first retrieved chunk that
@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 from types import MappingProxyType
+
+import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -138,7 +140,7 @@ async def evaluate(pipeline: RagPipeline, questions: list[dict], mode: str) -> d
 def compare_fusions(store: KnowledgeStore, embedder: SentenceTransformerEmbedder, questions: list[dict]) -> dict:
     """Each fusion setting over the same dense and lexical candidates (rag.retrieval.fuse)."""
     depth = FusionSettings().candidates
-    vectors = embedder.embed([q["question"] for q in questions])["vectors"]
+    vectors = embedder.embed([embedder.query_prefix + q["question"] for q in questions])["vectors"]
     candidates = [(store.search(TENANT, COLLECTION, v, depth), store.search_lexical(TENANT, COLLECTION, q["question"], depth))
                   for v, q in zip(vectors, questions)]
     return {name: metrics([rank_of(fuse(dense, lexical, DEPTH, settings), set(q["documents"]))
@@ -190,6 +192,10 @@ async def main() -> None:
     parser.add_argument("--chunkings", default=DEFAULT_CHUNKING,
                         help=f"comma-separated names of {', '.join(CHUNKINGS)}, or 'all'")
     parser.add_argument("--torch-threads", type=int, default=2)
+    parser.add_argument("--embedder", default=str(MODEL), help="a sentence-transformers folder to evaluate")
+    parser.add_argument("--query-prefix", default="", help="put in front of every question (the profile's "
+                        "embedder.query_prefix; bge-*-en-v1.5: 'Represent this sentence for searching relevant "
+                        "passages: ')")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "rag-quality.json"))
     parser.add_argument("--check-questions", action="store_true", help="only check the question set")
     parser.add_argument("--documents", type=int, default=None,
@@ -210,7 +216,12 @@ async def main() -> None:
 
     torch.set_num_threads(args.torch_threads)
     names = list(CHUNKINGS) if args.chunkings == "all" else args.chunkings.split(",")
-    embedder = SentenceTransformerEmbedder(str(MODEL))
+    import sentence_transformers  # noqa: F401 - imported first, so the RSS delta is the model's alone
+
+    rss_before = psutil.Process().memory_info().rss
+    embedder = SentenceTransformerEmbedder(args.embedder, query_prefix=args.query_prefix)
+    embedder_memory = {"weights_bytes": sum(f.stat().st_size for f in Path(args.embedder).rglob("*.safetensors")),
+                       "load_rss_delta_bytes": psutil.Process().memory_info().rss - rss_before}
     fusion = FusionSettings()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -223,6 +234,8 @@ async def main() -> None:
         "corpus": {"documents": len(corpus), "characters": sum(len(d.text) for d in corpus)},
         "questions": {"total": len(questions), "exact": sum(q["kind"] == "exact" for q in questions),
                       "paraphrase": sum(q["kind"] == "paraphrase" for q in questions)},
+        "embedder": {"path": args.embedder, "query_prefix": args.query_prefix, "dimension": embedder.dimension,
+                     "max_seq_length": embedder.max_seq_length, **embedder_memory},
         "fusion": fusion.model_dump(), "depth": DEPTH, "results": results,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
