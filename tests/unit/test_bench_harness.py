@@ -1,5 +1,5 @@
 """The pure parts of the benchmark harness (bench/harness/): percentiles, the result format, engine
-arguments from the plan with overrides, the serving load's command line."""
+arguments from the plan with overrides, the serving load's command line, the report's marked tables."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from bench.harness.engine import SPECULATION, apply_overrides, cli_flags, engine
 from bench.harness.results import FORMAT_VERSION, BenchResult, new_result, read_result, write_result
 from bench.harness.serving import ServingLoad, scalar_metrics, serving_argv
 from bench.harness.timing import best_of, percentile, summarize, time_each
+from bench.report import render_docs
 from planner.plan import build_plan
 from planner.profile import load_profile
 
@@ -153,3 +154,17 @@ def test_serving_argv_is_a_greedy_capped_chat_load():
 def test_scalar_metrics_drop_per_request_lists():
     assert scalar_metrics({"output_throughput": 20.5, "completed": 4, "ttfts": [0.1], "goodput": None}) == \
         {"output_throughput": 20.5, "completed": 4, "goodput": None}
+
+
+# ---- report ------------------------------------------------------------------------------------
+def test_report_replaces_only_marked_tables_with_results():
+    limits = new_result("limits", {"rounds": 10}, {"median_ratio_shared_vs_old": 20.0},
+                        [{"path": "shared SQLite limiter", "rounds": 10, "median_us": 80.0, "p99_us": 900.0},
+                         {"path": "in-process limits (old)", "rounds": 10, "median_us": 4.0, "p99_us": 9.0}])
+    text = ("# x\nkept\n<!-- bench-report:smoke/limits -->\nold\n<!-- /bench-report:smoke/limits -->\n"
+            "<!-- bench-report:serving -->\nstale\n<!-- /bench-report:serving -->\ntail\n")
+    updated, missing = render_docs(text, {"smoke/limits": (limits, Path("limits.json"))})
+    assert missing == ["serving"]
+    assert "old\n" not in updated and "ratio (shared / old): 20.0x\n<!-- /bench-report:smoke/limits -->" in updated
+    assert updated.startswith("# x\nkept\n") and "stale" in updated and updated.endswith("tail\n")
+    assert render_docs(updated, {"smoke/limits": (limits, Path("limits.json"))})[0] == updated
