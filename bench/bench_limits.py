@@ -69,9 +69,12 @@ def run(rounds: int) -> BenchResult:
 
 
 def tables(result: BenchResult) -> str:
-    lines = [f"{row['path']:26s} median {row['median_us']:7.1f} us  p99 {row['p99_us']:8.1f} us" for row in result.rows]
-    lines.append(f"ratio (shared / old): {result.metrics['median_ratio_shared_vs_old']:.1f}x")
-    return "\n".join(lines)
+    """Section 5's table: one row per run, each path's median and p99 per request."""
+    by = {row["path"]: row for row in result.rows}
+    cell = lambda row: f"median {row['median_us']:.1f} µs, p99 {row['p99_us']:.1f} µs"  # noqa: E731
+    return "\n".join(["| requests | shared SQLite limiter | in-process (old) | ratio |", "|---:|---|---|---:|",
+                      f"| {result.config['rounds']} | {cell(by[SHARED])} | {cell(by[IN_MEMORY])} | "
+                      f"{result.metrics['median_ratio_shared_vs_old']:.1f}x |"])
 
 
 def main() -> None:

@@ -17,6 +17,8 @@ SPEC_METHODS = (("none", "tab:gray"), ("ngram", "tab:green"), ("draft_model", "t
 
 
 def _source(result: BenchResult, source: Path) -> str:
+    if result.config.get("legacy"):
+        return f"{source} (predates the result format: no date or commit recorded)"
     return f"{source} ({result.date}, {result.commit[:10]})"
 
 

@@ -165,6 +165,7 @@ def test_report_replaces_only_marked_tables_with_results():
             "<!-- bench-report:serving -->\nstale\n<!-- /bench-report:serving -->\ntail\n")
     updated, missing = render_docs(text, {"smoke/limits": (limits, Path("limits.json"))})
     assert missing == ["serving"]
-    assert "old\n" not in updated and "ratio (shared / old): 20.0x\n<!-- /bench-report:smoke/limits -->" in updated
+    assert "old\n" not in updated and "| 10 | median 80.0 µs, p99 900.0 µs | median 4.0 µs, p99 9.0 µs | 20.0x |\n" \
+        "<!-- /bench-report:smoke/limits -->" in updated
     assert updated.startswith("# x\nkept\n") and "stale" in updated and updated.endswith("tail\n")
     assert render_docs(updated, {"smoke/limits": (limits, Path("limits.json"))})[0] == updated
