@@ -19,23 +19,29 @@ SPEC_METHODS = (("none", "tab:gray"), ("ngram", "tab:green"), ("draft_model", "t
 def _source(result: BenchResult, source: Path) -> str:
     if result.config.get("legacy"):
         return f"{source} (predates the result format: no date or commit recorded)"
-    return f"{source} ({result.date}, {result.commit[:10]})"
+    commit = result.commit.removesuffix("-dirty")[:10] + ("-dirty" if result.commit.endswith("-dirty") else "")
+    return f"{source} ({result.date}, {commit})"
 
 
 def serving_plot(result: BenchResult, source: Path, out: Path) -> Path:
-    """Output tokens/s and median TTFT against concurrency, the stack against raw vLLM."""
+    """Output tokens/s and median TTFT per concurrency level, the stack beside raw vLLM (bars: a smoke run
+    has a single level)."""
+    levels = sorted({r["concurrency"] for r in result.rows})
+    by = {(r["server"], r["concurrency"]): r for r in result.rows}
     fig, (tok_ax, ttft_ax) = plt.subplots(1, 2, figsize=(10, 4))
-    for key, label, color in SERVERS:
-        rows = sorted((r for r in result.rows if r["server"] == key), key=lambda r: r["concurrency"])
-        levels = [r["concurrency"] for r in rows]
-        tok_ax.plot(levels, [r["output_throughput"] for r in rows], "o-", label=label, color=color)
-        ttft_ax.plot(levels, [r["median_ttft_ms"] for r in rows], "o-", label=label, color=color)
-    tok_ax.set(xlabel="concurrent streams", ylabel="output tokens/s", title="Throughput")
-    ttft_ax.set(xlabel="concurrent streams", ylabel="median time to first token (ms)", title="TTFT p50")
+    width = 0.38
+    for i, (key, label, color) in enumerate(SERVERS):
+        xs = [x + (i - 0.5) * width for x in range(len(levels))]
+        tok_ax.bar(xs, [by[(key, c)]["output_throughput"] for c in levels], width, label=label, color=color)
+        ttft_ax.bar(xs, [by[(key, c)]["median_ttft_ms"] for c in levels], width, label=label, color=color)
+    tok_ax.set(ylabel="output tokens/s", title="Throughput")
+    ttft_ax.set(ylabel="median time to first token (ms)", title="TTFT p50")
     for ax in (tok_ax, ttft_ax):
-        ax.grid(alpha=0.3)
-        ax.set_ylim(bottom=0)
-        ax.legend()
+        ax.set_xticks(range(len(levels)), [str(c) for c in levels])
+        ax.set_xlabel("concurrent streams")
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.25)  # room for the legend above the bars
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(loc="upper left", ncols=2)
     load = result.config["loads"][0]
     fig.suptitle(f"poolserve vs raw vLLM: {load['num_prompts']} prompts/level, {load['input_len']} in / "
                  f"{load['output_len']} out tokens\n{_source(result, source)}", fontsize=9)
