@@ -57,7 +57,7 @@ BENCH := PYTHONPATH=$(CURDIR) $(PY) bench/run.py
 
 .PHONY: bench-smoke bench-report
 
-# Everything, with the documented settings (long: docs/BENCHMARKS.md's per-benchmark times add up to ~40 min).
+# Everything, with the documented settings (long: section 1b's speculative run alone takes ~15 minutes).
 bench: setup
 	$(BENCH) all --profile $(PROFILE)
 
