@@ -29,7 +29,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from rag.chunking import Chunker  # noqa: E402
+from rag.chunking import Chunker, fast_tokenizer_spans  # noqa: E402
 
 MODEL = ROOT / "models" / "all-MiniLM-L6-v2"
 
@@ -99,7 +99,7 @@ def main() -> None:
     tokenizer = model.tokenizer
     count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
     limit = max(16, int(model.max_seq_length) - 2)
-    chunker = Chunker(count, min(200, limit), min(30, limit // 4))
+    chunker = Chunker(fast_tokenizer_spans(tokenizer), min(200, limit), min(30, limit // 4))
     docs = corpus(args.docs, args.seed)
     words = sum(len(d.split()) for d in docs)
     doc_tokens = [count(d) for d in docs]
