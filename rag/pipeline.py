@@ -36,7 +36,7 @@ class PipelineSettings(BaseModel):
     answer_max_tokens: int = Field(256, ge=1)
     embed_title: bool = Field(True, description="Embed each chunk with its document's title in front.")
     embed_batch_chunks: int = Field(1024, ge=1, description="Chunks per embedder call during an ingest.")
-    min_score: float = Field(0.0, ge=-1.0, le=1.0, description="Answer only when the question's best cosine "
+    min_score: float = Field(0.30, ge=-1.0, le=1.0, description="Answer only when the question's best cosine "
                              "similarity with an allowed chunk is at least this (planner/profile.py RagSpec).")
 
 
