@@ -48,7 +48,8 @@ def _scalar(field: str, value: Any) -> Scalar:
         return value
     if isinstance(value, str):
         if len(value) > MAX_VALUE_CHARS:
-            raise InvalidFilter(f"{field}: the string is {len(value)} characters; at most {MAX_VALUE_CHARS} are allowed")
+            raise InvalidFilter(f"{field}: the string is {len(value)} characters; "
+                                f"at most {MAX_VALUE_CHARS} are allowed")
         return value
     if isinstance(value, list):
         raise InvalidFilter(f'{field}: a list is not a filter value; for any of several values use {{"in": [...]}}')

@@ -314,3 +314,12 @@ def test_chat_rag_field_validates_filters_naming_the_key():
     assert raised.value.title == "rag" and "filters.year: unknown operator 'between'" in str(raised.value)
     with pytest.raises(ValidationError, match="min_score"):
         RagOptions.model_validate({"collection": "facts", "min_score": 2})
+
+
+def test_openapi_describes_the_search_routes_and_the_filter_shape(http):
+    spec = http.get("/openapi.json").json()  # the fuzz test (tests/integration/test_fuzz.py) generates from it
+    search = spec["paths"]["/v1/collections/{collection}/search"]
+    assert {"get", "post"} <= set(search)
+    assert {p["name"] for p in search["get"]["parameters"]} == {"collection", "q", "top_k", "filters"}
+    schemas = json.dumps(spec["components"]["schemas"])
+    assert '"maxProperties": 16' in schemas and '"required": ["in"]' in schemas

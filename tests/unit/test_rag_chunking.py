@@ -2,8 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from rag.chunking import (CLAUSE, INSIDE_WORD, LINE, PARAGRAPH, PUNCTUATION, SENTENCE, WORD, Chunk, Chunker, break_level,
-                          fast_tokenizer_spans, word_spans)
+from rag.chunking import (CLAUSE, INSIDE_WORD, LINE, PARAGRAPH, PUNCTUATION, SENTENCE, WORD, Chunk, Chunker,
+                          break_level, fast_tokenizer_spans, word_spans)
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / "models" / "all-MiniLM-L6-v2"
 

@@ -442,8 +442,8 @@ def test_chunks_keep_their_offsets(store):
     from rag.chunking import Chunk
 
     text = "Paris is in France. Paris has the Seine."
-    store.upsert_document("t", "c", "paris", [Chunk(0, "Paris is in France.", 0, 19), Chunk(1, "Paris has the Seine.", 20, 40)],
-                          [vec(1), vec(0, 1)], metadata={"lang": "en"}, chars=len(text))
+    chunks = [Chunk(0, "Paris is in France.", 0, 19), Chunk(1, "Paris has the Seine.", 20, 40)]
+    store.upsert_document("t", "c", "paris", chunks, [vec(1), vec(0, 1)], metadata={"lang": "en"}, chars=len(text))
     store.upsert_document("t", "c", "plain", ["No offsets given."], [vec(0, 0, 1)])
     for result in store.search("t", "c", vec(1, 1, 1), top_k=3) + store.search_lexical("t", "c", "Paris offsets", 3):
         if result.document_id == "paris":
