@@ -137,7 +137,7 @@ class KnowledgeRoutes:
 
     async def _no_answer(self, request: Request, model: str, messages: list[dict], max_tokens: int | None,
                          stream: bool, choices: int = 1) -> Response:
-        """The fixed reply for a question the knowledge base has nothing on; no generation, no charge.
+        """The fixed reply for a question the knowledge base has nothing on; no generation, no tokens charged.
         A prompt that could never fit the model is still a 400, as it would be if answered."""
         await self._check_prompt_length(ChatCompletionRequest(model=model, messages=messages, max_tokens=max_tokens))
         return no_answer_response(model, stream, choices)
