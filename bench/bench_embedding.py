@@ -77,13 +77,13 @@ def run(n_docs: int, threads_list: list[int], repeats: int, batch_size: int, see
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from rag.chunking import Chunker
+    from rag.chunking import Chunker, fast_tokenizer_spans
 
     model = SentenceTransformer(str(MODEL), device="cpu", local_files_only=True)
     tokenizer = model.tokenizer
     count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
     limit = max(16, int(model.max_seq_length) - 2)
-    chunker = Chunker(count, *chunker_setting(limit))
+    chunker = Chunker(fast_tokenizer_spans(tokenizer), *chunker_setting(limit))
     docs = corpus(n_docs, seed)
     words = sum(len(d.split()) for d in docs)
     doc_tokens = [count(d) for d in docs]

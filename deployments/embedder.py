@@ -9,6 +9,7 @@ from ray import serve
 
 from deployments.process_memory import process_tree_memory, release_freed_heap
 from deployments.start_order import wait_for_predecessors
+from rag.chunking import Chunk
 from rag.embedding import SentenceTransformerEmbedder
 
 
@@ -46,7 +47,7 @@ class Embedder:
             release_freed_heap(collect=False)
         return result
 
-    def chunk(self, text: str) -> list[str]:
+    def chunk(self, text: str) -> list[Chunk]:
         return self.embedder.chunk(text)
 
     def memory(self) -> dict:
