@@ -50,3 +50,21 @@ test-integration: setup
 
 clean:
 	rm -rf var models
+
+# Benchmarks (bench/run.py; results in bench/results/, docs/BENCHMARKS.md "How to run").
+# PYTHONPATH: this checkout's code, even when the venv's editable install points at another one.
+BENCH := PYTHONPATH=$(CURDIR) $(PY) bench/run.py
+
+.PHONY: bench-smoke bench-report
+
+# Everything, with the documented settings (long: section 1b's speculative run alone takes ~15 minutes).
+bench: setup
+	$(BENCH) all --profile $(PROFILE)
+
+# Under 3 minutes: gateway vs raw vLLM at concurrency 1 (4 prompts), retrieval at N=2000, the limiter.
+bench-smoke: setup
+	$(BENCH) smoke --profile $(PROFILE)
+
+# Tables and plots from the JSON results only (runs no benchmark).
+bench-report: install
+	PYTHONPATH=$(CURDIR) $(PY) bench/report.py

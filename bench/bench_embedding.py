@@ -12,7 +12,7 @@ thread count:
                 the count of tokens read
 Each path is run `--repeats` times after one warm-up; the best wall time is reported.
 
-Run it under the shared lock:
+Run it under the shared lock (writes bench/results/embedding.json):
     flock /tmp/poolserve-heavy.lock .venv/bin/python bench/bench_embedding.py
 """
 
@@ -21,16 +21,15 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the checkout, when run as a script
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from bench.harness.results import RESULTS_DIR, BenchResult, new_result, write_result  # noqa: E402
+from bench.harness.timing import best_of  # noqa: E402
 
-from rag.chunking import Chunker  # noqa: E402
-
+NAME = "embedding"
 MODEL = ROOT / "models" / "all-MiniLM-L6-v2"
 
 SUBJECTS = ["The harbour authority", "The city library", "Our support team", "The research group",
@@ -72,35 +71,20 @@ def corpus(n_docs: int, seed: int) -> list[str]:
     return docs
 
 
-def best_of(fn, repeats: int) -> tuple[float, object]:
-    fn()  # warm-up
-    times, result = [], None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - start)
-    return min(times), result
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--docs", type=int, default=50)
-    parser.add_argument("--threads", default="1,2")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-
+def run(n_docs: int, threads_list: list[int], repeats: int, batch_size: int, seed: int) -> BenchResult:
+    import numpy as np
     import sentence_transformers
     import torch
     from sentence_transformers import SentenceTransformer
+
+    from rag.chunking import Chunker, fast_tokenizer_spans
 
     model = SentenceTransformer(str(MODEL), device="cpu", local_files_only=True)
     tokenizer = model.tokenizer
     count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
     limit = max(16, int(model.max_seq_length) - 2)
-    chunker = Chunker(count, min(200, limit), min(30, limit // 4))
-    docs = corpus(args.docs, args.seed)
+    chunker = Chunker(fast_tokenizer_spans(tokenizer), *chunker_setting(limit))
+    docs = corpus(n_docs, seed)
     words = sum(len(d.split()) for d in docs)
     doc_tokens = [count(d) for d in docs]
     print(f"torch {torch.__version__}, sentence-transformers {sentence_transformers.__version__}; "
@@ -108,7 +92,7 @@ def main() -> None:
           f"(max_seq_length {model.max_seq_length}: {sum(t > limit for t in doc_tokens)} docs are cut by raw encode)")
 
     def encode(texts):
-        return model.encode(texts, batch_size=args.batch_size, normalize_embeddings=True,
+        return model.encode(texts, batch_size=batch_size, normalize_embeddings=True,
                             convert_to_numpy=True, show_progress_bar=False).astype(np.float32)
 
     def poolserve():
@@ -121,23 +105,54 @@ def main() -> None:
     read_raw = sum(min(t + 2, model.max_seq_length) for t in doc_tokens)
     read_chunks = sum(min(count(t) + 2, model.max_seq_length) for t in chunks)
 
-    print()
-    print("| torch threads | path | texts in | vectors out | tokens embedded | best wall s | docs/s | vectors/s | "
-          "docs/s vs raw-docs |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
-    for threads in (int(t) for t in args.threads.split(",")):
+    rows = []
+    for threads in threads_list:
         torch.set_num_threads(threads)
-        t_raw, _ = best_of(lambda: encode(docs), args.repeats)
-        t_chunks, _ = best_of(lambda: encode(chunks), args.repeats)
-        t_pool, (pool_chunks, _, _) = best_of(poolserve, args.repeats)
-        t_chunk_only, _ = best_of(lambda: [chunker.split(d) for d in docs], args.repeats)
-        rows = [("raw-docs", len(docs), len(docs), read_raw, t_raw),
-                ("raw-chunks", len(chunks), len(chunks), read_chunks, t_chunks),
-                ("poolserve", len(docs), len(pool_chunks), read_chunks, t_pool),
-                ("chunking only", len(docs), len(pool_chunks), 0, t_chunk_only)]
-        for name, n_in, n_out, tokens, t in rows:
-            print(f"| {threads} | {name} | {n_in} | {n_out} | {tokens} | {t:.2f} | {len(docs) / t:.1f} | "
-                  f"{n_out / t:.1f} | {(len(docs) / t) / (len(docs) / t_raw):.2f}x |")
+        t_raw, _ = best_of(lambda: encode(docs), repeats)
+        t_chunks, _ = best_of(lambda: encode(chunks), repeats)
+        t_pool, (pool_chunks, _, _) = best_of(poolserve, repeats)
+        t_chunk_only, _ = best_of(lambda: [chunker.split(d) for d in docs], repeats)
+        for path, n_in, n_out, tokens, t in (("raw-docs", len(docs), len(docs), read_raw, t_raw),
+                                             ("raw-chunks", len(chunks), len(chunks), read_chunks, t_chunks),
+                                             ("poolserve", len(docs), len(pool_chunks), read_chunks, t_pool),
+                                             ("chunking only", len(docs), len(pool_chunks), 0, t_chunk_only)):
+            rows.append({"threads": threads, "path": path, "texts_in": n_in, "vectors_out": n_out,
+                         "tokens_embedded": tokens, "best_wall_s": t, "docs_s": len(docs) / t,
+                         "vectors_s": n_out / t, "docs_s_vs_raw_docs": t_raw / t})
+    config = {"docs": n_docs, "words": words, "doc_tokens": sum(doc_tokens), "threads": threads_list,
+              "repeats": repeats, "batch_size": batch_size, "seed": seed, "model": str(MODEL),
+              "chunk_tokens": chunker_setting(limit)[0], "chunk_overlap": chunker_setting(limit)[1]}
+    metrics = {f"poolserve_docs_s_{r['threads']}t": r["docs_s"] for r in rows if r["path"] == "poolserve"}
+    return new_result(NAME, config, metrics, rows)
+
+
+def chunker_setting(limit: int) -> tuple[int, int]:
+    """Chunk size and overlap as configs/cpu-tiny.yaml sets them, within the model's window."""
+    return min(200, limit), min(30, limit // 4)
+
+
+def tables(result: BenchResult) -> str:
+    lines = ["| torch threads | path | texts in | vectors out | tokens embedded | best wall s | docs/s | vectors/s | "
+             "docs/s vs raw-docs |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in result.rows:
+        lines.append(f"| {r['threads']} | {r['path']} | {r['texts_in']} | {r['vectors_out']} | {r['tokens_embedded']} | "
+                     f"{r['best_wall_s']:.2f} | {r['docs_s']:.1f} | {r['vectors_s']:.1f} | {r['docs_s_vs_raw_docs']:.2f}x |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--docs", type=int, default=50)
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    args = parser.parse_args()
+    result = run(args.docs, [int(t) for t in args.threads.split(",")], args.repeats, args.batch_size, args.seed)
+    print()
+    print(tables(result))
+    print(f"wrote {write_result(result, args.out_dir)}")
 
 
 if __name__ == "__main__":

@@ -5,62 +5,86 @@ against the in-process limiter it replaced (`limits`' MemoryStorage), side by si
 
 Times, per request: the shared path (lease + admission + settlement + release) and the old
 in-memory path (concurrency counter + moving-window RPM hit + fixed-window TPM charge).
+Writes bench/results/limits.json.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import sys
 import tempfile
-import time
 from pathlib import Path
 
-from limits import RateLimitItemPerMinute
-from limits.storage import MemoryStorage
-from limits.strategies import FixedWindowRateLimiter, MovingWindowRateLimiter
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, when run as a script
 
-from tenancy.limits import TenantLimiter
-from tenancy.models import Tenant
+from bench.harness.results import RESULTS_DIR, BenchResult, new_result, write_result  # noqa: E402
+from bench.harness.timing import percentile, time_repeated  # noqa: E402
 
-
-def _timed(step, rounds: int) -> list[float]:
-    samples = []
-    for _ in range(rounds):
-        started = time.perf_counter()
-        step()
-        samples.append((time.perf_counter() - started) * 1e6)
-    return samples
+NAME = "limits"
+SHARED, IN_MEMORY = "shared SQLite limiter", "in-process limits (old)"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=2000)
-    args = parser.parse_args()
+def shared_limiter_seconds(rounds: int) -> list[float]:
+    from tenancy.limits import TenantLimiter
+    from tenancy.models import Tenant
+
     tenant = Tenant(name="bench", models=None, rpm=10**9, tpm=10**12, max_concurrency=10**6)
     with tempfile.TemporaryDirectory() as tmp, TenantLimiter(Path(tmp) / "limits.sqlite3") as limiter:
-        def shared():
+        def one_request():
             lease = limiter.try_acquire(tenant)
             admission = limiter.admit(tenant, estimated_tokens=300)
             limiter.settle(tenant, admission.reservation, 250)
             limiter.release(tenant, lease.lease_id)
 
-        shared_us = _timed(shared, args.rounds)
+        return time_repeated(one_request, rounds)
+
+
+def in_memory_limiter_seconds(rounds: int) -> list[float]:
+    from limits import RateLimitItemPerMinute
+    from limits.storage import MemoryStorage
+    from limits.strategies import FixedWindowRateLimiter, MovingWindowRateLimiter
+
     storage = MemoryStorage()
     rpm, tpm = MovingWindowRateLimiter(storage), FixedWindowRateLimiter(storage)
     rpm_item, tpm_item = RateLimitItemPerMinute(10**9, namespace="r"), RateLimitItemPerMinute(10**12, namespace="t")
-    in_flight = {}
+    in_flight = {"bench": 0}
 
-    def in_memory():
-        in_flight["bench"] = in_flight.get("bench", 0) + 1
+    def one_request():
+        in_flight["bench"] += 1
         rpm.hit(rpm_item, "bench")
         tpm.hit(tpm_item, "bench", cost=250)
         in_flight["bench"] -= 1
 
-    memory_us = _timed(in_memory, args.rounds)
-    for name, samples in (("shared SQLite limiter", shared_us), ("in-process limits (old)", memory_us)):
-        print(f"{name:26s} median {statistics.median(samples):7.1f} us  p99 "
-              f"{sorted(samples)[int(len(samples) * 0.99)]:8.1f} us")
-    print(f"ratio (shared / old): {statistics.median(shared_us) / statistics.median(memory_us):.1f}x")
+    return time_repeated(one_request, rounds)
+
+
+def run(rounds: int) -> BenchResult:
+    rows = []
+    for path, seconds in ((SHARED, shared_limiter_seconds(rounds)), (IN_MEMORY, in_memory_limiter_seconds(rounds))):
+        micros = [s * 1e6 for s in seconds]
+        rows.append({"path": path, "rounds": rounds, "median_us": percentile(micros, 50),
+                     "p99_us": percentile(micros, 99)})
+    ratio = rows[0]["median_us"] / rows[1]["median_us"]
+    return new_result(NAME, {"rounds": rounds}, {"median_ratio_shared_vs_old": ratio}, rows)
+
+
+def tables(result: BenchResult) -> str:
+    """Section 5's table: one row per run, each path's median and p99 per request."""
+    by = {row["path"]: row for row in result.rows}
+    cell = lambda row: f"median {row['median_us']:.1f} µs, p99 {row['p99_us']:.1f} µs"  # noqa: E731
+    return "\n".join(["| requests | shared SQLite limiter | in-process (old) | ratio |", "|---:|---|---|---:|",
+                      f"| {result.config['rounds']} | {cell(by[SHARED])} | {cell(by[IN_MEMORY])} | "
+                      f"{result.metrics['median_ratio_shared_vs_old']:.1f}x |"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2000)
+    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    args = parser.parse_args()
+    result = run(args.rounds)
+    print(tables(result))
+    print(f"wrote {write_result(result, args.out_dir)}")
 
 
 if __name__ == "__main__":

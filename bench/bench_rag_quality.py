@@ -6,8 +6,15 @@ names every document that answers it; "exact" ones hinge on an exact term (funct
 constant, error name), "paraphrase" ones ask in plain words.
 
 Everything runs through the real code: rag.pipeline.RagPipeline ingests with the real embedder
-(models/all-MiniLM-L6-v2, or --embedder PATH with its --query-prefix; sentence-transformers on CPU) into a real rag.store.KnowledgeStore
-(FAISS + SQLite FTS5) in a temporary directory, and retrieves through rag.retrieval.
+(models/all-MiniLM-L6-v2, or --embedder PATH with its --query-prefix; sentence-transformers on CPU)
+into a real rag.store.KnowledgeStore (FAISS + SQLite FTS5) in a temporary directory, and retrieves through rag.retrieval.
+
+The no-answer threshold (rag.min_score) is measured on the same ingest: the best cosine similarity
+of each question with any chunk (rag.retrieval.SearchResult.best_similarity), for the 160
+answerable questions and for bench/data/rag-unanswerable.json, 40 questions the corpus does not
+answer (20 off-topic, 20 "near misses" about other languages' libraries and tools). At each
+candidate threshold: the share of unanswerable questions refused (correct refusals) and of
+answerable ones refused (false refusals).
 
 Metrics are per document: a question's rank is the position of the first retrieved chunk that
 belongs to one of its documents (top 10 chunks retrieved). recall@1 and recall@5 count ranks 1
@@ -50,6 +57,9 @@ from rag.store import KnowledgeStore  # noqa: E402
 DATA = ROOT / "bench" / "data"
 CORPUS = DATA / "stdlib-pydoc.jsonl.gz"
 QUESTIONS = DATA / "rag-questions.json"
+UNANSWERABLE = DATA / "rag-unanswerable.json"
+# Candidate no-answer thresholds (rag.min_score) compared on best similarities.
+THRESHOLDS = (0.15, 0.20, 0.25, 0.30, 0.35, 0.40, 0.45, 0.50)
 MODEL = ROOT / "models" / "all-MiniLM-L6-v2"
 DEPTH = 10  # chunks retrieved per question for the metrics
 TENANT, COLLECTION = "bench", "stdlib"
@@ -85,6 +95,10 @@ def load_questions() -> list[dict]:
     return json.loads(QUESTIONS.read_text())["questions"]
 
 
+def load_unanswerable() -> list[dict]:
+    return json.loads(UNANSWERABLE.read_text())["questions"]
+
+
 def check_questions(corpus: list[DocumentInput], questions: list[dict]) -> list[str]:
     """Problems with the question set: unknown documents, evidence missing from an answer document."""
     texts = {doc.id: doc.text for doc in corpus}
@@ -102,8 +116,7 @@ def chunker_for(name: str, embedder: SentenceTransformerEmbedder):
     kind, size, overlap, _ = CHUNKINGS[name]
     if kind == "words":
         return lambda text: word_windows(text, size, overlap)
-    chunker = embedder.make_chunker(size, overlap)
-    return lambda text: [chunk.text for chunk in chunker.split(text)]
+    return embedder.make_chunker(size, overlap).split
 
 
 def rank_of(hits, answers: set[str]) -> int | None:
@@ -148,8 +161,38 @@ def compare_fusions(store: KnowledgeStore, embedder: SentenceTransformerEmbedder
             for name, settings in FUSIONS.items()}
 
 
+async def best_similarities(pipeline: RagPipeline, questions: list[dict]) -> list[float]:
+    """Each question's best cosine similarity with any chunk: what the no-answer threshold reads."""
+    return [round((await pipeline.search(TENANT, COLLECTION, q["question"], top_k=1, mode="dense")).best_similarity, 4)
+            for q in questions]
+
+
+def refusal_rates(answerable: list[dict], answerable_best: list[float], unanswerable: list[dict],
+                  unanswerable_best: list[float]) -> list[dict]:
+    """At each threshold: the share refused of the unanswerable questions (all and by kind) and of the
+    answerable ones (all and by kind)."""
+    def share(best: list[float], questions: list[dict], threshold: float, kind: str | None = None) -> float:
+        picked = [b for b, q in zip(best, questions) if kind is None or q["kind"] == kind]
+        return round(sum(b < threshold for b in picked) / len(picked), 4)
+
+    return [{"min_score": t,
+             "correct_refusals": share(unanswerable_best, unanswerable, t),
+             **{f"correct_refusals_{k}": share(unanswerable_best, unanswerable, t, k) for k in ("off-topic", "near-miss")},
+             "false_refusals": share(answerable_best, answerable, t),
+             **{f"false_refusals_{k}": share(answerable_best, answerable, t, k) for k in ("exact", "paraphrase")}}
+            for t in THRESHOLDS]
+
+
+async def measure_refusals(pipeline: RagPipeline, questions: list[dict], unanswerable: list[dict]) -> dict:
+    answerable_best = await best_similarities(pipeline, questions)
+    unanswerable_best = await best_similarities(pipeline, unanswerable)
+    return {"rates": refusal_rates(questions, answerable_best, unanswerable, unanswerable_best),
+            "answerable": dict(zip((q["id"] for q in questions), answerable_best)),
+            "unanswerable": dict(zip((q["id"] for q in unanswerable), unanswerable_best))}
+
+
 async def run_chunking(name: str, embedder: SentenceTransformerEmbedder, corpus, questions, fusion: FusionSettings,
-                       workdir: Path) -> dict:
+                       workdir: Path, unanswerable: list[dict]) -> dict:
     store = KnowledgeStore(workdir / f"{name}.sqlite3", dim=embedder.dimension)
     local = LocalEmbedder(embedder, chunker_for(name, embedder))
     settings = PipelineSettings(max_top_k=DEPTH, embed_title=CHUNKINGS[name][3])
@@ -163,7 +206,8 @@ async def run_chunking(name: str, embedder: SentenceTransformerEmbedder, corpus,
     result = {"chunking": name, "chunks": sum(counts), "ingest_s": round(ingest_s, 1),
               "ingest_chunks_per_s": round(sum(counts) / ingest_s, 1), "embedded_tokens": local.tokens,
               "modes": {mode: await evaluate(pipeline, questions, mode) for mode in RETRIEVAL_MODES},
-              "fusions": compare_fusions(store, embedder, questions)}
+              "fusions": compare_fusions(store, embedder, questions),
+              "refusals": await measure_refusals(pipeline, questions, unanswerable)}
     store.close()
     return result
 
@@ -172,6 +216,16 @@ def fusion_table(result: dict) -> str:
     lines = [f"| fusion ({result['chunking']}) | recall@1 | recall@5 | MRR |", "|---|---:|---:|---:|"]
     lines += [f"| {name} | {m['recall@1']:.3f} | {m['recall@5']:.3f} | {m['mrr']:.3f} |"
               for name, m in result["fusions"].items()]
+    return "\n".join(lines)
+
+
+def refusal_table(result: dict) -> str:
+    lines = [f"| min_score ({result['chunking']}) | correct refusals (40 unanswerable) | off-topic | near-miss "
+             f"| false refusals ({len(result['refusals']['answerable'])} answerable) | exact | paraphrase |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['min_score']:.2f} | {r['correct_refusals']:.3f} | {r['correct_refusals_off-topic']:.3f} "
+              f"| {r['correct_refusals_near-miss']:.3f} | {r['false_refusals']:.3f} | {r['false_refusals_exact']:.3f} "
+              f"| {r['false_refusals_paraphrase']:.3f} |" for r in result["refusals"]["rates"]]
     return "\n".join(lines)
 
 
@@ -202,7 +256,7 @@ async def main() -> None:
                         help="smoke test: the first N documents and the questions they answer")
     args = parser.parse_args()
 
-    corpus, questions = load_corpus(), load_questions()
+    corpus, questions, unanswerable = load_corpus(), load_questions(), load_unanswerable()
     problems = check_questions(corpus, questions)
     if problems or args.check_questions:
         print("\n".join(problems) or f"{len(questions)} questions, all answer documents contain their evidence")
@@ -226,14 +280,16 @@ async def main() -> None:
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
-            results.append(await run_chunking(name, embedder, corpus, questions, fusion, Path(tmp)))
-            print(table(results[-1:]) + "\n\n" + fusion_table(results[-1]) + "\n", flush=True)
+            results.append(await run_chunking(name, embedder, corpus, questions, fusion, Path(tmp), unanswerable))
+            print(table(results[-1:]) + "\n\n" + fusion_table(results[-1]) + "\n\n" + refusal_table(results[-1]) + "\n",
+                  flush=True)
     report = {
         "machine": {"python": platform.python_version(), "cpus": __import__("os").cpu_count(),
                     "torch_threads": args.torch_threads},
         "corpus": {"documents": len(corpus), "characters": sum(len(d.text) for d in corpus)},
         "questions": {"total": len(questions), "exact": sum(q["kind"] == "exact" for q in questions),
-                      "paraphrase": sum(q["kind"] == "paraphrase" for q in questions)},
+                      "paraphrase": sum(q["kind"] == "paraphrase" for q in questions),
+                      "unanswerable": len(unanswerable)},
         "embedder": {"path": args.embedder, "query_prefix": args.query_prefix, "dimension": embedder.dimension,
                      "max_seq_length": embedder.max_seq_length, **embedder_memory},
         "fusion": fusion.model_dump(), "depth": DEPTH, "results": results,
@@ -243,6 +299,7 @@ async def main() -> None:
     print(table(results))
     for result in results:
         print("\n" + fusion_table(result))
+        print("\n" + refusal_table(result))
     print(f"-> {args.out}")
 
 

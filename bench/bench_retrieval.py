@@ -14,7 +14,7 @@ M=32, as the store builds it), searched with FAISS's default efSearch=16 and wit
 Two query sets: "random" (fresh random vectors: no near neighbour, the hardest case for HNSW)
 and "near" (a stored vector plus noise, like a question close to one passage).
 
-Run it under the shared lock:
+Run it under the shared lock (writes bench/results/retrieval.json):
     flock /tmp/poolserve-heavy.lock .venv/bin/python bench/bench_retrieval.py
 """
 
@@ -23,30 +23,29 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, when run as a script
 
-import faiss  # noqa: E402
+from bench.harness.results import RESULTS_DIR, BenchResult, new_result, write_result  # noqa: E402
+from bench.harness.timing import Stopwatch, percentile, time_each  # noqa: E402
 
-from rag.store import KnowledgeStore  # noqa: E402
-
+NAME = "retrieval"
 DIM = 384
 TOP_K = 4
 PER_DOC = 100
 HNSW_EF = (16, 128)
+WARMUP_QUERIES = 10
 
 
 def unit(x: np.ndarray) -> np.ndarray:
     return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
 
 
-def pct(values: list[float], q: float) -> float:
-    return float(np.percentile(np.array(values) * 1e3, q))  # ms
+def pct(seconds: list[float], q: float) -> float:
+    return percentile([t * 1e3 for t in seconds], q)  # ms
 
 
 def brute_force(matrix: np.ndarray, query: np.ndarray, k: int) -> np.ndarray:
@@ -57,14 +56,18 @@ def brute_force(matrix: np.ndarray, query: np.ndarray, k: int) -> np.ndarray:
 
 
 def bench(n: int, kind: str, queries: dict[str, np.ndarray], data: np.ndarray, tmp: Path) -> list[dict]:
+    import faiss
+
+    from rag.store import KnowledgeStore
+
     # Recall compares against every row of data, so every row must be stored.
     assert n % PER_DOC == 0 and len(data) == n, f"n={n} must be a multiple of {PER_DOC} and len(data)"
     store = KnowledgeStore(tmp / f"{kind}-{n}.sqlite", dim=DIM, index_kind=kind)
-    start = time.perf_counter()
-    for doc in range(n // PER_DOC):
-        rows = data[doc * PER_DOC:(doc + 1) * PER_DOC]
-        store.upsert_document("bench", "c", f"d{doc}", [f"chunk {doc}-{i}" for i in range(len(rows))], rows)
-    ingest = time.perf_counter() - start
+    with Stopwatch() as ingest_watch:
+        for doc in range(n // PER_DOC):
+            rows = data[doc * PER_DOC:(doc + 1) * PER_DOC]
+            store.upsert_document("bench", "c", f"d{doc}", [f"chunk {doc}-{i}" for i in range(len(rows))], rows)
+    ingest = ingest_watch.seconds
     index = store._indexes[("bench", "c")]
     # SQLite ids are 1..n in insert order; keep the mapping explicit anyway.
     id_of_row = np.array([r[0] for r in store._db.execute("SELECT id FROM chunks ORDER BY id")], dtype=np.int64)
@@ -81,14 +84,7 @@ def bench(n: int, kind: str, queries: dict[str, np.ndarray], data: np.ndarray, t
             lat = {}
 
             def timed(fn):
-                for q in qs[:10]:
-                    fn(q)
-                times, results = [], []
-                for q in qs:
-                    t = time.perf_counter()
-                    results.append(fn(q))
-                    times.append(time.perf_counter() - t)
-                return times, results
+                return time_each(fn, qs, warmup=WARMUP_QUERIES)
 
             lat["numpy"], truth = timed(lambda q: brute_force(data, q, TOP_K))  # exact: the truth too
             lat["faiss"], faiss_ids = timed(lambda q: index.search(unit(q[None, :]), TOP_K)[1][0])
@@ -115,37 +111,53 @@ def bench(n: int, kind: str, queries: dict[str, np.ndarray], data: np.ndarray, t
     return out
 
 
+def run(sizes: list[int], kinds: list[str], n_queries: int, seed: int) -> BenchResult:
+    import faiss
+
+    print(f"faiss {faiss.__version__}, omp threads {faiss.omp_get_max_threads()}, numpy {np.__version__}")
+    rng = np.random.default_rng(seed)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in sizes:
+            data = unit(rng.standard_normal((n, DIM)))
+            near_src = data[rng.integers(0, n, n_queries)]
+            queries = {
+                "random": rng.standard_normal((n_queries, DIM)).astype(np.float32),
+                # noise of norm ~0.3: cosine ~0.95 with the stored vector it was made from
+                "near": unit(near_src + (0.3 / np.sqrt(DIM)) * rng.standard_normal((n_queries, DIM))),
+            }
+            for kind in kinds:
+                rows += bench(n, kind, queries, data, Path(tmp))
+                print(f"[bench] N={n} {kind} done", flush=True)
+    config = {"sizes": sizes, "kinds": kinds, "queries": n_queries, "seed": seed, "dim": DIM, "top_k": TOP_K,
+              "per_doc": PER_DOC, "hnsw_ef": list(HNSW_EF), "faiss_omp_threads": faiss.omp_get_max_threads()}
+    store_rows = [r for r in rows if r["path"] == "store"]
+    metrics = {f"store_p50_ms_{r['n']}_{r['queries']}_{r['kind'].replace(' ', '_')}": r["p50"] for r in store_rows}
+    return new_result(NAME, config, metrics, rows)
+
+
+def tables(result: BenchResult) -> str:
+    lines = ["| N | queries | path | index | p50 ms | p95 ms | p50 vs numpy | p95 vs numpy | recall@4 | top-1 found | ingest s |",
+             "|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(result.rows, key=lambda r: (r["n"], r["queries"] != "near")):
+        ingest = f"{r['ingest']:.1f}" if r["ingest"] is not None else ""
+        lines.append(f"| {r['n']} | {r['queries']} | {r['path']} | {r['kind']} | {r['p50']:.3f} | {r['p95']:.3f} | "
+                     f"{r['p50_ratio']:.2f}x | {r['p95_ratio']:.2f}x | {r['recall']:.3f} | {r['recall1']:.3f} | {ingest} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="10000,100000")
     parser.add_argument("--kinds", default="flat,hnsw")
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args()
-
-    print(f"faiss {faiss.__version__}, omp threads {faiss.omp_get_max_threads()}, numpy {np.__version__}")
-    rng = np.random.default_rng(args.seed)
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for n in (int(s) for s in args.sizes.split(",")):
-            data = unit(rng.standard_normal((n, DIM)))
-            near_src = data[rng.integers(0, n, args.queries)]
-            queries = {
-                "random": rng.standard_normal((args.queries, DIM)).astype(np.float32),
-                # noise of norm ~0.3: cosine ~0.95 with the stored vector it was made from
-                "near": unit(near_src + (0.3 / np.sqrt(DIM)) * rng.standard_normal((args.queries, DIM))),
-            }
-            for kind in args.kinds.split(","):
-                rows += bench(n, kind, queries, data, Path(tmp))
-                print(f"[bench] N={n} {kind} done", flush=True)
-
+    result = run([int(s) for s in args.sizes.split(",")], args.kinds.split(","), args.queries, args.seed)
     print()
-    print("| N | queries | path | index | p50 ms | p95 ms | p50 vs numpy | p95 vs numpy | recall@4 | top-1 found | ingest s |")
-    print("|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
-    for r in sorted(rows, key=lambda r: (r["n"], r["queries"] != "near")):
-        ingest = f"{r['ingest']:.1f}" if r["ingest"] is not None else ""
-        print(f"| {r['n']} | {r['queries']} | {r['path']} | {r['kind']} | {r['p50']:.3f} | {r['p95']:.3f} | "
-              f"{r['p50_ratio']:.2f}x | {r['p95_ratio']:.2f}x | {r['recall']:.3f} | {r['recall1']:.3f} | {ingest} |")
+    print(tables(result))
+    print(f"wrote {write_result(result, args.out_dir)}")
 
 
 if __name__ == "__main__":

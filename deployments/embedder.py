@@ -11,6 +11,7 @@ from ray import serve
 from deployments.embed_turns import BatchTurns, IdleCores, threads_for
 from deployments.process_memory import process_tree_memory, release_freed_heap
 from deployments.start_order import wait_for_predecessors
+from rag.chunking import Chunk
 from rag.embedding import SentenceTransformerEmbedder
 
 
@@ -71,7 +72,7 @@ class Embedder:
         release_freed_heap(collect=False)  # as after documents: the replica at rest stays as planned
         return vector
 
-    def chunk(self, text: str) -> list[str]:
+    def chunk(self, text: str) -> list[Chunk]:
         return self.embedder.chunk(text)
 
     def memory(self) -> dict:

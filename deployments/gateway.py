@@ -37,7 +37,6 @@ from deployments.streams import force_stream_usage, tracked_stream
 from deployments.schemas import RagOptions
 from deployments.tenants import (ADMIN_ENDPOINTS, TenantAdminRoutes, TenantAuthMiddleware, record_usage,
                                  guard_of, reserve_tokens, tenant_of)
-from rag.prompt import citations
 
 logger = logging.getLogger("poolserve.gateway")
 HEALTH_TIMEOUT_S = 5.0
@@ -210,11 +209,16 @@ class Gateway(KnowledgeRoutes, TenantAdminRoutes, OpenAiIngress):
     async def _check_prompt_fits(self, body: ChatCompletionRequest, request: Request) -> None:
         """400 for a prompt that does not fit, else charge its estimate (prompt + max_tokens x n) to TPM."""
         choices = self._check_choices(body)
+        tokens = await self._check_prompt_length(body)
+        await reserve_tokens(request, tokens + self._completion_budget(body, tokens, None) * choices)
+        self._salt(body, request)
+
+    async def _check_prompt_length(self, body: ChatCompletionRequest) -> int:
+        """The prompt's tokens; 400 when it and max_tokens do not fit the model's context."""
         # Tokenizing a multi-megabyte prompt takes a while: keep it off the event loop.
         tokens = await run_in_threadpool(self._count_chat_tokens, body.model, [dict(m) for m in body.messages])
         self._refuse_if_too_long(tokens, body)
-        await reserve_tokens(request, tokens + self._completion_budget(body, tokens, None) * choices)
-        self._salt(body, request)
+        return tokens
 
     async def _check_completion_fits(self, body: CompletionRequest, request: Request) -> None:
         choices = self._check_choices(body)
@@ -258,9 +262,12 @@ class Gateway(KnowledgeRoutes, TenantAdminRoutes, OpenAiIngress):
         cited = None
         if rag is not None:
             options = RagOptions.model_validate(rag)
-            body.messages, hits = await self._augment_chat(request, options.collection,
-                                                           [dict(m) for m in body.messages], options.top_k)
-            cited = citations(hits)
+            body.messages, grounding = await self._augment_chat(request, options, [dict(m) for m in body.messages])
+            cited = grounding.citations
+            if not grounding.answerable:  # nothing related in the knowledge base: the fixed reply, no generation
+                response = await self._no_answer(request, model, body.messages, body.max_completion_tokens or
+                                                 body.max_tokens, body.stream, self._check_choices(body))
+                return await self._finish(request, model, response, cited, usage_wanted)
         await self._check_prompt_fits(body, request)
         response = await self._engine(super().chat(body, without_credentials(request)))
         return await self._finish(request, model, response, cited, usage_wanted)
@@ -347,6 +354,9 @@ ENDPOINTS = {
     "add_documents": lambda app: app.post("/v1/collections/{collection:path}/documents"),
     "list_collections": lambda app: app.get("/v1/collections"),
     "delete_document": lambda app: app.delete("/v1/collections/{collection:path}/documents/{document_id:path}"),
+    # Before get_collection, whose `:path` would otherwise take "{c}/search" for a collection name.
+    "search_collection": lambda app: app.get("/v1/collections/{collection:path}/search"),
+    "search_collection_post": lambda app: app.post("/v1/collections/{collection:path}/search"),
     "get_collection": lambda app: app.get("/v1/collections/{collection:path}"),
     "delete_collection": lambda app: app.delete("/v1/collections/{collection:path}"),
     "rag_query": lambda app: app.post("/v1/rag/query"),

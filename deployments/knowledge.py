@@ -9,25 +9,30 @@ from __future__ import annotations
 
 import json
 
-from fastapi import HTTPException, Request
+from fastapi import HTTPException, Query, Request
 from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from deployments.errors import unavailable
 from deployments.ingest import IngestRoutes
+from deployments.no_answer import no_answer_response
 from deployments.rag_adapters import GatewayChat, RayEmbedder, RayIndex
-from deployments.schemas import RagQueryRequest
+from deployments.schemas import RagOptions, RagQueryRequest, SearchRequest
 from deployments.streams import rag_stream, tracked_stream
 from deployments.tenants import record_usage
 from deployments.work import without_credentials
+from rag.filters import InvalidFilter, normalize_filters
 from rag.ids import validate_collection, validate_document_id
-from rag.pipeline import InvalidQuery, PipelineSettings, RagPipeline
-from rag.prompt import RetrievedChunk
+from rag.pipeline import Grounding, InvalidQuery, PipelineSettings, RagPipeline
+from rag.prompt import citations, rag_messages
+
+# The search route's `filters` query parameter is JSON; bounded so parsing it stays cheap.
+FILTERS_PARAM_MAX_CHARS = 4096
 
 
 class KnowledgeRoutes(IngestRoutes):
     """Needs from the gateway: _embedder, _retriever, _settings, _embed_model_id, _tenant,
-    _require_model, _check_prompt_fits, _engine, _recheck_health."""
+    _require_model, _check_prompt_fits, _check_prompt_length, _engine, _recheck_health."""
 
     def _pipeline(self, request: Request, model: str | None = None) -> RagPipeline:
         """The pipeline for one request: its embedder charges this request's tenant."""
@@ -61,15 +66,50 @@ class KnowledgeRoutes(IngestRoutes):
         await self._retriever.delete_collection.remote(self._tenant(request), collection)
         return JSONResponse({"deleted": collection})
 
-    # ---- RAG ------------------------------------------------------------------------------
-    async def _augment_chat(self, request: Request, collection: str, messages: list[dict],
-                            top_k: int | None) -> tuple[list[dict], list[RetrievedChunk]]:
-        """Chat-with-RAG: the messages with the retrieved context prepended, and the hits."""
+    # ---- search and RAG ---------------------------------------------------------------------
+    async def search_collection(
+        self, collection: str, request: Request,
+        q: str = Query(..., min_length=1, description="The question or search text."),
+        top_k: int | None = Query(None, ge=1, description="Passages to return (default rag.default_top_k, "
+                                  "at most rag.max_top_k)."),
+        filters: str | None = Query(None, max_length=FILTERS_PARAM_MAX_CHARS,
+                                    description='Metadata filters as JSON, e.g. {"source": "hr", "year": {"in": '
+                                                '[2024, 2025]}}; POST the same route for a JSON body instead.'),
+    ) -> Response:
+        """Passages without generation: text, score, document and chunk ids, offsets, metadata."""
+        return await self._search(request, collection, q, top_k, _filters_param(filters))
+
+    async def search_collection_post(self, collection: str, body: SearchRequest, request: Request) -> Response:
+        return await self._search(request, collection, body.q, body.top_k, body.filters)
+
+    async def _search(self, request: Request, collection: str, text: str, top_k: int | None,
+                      filters: dict | None) -> Response:
         validate_collection(collection)
         try:
-            return await self._pipeline(request).augment_chat(self._tenant(request), collection, messages, top_k)
+            result = await self._pipeline(request).search(self._tenant(request), collection, text, top_k,
+                                                          filters=filters)
         except InvalidQuery as exc:
             raise HTTPException(400, str(exc)) from None
+        return JSONResponse({"object": "list", "collection": collection, "query": text,
+                             "retrieval": self._settings["retrieval"], "best_similarity": result.best_similarity,
+                             "data": citations(result.hits)})
+
+    async def _augment_chat(self, request: Request, options: RagOptions,
+                            messages: list[dict]) -> tuple[list[dict], Grounding]:
+        """Chat-with-RAG: the messages with the retrieved context prepended, and the grounding."""
+        validate_collection(options.collection)
+        try:
+            return await self._pipeline(request).augment_chat(self._tenant(request), options.collection, messages,
+                                                              options.top_k, options.filters, options.min_score)
+        except InvalidQuery as exc:
+            raise HTTPException(400, str(exc)) from None
+
+    async def _no_answer(self, request: Request, model: str, messages: list[dict], max_tokens: int | None,
+                         stream: bool, choices: int = 1) -> Response:
+        """The fixed reply for a question the knowledge base has nothing on; no generation, no tokens charged.
+        A prompt that could never fit the model is still a 400, as it would be if answered."""
+        await self._check_prompt_length(ChatCompletionRequest(model=model, messages=messages, max_tokens=max_tokens))
+        return no_answer_response(model, stream, choices)
 
     async def rag_query(self, body: RagQueryRequest, request: Request) -> Response:
         model = await self._require_model(request, body.model)
@@ -77,14 +117,18 @@ class KnowledgeRoutes(IngestRoutes):
         try:
             result = await self._pipeline(request, model).answer(
                 self._tenant(request), body.collection, body.question, body.top_k, max_tokens=body.max_tokens,
-                temperature=body.temperature, stream=body.stream)
+                temperature=body.temperature, stream=body.stream, filters=body.filters, min_score=body.min_score)
         except InvalidQuery as exc:
             raise HTTPException(400, str(exc)) from None
-        response, cited = result.reply, result.citations
+        response, cited, grounding = result.reply, result.citations, result.grounding
+        if response is None:
+            response = await self._no_answer(request, model, rag_messages(body.question, []),
+                                             body.max_tokens or self._settings["answer_max_tokens"], body.stream)
+        retrieval = {"refused": not grounding.answerable, "best_similarity": grounding.best_similarity}
         if isinstance(response, StreamingResponse):
             tracked = tracked_stream(response.body_iterator, request, model, None, True, False,
                                      on_broken=self._recheck_health)
-            return StreamingResponse(rag_stream(tracked, cited), media_type="text/event-stream")
+            return StreamingResponse(rag_stream(tracked, cited, retrieval), media_type="text/event-stream")
         if response.status_code >= 500:
             self._healthy_until = 0.0
             return unavailable("chat", bytes(response.body).decode(errors="replace")[:300],
@@ -94,5 +138,20 @@ class KnowledgeRoutes(IngestRoutes):
         if response.status_code >= 400 or not payload.get("choices"):
             return response  # the engine's own OpenAI-shaped error, passed on as it is
         answer = payload["choices"][0]["message"].get("content") or ""
-        return JSONResponse({"answer": answer, "citations": cited, "usage": payload.get("usage", {}),
+        return JSONResponse({"answer": answer, "citations": cited, **retrieval, "usage": payload.get("usage", {}),
                              "model": payload.get("model"), "id": payload.get("id")})
+
+
+def _filters_param(raw: str | None) -> dict | None:
+    """The search route's JSON `filters` parameter: 400 if it is not JSON, 422 naming the key if it
+    is not a valid filter (as a JSON body's filters would be)."""
+    if raw is None or not raw.strip():
+        return None
+    try:
+        parsed = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise HTTPException(400, f"filters is not valid JSON: {str(exc)[:200]}") from None
+    try:
+        return normalize_filters(parsed) or None
+    except InvalidFilter as exc:
+        raise HTTPException(422, f"invalid request: {exc}") from None

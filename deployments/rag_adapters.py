@@ -14,8 +14,8 @@ from fastapi import Request
 from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
 
 from deployments.streams import force_stream_usage
-from rag.prompt import RetrievedChunk
-from rag.retrieval import SearchQuery
+from rag.chunking import Chunk
+from rag.retrieval import SearchQuery, SearchResult
 
 
 class RayEmbedder:
@@ -23,7 +23,7 @@ class RayEmbedder:
         self._handle = handle
         self._embed_and_charge = embed_and_charge  # the gateway's: embeds and records the tenant's usage
 
-    async def chunk(self, text: str) -> list[str]:
+    async def chunk(self, text: str) -> list[Chunk]:
         return await self._handle.chunk.remote(text)
 
     async def embed_documents(self, texts: list[str]) -> np.ndarray:
@@ -40,7 +40,7 @@ class RayIndex:
     async def upsert_documents(self, tenant: str, collection: str, documents: list[tuple]) -> list[int]:
         return await self._handle.upsert_documents.remote(tenant, collection, documents)
 
-    async def search(self, tenant: str, collection: str, query: SearchQuery) -> list[RetrievedChunk]:
+    async def search(self, tenant: str, collection: str, query: SearchQuery) -> SearchResult:
         return await self._handle.search.remote(tenant, collection, query)
 
 

@@ -10,8 +10,7 @@ from ray import serve
 
 from deployments.process_memory import process_tree_memory, release_freed_heap
 from deployments.start_order import wait_for_predecessors
-from rag.prompt import RetrievedChunk
-from rag.retrieval import SearchQuery, retrieve
+from rag.retrieval import SearchQuery, SearchResult, retrieve
 from rag.store import KnowledgeStore
 
 
@@ -49,7 +48,7 @@ class Retriever:
     def collection_info(self, tenant: str, collection: str) -> dict:
         return self.store.collection_info(tenant, collection)
 
-    def search(self, tenant: str, collection: str, query: SearchQuery) -> list[RetrievedChunk]:
+    def search(self, tenant: str, collection: str, query: SearchQuery) -> SearchResult:
         return retrieve(self.store, tenant, collection, query)
 
     def stats(self) -> dict:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
+
+from rag.filters import MAX_FILTER_KEYS, MAX_IN_VALUES, MAX_VALUE_CHARS, normalize_filters
 
 from rag.extract import CONTENT_TYPES, PLAIN, normalize_content_type
 
@@ -77,11 +79,42 @@ class AddDocumentsRequest(_Body):
                          "of one JSON body at the end.")
 
 
+_FILTER_VALUE = {"anyOf": [{"type": "string", "maxLength": MAX_VALUE_CHARS}, {"type": "number"}, {"type": "boolean"}]}
+FILTERS_JSON_SCHEMA = {
+    "type": "object",
+    "maxProperties": MAX_FILTER_KEYS,
+    "additionalProperties": {"anyOf": [*_FILTER_VALUE["anyOf"], {
+        "type": "object", "required": ["in"], "additionalProperties": False,
+        "properties": {"in": {"type": "array", "items": _FILTER_VALUE, "minItems": 1, "maxItems": MAX_IN_VALUES}}}]},
+    "description": "Only documents whose metadata matches every key: a value means equality, {\"in\": [...]} any "
+                   "of the values; strings, numbers or booleans, compared by type (rag/filters.py).",
+    "examples": [{"source": "hr", "year": {"in": [2024, 2025]}}],
+}
+
+
+def _validated_filters(value: Any) -> dict | None:
+    return normalize_filters(value) or None  # rag.filters.InvalidFilter is a ValueError: a 422 naming the key
+
+
+# Metadata filters as a request field: the JSON shape above, validated (unknown operators, non-scalar
+# values, too many keys or values are a 422 naming filters.<key>) and kept in canonical form.
+MetadataFilters = Annotated[dict[str, Any] | None, BeforeValidator(_validated_filters),
+                            WithJsonSchema({"anyOf": [FILTERS_JSON_SCHEMA, {"type": "null"}]})]
+MinScore = Annotated[float | None, Field(
+    None, ge=-1.0, le=1.0, description="Answer only if the question's best cosine similarity with a chunk the "
+    "filters allow is at least this; otherwise reply that the knowledge base does not contain the answer, "
+    "without generating. Default: the profile's rag.min_score; -1 answers whenever anything was retrieved.")]
+
+
 class RagOptions(_Body):
     """The `rag` field accepted on /v1/chat/completions (OpenAI clients send it in extra_body)."""
 
+    model_config = ConfigDict(extra="forbid", title="rag")  # errors read "invalid rag: <field>: ..."
+
     collection: str
     top_k: int | None = Field(None, ge=1)
+    filters: MetadataFilters = None
+    min_score: MinScore = None
 
 
 class RagQueryRequest(_Body):
@@ -92,3 +125,13 @@ class RagQueryRequest(_Body):
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(0.0, ge=0.0, le=2.0)
+    filters: MetadataFilters = None
+    min_score: MinScore = None
+
+
+class SearchRequest(_Body):
+    """POST /v1/collections/{c}/search: the same parameters as its GET, with filters as JSON."""
+
+    q: str = Field(..., min_length=1, description="The question or search text.")
+    top_k: int | None = Field(None, ge=1)
+    filters: MetadataFilters = None

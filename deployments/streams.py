@@ -127,10 +127,11 @@ async def tracked_stream(body_iterator, request: Request, model: str, cited: lis
             await record_usage(request, model, usage)
 
 
-async def rag_stream(body_iterator, cited: list[dict]):
-    """/v1/rag/query stream: a citations event, answer deltas, a final usage event, [DONE].
+async def rag_stream(body_iterator, cited: list[dict], retrieval: dict | None = None):
+    """/v1/rag/query stream: a citations event (with `retrieval`'s keys: refused, best_similarity),
+    answer deltas, a final usage event, [DONE].
     An error event from the chat stream is passed on and ends the stream without [DONE]."""
-    yield f"data: {json.dumps({'object': 'rag.citations', 'citations': cited})}\n\n"
+    yield f"data: {json.dumps({'object': 'rag.citations', 'citations': cited, **(retrieval or {})})}\n\n"
     failed = False
     async for events in sse_event_batches(body_iterator):
         out = []

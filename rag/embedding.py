@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-from rag.chunking import Chunker
+from rag.chunking import Chunk, Chunker, fast_tokenizer_spans
 
 # Entered around each forward pass of at most batch_size texts: the replica takes its turn there
 # (one batch's activations at a time) and picks the batch's thread count.
@@ -34,12 +34,13 @@ class SentenceTransformerEmbedder:
         self.max_seq_length = int(self.model.max_seq_length)
         tokenizer = self.model.tokenizer
         self.count_tokens = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        self.token_spans = fast_tokenizer_spans(tokenizer)  # one tokenization per document, with offsets
         self.chunker = self.make_chunker(chunk_tokens, chunk_overlap)
 
     def make_chunker(self, chunk_tokens: int, chunk_overlap: int) -> Chunker:
         # Chunks must fit what the model reads (max_seq_length includes [CLS]/[SEP]).
         limit = max(16, self.max_seq_length - 2)
-        return Chunker(self.count_tokens, min(chunk_tokens, limit), min(chunk_overlap, limit // 4))
+        return Chunker(self.token_spans, min(chunk_tokens, limit), min(chunk_overlap, limit // 4))
 
     def embed(self, texts: list[str], guard: BatchGuard = no_guard) -> dict:
         """Unit-length float32 vectors and the tokens the model actually read.
@@ -71,5 +72,6 @@ class SentenceTransformerEmbedder:
         documents are embedded as they are)."""
         return self.embed([self.query_prefix + text], guard)["vectors"][0]
 
-    def chunk(self, text: str) -> list[str]:
-        return [chunk.text for chunk in self.chunker.split(text)]
+    def chunk(self, text: str) -> list[Chunk]:
+        """The document's chunks, each with its character offsets in `text`."""
+        return self.chunker.split(text)

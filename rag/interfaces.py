@@ -11,15 +11,15 @@ from typing import Protocol, TypeVar
 
 import numpy as np
 
-from rag.prompt import RetrievedChunk
-from rag.retrieval import SearchQuery
+from rag.chunking import Chunk
+from rag.retrieval import SearchQuery, SearchResult
 
 Reply = TypeVar("Reply", covariant=True)
 
 
 class Embedder(Protocol):
-    async def chunk(self, text: str) -> list[str]:
-        """The document's chunks, each small enough for the model to read whole."""
+    async def chunk(self, text: str) -> list[Chunk]:
+        """The document's chunks, each small enough for the model to read whole, with their offsets."""
 
     async def embed_documents(self, texts: list[str]) -> np.ndarray:
         """One vector per chunk text (rows), for storing."""
@@ -32,8 +32,8 @@ class KnowledgeIndex(Protocol):
     async def upsert_documents(self, tenant: str, collection: str, documents: list[tuple]) -> list[int]:
         """Store (or replace) (doc_id, chunks, vectors, metadata, chars) documents all-or-none; chunk counts."""
 
-    async def search(self, tenant: str, collection: str, query: SearchQuery) -> list[RetrievedChunk]:
-        """The query's top_k chunks, best first."""
+    async def search(self, tenant: str, collection: str, query: SearchQuery) -> SearchResult:
+        """The query's top_k chunks, best first, and the best similarity (rag.retrieval.retrieve)."""
 
 
 class ChatEngine(Protocol[Reply]):

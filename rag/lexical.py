@@ -57,15 +57,18 @@ class LexicalIndex:
         cur.execute(f"DROP TABLE IF EXISTS {self.table(tenant, collection)}")
 
     # ---- reads -------------------------------------------------------------------------------
-    def search(self, db: sqlite3.Connection, tenant: str, collection: str, text: str,
-               limit: int) -> list[tuple[int, float]]:
-        """(chunk rowid, score) best first; the score is -bm25, so higher is better as for dense."""
+    def search(self, db: sqlite3.Connection, tenant: str, collection: str, text: str, limit: int,
+               only: tuple[str, list] | None = None) -> list[tuple[int, float]]:
+        """(chunk rowid, score) best first; the score is -bm25, so higher is better as for dense.
+        `only` is the caller's SQL condition on `rowid` and its parameters (metadata filters): it is
+        part of the FTS5 query, so the limit counts matching rows only."""
         match = fts5_match(text)
         if match is None or limit <= 0:
             return []
         table = self.table(tenant, collection)
-        rows = db.execute(f"SELECT rowid, bm25({table}) FROM {table} WHERE {table} MATCH ? "
-                          f"ORDER BY bm25({table}) LIMIT ?", (match, limit)).fetchall()
+        condition, params = only or ("1", [])
+        rows = db.execute(f"SELECT rowid, bm25({table}) FROM {table} WHERE {table} MATCH ? AND {condition} "
+                          f"ORDER BY bm25({table}) LIMIT ?", (match, *params, limit)).fetchall()
         return [(int(rowid), -float(score)) for rowid, score in rows]
 
     def count(self, db: sqlite3.Connection, tenant: str, collection: str) -> int:

@@ -10,22 +10,24 @@ from typing import Callable
 
 import numpy as np
 
+from rag.chunking import Chunk
 from rag.embedding import SentenceTransformerEmbedder
-from rag.prompt import RetrievedChunk
-from rag.retrieval import FusionSettings, SearchQuery, retrieve
+from rag.retrieval import FusionSettings, SearchQuery, SearchResult, retrieve
 from rag.store import KnowledgeStore
 
 
 class LocalEmbedder:
-    """The embedder's vectors; `chunker` replaces its own chunking (to compare chunkings)."""
+    """The embedder's vectors; `chunker` replaces its own chunking (to compare chunkings): it returns
+    Chunks, or plain texts (then stored without offsets)."""
 
-    def __init__(self, embedder: SentenceTransformerEmbedder, chunker: Callable[[str], list[str]] | None = None):
+    def __init__(self, embedder: SentenceTransformerEmbedder,
+                 chunker: Callable[[str], list[Chunk] | list[str]] | None = None):
         self._embedder = embedder
         self._chunk = chunker or embedder.chunk
         self.tokens = 0  # tokens embedded for documents, as the gateway charges them
 
-    async def chunk(self, text: str) -> list[str]:
-        return self._chunk(text)
+    async def chunk(self, text: str) -> list[Chunk]:
+        return [c if isinstance(c, Chunk) else Chunk(index=i, text=c) for i, c in enumerate(self._chunk(text))]
 
     async def embed_documents(self, texts: list[str]) -> np.ndarray:
         result = self._embedder.embed(texts)
@@ -44,5 +46,5 @@ class LocalIndex:
     async def upsert_documents(self, tenant: str, collection: str, documents: list[tuple]) -> list[int]:
         return self.store.upsert_documents(tenant, collection, documents)
 
-    async def search(self, tenant: str, collection: str, query: SearchQuery) -> list[RetrievedChunk]:
+    async def search(self, tenant: str, collection: str, query: SearchQuery) -> SearchResult:
         return retrieve(self.store, tenant, collection, query, self.fusion)

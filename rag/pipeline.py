@@ -13,11 +13,13 @@ from typing import Any, Awaitable, Callable, Generic, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from rag.chunking import document_title, with_title
+from rag.chunking import Chunk, document_title, with_title
 from rag.extract import PLAIN, extract, normalize_content_type
+from rag.filters import InvalidFilter, normalize_filters
 from rag.interfaces import ChatEngine, Embedder, KnowledgeIndex, Reply
+from rag.no_answer import is_answerable
 from rag.prompt import RetrievedChunk, augment_chat, citations, last_user_text, rag_messages
-from rag.retrieval import RetrievalMode, SearchQuery
+from rag.retrieval import RetrievalMode, SearchQuery, SearchResult
 
 
 class InvalidQuery(ValueError):
@@ -36,6 +38,8 @@ class PipelineSettings(BaseModel):
     embed_title: bool = Field(True, description="Embed each chunk with its document's title in front.")
     embed_batch_chunks: int = Field(256, ge=1, description="Chunks per embedder call during an ingest: the "
                                     "granularity of its progress reports.")
+    min_score: float = Field(0.30, ge=-1.0, le=1.0, description="Answer only when the question's best cosine "
+                             "similarity with an allowed chunk is at least this (planner/profile.py RagSpec).")
 
 
 @dataclass(frozen=True)
@@ -64,13 +68,32 @@ async def _report(on_progress: ProgressCallback | None, progress: IngestProgress
 
 
 @dataclass(frozen=True)
-class RagAnswer(Generic[Reply]):
+class Grounding:
+    """What retrieval found for a question, and whether it is enough to answer from. When it is not,
+    there are no hits to cite: the caller answers rag.no_answer.NO_ANSWER without the model."""
+
     hits: list[RetrievedChunk]
-    reply: Reply
+    best_similarity: float | None
+    min_score: float
+    answerable: bool
 
     @property
     def citations(self) -> list[dict]:
         return citations(self.hits)
+
+
+@dataclass(frozen=True)
+class RagAnswer(Generic[Reply]):
+    grounding: Grounding
+    reply: Reply | None  # None when the grounding was not answerable: the model was not asked
+
+    @property
+    def hits(self) -> list[RetrievedChunk]:
+        return self.grounding.hits
+
+    @property
+    def citations(self) -> list[dict]:
+        return self.grounding.citations
 
 
 def as_plain_text(doc: DocumentInput) -> DocumentInput:
@@ -113,13 +136,13 @@ class RagPipeline:
         await _report(on_progress, progress.model_copy(update={"stage": "stored", "chunks_embedded": len(texts)}))
         return counts
 
-    def texts_to_embed(self, doc: DocumentInput, chunks: list[str]) -> list[str]:
+    def texts_to_embed(self, doc: DocumentInput, chunks: list[Chunk]) -> list[str]:
         """A chunk deep in a long document rarely names what it belongs to; with the title in front
         its vector does (the stored text, which citations and prompts show, stays the chunk)."""
         if not self.settings.embed_title:
-            return list(chunks)
+            return [chunk.text for chunk in chunks]
         title = document_title(doc.text, doc.metadata)
-        return [with_title(title, chunk) for chunk in chunks]
+        return [with_title(title, chunk.text) for chunk in chunks]
 
     async def _embed(self, texts: list[str], progress: IngestProgress,
                      on_progress: ProgressCallback | None) -> np.ndarray:
@@ -140,29 +163,51 @@ class RagPipeline:
             raise InvalidQuery(f"top_k {top_k} is above the limit of {self.settings.max_top_k}")
         return top_k
 
-    async def retrieve(self, tenant: str, collection: str, question: str, top_k: int | None = None,
-                       mode: RetrievalMode | None = None, filters: dict | None = None) -> list[RetrievedChunk]:
+    async def search(self, tenant: str, collection: str, question: str, top_k: int | None = None,
+                     mode: RetrievalMode | None = None, filters: dict | None = None) -> SearchResult:
+        """The question's top_k chunks among those of documents matching `filters`, best first."""
         top_k = self._top_k(top_k)
         if not question.strip():
-            raise InvalidQuery("no question: the last user message is empty")
+            raise InvalidQuery("no question: the question (in chat, the last user message) is empty")
+        try:
+            filters = normalize_filters(filters) or None
+        except InvalidFilter as exc:
+            raise InvalidQuery(str(exc)) from None
         mode = mode or self.settings.retrieval
         vector = None if mode == "lexical" else await self.embedder.embed_query(question)
         query = SearchQuery(text=question, top_k=top_k, mode=mode, vector=vector, filters=filters)
         return await self.index.search(tenant, collection, query)
 
+    async def retrieve(self, tenant: str, collection: str, question: str, top_k: int | None = None,
+                       mode: RetrievalMode | None = None, filters: dict | None = None) -> list[RetrievedChunk]:
+        return (await self.search(tenant, collection, question, top_k, mode, filters)).hits
+
+    async def ground(self, tenant: str, collection: str, question: str, top_k: int | None = None,
+                     filters: dict | None = None, min_score: float | None = None) -> Grounding:
+        """Retrieve, then decide whether the passages are related enough to answer from."""
+        threshold = self.settings.min_score if min_score is None else min_score
+        result = await self.search(tenant, collection, question, top_k, filters=filters)
+        answerable = is_answerable(result, threshold)
+        return Grounding(hits=result.hits if answerable else [], best_similarity=result.best_similarity,
+                         min_score=threshold, answerable=answerable)
+
     async def answer(self, tenant: str, collection: str, question: str, top_k: int | None = None,
                      max_tokens: int | None = None, temperature: float | None = 0.0,
-                     stream: bool = False) -> RagAnswer:
-        """Retrieve, build the numbered-context prompt, and ask the chat engine."""
+                     stream: bool = False, filters: dict | None = None, min_score: float | None = None) -> RagAnswer:
+        """Retrieve, build the numbered-context prompt, and ask the chat engine; when nothing related
+        was found, return without asking it (reply None)."""
         if self.chat is None:
             raise RuntimeError("this pipeline has no chat engine")
-        hits = await self.retrieve(tenant, collection, question, top_k)
-        reply = await self.chat.complete(rag_messages(question, hits), max_tokens or self.settings.answer_max_tokens,
-                                         temperature, stream)
-        return RagAnswer(hits=hits, reply=reply)
+        grounding = await self.ground(tenant, collection, question, top_k, filters, min_score)
+        if not grounding.answerable:
+            return RagAnswer(grounding=grounding, reply=None)
+        reply = await self.chat.complete(rag_messages(question, grounding.hits),
+                                         max_tokens or self.settings.answer_max_tokens, temperature, stream)
+        return RagAnswer(grounding=grounding, reply=reply)
 
-    async def augment_chat(self, tenant: str, collection: str, messages: list[dict],
-                           top_k: int | None = None) -> tuple[list[dict], list[RetrievedChunk]]:
-        """Chat-with-RAG: the client's messages with the context for its last user turn prepended."""
-        hits = await self.retrieve(tenant, collection, last_user_text(messages), top_k)
-        return augment_chat(messages, hits), hits
+    async def augment_chat(self, tenant: str, collection: str, messages: list[dict], top_k: int | None = None,
+                           filters: dict | None = None, min_score: float | None = None) -> tuple[list[dict], Grounding]:
+        """Chat-with-RAG: the client's messages with the context for its last user turn prepended
+        (unchanged when the grounding is not answerable), and the grounding."""
+        grounding = await self.ground(tenant, collection, last_user_text(messages), top_k, filters, min_score)
+        return (augment_chat(messages, grounding.hits) if grounding.answerable else messages), grounding

@@ -18,6 +18,10 @@ class RetrievedChunk:
     score: float
     text: str
     metadata: dict | None = None
+    # Character offsets of the chunk in its document (document[start:end] == text); None for chunks
+    # stored before offsets were recorded, or by a chunker that rewrites text.
+    start: int | None = None
+    end: int | None = None
 
     def citation(self) -> dict:
         return {
@@ -25,6 +29,8 @@ class RetrievedChunk:
             "chunk_id": self.chunk_id,
             "score": round(float(self.score), 6),
             "text": self.text,
+            "start": self.start,
+            "end": self.end,
             "metadata": self.metadata or {},
         }
 

@@ -2,6 +2,12 @@
 
 `retrieve` runs next to the store (in the retriever replica, or in-process in the benchmark and
 the tests), so a hybrid search is one call: both candidate lists and the fusion stay local.
+Metadata filters (rag/filters.py) are applied by the store inside both searches.
+
+Besides the hits, a search reports `best_similarity`: the highest cosine similarity between the
+question and any chunk the filters allow (the dense list's first score). It is what the pipeline's
+no-answer threshold reads: a hybrid hit's score is a reciprocal-rank fusion (about 0.01-0.03 for
+any question), which says how a chunk ranked, not whether anything in the collection is related.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ class FusionSettings(BaseModel):
 @dataclass(frozen=True)
 class SearchQuery:
     """What to look for. `vector` is the embedded `text` (needed unless the mode is lexical).
-    `filters` is reserved for metadata filters; no store supports them yet."""
+    `filters`: metadata filters in the shape of rag/filters.py; only matching documents' chunks."""
 
     text: str
     top_k: int
@@ -44,31 +50,42 @@ class SearchQuery:
     filters: dict[str, Any] | None = field(default=None)
 
 
+@dataclass(frozen=True)
+class SearchResult:
+    """The top_k chunks, best first, and the best cosine similarity of the question with any chunk
+    the filters allow (None in lexical mode, or when no chunk matched)."""
+
+    hits: list[RetrievedChunk]
+    best_similarity: float | None = None
+
+
 class SearchableStore(Protocol):
     """The two searches a store offers (rag.store.KnowledgeStore)."""
 
-    def search(self, tenant: str, collection: str, vector, top_k: int) -> list[RetrievedChunk]: ...
+    def search(self, tenant: str, collection: str, vector, top_k: int,
+               filters: dict | None = None) -> list[RetrievedChunk]: ...
 
-    def search_lexical(self, tenant: str, collection: str, text: str, top_k: int) -> list[RetrievedChunk]: ...
+    def search_lexical(self, tenant: str, collection: str, text: str, top_k: int,
+                       filters: dict | None = None) -> list[RetrievedChunk]: ...
 
 
 def retrieve(store: SearchableStore, tenant: str, collection: str, query: SearchQuery,
-             fusion: FusionSettings = FusionSettings()) -> list[RetrievedChunk]:
+             fusion: FusionSettings = FusionSettings()) -> SearchResult:
     """The query's top_k chunks, best first; in hybrid mode each chunk's score is its fused score."""
     if query.mode not in RETRIEVAL_MODES:
         raise ValueError(f"retrieval mode {query.mode!r} is not one of {', '.join(RETRIEVAL_MODES)}")
-    if query.filters:
-        raise ValueError("metadata filters are not supported by this store yet")
     if query.mode != "lexical" and query.vector is None:
         raise ValueError(f"{query.mode} retrieval needs the query's vector")
-    if query.mode == "dense":
-        return store.search(tenant, collection, query.vector, query.top_k)
+    filters = query.filters or None
     if query.mode == "lexical":
-        return store.search_lexical(tenant, collection, query.text, query.top_k)
-    depth = max(query.top_k, fusion.candidates)
-    dense = store.search(tenant, collection, query.vector, depth)
-    lexical = store.search_lexical(tenant, collection, query.text, depth)
-    return fuse(dense, lexical, query.top_k, fusion)
+        return SearchResult(store.search_lexical(tenant, collection, query.text, query.top_k, filters))
+    depth = query.top_k if query.mode == "dense" else max(query.top_k, fusion.candidates)
+    dense = store.search(tenant, collection, query.vector, depth, filters)
+    best = dense[0].score if dense else None
+    if query.mode == "dense":
+        return SearchResult(dense, best)
+    lexical = store.search_lexical(tenant, collection, query.text, depth, filters)
+    return SearchResult(fuse(dense, lexical, query.top_k, fusion), best)
 
 
 def fuse(dense: list[RetrievedChunk], lexical: list[RetrievedChunk], top_k: int,

@@ -18,24 +18,11 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from rag.chunking import Chunk
+from rag.filters import metadata_condition
 from rag.lexical import DEFAULT_TOKENIZER, LexicalIndex
 from rag.prompt import RetrievedChunk
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS collections (
-    tenant TEXT NOT NULL, name TEXT NOT NULL, created_at REAL NOT NULL,
-    PRIMARY KEY (tenant, name));
-CREATE TABLE IF NOT EXISTS documents (
-    tenant TEXT NOT NULL, collection TEXT NOT NULL, doc_id TEXT NOT NULL,
-    metadata TEXT NOT NULL, chars INTEGER NOT NULL, chunk_count INTEGER NOT NULL, updated_at REAL NOT NULL,
-    PRIMARY KEY (tenant, collection, doc_id));
-CREATE TABLE IF NOT EXISTS chunks (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    tenant TEXT NOT NULL, collection TEXT NOT NULL, doc_id TEXT NOT NULL,
-    chunk_index INTEGER NOT NULL, text TEXT NOT NULL, vector BLOB NOT NULL);
-CREATE INDEX IF NOT EXISTS chunks_by_doc ON chunks (tenant, collection, doc_id);
-"""
-
+from rag.store_schema import create_or_migrate
 
 class CollectionNotFound(LookupError):
     pass
@@ -64,7 +51,8 @@ class KnowledgeStore:
             self._db.execute(f"PRAGMA cache_size=-{max(1, int(sqlite_cache_bytes) // 1024)}")  # negative: KiB
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(SCHEMA)
+        # An older database gains the columns it lacks (chunk offsets); its old rows keep NULL there.
+        self.migrated_columns = create_or_migrate(self._db)
         # FAISS adds/removes are not thread-safe and SQLite's connection is shared: one lock.
         self._lock = threading.RLock()
         self._indexes: dict[tuple[str, str], faiss.Index] = {}
@@ -117,7 +105,8 @@ class KnowledgeStore:
     def upsert_documents(self, tenant: str, collection: str, documents: list[tuple]) -> list[int]:
         """Store (or replace) several documents in ONE transaction: all of them or none.
 
-        Each document is (doc_id, chunks, vectors, metadata, chars); returns each one's chunk count."""
+        Each document is (doc_id, chunks, vectors, metadata, chars); a chunk is a rag.chunking.Chunk
+        (its offsets are stored) or plain text (stored without offsets). Returns each one's chunk count."""
         arrays = []
         for doc_id, chunks, vectors, _, _ in documents:
             array = self._vectors(vectors) if chunks else np.zeros((0, self.dim), dtype=np.float32)
@@ -139,14 +128,17 @@ class KnowledgeStore:
                     self.lexical.remove(cur, tenant, collection, old_ids)
                     cur.execute("DELETE FROM chunks WHERE tenant=? AND collection=? AND doc_id=?",
                                 (tenant, collection, doc_id))
-                    new_ids = []
-                    for i, (text, vector) in enumerate(zip(chunks, array)):
+                    new_ids, texts = [], []
+                    for i, (chunk, vector) in enumerate(zip(chunks, array)):
+                        text, start, end = _text_and_offsets(chunk)
                         cur.execute(
-                            "INSERT INTO chunks (tenant, collection, doc_id, chunk_index, text, vector) VALUES (?,?,?,?,?,?)",
-                            (tenant, collection, doc_id, i, text, vector.tobytes()),
+                            "INSERT INTO chunks (tenant, collection, doc_id, chunk_index, text, vector, start_char, "
+                            "end_char) VALUES (?,?,?,?,?,?,?,?)",
+                            (tenant, collection, doc_id, i, text, vector.tobytes(), start, end),
                         )
                         new_ids.append(cur.lastrowid)
-                    self.lexical.add(cur, tenant, collection, list(zip(new_ids, chunks)))
+                        texts.append(text)
+                    self.lexical.add(cur, tenant, collection, list(zip(new_ids, texts)))
                     cur.execute(
                         "INSERT OR REPLACE INTO documents VALUES (?,?,?,?,?,?,?)",
                         (tenant, collection, doc_id, json.dumps(metadata or {}, allow_nan=False), chars, len(chunks), now),
@@ -274,23 +266,65 @@ class KnowledgeStore:
             "index": self.index_kind,
         }
 
-    def search(self, tenant: str, collection: str, vector, top_k: int) -> list[RetrievedChunk]:
-        """Dense search: cosine similarity of the query vector with every chunk's, best first."""
+    def search(self, tenant: str, collection: str, vector, top_k: int,
+               filters: dict | None = None) -> list[RetrievedChunk]:
+        """Dense search: cosine similarity of the query vector with every chunk's, best first. With
+        filters, only chunks of documents whose metadata matches are searched (top_k of those)."""
         query = self._vectors([vector])
         with self._lock:
             self._require_collection(tenant, collection)
             index = self._indexes[(tenant, collection)]
             if index.ntotal == 0:
                 return []
+            if filters:
+                return self._chunks(self._search_among(index, query, self._matching_ids(tenant, collection, filters),
+                                                       top_k))
             scores, ids = index.search(query, min(top_k, index.ntotal))
-            hits = [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0]
-            return self._chunks(hits)
+            return self._chunks([(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0])
 
-    def search_lexical(self, tenant: str, collection: str, text: str, top_k: int) -> list[RetrievedChunk]:
-        """Lexical search: FTS5 bm25 over the chunk texts (score = -bm25, higher is better), best first."""
+    def _matching_ids(self, tenant: str, collection: str, filters: dict) -> np.ndarray:
+        """The rowids of the collection's chunks whose document's metadata matches the filters."""
+        sql, params = self._matching_ids_sql(filters)
+        rows = self._db.execute(sql, (tenant, collection, *params)).fetchall()
+        return np.array([r[0] for r in rows], dtype=np.int64)
+
+    @staticmethod
+    def _matching_ids_sql(filters: dict) -> tuple[str, list]:
+        """SELECT of matching chunk rowids, taking (tenant, collection, *params)."""
+        condition, params = metadata_condition(filters, "d.metadata")
+        return ("SELECT c.id FROM chunks c JOIN documents d ON d.tenant=c.tenant AND d.collection=c.collection "
+                f"AND d.doc_id=c.doc_id WHERE c.tenant=? AND c.collection=? AND {condition}"), params
+
+    def _search_among(self, index: faiss.Index, query: np.ndarray, allowed: np.ndarray,
+                      top_k: int) -> list[tuple[int, float]]:
+        """The top_k of the allowed rowids, searched inside FAISS (an ID selector), so a filter that
+        matches few chunks still gets top_k of them rather than what is left of a fixed candidate list."""
+        if not len(allowed):
+            return []
+        wanted = min(top_k, len(allowed))
+        selector = faiss.IDSelectorBatch(allowed)
+        params = (faiss.SearchParametersHNSW(sel=selector, efSearch=max(64, 2 * self.hnsw_m, wanted))
+                  if self.index_kind == "hnsw" else faiss.SearchParameters(sel=selector))
+        scores, ids = index.search(query, wanted, params=params)
+        hits = [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0]
+        if len(hits) < wanted:  # HNSW's graph walk can miss sparse matches: score them all exactly
+            vectors = np.vstack([index.reconstruct(int(i)) for i in allowed])
+            scores = vectors @ query[0]
+            order = np.argsort(-scores, kind="stable")[:wanted]
+            hits = [(int(allowed[i]), float(scores[i])) for i in order]
+        return hits
+
+    def search_lexical(self, tenant: str, collection: str, text: str, top_k: int,
+                       filters: dict | None = None) -> list[RetrievedChunk]:
+        """Lexical search: FTS5 bm25 over the chunk texts (score = -bm25, higher is better), best first;
+        with filters, over the chunks of matching documents only (inside the FTS5 query)."""
         with self._lock:
             self._require_collection(tenant, collection)
-            return self._chunks(self.lexical.search(self._db, tenant, collection, text, top_k))
+            only = None
+            if filters:
+                sql, params = self._matching_ids_sql(filters)
+                only = (f"rowid IN ({sql})", [tenant, collection, *params])
+            return self._chunks(self.lexical.search(self._db, tenant, collection, text, top_k, only=only))
 
     def _chunks(self, hits: list[tuple[int, float]]) -> list[RetrievedChunk]:
         """The chunk rows of (rowid, score) hits, in the hits' order; call with the lock held."""
@@ -300,16 +334,19 @@ class KnowledgeStore:
         rows = {
             r[0]: r[1:]
             for r in self._db.execute(
-                f"SELECT c.id, c.doc_id, c.chunk_index, c.text, d.metadata FROM chunks c JOIN documents d "
-                f"ON d.tenant=c.tenant AND d.collection=c.collection AND d.doc_id=c.doc_id WHERE c.id IN ({marks})",
+                f"SELECT c.id, c.doc_id, c.chunk_index, c.text, d.metadata, c.start_char, c.end_char FROM chunks c "
+                f"JOIN documents d ON d.tenant=c.tenant AND d.collection=c.collection AND d.doc_id=c.doc_id "
+                f"WHERE c.id IN ({marks})",
                 [i for i, _ in hits],
             )
         }
-        return [
-            RetrievedChunk(document_id=rows[i][0], chunk_id=f"{rows[i][0]}#{rows[i][1]}", score=score,
-                           text=rows[i][2], metadata=json.loads(rows[i][3]))
-            for i, score in hits if i in rows
-        ]
+        found = []
+        for i, score in hits:
+            if i in rows:  # a hit whose row a concurrent delete removed is skipped
+                doc_id, index, text, metadata, start, end = rows[i]
+                found.append(RetrievedChunk(document_id=doc_id, chunk_id=f"{doc_id}#{index}", score=score, text=text,
+                                            metadata=json.loads(metadata), start=start, end=end))
+        return found
 
     def stats(self) -> dict:
         with self._lock:
@@ -322,3 +359,9 @@ class KnowledgeStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _text_and_offsets(chunk: Chunk | str) -> tuple[str, int | None, int | None]:
+    if isinstance(chunk, str):
+        return chunk, None, None
+    return chunk.text, chunk.start, chunk.end

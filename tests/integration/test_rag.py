@@ -106,11 +106,110 @@ def test_delete_document_and_listing(client):
     assert client.delete("/v1/collections/deleting/documents/a").status_code == 404
 
 
-def test_rag_on_empty_results_still_answers(client):
-    _ingest(client, "tiny", [("only", "Nothing but this sentence.")])
-    response = client.post("/v1/rag/query", json={"collection": "tiny", "question": "What is the airspeed of a swallow?",
-                                                  "top_k": 1, "max_tokens": 16})
-    assert response.status_code == 200 and len(response.json()["citations"]) == 1
+def test_an_unrelated_question_gets_the_no_answer_reply_without_generating(client, openai_client):
+    from rag.no_answer import NO_ANSWER
+
+    _ingest(client, "facts", [("zorblax", ZORB), *FILLER])
+    question = "How many players are on the field in a rugby union team?"
+    body = client.post("/v1/rag/query", json={"collection": "facts", "question": question}).json()
+    assert body["answer"] == NO_ANSWER and body["citations"] == [] and body["refused"] is True, body
+    assert body["best_similarity"] < 0.3 and body["usage"]["completion_tokens"] == 0
+    # The request may lower the threshold: then it is answered from the closest passages, as before.
+    lowered = client.post("/v1/rag/query", json={"collection": "facts", "question": question, "top_k": 1,
+                                                 "max_tokens": 8, "min_score": -1}).json()
+    assert lowered["refused"] is False and len(lowered["citations"]) == 1 and lowered["usage"]["completion_tokens"] > 0
+    chat = openai_client.chat.completions.create(
+        model="smollm2-135m-instruct", max_tokens=8, messages=[{"role": "user", "content": question}],
+        extra_body={"rag": {"collection": "facts"}})
+    assert chat.choices[0].message.content == NO_ANSWER and chat.model_extra["citations"] == []
+    assert chat.model_extra["refused"] is True and chat.usage.total_tokens == 0
+
+
+# ---- metadata filters, offsets, search -----------------------------------------------------------
+
+POLICIES = [
+    ("hr-2023", "Travel policy 2023: employees may book economy class for flights under six hours.", "hr", 2023),
+    ("hr-2024", "Travel policy 2024: employees may book premium economy for flights over six hours.", "hr", 2024),
+    ("hr-2025", "Travel policy 2025: employees may book business class for flights over ten hours.", "hr", 2025),
+    ("it-2025", "Laptop policy 2025: employees may book a new laptop every three years.", "it", 2025),
+]
+FLIGHTS = "What class may employees book for flights?"
+
+
+def _ingest_policies(client):
+    response = client.post("/v1/collections/policies/documents", json={"documents": [
+        {"id": i, "text": t, "metadata": {"source": source, "year": year}} for i, t, source, year in POLICIES]})
+    assert response.status_code == 200, response.text
+
+
+def test_rag_query_filters_by_equality_and_in(client):
+    _ingest_policies(client)
+    ask = {"collection": "policies", "question": FLIGHTS, "top_k": 4, "max_tokens": 8, "min_score": -1}
+    cited = client.post("/v1/rag/query", json={**ask, "filters": {"source": "hr", "year": {"in": [2024, 2025]}}})
+    assert cited.status_code == 200, cited.text
+    assert {c["document_id"] for c in cited.json()["citations"]} == {"hr-2024", "hr-2025"}
+    only_it = client.post("/v1/rag/query", json={**ask, "filters": {"source": "it"}}).json()["citations"]
+    assert [(c["document_id"], c["metadata"]) for c in only_it] == [("it-2025", {"source": "it", "year": 2025})]
+    bad = client.post("/v1/rag/query", json={**ask, "filters": {"year": {"gt": 2020}}})
+    assert bad.status_code == 422 and "filters.year" in bad.json()["error"]["message"]
+
+
+def test_chat_rag_field_filters_with_the_openai_client(openai_client, client):
+    import openai
+    import pytest
+
+    _ingest_policies(client)
+    response = openai_client.chat.completions.create(
+        model="smollm2-135m-instruct", temperature=0, max_tokens=8, messages=[{"role": "user", "content": FLIGHTS}],
+        extra_body={"rag": {"collection": "policies", "top_k": 4, "min_score": -1, "filters": {"year": 2023}}})
+    assert [c["document_id"] for c in response.model_extra["citations"]] == ["hr-2023"]
+    with pytest.raises(openai.UnprocessableEntityError, match="filters.year"):
+        openai_client.chat.completions.create(
+            model="smollm2-135m-instruct", max_tokens=8, messages=[{"role": "user", "content": FLIGHTS}],
+            extra_body={"rag": {"collection": "policies", "filters": {"year": [2023, 2024]}}})
+
+
+MANUAL = ("Pumps\n\nThe Zorblax reactor's primary coolant pump runs at 2,400 rpm.  Its seals are replaced "
+          "every 9 months; a café-grade grease (naïve choice!) voids the warranty.\n\n"
+          + " ".join(f"Valve {n} is inspected on day {n} of every quarter by the duty engineer." for n in range(60))
+          + "\n\nShutdown\n\nIn an emergency the reactor is flooded with helium within 30 seconds.")
+
+
+def test_citation_offsets_point_into_the_ingested_text(client):
+    assert _ingest(client, "manual", [("manual", MANUAL)])["documents"][0]["chunks"] >= 3
+    for question in ("How often are the pump seals replaced?", "What happens in an emergency shutdown?",
+                     "When is valve 42 inspected?"):
+        passages = client.get("/v1/collections/manual/search", params={"q": question, "top_k": 3}).json()["data"]
+        assert passages
+        for passage in passages:
+            assert MANUAL[passage["start"]:passage["end"]] == passage["text"], passage
+    cited = client.post("/v1/rag/query", json={"collection": "manual", "question": "How often are the pump seals "
+                                               "replaced?", "top_k": 2, "max_tokens": 8}).json()["citations"]
+    assert cited and all(MANUAL[c["start"]:c["end"]] == c["text"] for c in cited)
+    assert cited[0]["metadata"] == {"src": "manual"}
+
+
+def test_search_route_returns_passages_without_generating(client, stack):
+    _ingest(client, "facts", [("zorblax", ZORB), *FILLER])
+    _ingest_policies(client)
+    response = client.get("/v1/collections/facts/search", params={"q": "Who invented the Zorblax reactor?", "top_k": 2})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["object"] == "list" and body["retrieval"] == "hybrid" and body["best_similarity"] > 0.3
+    first = body["data"][0]
+    assert first["document_id"] == "zorblax" and first["chunk_id"] == "zorblax#0"
+    assert (first["start"], first["end"], first["text"], first["metadata"]) == (0, len(ZORB), ZORB, {"src": "zorblax"})
+    filtered = client.get("/v1/collections/policies/search", params={
+        "q": FLIGHTS, "top_k": 4, "filters": json.dumps({"year": {"in": [2023, 2025]}, "source": "hr"})}).json()
+    assert {p["document_id"] for p in filtered["data"]} == {"hr-2023", "hr-2025"}
+    posted = client.post("/v1/collections/policies/search", json={"q": FLIGHTS, "filters": {"source": "it"}}).json()
+    assert [p["document_id"] for p in posted["data"]] == ["it-2025"]
+    for path, params, status in [("/v1/collections/no-such-collection/search", {"q": "x"}, 404),
+                                 ("/v1/collections/..%2Fetc/search", {"q": "x"}, 400),
+                                 ("/v1/collections/facts/search", {"q": "x", "top_k": 10_000}, 400),
+                                 ("/v1/collections/facts/search", {"q": "x", "filters": "{"}, 400)]:
+        assert client.get(path, params=params).status_code == status, (path, params)
+    assert httpx.get(f"{stack.url}/v1/collections/facts/search", params={"q": "x"}, timeout=30).status_code == 401
 
 
 def test_healthz_needs_no_key(stack):

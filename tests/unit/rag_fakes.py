@@ -5,6 +5,9 @@ import re
 
 import numpy as np
 
+from rag.chunking import Chunk
+from rag.retrieval import SearchResult
+
 DIM = 64
 
 
@@ -16,13 +19,21 @@ def bag_of_words(text: str) -> np.ndarray:
     return vector if vector.any() else np.ones(DIM, dtype=np.float32)
 
 
+def paragraph_chunks(text: str) -> list[Chunk]:
+    """A chunker stand-in: one chunk per blank-line-separated paragraph, with its offsets."""
+    chunks = []
+    for match in re.finditer(r"\S(?:.*?\S)?(?=\s*(?:\n\s*\n|\Z))", text, flags=re.S):
+        chunks.append(Chunk(index=len(chunks), text=match.group(), start=match.start(), end=match.end()))
+    return chunks
+
+
 class FakeEmbedder:
     def __init__(self):
         self.document_calls: list[list[str]] = []
         self.queries: list[str] = []
 
-    async def chunk(self, text: str) -> list[str]:
-        return [part.strip() for part in text.split("\n\n") if part.strip()]
+    async def chunk(self, text: str) -> list[Chunk]:
+        return paragraph_chunks(text)
 
     async def embed_documents(self, texts):
         self.document_calls.append(list(texts))
@@ -44,8 +55,9 @@ class FakeChat:
 
 
 class RecordingIndex:
-    def __init__(self, hits=()):
+    def __init__(self, hits=(), best_similarity=0.9):
         self.hits, self.queries, self.upserts = list(hits), [], []
+        self.best_similarity = best_similarity
 
     async def upsert_documents(self, tenant, collection, documents):
         self.upserts.append((tenant, collection, documents))
@@ -53,4 +65,4 @@ class RecordingIndex:
 
     async def search(self, tenant, collection, query):
         self.queries.append((tenant, collection, query))
-        return self.hits[:query.top_k]
+        return SearchResult(self.hits[:query.top_k], self.best_similarity if self.hits else None)

@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from rag.chunking import SEPARATORS, Chunk, Chunker
+from rag.chunking import (CLAUSE, INSIDE_WORD, LINE, PARAGRAPH, PUNCTUATION, SENTENCE, WORD, Chunk, Chunker,
+                          break_level, fast_tokenizer_spans, word_spans)
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / "models" / "all-MiniLM-L6-v2"
 
@@ -24,16 +25,24 @@ TEXT = "\n\n".join(PARAGRAPHS)
 
 
 @pytest.fixture(scope="module")
-def count_tokens():
+def tokenizer():
     import transformers
 
     assert (MODEL_DIR / "tokenizer_config.json").exists(), f"no embedder at {MODEL_DIR}: run `make models`"
-    tok = transformers.AutoTokenizer.from_pretrained(str(MODEL_DIR))
+    return transformers.AutoTokenizer.from_pretrained(str(MODEL_DIR))
 
+
+@pytest.fixture(scope="module")
+def count_tokens(tokenizer):
     def count(text: str) -> int:
-        return len(tok(text, add_special_tokens=False)["input_ids"])
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     return count
+
+
+@pytest.fixture(scope="module")
+def spans(tokenizer):
+    return fast_tokenizer_spans(tokenizer)
 
 
 def word_count(text: str) -> int:
@@ -67,8 +76,8 @@ def test_the_text_is_longer_than_the_chunks(count_tokens):
 
 
 @pytest.mark.parametrize("chunk_tokens,overlap", [(200, 30), (64, 16), (40, 8), (24, 0), (16, 4), (20, 19)])
-def test_chunks_fit_and_cover_every_word_in_order(count_tokens, chunk_tokens, overlap):
-    chunks = Chunker(count_tokens, chunk_tokens, overlap).split(TEXT)
+def test_chunks_fit_and_cover_every_word_in_order(count_tokens, spans, chunk_tokens, overlap):
+    chunks = Chunker(spans, chunk_tokens, overlap).split(TEXT)
     assert len(chunks) >= 2
     assert [c.index for c in chunks] == list(range(len(chunks)))
     for chunk in chunks:
@@ -77,18 +86,18 @@ def test_chunks_fit_and_cover_every_word_in_order(count_tokens, chunk_tokens, ov
     assert_covers_in_order(TEXT, chunks)
 
 
-def test_smaller_chunks_give_more_chunks(count_tokens):
-    sizes = [len(Chunker(count_tokens, size, 0).split(TEXT)) for size in (200, 64, 24)]
+def test_smaller_chunks_give_more_chunks(spans):
+    sizes = [len(Chunker(spans, size, 0).split(TEXT)) for size in (200, 64, 24)]
     assert sizes[0] < sizes[1] < sizes[2]
 
 
-def test_whole_text_that_fits_is_one_chunk(count_tokens):
-    chunks = Chunker(count_tokens, 1000, 50).split(TEXT)
-    assert len(chunks) == 1
-    assert chunks[0] == Chunk(index=0, text=TEXT.strip())
+def test_whole_text_that_fits_is_one_chunk(spans):
+    padded = "\n  " + TEXT + "  \n"
+    chunks = Chunker(spans, 1000, 50).split(padded)
+    assert chunks == [Chunk(index=0, text=TEXT, start=3, end=3 + len(TEXT))]
 
 
-def test_paragraph_boundaries_are_preferred(count_tokens):
+def test_paragraph_boundaries_are_preferred(count_tokens, spans):
     first = ("The embedder measures every chunk with its own tokenizer, "
              "so the limits it enforces are the ones the model really has.")
     second = ("Paragraph boundaries are the best place to cut a document, "
@@ -98,41 +107,41 @@ def test_paragraph_boundaries_are_preferred(count_tokens):
     assert a + b > size  # ... but both together do not
     text = f"{first}\n\n{second}"
 
-    chunks = Chunker(count_tokens, size, 0).split(text)
+    chunks = Chunker(spans, size, 0).split(text)
     # A greedy word packer would move the start of the second paragraph into the first chunk.
     assert [c.text for c in chunks] == [first, second]
 
     # Overlap does not drag half of the first paragraph into the second chunk either.
-    chunks = Chunker(count_tokens, size, 5).split(text)
+    chunks = Chunker(spans, size, 5).split(text)
     assert [c.text for c in chunks] == [first, second]
 
     # With room for both, they stay together.
-    assert [c.text for c in Chunker(count_tokens, a + b + 5, 0).split(text)] == [text]
+    assert [c.text for c in Chunker(spans, a + b + 5, 0).split(text)] == [text]
 
 
-def test_sentence_boundaries_are_preferred_inside_a_paragraph(count_tokens):
+def test_sentence_boundaries_are_preferred_inside_a_paragraph(count_tokens, spans):
     sentences = ["The first sentence talks about vectors and indexes.",
                  "The second sentence talks about tenants and isolation.",
                  "The third sentence talks about restarts and persistence."]
     text = " ".join(sentences)
     size = max(count_tokens(s) for s in sentences) + 1
     assert count_tokens(sentences[0] + " " + sentences[1]) > size
-    assert [c.text for c in Chunker(count_tokens, size, 0).split(text)] == sentences
+    assert [c.text for c in Chunker(spans, size, 0).split(text)] == sentences
 
 
-def test_unbroken_long_token_run_is_cut_to_fit(count_tokens):
+def test_unbroken_long_token_run_is_cut_to_fit(count_tokens, spans):
     url = "https://example.com/a/very/long/path?with=query&and=more&x=1"
     text = f"See {url} for details, then stop."
     assert count_tokens(url) > 10
-    chunks = Chunker(count_tokens, 10, 0).split(text)
+    chunks = Chunker(spans, 10, 0).split(text)
     assert all(count_tokens(c.text) <= 10 for c in chunks)
     # Without overlap, the characters come back in order (only whitespace is lost at the cuts).
     assert "".join(c.text for c in chunks).replace(" ", "") == text.replace(" ", "")
 
 
 @pytest.mark.parametrize("text", ["", " ", "\n\n", " \t\n \n\n  "])
-def test_empty_or_whitespace_text_gives_no_chunks(count_tokens, text):
-    assert Chunker(count_tokens, 32, 4).split(text) == []
+def test_empty_or_whitespace_text_gives_no_chunks(spans, text):
+    assert Chunker(spans, 32, 4).split(text) == []
 
 
 # ---- pure logic with a fake word counter ---------------------------------------------------
@@ -140,26 +149,35 @@ def test_empty_or_whitespace_text_gives_no_chunks(count_tokens, text):
 @pytest.mark.parametrize("chunk_tokens,overlap", [(10, 10), (10, 11), (1, 1), (5, 100)])
 def test_overlap_not_smaller_than_chunk_size_raises(chunk_tokens, overlap):
     with pytest.raises(ValueError, match=r"overlap .* must be smaller than chunk size"):
-        Chunker(word_count, chunk_tokens, overlap)
+        Chunker(word_spans, chunk_tokens, overlap)
 
 
-def test_separators_go_from_paragraphs_to_characters():
-    assert SEPARATORS[0] == "\n\n" and SEPARATORS[1] == "\n"
-    assert SEPARATORS[-2:] == [" ", ""]
+@pytest.mark.parametrize("text, previous_end, next_start, level", [
+    ("one.\n\ntwo", 4, 6, PARAGRAPH), ("one.\n \t\ntwo", 4, 8, PARAGRAPH), ("one\ntwo", 3, 4, LINE),
+    ("one. two", 4, 5, SENTENCE), ("one? two", 4, 5, SENTENCE), ("one, two", 4, 5, CLAUSE), ("one two", 3, 4, WORD),
+    ("os.path", 3, 4, PUNCTUATION), ("walking", 4, 4, INSIDE_WORD),
+    ("x\u0301y", 1, 2, INSIDE_WORD),  # a combining accent the tokenizer dropped is not a space
+])
+def test_break_levels(text, previous_end, next_start, level):
+    assert break_level(text, previous_end, next_start) == level
+
+
+def test_break_levels_go_from_paragraphs_to_inside_words():
+    assert PARAGRAPH < LINE < SENTENCE < CLAUSE < WORD < PUNCTUATION < INSIDE_WORD
 
 
 def test_word_counter_packs_words_without_overlap():
-    chunks = Chunker(word_count, 5, 0).split("one two three four five six seven eight nine ten eleven")
+    chunks = Chunker(word_spans, 5, 0).split("one two three four five six seven eight nine ten eleven")
     assert chunks == [
-        Chunk(0, "one two three four five"),
-        Chunk(1, "six seven eight nine ten"),
-        Chunk(2, "eleven"),
+        Chunk(0, "one two three four five", 0, 23),
+        Chunk(1, "six seven eight nine ten", 24, 48),
+        Chunk(2, "eleven", 49, 55),
     ]
 
 
 def test_word_counter_overlap_repeats_the_tail_of_the_previous_chunk():
     text = "one two three four five six seven eight nine ten eleven"
-    chunks = Chunker(word_count, 5, 2).split(text)
+    chunks = Chunker(word_spans, 5, 2).split(text)
     assert [c.text for c in chunks] == [
         "one two three four five",
         "four five six seven eight",
@@ -170,12 +188,12 @@ def test_word_counter_overlap_repeats_the_tail_of_the_previous_chunk():
 
 def test_word_counter_prefers_paragraphs_then_sentences():
     text = "alpha beta gamma. delta epsilon.\n\nzeta eta theta iota."
-    assert [c.text for c in Chunker(word_count, 5, 0).split(text)] == [
+    assert [c.text for c in Chunker(word_spans, 5, 0).split(text)] == [
         "alpha beta gamma. delta epsilon.",
         "zeta eta theta iota.",
     ]
     # A smaller size has to cut the first paragraph, and does so at the sentence end.
-    assert [c.text for c in Chunker(word_count, 3, 0).split(text)] == [
+    assert [c.text for c in Chunker(word_spans, 3, 0).split(text)] == [
         "alpha beta gamma.",
         "delta epsilon.",
         "zeta eta theta",
@@ -195,13 +213,52 @@ def test_word_counter_respects_the_size_on_long_random_text():
         paragraphs.append(" ".join(sentences))
     text = "\n\n".join(paragraphs)
     for size, overlap in [(7, 2), (12, 0), (30, 10)]:
-        chunks = Chunker(word_count, size, overlap).split(text)
+        chunks = Chunker(word_spans, size, overlap).split(text)
         assert all(0 < word_count(c.text) <= size for c in chunks)
         assert_covers_in_order(text, chunks)
 
 
 def test_chunks_are_frozen():
-    chunk = Chunker(word_count, 5, 0).split("hello world")[0]
-    assert chunk == Chunk(index=0, text="hello world")
+    chunk = Chunker(word_spans, 5, 0).split("hello world")[0]
+    assert chunk == Chunk(index=0, text="hello world", start=0, end=11)
     with pytest.raises(AttributeError):
         chunk.text = "changed"
+
+
+# ---- offsets -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("chunk_tokens,overlap", [(200, 30), (40, 8), (16, 4)])
+def test_offsets_point_at_the_chunk_in_the_document(spans, chunk_tokens, overlap):
+    text = "  \n" + TEXT + "\n\nNaïve x\u0301y 😀 end.  "  # accents, a dropped combining mark, an emoji ([UNK])
+    chunks = Chunker(spans, chunk_tokens, overlap).split(text)
+    for chunk in chunks:
+        assert text[chunk.start:chunk.end] == chunk.text
+    assert chunks[0].start == 3 and chunks[-1].text.endswith("end.") and chunks[-1].end == len(text) - 2
+    assert [c.start for c in chunks] == sorted(c.start for c in chunks)
+
+
+def test_word_spans_offsets_and_overlap():
+    text = "one two  three\nfour five six seven eight"
+    chunks = Chunker(word_spans, 4, 1).split(text)
+    # The line end is the best cut; a cut there overlaps only by whole lines, so not at all here.
+    assert [(c.text, c.start, c.end) for c in chunks] == [
+        ("one two  three", 0, 14), ("four five six seven", 15, 34), ("seven eight", 29, 40)]
+    assert all(text[c.start:c.end] == c.text for c in chunks)
+
+
+def test_a_document_is_tokenized_once():
+    calls = []
+
+    def counting_spans(text):
+        calls.append(text)
+        return word_spans(text)
+
+    Chunker(counting_spans, 8, 2).split(" ".join(f"w{i}" for i in range(500)))
+    assert len(calls) == 1
+
+
+def test_chunks_are_at_least_half_full_unless_last():
+    text = "Title\n\n" + " ".join(f"w{i}" for i in range(40))
+    chunks = Chunker(word_spans, 10, 0).split(text)
+    assert chunks[0].text.startswith("Title\n\nw0")  # the heading is not a chunk of its own
+    assert all(len(c.text.split()) >= 5 for c in chunks[:-1])

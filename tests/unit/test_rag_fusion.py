@@ -66,37 +66,55 @@ def test_fuse_keeps_rows_and_replaces_scores():
 
 
 class TwoLists:
-    """A store whose dense and lexical searches return fixed rankings, recording the depth asked."""
+    """A store whose dense and lexical searches return fixed rankings, recording the depth and filters asked."""
 
     def __init__(self, dense, lexical):
         self.dense, self.lexical, self.asked = dense, lexical, []
 
-    def search(self, tenant, collection, vector, top_k):
-        self.asked.append(("dense", top_k))
+    def search(self, tenant, collection, vector, top_k, filters=None):
+        self.asked.append(("dense", top_k, filters))
         return self.dense[:top_k]
 
-    def search_lexical(self, tenant, collection, text, top_k):
-        self.asked.append(("lexical", top_k))
+    def search_lexical(self, tenant, collection, text, top_k, filters=None):
+        self.asked.append(("lexical", top_k, filters))
         return self.lexical[:top_k]
+
+
+def ids(result):
+    return [c.document_id for c in result.hits]
 
 
 def test_retrieve_dispatches_on_the_mode_and_fuses_deeper_candidates():
     store = TwoLists([chunk("a", 0.9), chunk("b", 0.5)], [chunk("c", 5.0), chunk("b", 4.0)])
     query = dict(text="q", top_k=1, vector=[1.0])
-    assert [c.document_id for c in retrieve(store, "t", "c", SearchQuery(mode="dense", **query))] == ["a"]
-    assert [c.document_id for c in retrieve(store, "t", "c", SearchQuery(mode="lexical", **query))] == ["c"]
+    assert ids(retrieve(store, "t", "c", SearchQuery(mode="dense", **query))) == ["a"]
+    assert ids(retrieve(store, "t", "c", SearchQuery(mode="lexical", **query))) == ["c"]
     store.asked.clear()
     hybrid = retrieve(store, "t", "c", SearchQuery(mode="hybrid", **query), FusionSettings(candidates=7))
-    assert [c.document_id for c in hybrid] == ["b"]  # second in both lists beats first in one
-    assert store.asked == [("dense", 7), ("lexical", 7)]
+    assert ids(hybrid) == ["b"]  # second in both lists beats first in one
+    assert store.asked == [("dense", 7, None), ("lexical", 7, None)]
+
+
+def test_best_similarity_is_the_dense_lists_first_score_whatever_the_fused_order():
+    store = TwoLists([chunk("a", 0.9), chunk("b", 0.5)], [chunk("c", 5.0), chunk("b", 4.0)])
+    query = dict(text="q", top_k=1, vector=[1.0])
+    assert retrieve(store, "t", "c", SearchQuery(mode="hybrid", **query)).best_similarity == 0.9  # though b is first
+    assert retrieve(store, "t", "c", SearchQuery(mode="dense", **query)).best_similarity == 0.9
+    assert retrieve(store, "t", "c", SearchQuery(mode="lexical", **query)).best_similarity is None
+    assert retrieve(TwoLists([], []), "t", "c", SearchQuery(mode="hybrid", **query)).best_similarity is None
+
+
+def test_filters_reach_both_searches():
+    store = TwoLists([chunk("a", 0.9)], [chunk("a", 2.0)])
+    filters = {"lang": {"in": ["en"]}}
+    retrieve(store, "t", "c", SearchQuery(text="q", top_k=2, vector=[1.0], filters=filters), FusionSettings(candidates=3))
+    assert store.asked == [("dense", 3, filters), ("lexical", 3, filters)]
 
 
 def test_retrieve_refuses_what_it_cannot_do():
     store = TwoLists([], [])
     with pytest.raises(ValueError, match="vector"):
         retrieve(store, "t", "c", SearchQuery(text="q", top_k=1, mode="hybrid"))
-    with pytest.raises(ValueError, match="filters"):
-        retrieve(store, "t", "c", SearchQuery(text="q", top_k=1, mode="lexical", filters={"lang": "en"}))
     with pytest.raises(ValueError, match="mode"):
         retrieve(store, "t", "c", SearchQuery(text="q", top_k=1, mode="fuzzy"))  # type: ignore[arg-type]
-    assert retrieve(store, "t", "c", SearchQuery(text="q", top_k=1, mode="lexical")) == []
+    assert retrieve(store, "t", "c", SearchQuery(text="q", top_k=1, mode="lexical")).hits == []

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from rag.lexical import LexicalIndex
 from rag.lexical_query import MAX_TERMS, fts5_match, quote
-from rag.store import SCHEMA, CollectionNotFound, KnowledgeStore
+from rag.store import CollectionNotFound, KnowledgeStore
+from rag.store_schema import SCHEMA
 
 DIM = 4
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from rag.local import LocalIndex
+from rag.retrieval import FusionSettings
 from rag.pipeline import DocumentInput, InvalidQuery, PipelineSettings, RagPipeline
 from rag.prompt import SYSTEM_INSTRUCTION, RetrievedChunk
 from rag.store import KnowledgeStore
@@ -57,8 +58,8 @@ def test_ingest_embeds_in_bounded_batches_and_keeps_vectors_with_their_documents
     (_, _, stored), = index.upserts
     for doc_id, chunks, vectors, _, _ in stored:
         assert len(vectors) == len(chunks)
-        for text, vector in zip(chunks, vectors):
-            np.testing.assert_array_equal(vector, bag_of_words(text))
+        for chunk, vector in zip(chunks, vectors):
+            np.testing.assert_array_equal(vector, bag_of_words(chunk.text))
 
 
 def test_ingest_reports_its_progress_after_chunking_each_embedder_call_and_storing():
@@ -128,7 +129,7 @@ def test_query_carries_mode_top_k_vector_and_filters():
     run(pipeline.retrieve("t", "kb", "cats", filters={"lang": "en"}))
     (tenant, collection, query), = index.queries
     assert (tenant, collection, query.text, query.top_k, query.mode, query.filters) == \
-        ("t", "kb", "cats", 3, "hybrid", {"lang": "en"})
+        ("t", "kb", "cats", 3, "hybrid", {"lang": {"in": ["en"]}})  # validated, in canonical form
     np.testing.assert_array_equal(query.vector, bag_of_words("cats"))
 
 
@@ -174,8 +175,8 @@ def test_augment_chat_retrieves_for_the_last_user_turn():
     pipeline = RagPipeline(FakeEmbedder(), index, PipelineSettings())
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "first"},
                 {"role": "assistant", "content": "ok"}, {"role": "user", "content": "second question"}]
-    augmented, hits = run(pipeline.augment_chat("t", "kb", messages, top_k=1))
-    assert hits == [hit] and index.queries[0][2].text == "second question"
+    augmented, grounding = run(pipeline.augment_chat("t", "kb", messages, top_k=1))
+    assert grounding.hits == [hit] and grounding.answerable and index.queries[0][2].text == "second question"
     assert augmented[0]["role"] == "system" and "[1] the context" in augmented[0]["content"]
     assert augmented[1:] == messages
     with pytest.raises(InvalidQuery):
@@ -189,3 +190,110 @@ def test_replaced_document_is_not_retrieved_in_any_mode(store):
     for mode in ("dense", "lexical", "hybrid"):
         hits = run(pipeline.retrieve("t", "kb", "What is the secret code word?", top_k=5, mode=mode))
         assert [h.text for h in hits] == ["The secret code word is walrus."], mode
+
+
+# ---- metadata filters ------------------------------------------------------------------------
+
+SOURCES = [DocumentInput(f"{source}-{year}", f"The {source} policy of {year} covers travel expenses.",
+                         {"source": source, "year": year, "tags": [source, "policy"]})
+           for source in ("hr", "it", "legal") for year in (2023, 2024, 2025)]
+
+
+@pytest.mark.parametrize("mode", ["dense", "lexical", "hybrid"])
+@pytest.mark.parametrize("filters, expected", [
+    ({"source": "hr"}, {"hr-2023", "hr-2024", "hr-2025"}),
+    ({"source": "hr", "year": {"in": [2024, 2025]}}, {"hr-2024", "hr-2025"}),
+    ({"year": {"in": [2025, "2024"]}}, {"hr-2025", "it-2025", "legal-2025"}),  # "2024" is a string: no match
+    ({"tags": "policy", "source": {"in": ["it", "legal"]}, "year": 2023}, {"it-2023", "legal-2023"}),  # list member
+    ({"source": "finance"}, set()),
+])
+def test_filters_keep_only_matching_documents_in_every_mode(store, mode, filters, expected):
+    pipeline, _, _ = pipeline_over(store)
+    run(pipeline.ingest("t", "kb", SOURCES))
+    hits = run(pipeline.retrieve("t", "kb", "travel expenses policy", top_k=9, mode=mode, filters=filters))
+    assert {h.document_id for h in hits} == expected
+
+
+@pytest.mark.parametrize("mode", ["dense", "lexical", "hybrid"])
+def test_a_filtered_query_still_gets_top_k_when_the_matches_rank_below_the_candidates(store, mode):
+    # Ten unfiltered documents match the question better than the four "archive" ones; each search takes
+    # only 3 candidates. Filtering after the search would leave nothing; filtering inside it finds all 4.
+    docs = [DocumentInput(f"best-{i}", f"Reactor cooling pumps and reactor valves, note {i}.") for i in range(10)]
+    docs += [DocumentInput(f"old-{i}", f"Archive entry {i}: reactor.", {"shelf": "archive"}) for i in range(4)]
+    pipeline = RagPipeline(FakeEmbedder(), LocalIndex(store, FusionSettings(candidates=3)), PipelineSettings())
+    run(pipeline.ingest("t", "kb", docs))
+    question = "reactor cooling pumps valves"
+    assert not {h.document_id for h in run(pipeline.retrieve("t", "kb", question, top_k=3, mode=mode))} & \
+        {f"old-{i}" for i in range(4)}
+    hits = run(pipeline.retrieve("t", "kb", question, top_k=3, mode=mode, filters={"shelf": "archive"}))
+    assert len(hits) == 3 and all(h.document_id.startswith("old-") for h in hits)
+
+
+def test_an_invalid_filter_is_an_invalid_query_before_any_work():
+    embedder, index = FakeEmbedder(), RecordingIndex()
+    pipeline = RagPipeline(embedder, index, PipelineSettings())
+    with pytest.raises(InvalidQuery, match=r"filters\.year: unknown operator 'gt'"):
+        run(pipeline.retrieve("t", "kb", "q", filters={"year": {"gt": 2020}}))
+    assert embedder.queries == [] and index.queries == []
+
+
+# ---- citations ---------------------------------------------------------------------------------
+
+def test_citations_carry_offsets_into_the_ingested_text_and_the_metadata(store):
+    pipeline, _, _ = pipeline_over(store)
+    run(pipeline.ingest("t", "kb", DOCS))
+    texts = {doc.id: doc.text for doc in DOCS}
+    result = run(pipeline.answer("t", "kb", "How much power does the Zorblax reactor produce?", top_k=5,
+                                 min_score=-1))
+    assert len(result.citations) == 5
+    for citation in result.citations:
+        assert texts[citation["document_id"]][citation["start"]:citation["end"]] == citation["text"]
+    by_id = {c["chunk_id"]: c for c in result.citations}
+    assert by_id["reactor#1"]["start"] == DOCS[0].text.index("It produces") and by_id["reactor#1"]["metadata"] == {
+        "src": "r"}
+
+
+# ---- the no-answer threshold ---------------------------------------------------------------------
+
+def test_below_min_score_the_model_is_not_asked_and_nothing_is_cited():
+    hit = RetrievedChunk("d", "d#0", 0.02, "unrelated passage")
+    chat = FakeChat()
+    pipeline = RagPipeline(FakeEmbedder(), RecordingIndex([hit], best_similarity=0.2),
+                           PipelineSettings(min_score=0.3), chat=chat)
+    result = run(pipeline.answer("t", "kb", "q"))
+    assert result.reply is None and result.citations == [] and chat.calls == []
+    assert (result.grounding.answerable, result.grounding.best_similarity, result.grounding.min_score) == \
+        (False, 0.2, 0.3)
+    # The request's own min_score overrides the profile's, either way.
+    assert run(pipeline.answer("t", "kb", "q", min_score=0.1)).reply == "the answer"
+    strict = RagPipeline(FakeEmbedder(), RecordingIndex([hit], best_similarity=0.5), PipelineSettings(min_score=0.3),
+                         chat=chat)
+    assert run(strict.answer("t", "kb", "q")).reply == "the answer"
+    assert run(strict.answer("t", "kb", "q", min_score=0.6)).reply is None
+
+
+def test_the_threshold_reads_the_best_similarity_not_the_fused_score():
+    # A fused (RRF) score of 0.016 is normal for a perfect hit; only the similarity decides.
+    hit = RetrievedChunk("d", "d#0", 1 / 61, "passage")
+    pipeline = RagPipeline(FakeEmbedder(), RecordingIndex([hit], best_similarity=0.8), PipelineSettings(min_score=0.3),
+                           chat=FakeChat())
+    grounding = run(pipeline.ground("t", "kb", "q"))
+    assert grounding.answerable and grounding.citations[0]["score"] == round(1 / 61, 6)
+
+
+def test_nothing_retrieved_is_never_answered_and_lexical_mode_answers_any_match(store):
+    pipeline, _, chat = pipeline_over(store, min_score=-1.0)
+    run(pipeline.ingest("t", "kb", DOCS))
+    assert run(pipeline.answer("t", "kb", "Zorblax?", filters={"src": "none"})).reply is None  # filtered to nothing
+    lexical, _, _ = pipeline_over(store, retrieval="lexical", min_score=0.99)
+    assert run(lexical.ground("t", "kb", "kitten")).answerable is False  # no term matched
+    grounding = run(lexical.ground("t", "kb", "megawatts"))  # lexical has no similarity: the threshold cannot apply
+    assert grounding.answerable and grounding.best_similarity is None
+
+
+def test_chat_below_the_threshold_keeps_the_messages_unchanged():
+    pipeline = RagPipeline(FakeEmbedder(), RecordingIndex([RetrievedChunk("d", "d#0", 0.1, "x")], best_similarity=0.1),
+                           PipelineSettings(min_score=0.3))
+    messages = [{"role": "user", "content": "a question"}]
+    augmented, grounding = run(pipeline.augment_chat("t", "kb", messages))
+    assert augmented == messages and not grounding.answerable and grounding.citations == []

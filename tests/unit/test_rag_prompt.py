@@ -14,7 +14,7 @@ from rag.prompt import (
 
 CHUNKS = [
     RetrievedChunk("doc-a", "doc-a#0", 0.91234567, "  Paris is the capital of France.\n", {"source": "atlas"}),
-    RetrievedChunk("doc-b", "doc-b#3", 0.5, "The Seine flows through Paris."),
+    RetrievedChunk("doc-b", "doc-b#3", 0.5, "The Seine flows through Paris.", start=120, end=150),
     RetrievedChunk("doc-a", "doc-a#1", 0.1, "France uses the euro."),
 ]
 
@@ -134,11 +134,11 @@ def test_citations_carry_the_fields():
     result = citations(CHUNKS)
     assert result == [
         {"document_id": "doc-a", "chunk_id": "doc-a#0", "score": 0.912346,
-         "text": "  Paris is the capital of France.\n", "metadata": {"source": "atlas"}},
+         "text": "  Paris is the capital of France.\n", "start": None, "end": None, "metadata": {"source": "atlas"}},
         {"document_id": "doc-b", "chunk_id": "doc-b#3", "score": 0.5,
-         "text": "The Seine flows through Paris.", "metadata": {}},
+         "text": "The Seine flows through Paris.", "start": 120, "end": 150, "metadata": {}},
         {"document_id": "doc-a", "chunk_id": "doc-a#1", "score": 0.1,
-         "text": "France uses the euro.", "metadata": {}},
+         "text": "France uses the euro.", "start": None, "end": None, "metadata": {}},
     ]
     json.dumps(result)  # JSON-serialisable
 

@@ -421,3 +421,126 @@ def test_failed_delete_document_leaves_no_orphan_chunks(db_path):
         assert len(reopened.search("tenant-a", "docs", vec(1), top_k=1)) == 1
     finally:
         reopened.close()
+
+
+# ---- chunk offsets and their migration --------------------------------------------------------
+
+# The schema as released before chunk offsets existed (rag/store_schema.py adds start_char, end_char).
+SCHEMA_WITHOUT_OFFSETS = """
+CREATE TABLE collections (tenant TEXT NOT NULL, name TEXT NOT NULL, created_at REAL NOT NULL,
+    PRIMARY KEY (tenant, name));
+CREATE TABLE documents (tenant TEXT NOT NULL, collection TEXT NOT NULL, doc_id TEXT NOT NULL,
+    metadata TEXT NOT NULL, chars INTEGER NOT NULL, chunk_count INTEGER NOT NULL, updated_at REAL NOT NULL,
+    PRIMARY KEY (tenant, collection, doc_id));
+CREATE TABLE chunks (id INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, collection TEXT NOT NULL,
+    doc_id TEXT NOT NULL, chunk_index INTEGER NOT NULL, text TEXT NOT NULL, vector BLOB NOT NULL);
+CREATE INDEX chunks_by_doc ON chunks (tenant, collection, doc_id);
+"""
+
+
+def test_chunks_keep_their_offsets(store):
+    from rag.chunking import Chunk
+
+    text = "Paris is in France. Paris has the Seine."
+    chunks = [Chunk(0, "Paris is in France.", 0, 19), Chunk(1, "Paris has the Seine.", 20, 40)]
+    store.upsert_document("t", "c", "paris", chunks, [vec(1), vec(0, 1)], metadata={"lang": "en"}, chars=len(text))
+    store.upsert_document("t", "c", "plain", ["No offsets given."], [vec(0, 0, 1)])
+    for result in store.search("t", "c", vec(1, 1, 1), top_k=3) + store.search_lexical("t", "c", "Paris offsets", 3):
+        if result.document_id == "paris":
+            assert text[result.start:result.end] == result.text
+        else:
+            assert (result.start, result.end) == (None, None)
+
+
+def test_a_database_without_offset_columns_opens_migrates_and_keeps_its_rows(db_path, kind):
+    db_path.parent.mkdir(parents=True)
+    with sqlite3.connect(db_path) as db:
+        db.executescript(SCHEMA_WITHOUT_OFFSETS)
+        db.execute("INSERT INTO collections VALUES ('t', 'c', 0)")
+        db.execute("""INSERT INTO documents VALUES ('t', 'c', 'old', '{"source": "hr"}', 20, 1, 0)""")
+        db.execute("INSERT INTO chunks (tenant, collection, doc_id, chunk_index, text, vector) VALUES (?,?,?,?,?,?)",
+                   ("t", "c", "old", 0, "An old chunk of text", (vec(1) / 1.0).tobytes()))
+    migrated = KnowledgeStore(db_path, dim=DIM, index_kind=kind)
+    try:
+        assert migrated.migrated_columns == ["chunks.start_char", "chunks.end_char"]
+        (old,) = migrated.search("t", "c", vec(1), top_k=5, filters={"source": "hr"})
+        assert (old.document_id, old.text, old.start, old.end) == ("old", "An old chunk of text", None, None)
+        assert old.citation()["start"] is None and old.citation()["end"] is None  # citations say null
+        assert [r.chunk_id for r in migrated.search_lexical("t", "c", "old chunk", 5)] == ["old#0"]
+        from rag.chunking import Chunk
+
+        migrated.upsert_document("t", "c", "new", [Chunk(0, "A new one", 2, 11)], [vec(0, 1)])
+        assert [(r.start, r.end) for r in migrated.search("t", "c", vec(0, 1), top_k=1)] == [(2, 11)]
+    finally:
+        migrated.close()
+    reopened = KnowledgeStore(db_path, dim=DIM, index_kind=kind)  # a second open finds nothing to add
+    try:
+        assert reopened.migrated_columns == [] and reopened.collection_info("t", "c")["chunk_count"] == 2
+    finally:
+        reopened.close()
+
+
+# ---- metadata filters inside the searches -----------------------------------------------------
+
+def seed_many(store, tenant="t", collection="c", documents=60):
+    """Documents in two groups; the rare "archive" group is the least similar to e0 and never says 'common'."""
+    rng = np.random.default_rng(3)
+    for i in range(documents):
+        rare = i % 10 == 0
+        vector = (E[0] * (0.1 if rare else 1.0)) + rng.normal(scale=0.05, size=DIM).astype(np.float32) + E[1] * 0.5
+        store.upsert_document(tenant, collection, f"d{i:02d}", [f"{'rare' if rare else 'common'} words {i}"], [vector],
+                              metadata={"shelf": "archive" if rare else "main", "n": i, "tags": ["x", f"t{i % 3}"]})
+
+
+def test_filtered_dense_search_returns_top_k_of_the_matching_chunks(store):
+    seed_many(store)
+    query = vec(1)
+    assert not any(r.metadata["shelf"] == "archive" for r in store.search("t", "c", query, top_k=10))
+    results = store.search("t", "c", query, top_k=4, filters={"shelf": "archive"})
+    assert len(results) == 4 and all(r.metadata["shelf"] == "archive" for r in results)
+    everything = store.search("t", "c", query, top_k=60)
+    expected = [r.chunk_id for r in everything if r.metadata["shelf"] == "archive"][:4]
+    assert [r.chunk_id for r in results] == expected  # the same order and scores as unfiltered
+    assert len(store.search("t", "c", query, top_k=20, filters={"shelf": "archive"})) == 6  # all there are
+    assert store.search("t", "c", query, top_k=5, filters={"shelf": "none"}) == []
+    both = store.search("t", "c", query, top_k=60, filters={"tags": "t1", "n": {"in": [1, 4, 5, 7, 30]}})
+    assert sorted(r.document_id for r in both) == ["d01", "d04", "d07"]
+
+
+def test_filtered_lexical_search_limits_inside_the_query(store):
+    seed_many(store)
+    results = store.search_lexical("t", "c", "words", 3, filters={"shelf": "archive"})
+    assert len(results) == 3 and all(r.metadata["shelf"] == "archive" for r in results)
+    assert store.search_lexical("t", "c", "common", 5, filters={"shelf": "archive"}) == []
+
+
+def test_hnsw_filtered_search_falls_back_to_exact_scores_when_the_graph_walk_misses(db_path, monkeypatch):
+    knowledge = KnowledgeStore(db_path, dim=DIM, index_kind="hnsw")
+    try:
+        seed_many(knowledge)
+        exact = [r.chunk_id for r in knowledge.search("t", "c", vec(1), top_k=60) if r.metadata["shelf"] == "archive"]
+        real_search = knowledge._indexes[("t", "c")].search
+
+        class Shortsighted:  # an HNSW walk that finds one match only
+            def __getattr__(self, name):
+                return getattr(index, name)
+
+            def search(self, query, k, params=None):
+                scores, ids = real_search(query, k, params=params)
+                return scores[:, :1], ids[:, :1]
+
+        index = knowledge._indexes[("t", "c")]
+        knowledge._indexes[("t", "c")] = Shortsighted()
+        results = knowledge.search("t", "c", vec(1), top_k=5, filters={"shelf": "archive"})
+        assert [r.chunk_id for r in results] == exact[:5]
+    finally:
+        knowledge.close()
+
+
+def test_filters_never_cross_tenants_or_collections(store):
+    seed_many(store, tenant="a", collection="c", documents=20)
+    seed_many(store, tenant="b", collection="c", documents=20)
+    seed_many(store, tenant="a", collection="other", documents=20)
+    results = store.search("a", "c", vec(1), top_k=50, filters={"shelf": "archive"})
+    assert sorted(r.document_id for r in results) == ["d00", "d10"]
+    assert len(store.search_lexical("a", "c", "rare", 50, filters={"shelf": "archive"})) == 2

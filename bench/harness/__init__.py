@@ -1,0 +1,3 @@
+"""What every benchmark shares: engine arguments from the plan (engine.py), server processes (procs.py,
+stack.py), the serving load generator (serving.py), timers and percentiles (timing.py) and one JSON
+result format (results.py)."""

@@ -1,0 +1,97 @@
+"""PNG plots of benchmark results (matplotlib, no display needed). Each plot names the result file, date
+and commit it was drawn from, so a plot of a smoke run cannot pass for a full one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on a server
+import matplotlib.pyplot as plt  # noqa: E402
+
+from bench.harness.results import BenchResult  # noqa: E402
+
+SERVERS = (("raw vllm", "raw vLLM", "tab:gray"), ("poolserve", "poolserve", "tab:blue"))
+SPEC_METHODS = (("none", "tab:gray"), ("ngram", "tab:green"), ("draft_model", "tab:red"))
+
+
+def _source(result: BenchResult, source: Path) -> str:
+    if result.config.get("legacy"):
+        return f"{source} (predates the result format: no date or commit recorded)"
+    commit = result.commit.removesuffix("-dirty")[:10] + ("-dirty" if result.commit.endswith("-dirty") else "")
+    return f"{source} ({result.date}, {commit})"
+
+
+def serving_plot(result: BenchResult, source: Path, out: Path) -> Path:
+    """Output tokens/s and median TTFT per concurrency level, the stack beside raw vLLM (bars: a smoke run
+    has a single level)."""
+    levels = sorted({r["concurrency"] for r in result.rows})
+    by = {(r["server"], r["concurrency"]): r for r in result.rows}
+    fig, (tok_ax, ttft_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    width = 0.38
+    for i, (key, label, color) in enumerate(SERVERS):
+        xs = [x + (i - 0.5) * width for x in range(len(levels))]
+        tok_ax.bar(xs, [by[(key, c)]["output_throughput"] for c in levels], width, label=label, color=color)
+        ttft_ax.bar(xs, [by[(key, c)]["median_ttft_ms"] for c in levels], width, label=label, color=color)
+    tok_ax.set(ylabel="output tokens/s", title="Throughput")
+    ttft_ax.set(ylabel="median time to first token (ms)", title="TTFT p50")
+    for ax in (tok_ax, ttft_ax):
+        ax.set_xticks(range(len(levels)), [str(c) for c in levels])
+        ax.set_xlabel("concurrent streams")
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.25)  # room for the legend above the bars
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(loc="upper left", ncols=2)
+    load = result.config["loads"][0]
+    fig.suptitle(f"poolserve vs raw vLLM: {load['num_prompts']} prompts/level, {load['input_len']} in / "
+                 f"{load['output_len']} out tokens\n{_source(result, source)}", fontsize=9)
+    return _save(fig, out)
+
+
+def speculative_plot(results: list[tuple[BenchResult, Path, str]], out: Path) -> Path:
+    """Tokens/s per workload and concurrency for each speculative method (default preload), one panel per
+    engine mode."""
+    fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4), squeeze=False)
+    for ax, (result, source, title) in zip(axes[0], results):
+        runs = [run for run in result.rows if run.get("preload", "default") == "default"]
+        phases = [(x["workload"], x["concurrency"]) for x in runs[0]["results"]]
+        width = 0.8 / len(runs)
+        for i, run in enumerate(runs):
+            by = {(x["workload"], x["concurrency"]): x for x in run["results"]}
+            color = dict(SPEC_METHODS).get(run["method"], None)
+            ax.bar([p + i * width for p in range(len(phases))],
+                   [by[ph]["tokens"] / by[ph]["wall_s"] for ph in phases], width, label=run["method"], color=color)
+        ax.set_xticks([p + width * (len(runs) - 1) / 2 for p in range(len(phases))],
+                      [f"{w} c={c}" for w, c in phases])
+        ax.set(ylabel="generated tokens/s", title=f"{title}\n{_source(result, source)}")
+        ax.title.set_fontsize(9)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend()
+    return _save(fig, out)
+
+
+def retrieval_plot(result: BenchResult, source: Path, out: Path) -> Path:
+    """Query p50 of numpy, the bare FAISS index and the store, per index setting, at the largest N."""
+    n = max(r["n"] for r in result.rows)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, queries in zip(axes, ("near", "random")):
+        rows = [r for r in result.rows if r["n"] == n and r["queries"] == queries]
+        settings = [r["kind"] for r in rows if r["path"] == "store"]
+        width = 0.25
+        for i, path in enumerate(("numpy", "faiss", "store")):
+            values = [r["p50"] for r in rows if r["path"] == path]
+            ax.bar([p + i * width for p in range(len(settings))], values, width, label=path)
+        ax.set_xticks([p + width for p in range(len(settings))], settings)
+        ax.set(title=f"{queries} queries, N={n}", ylabel="query p50 (ms)")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"Retrieval, top_k 4, one query at a time\n{_source(result, source)}", fontsize=9)
+    return _save(fig, out)
+
+
+def _save(fig, out: Path) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

@@ -1,0 +1,139 @@
+"""Regenerate the docs' benchmark tables and plots from the JSON results; runs no benchmark.
+
+    .venv/bin/python bench/report.py            # rewrite docs/BENCHMARKS.md's marked tables, docs/img/*.png
+    .venv/bin/python bench/report.py --check    # exit 1 if the docs' marked tables differ from the results
+
+A table in docs/BENCHMARKS.md is regenerated when it stands between
+
+    <!-- bench-report:KEY -->
+    ...
+    <!-- /bench-report:KEY -->
+
+where KEY is a result's name (bench/results/NAME.json) or smoke/NAME (bench/results/smoke/NAME.json).
+Text outside the markers is never touched. Plots prefer a full run's result and fall back to the smoke
+run's; each plot names the file it was drawn from.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, when run as a script
+
+from bench import bench_eager_vs_compiled, bench_embedding, bench_gateway, bench_limits, bench_retrieval  # noqa: E402
+from bench import bench_speculative, draft_agreement  # noqa: E402
+from bench.harness.results import RESULTS_DIR, BenchResult, read_result  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs" / "BENCHMARKS.md"
+IMG_DIR = ROOT / "docs" / "img"
+# Which module formats which result, by the result's name.
+TABLES: dict[str, Callable[[BenchResult], str]] = {
+    "serving": bench_gateway.tables,
+    "retrieval": bench_retrieval.tables,
+    "embedding": bench_embedding.tables,
+    "limits": bench_limits.tables,
+    "eager-vs-compiled": bench_eager_vs_compiled.tables,
+    "speculative": bench_speculative.tables,
+    "speculative-eager": bench_speculative.tables,
+    "draft-agreement": draft_agreement.tables,
+}
+MARKER = re.compile(r"(<!-- bench-report:(?P<key>[\w/.-]+) -->\n)(?P<body>.*?)(<!-- /bench-report:(?P=key) -->)", re.S)
+
+app = typer.Typer(add_completion=False, help=__doc__.splitlines()[0])
+
+
+def load_results(results_dir: Path, console: Console | None = None) -> dict[str, tuple[BenchResult, Path]]:
+    """Every readable result under results_dir (and its smoke/), by key: NAME or smoke/NAME. Files in another
+    format (e.g. gpu-embedder-h200.json, written by its own script) are skipped."""
+    found = {}
+    for prefix, directory in (("", results_dir), ("smoke/", results_dir / "smoke")):
+        for path in sorted(directory.glob("*.json")):
+            try:
+                result = read_result(path)
+            except (ValueError, TypeError, KeyError) as exc:
+                if console:
+                    console.print(f"[dim]skipped {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}: {exc}")
+                continue
+            found[prefix + path.stem] = (result, path)
+    return found
+
+
+def table_for(key: str, result: BenchResult) -> str | None:
+    formatter = TABLES.get(key.split("/")[-1])
+    return formatter(result) if formatter else None
+
+
+def render_docs(text: str, results: dict[str, tuple[BenchResult, Path]]) -> tuple[str, list[str]]:
+    """text with every marked table whose result exists regenerated; the keys that had no result."""
+    missing = []
+
+    def replace(match: re.Match) -> str:
+        key = match["key"]
+        table = table_for(key, results[key][0]) if key in results else None
+        if table is None:
+            missing.append(key)
+            return match.group(0)
+        return f"{match.group(1)}{table.strip()}\n{match.group(4)}"
+
+    return MARKER.sub(replace, text), missing
+
+
+def _preferred(results: dict, name: str) -> tuple[BenchResult, Path] | None:
+    return results.get(name) or results.get(f"smoke/{name}")
+
+
+def write_plots(results: dict[str, tuple[BenchResult, Path]], img_dir: Path) -> list[Path]:
+    from bench import plots  # matplotlib only when plotting
+
+    written = []
+    if found := _preferred(results, "serving"):
+        written.append(plots.serving_plot(found[0], _short(found[1]), img_dir / "serving.png"))
+    spec = [(results[key][0], _short(results[key][1]), title) for key, title in
+            (("speculative-eager", "eager engine (as the stack runs)"), ("speculative", "compiled engine"))
+            if key in results]
+    if spec:
+        written.append(plots.speculative_plot(spec, img_dir / "speculative.png"))
+    if found := _preferred(results, "retrieval"):
+        written.append(plots.retrieval_plot(found[0], _short(found[1]), img_dir / "retrieval.png"))
+    return written
+
+
+def _short(path: Path) -> Path:
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+
+
+@app.command()
+def main(results_dir: Path = typer.Option(RESULTS_DIR, help="Where the JSON results are."),
+         docs: Path = typer.Option(DOCS, help="The Markdown file with marked tables."),
+         img_dir: Path = typer.Option(IMG_DIR, help="Where the PNG plots go."),
+         check: bool = typer.Option(False, help="Only compare the docs' marked tables with the results.")) -> None:
+    console = Console()
+    results = load_results(results_dir, console)
+    text = docs.read_text()
+    updated, missing = render_docs(text, results)
+    for key in missing:
+        console.print(f"[yellow]no result for the marked table {key!r}; left as it is")
+    if check:
+        if updated != text:
+            console.print(f"[red]{docs} differs from the results; run bench/report.py")
+            raise typer.Exit(1)
+        console.print(f"{docs}: marked tables match the results")
+        return
+    if updated != text:
+        docs.write_text(updated)
+        console.print(f"rewrote the marked tables of {_short(docs)}")
+    else:
+        console.print(f"{_short(docs)}: marked tables already match the results")
+    for path in write_plots(results, img_dir):
+        console.print(f"wrote {_short(path)}")
+
+
+if __name__ == "__main__":
+    app()

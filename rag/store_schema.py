@@ -1,0 +1,47 @@
+"""The knowledge store's SQLite schema, and the migrations that bring an older database up to it.
+
+Migrations only add: an older database opens, gains what is missing, and keeps every row.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS collections (
+    tenant TEXT NOT NULL, name TEXT NOT NULL, created_at REAL NOT NULL,
+    PRIMARY KEY (tenant, name));
+CREATE TABLE IF NOT EXISTS documents (
+    tenant TEXT NOT NULL, collection TEXT NOT NULL, doc_id TEXT NOT NULL,
+    metadata TEXT NOT NULL, chars INTEGER NOT NULL, chunk_count INTEGER NOT NULL, updated_at REAL NOT NULL,
+    PRIMARY KEY (tenant, collection, doc_id));
+CREATE TABLE IF NOT EXISTS chunks (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    tenant TEXT NOT NULL, collection TEXT NOT NULL, doc_id TEXT NOT NULL,
+    chunk_index INTEGER NOT NULL, text TEXT NOT NULL, vector BLOB NOT NULL,
+    start_char INTEGER, end_char INTEGER);
+CREATE INDEX IF NOT EXISTS chunks_by_doc ON chunks (tenant, collection, doc_id);
+"""
+
+# Columns added after the first release, with their SQL types. Rows written before have NULL there:
+# a chunk's character offsets in its document (document[start_char:end_char] == text), for citations.
+ADDED_COLUMNS = {"chunks": {"start_char": "INTEGER", "end_char": "INTEGER"}}
+
+
+def create_or_migrate(db: sqlite3.Connection) -> list[str]:
+    """Create the tables, then add the columns an older database lacks. Returns the columns added."""
+    db.executescript(SCHEMA)
+    added = []
+    for table, columns in ADDED_COLUMNS.items():
+        present = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+        for column, kind in columns.items():
+            if column in present:
+                continue
+            try:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+            except sqlite3.OperationalError as exc:  # another process opening the same file added it first
+                if "duplicate column" not in str(exc):
+                    raise
+                continue
+            added.append(f"{table}.{column}")
+    return added
