@@ -23,11 +23,14 @@ count; "vs raw-best" by the fastest raw row: what a user of sentence-transformer
 --chat also measures the chat engine's decode speed alone and while the stack ingests (64-token
 completions one after another), and the ingest's speed beside it.
 
-    flock /tmp/poolserve-heavy.lock .venv/bin/python bench/bench_ingest.py
-    # beside a running stack (python -m tests.integration.conftest DIR starts one; the key is
-    # tests/integration/conftest.py DEMO_KEY):
-    flock /tmp/poolserve-heavy.lock .venv/bin/python bench/bench_ingest.py --stack-url http://127.0.0.1:PORT \\
-        --api-key "$KEY" --chat
+    flock /tmp/poolserve-heavy.lock .venv/bin/python bench/bench_ingest.py                 # in-process only
+    # and through a private stack it starts and stops (bench/harness/stack.py), chat beside it:
+    flock /tmp/poolserve-heavy.lock .venv/bin/python bench/bench_ingest.py --profile configs/cpu-tiny.yaml --chat
+    # or through a stack that is already running:
+    .venv/bin/python bench/bench_ingest.py --stack-url http://127.0.0.1:PORT --api-key "$KEY" --chat
+
+The result goes to bench/results/ingest.json (bench/harness/results.py's format; `bench/run.py all`
+runs it with --profile and --chat).
 """
 
 from __future__ import annotations
@@ -37,7 +40,6 @@ import asyncio
 import gzip
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -46,6 +48,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.harness.results import RESULTS_DIR, BenchResult, new_result, write_result  # noqa: E402
+from bench.harness.stack import poolserve_stack  # noqa: E402
 from rag.embedding import SentenceTransformerEmbedder  # noqa: E402
 from rag.local import LocalEmbedder, LocalIndex  # noqa: E402
 from rag.pipeline import DocumentInput, PipelineSettings, RagPipeline  # noqa: E402
@@ -54,6 +58,7 @@ from rag.store import KnowledgeStore  # noqa: E402
 CORPUS = ROOT / "bench" / "data" / "stdlib-pydoc.jsonl.gz"
 MODEL = ROOT / "models" / "all-MiniLM-L6-v2"
 TENANT, COLLECTION = "bench", "bench-ingest"
+NAME = "ingest"  # bench/results/ingest.json
 
 
 def load_documents(count: int) -> list[DocumentInput]:
@@ -225,19 +230,7 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--documents", type=int, default=8, help="the first N documents of the corpus")
-    parser.add_argument("--docs-per-request", type=int, default=4)
-    parser.add_argument("--threads", default="1,2", help="torch thread counts for raw and pipeline")
-    parser.add_argument("--rounds", type=int, default=3, help="every path once per round; the best round counts")
-    parser.add_argument("--stack-url", default=None, help="a running stack's URL: also ingest through it")
-    parser.add_argument("--api-key", default=os.environ.get("POOLSERVE_API_KEY"))
-    parser.add_argument("--chat", action="store_true", help="with --stack-url: also ingest while chatting, and "
-                        "report the chat's decode speed alone and beside the ingest")
-    parser.add_argument("--out", default=None, help="write the rows as JSON here")
-    args = parser.parse_args()
-
+async def measure(args, stack_url: str | None, api_key: str | None) -> BenchResult:
     docs = load_documents(args.documents)
     embedder = SentenceTransformerEmbedder(str(MODEL))
     start = time.perf_counter()
@@ -260,16 +253,41 @@ async def main() -> None:
                 print(runs[-1], flush=True)
                 runs.append(await run_pipeline(embedder, docs, args.docs_per_request, threads, Path(tmp)))
                 print(runs[-1], flush=True)
-            if args.stack_url:
-                runs += run_stack(args.stack_url, args.api_key, docs, args.docs_per_request, args.chat)
+            if stack_url:
+                runs += run_stack(stack_url, api_key, docs, args.docs_per_request, args.chat)
                 print(runs[-2:], flush=True)
     rows = best_rows(runs)
     print(table(rows))
-    if args.out:
-        report = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
-                  "documents": len(docs), "chunks": len(texts), "tokens": tokens, "chunking_s": round(chunk_s, 2),
-                  "count_tokens_s": round(count_s, 3), "rows": rows, "runs": runs}
-        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    config = {"documents": len(docs), "characters": sum(len(d.text) for d in docs), "chunks": len(texts),
+              "tokens": tokens, "docs_per_request": args.docs_per_request, "rounds": args.rounds,
+              "threads": args.threads, "stack": stack_url is not None, "chat": args.chat}
+    metrics = {"chunking_s": round(chunk_s, 3), "count_tokens_s": round(count_s, 3),
+               **{f"{r['path']}@{r['threads']}_chunks_per_s": r["chunks_per_s"] for r in rows}}
+    return new_result(NAME, config, metrics, rows)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--documents", type=int, default=8, help="the first N documents of the corpus")
+    parser.add_argument("--docs-per-request", type=int, default=4)
+    parser.add_argument("--threads", default="1,2", help="torch thread counts for raw and pipeline")
+    parser.add_argument("--rounds", type=int, default=3, help="every path once per round; the best round counts")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="start a private stack from this profile (bench/harness/stack.py) and ingest through it")
+    parser.add_argument("--stack-url", default=None, help="or a running stack's URL (with --api-key)")
+    parser.add_argument("--api-key", default=os.environ.get("POOLSERVE_API_KEY"))
+    parser.add_argument("--chat", action="store_true", help="with a stack: also ingest while chatting, and "
+                        "report the chat's decode speed alone and beside the ingest")
+    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR, help=f"where {NAME}.json goes")
+    args = parser.parse_args()
+
+    if args.profile:
+        with tempfile.TemporaryDirectory(prefix="bench-ingest-") as workdir, \
+                poolserve_stack(args.profile, Path(workdir)) as server:
+            result = await measure(args, server.base_url, server.api_key)
+    else:
+        result = await measure(args, args.stack_url, args.api_key)
+    print(f"wrote {write_result(result, args.out_dir)}")
 
 
 if __name__ == "__main__":
