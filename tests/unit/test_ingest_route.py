@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from types import SimpleNamespace
 
 import pytest
 from pydantic import ValidationError
@@ -78,3 +79,35 @@ def test_an_unknown_content_type_is_a_validation_error_naming_the_supported_ones
         body({"id": "a", "text": "x", "content_type": "application/pdf"})
     assert body({"id": "a", "text": "x"}).documents[0].content_type == "text/plain"
     assert body({"id": "a", "text": "x", "content_type": "Text/HTML; charset=utf-8"}).documents[0].content_type == "text/html"
+
+
+class SlowHandle:
+    """A handle whose every call takes a while, as a real embedder's does."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def __getattr__(self, name):
+        method = getattr(self._inner, name)
+
+        async def remote(*args, **kwargs):
+            await asyncio.sleep(0.05)
+            return await method.remote(*args, **kwargs)
+
+        return SimpleNamespace(remote=remote)
+
+
+def test_a_client_that_leaves_mid_stream_still_gets_the_whole_ingest_stored(gateway):
+    gateway._embedder = SlowHandle(gateway._embedder)
+    gateway._settings = {**gateway._settings, "embed_batch_chunks": 2}
+
+    async def leave_after_first_event():
+        response = await gateway.add_documents("kb", body({"id": "a", "text": LONG}, stream=True), request())
+        events = response.body_iterator
+        first = json.loads(await events.__anext__())
+        await events.aclose()  # what Starlette does when the client disconnects: waits for the ingest
+        return first
+
+    assert asyncio.run(leave_after_first_event())["stage"] == "chunked"
+    info = gateway._retriever._target.store.collection_info("tenant-a", "kb")
+    assert info["chunk_count"] == info["indexed_vectors"] == 7
