@@ -2,6 +2,7 @@
 
 import hashlib
 import re
+import sqlite3
 
 import numpy as np
 
@@ -66,3 +67,21 @@ class RecordingIndex:
     async def search(self, tenant, collection, query):
         self.queries.append((tenant, collection, query))
         return SearchResult(self.hits[:query.top_k], self.best_similarity if self.hits else None)
+
+
+class ChunkDeleteFails:
+    """Wraps the store's connection; the chunk DELETE fails, as a crash between the two statements would."""
+
+    def __init__(self, db):
+        self._db = db
+
+    def execute(self, sql, *args):
+        if sql.startswith("DELETE FROM chunks"):
+            raise sqlite3.OperationalError("simulated crash")
+        return self._db.execute(sql, *args)
+
+    def cursor(self):
+        return ChunkDeleteFails(self._db.cursor())
+
+    def __getattr__(self, name):
+        return getattr(self._db, name)

@@ -12,6 +12,7 @@ from rag.lexical import LexicalIndex
 from rag.lexical_query import MAX_TERMS, fts5_match, quote
 from rag.store import CollectionNotFound, KnowledgeStore
 from rag.store_schema import SCHEMA
+from tests.unit.rag_fakes import ChunkDeleteFails
 
 DIM = 4
 
@@ -266,21 +267,6 @@ def test_table_names_are_fixed_hex_whatever_the_names():
 
 def test_a_failed_delete_keeps_the_lexical_rows_with_their_chunks(store, db_path):
     put(store, "a", ["alpha words"])
-
-    class ChunkDeleteFails:
-        def __init__(self, db):
-            self._db = db
-
-        def execute(self, sql, *args):
-            if sql.startswith("DELETE FROM chunks"):
-                raise sqlite3.OperationalError("simulated crash")
-            return self._db.execute(sql, *args)
-
-        def cursor(self):
-            return ChunkDeleteFails(self._db.cursor())
-
-        def __getattr__(self, name):
-            return getattr(self._db, name)
 
     real = store._db
     store._db = ChunkDeleteFails(real)

@@ -7,6 +7,7 @@ import pytest
 
 from rag.prompt import RetrievedChunk
 from rag.store import CollectionNotFound, DocumentNotFound, KnowledgeStore
+from tests.unit.rag_fakes import ChunkDeleteFails
 
 DIM = 8
 E = np.eye(DIM, dtype=np.float32)
@@ -385,29 +386,13 @@ def test_upsert_does_not_modify_the_callers_vectors(store, read_only):
     np.testing.assert_array_equal(vectors, original)
 
 
-class _ChunkDeleteFails:
-    """Wraps the store's connection; the chunk DELETE fails, as a crash between the two statements would."""
-
-    def __init__(self, db):
-        self._db = db
-
-    def execute(self, sql, *args):
-        if sql.startswith("DELETE FROM chunks"):
-            raise sqlite3.OperationalError("simulated crash")
-        return self._db.execute(sql, *args)
-
-    def cursor(self):
-        return _ChunkDeleteFails(self._db.cursor())
-
-    def __getattr__(self, name):
-        return getattr(self._db, name)
 
 
 def test_failed_delete_document_leaves_no_orphan_chunks(db_path):
     knowledge = KnowledgeStore(db_path, dim=DIM)
     seed(knowledge)
     real_db = knowledge._db
-    knowledge._db = _ChunkDeleteFails(real_db)
+    knowledge._db = ChunkDeleteFails(real_db)
     with pytest.raises(sqlite3.OperationalError):
         knowledge.delete_document("tenant-a", "docs", "paris")
     knowledge._db = real_db
