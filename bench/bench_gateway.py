@@ -5,7 +5,9 @@ The load is vLLM's own serving benchmark (vllm.benchmarks.serve, bench/harness/s
 chat completions of random-token prompts, greedy, exactly --output-len tokens each (ignore_eos), at most
 `concurrency` in flight, one untimed warm-up request per level. Reported per concurrency: output tokens/s,
 TTFT, inter-token latency and request latency percentiles, and poolserve's ratio against raw vLLM.
-The stack first, then raw vLLM; never both at once.
+Random-token prompts and RAG prompts (bench/harness/prompts.py). The CPU seconds each process of either
+server used per 1000 output tokens are recorded beside (bench/harness/cpu_accounting.py): where the
+stack's extra time goes. The stack first, then raw vLLM; never both at once.
 
     flock /tmp/poolserve-heavy.lock .venv/bin/python bench/bench_gateway.py
 
@@ -15,71 +17,143 @@ Writes bench/results/serving.json.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, when run as a script
 
+from bench.harness.cpu_accounting import CpuAccount  # noqa: E402
 from bench.harness.engine import DEFAULT_PROFILE, engine_setup  # noqa: E402
 from bench.harness.procs import RunningServer, raw_vllm_server  # noqa: E402
 from bench.harness.results import RESULTS_DIR, BenchResult, new_result, write_result  # noqa: E402
 from bench.harness.serving import ServingLoad, run_serving_load  # noqa: E402
+from bench.harness.spec_metrics import SpecCounters, read_counters, settled_counters  # noqa: E402
 from bench.harness.stack import poolserve_stack, private_profile_path  # noqa: E402
 
 NAME = "serving"
 STACK, RAW = "poolserve", "raw vllm"
+CPU_ROLES_SHOWN = 6  # the busiest roles per server in the CPU table
+
+
+def _dataset(row: dict) -> str:
+    return row.get("dataset", "random")  # results written before RAG prompts had only random ones
 
 
 def measure(server: RunningServer, label: str, setup, loads: list[ServingLoad], workdir: Path) -> list[dict]:
+    """One serving run per load, with the CPU seconds each of the server's processes used during it."""
     rows = []
     for load in loads:
-        print(f"[bench] {label}: {load.num_prompts} prompts at concurrency {load.concurrency}", flush=True)
-        metrics = run_serving_load(server.base_url, setup.served_model_name, setup.model, load,
-                                   workdir / "load.log", server.api_key)
-        rows.append({"server": label, "concurrency": load.concurrency, "start_s": server.start_s, **metrics})
+        print(f"[bench] {label}: {load.num_prompts} {load.dataset} prompts at concurrency {load.concurrency}",
+              flush=True)
+        speculates = setup.args.speculative_config is not None
+        before = read_counters(server.metrics_url) if speculates else None
+        with CpuAccount(server.pids) as account:
+            metrics = run_serving_load(server.base_url, setup.served_model_name, setup.model, load,
+                                       workdir / "load.log", server.api_key)
+        per_1k = 1000 / max(1, metrics["total_output_tokens"])
+        cpu = {role: round(seconds * per_1k, 3) for role, seconds in account.by_role().items() if seconds > 0.01}
+        after = settled_counters(server.metrics_url, before) if speculates else None
+        # The warm-up request is inside the counters' window too: one request of num_prompts + 1.
+        spec = after.minus(before or SpecCounters()).stats() if after else None
+        rows.append({"server": label, "dataset": load.dataset, "concurrency": load.concurrency,
+                     "start_s": server.start_s, "cpu_s_per_1k_tokens": cpu, "speculation": spec, **metrics})
     return rows
 
 
-def run(profile: Path, loads: list[ServingLoad], workdir: Path, name: str = NAME) -> BenchResult:
-    with poolserve_stack(profile, workdir) as stack:
+def ratios(rows: list[dict]) -> dict[str, float]:
+    """poolserve/raw output tokens/s and the TTFT p50 difference, per dataset and concurrency."""
+    by = {(r["server"], _dataset(r), r["concurrency"]): r for r in rows}
+    metrics = {}
+    for (server, dataset, c), row in sorted(by.items()):
+        raw = by.get((RAW, dataset, c))
+        if server == STACK and raw:
+            metrics[f"tok_s_ratio_{dataset}_c{c}"] = row["output_throughput"] / raw["output_throughput"]
+            metrics[f"ttft_p50_delta_ms_{dataset}_c{c}"] = row["median_ttft_ms"] - raw["median_ttft_ms"]
+    return metrics
+
+
+def run(profile: Path, loads: list[ServingLoad], workdir: Path, name: str = NAME,
+        chat_overrides: dict | None = None, gateway_overrides: dict | None = None, raw: bool = True) -> BenchResult:
+    """The loads through a private stack, then (the stack stopped) through raw vLLM with the same plan
+    (raw=False: the stack only)."""
+    with poolserve_stack(profile, workdir, chat_overrides=chat_overrides, gateway_overrides=gateway_overrides) as stack:
         print(f"[bench] poolserve healthy in {stack.start_s:.0f}s", flush=True)
         # The raw server gets the plan of the stack's own (private) profile: the same engine.
         setup = engine_setup(private_profile_path(workdir))
         rows = measure(stack, STACK, setup, loads, workdir)
-    with raw_vllm_server(setup, workdir) as raw:
-        print(f"[bench] raw vLLM healthy in {raw.start_s:.0f}s", flush=True)
-        rows += measure(raw, RAW, setup, loads, workdir)
-    by = {(r["server"], r["concurrency"]): r for r in rows}
-    metrics = {f"tok_s_ratio_c{load.concurrency}": by[(STACK, load.concurrency)]["output_throughput"]
-               / by[(RAW, load.concurrency)]["output_throughput"] for load in loads}
-    metrics.update({"poolserve_start_s": by[(STACK, loads[0].concurrency)]["start_s"],
-                    "raw_vllm_start_s": by[(RAW, loads[0].concurrency)]["start_s"]})
+    if raw:
+        with raw_vllm_server(setup, workdir) as server:
+            print(f"[bench] raw vLLM healthy in {server.start_s:.0f}s", flush=True)
+            rows += measure(server, RAW, setup, loads, workdir)
+    metrics = {**ratios(rows), "poolserve_start_s": rows[0]["start_s"], "raw_vllm_start_s": rows[-1]["start_s"]}
     config = {"profile": str(profile), "engine": setup.describe(), "loads": [load.describe() for load in loads],
-              "load_generator": "vllm.benchmarks.serve (openai-chat, random dataset)"}
+              "chat_overrides": chat_overrides or {}, "gateway_overrides": gateway_overrides or {},
+              "load_generator": "vllm.benchmarks.serve (openai-chat; random dataset, or RAG prompts as custom)"}
     return new_result(name, config, metrics, rows)
 
 
-def tables(result: BenchResult) -> str:
-    by = {(r["server"], r["concurrency"]): r for r in result.rows}
-    levels = sorted({r["concurrency"] for r in result.rows})
-    load = result.config["loads"][0]
-    lines = [f"{load['num_prompts']} streamed chat requests per row, random prompts of {load['input_len']} tokens, "
-             f"{load['output_len']} output tokens each, greedy (vllm.benchmarks.serve)", "",
-             "| concurrency | raw vLLM tok/s | poolserve tok/s | ratio | raw TTFT p50 ms | poolserve TTFT p50 ms "
-             "| raw latency p50 s | poolserve latency p50 s |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+def _load_line(result: BenchResult, dataset: str) -> str:
+    load = next((x for x in result.config["loads"] if x.get("dataset", "random") == dataset), result.config["loads"][0])
+    if dataset == "rag":
+        return (f"{load['num_prompts']} streamed chat requests per row, RAG prompts (a question and three numbered "
+                f"passages from the pydoc corpus), answered until the model stops or {load['output_len']} tokens, "
+                "greedy (vllm.benchmarks.serve)")
+    return (f"{load['num_prompts']} streamed chat requests per row, random prompts of {load['input_len']} tokens, "
+            f"{load['output_len']} output tokens each, greedy (vllm.benchmarks.serve)")
+
+
+def _throughput_table(by: dict, dataset: str, levels: list[int]) -> list[str]:
+    lines = ["| concurrency | raw vLLM tok/s | poolserve tok/s | ratio | raw TTFT p50 ms | poolserve TTFT p50 ms "
+             "| TTFT +ms | raw latency p50 s | poolserve latency p50 s |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c in levels:
-        r, p = by[(RAW, c)], by[(STACK, c)]
+        r, p = by[(RAW, dataset, c)], by[(STACK, dataset, c)]
         lines.append(f"| {c} | {r['output_throughput']:.1f} | {p['output_throughput']:.1f} | "
                      f"{p['output_throughput'] / r['output_throughput']:.2f}x | {r['median_ttft_ms']:.0f} | "
-                     f"{p['median_ttft_ms']:.0f} | {r['median_e2el_ms'] / 1000:.2f} | {p['median_e2el_ms'] / 1000:.2f} |")
-    lines += ["", "| concurrency | server | TTFT p99 ms | ITL p50 ms | ITL p99 ms | TPOT p50 ms | start to healthy s |",
-              "|---:|---|---:|---:|---:|---:|---:|"]
+                     f"{p['median_ttft_ms']:.0f} | {p['median_ttft_ms'] - r['median_ttft_ms']:+.0f} | "
+                     f"{r['median_e2el_ms'] / 1000:.2f} | {p['median_e2el_ms'] / 1000:.2f} |")
+    return lines
+
+
+def _latency_table(by: dict, dataset: str, levels: list[int]) -> list[str]:
+    lines = ["| concurrency | server | TTFT p95 ms | ITL p50 ms | ITL p95 ms | TPOT p50 ms | TPOT p95 ms "
+             "| output tokens | start to healthy s |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for c in levels:
         for server in (RAW, STACK):
-            x = by[(server, c)]
-            lines.append(f"| {c} | {server} | {x['p99_ttft_ms']:.0f} | {x['median_itl_ms']:.1f} | {x['p99_itl_ms']:.1f} | "
-                         f"{x['median_tpot_ms']:.1f} | {x['start_s']:.0f} |")
+            x = by[(server, dataset, c)]
+            p95 = x.get("p95_ttft_ms", x.get("p99_ttft_ms"))
+            lines.append(f"| {c} | {server} | {p95:.0f} | {x['median_itl_ms']:.1f} | "
+                         f"{x.get('p95_itl_ms', x.get('p99_itl_ms')):.1f} | {x['median_tpot_ms']:.1f} | "
+                         f"{x.get('p95_tpot_ms', x.get('p99_tpot_ms')):.1f} | {x['total_output_tokens']} | "
+                         f"{x['start_s']:.0f} |")
+    return lines
+
+
+def _cpu_table(by: dict, dataset: str, level: int) -> list[str]:
+    if "cpu_s_per_1k_tokens" not in by[(STACK, dataset, level)]:
+        return []
+    lines = [f"CPU seconds per 1000 output tokens at concurrency {level}, by process:", "",
+             "| server | process | CPU s / 1k tokens |", "|---|---|---:|"]
+    for server in (RAW, STACK):
+        cpu = by[(server, dataset, level)]["cpu_s_per_1k_tokens"]
+        for role, seconds in list(cpu.items())[:CPU_ROLES_SHOWN]:
+            lines.append(f"| {server} | {role} | {seconds:.2f} |")
+        lines.append(f"| {server} | **all** | **{sum(cpu.values()):.2f}** |")
+    return lines
+
+
+def tables(result: BenchResult) -> str:
+    by = {(r["server"], _dataset(r), r["concurrency"]): r for r in result.rows}
+    lines: list[str] = []
+    for dataset in sorted({_dataset(r) for r in result.rows}, key=lambda d: d != "random"):
+        levels = sorted({c for (_, d, c) in by if d == dataset})
+        if lines:
+            lines.append("")
+        lines += [_load_line(result, dataset), "", *_throughput_table(by, dataset, levels), "",
+                  *_latency_table(by, dataset, levels)]
+        cpu = _cpu_table(by, dataset, levels[-1])
+        lines += ["", *cpu] if cpu else []
     return "\n".join(lines)
 
 
@@ -87,14 +161,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", type=Path, default=DEFAULT_PROFILE)
     parser.add_argument("--prompts", type=int, default=16, help="timed requests per concurrency level")
-    parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 8])
-    parser.add_argument("--input-len", type=int, default=128)
-    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 8, 16])
+    parser.add_argument("--datasets", type=lambda s: s.split(","), default=["random", "rag"])
+    parser.add_argument("--input-len", type=int, default=256, help="random prompts' length in tokens")
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--name", default=NAME, help="the result's name (bench/results/NAME.json)")
+    parser.add_argument("--gateway", action="append", default=[], metavar="FIELD=JSON",
+                        help="override a gateway field of the profile, e.g. direct_ingress=true")
+    parser.add_argument("--no-raw", action="store_true", help="measure the stack only")
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args()
-    loads = [ServingLoad(args.prompts, c, args.input_len, args.output_len) for c in args.concurrency]
+    loads = [ServingLoad(max(args.prompts, 2 * c), c, args.input_len, args.output_len, dataset=dataset)
+             for dataset in args.datasets for c in args.concurrency]
     workdir = Path(tempfile.mkdtemp(prefix="bench-serving-"))
-    result = run(args.profile, loads, workdir)
+    gateway = {key: json.loads(value) for key, value in (item.split("=", 1) for item in args.gateway)}
+    result = run(args.profile, loads, workdir, args.name, gateway_overrides=gateway or None, raw=not args.no_raw)
     print(tables(result))
     print(f"wrote {write_result(result, args.out_dir)} (logs in {workdir})")
 

@@ -24,26 +24,30 @@ def _source(result: BenchResult, source: Path) -> str:
 
 
 def serving_plot(result: BenchResult, source: Path, out: Path) -> Path:
-    """Output tokens/s and median TTFT per concurrency level, the stack beside raw vLLM (bars: a smoke run
-    has a single level)."""
-    levels = sorted({r["concurrency"] for r in result.rows})
-    by = {(r["server"], r["concurrency"]): r for r in result.rows}
-    fig, (tok_ax, ttft_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    """Output tokens/s and median TTFT per concurrency level, the stack beside raw vLLM; one row of plots
+    per prompt set (random tokens, RAG)."""
+    datasets = sorted({r.get("dataset", "random") for r in result.rows}, key=lambda d: d != "random")
+    by = {(r["server"], r.get("dataset", "random"), r["concurrency"]): r for r in result.rows}
+    fig, axes = plt.subplots(len(datasets), 2, figsize=(10, 4 * len(datasets)), squeeze=False)
     width = 0.38
-    for i, (key, label, color) in enumerate(SERVERS):
-        xs = [x + (i - 0.5) * width for x in range(len(levels))]
-        tok_ax.bar(xs, [by[(key, c)]["output_throughput"] for c in levels], width, label=label, color=color)
-        ttft_ax.bar(xs, [by[(key, c)]["median_ttft_ms"] for c in levels], width, label=label, color=color)
-    tok_ax.set(ylabel="output tokens/s", title="Throughput")
-    ttft_ax.set(ylabel="median time to first token (ms)", title="TTFT p50")
-    for ax in (tok_ax, ttft_ax):
-        ax.set_xticks(range(len(levels)), [str(c) for c in levels])
-        ax.set_xlabel("concurrent streams")
-        ax.set_ylim(0, ax.get_ylim()[1] * 1.25)  # room for the legend above the bars
-        ax.grid(axis="y", alpha=0.3)
-        ax.legend(loc="upper left", ncols=2)
+    for (tok_ax, ttft_ax), dataset in zip(axes, datasets):
+        levels = sorted({c for (_, d, c) in by if d == dataset})
+        for i, (key, label, color) in enumerate(SERVERS):
+            xs = [x + (i - 0.5) * width for x in range(len(levels))]
+            tok_ax.bar(xs, [by[(key, dataset, c)]["output_throughput"] for c in levels], width, label=label,
+                       color=color)
+            ttft_ax.bar(xs, [by[(key, dataset, c)]["median_ttft_ms"] for c in levels], width, label=label,
+                        color=color)
+        tok_ax.set(ylabel="output tokens/s", title=f"Throughput, {dataset} prompts")
+        ttft_ax.set(ylabel="median time to first token (ms)", title=f"TTFT p50, {dataset} prompts")
+        for ax in (tok_ax, ttft_ax):
+            ax.set_xticks(range(len(levels)), [str(c) for c in levels])
+            ax.set_xlabel("concurrent streams")
+            ax.set_ylim(0, ax.get_ylim()[1] * 1.25)  # room for the legend above the bars
+            ax.grid(axis="y", alpha=0.3)
+            ax.legend(loc="upper left", ncols=2)
     load = result.config["loads"][0]
-    fig.suptitle(f"poolserve vs raw vLLM: {load['num_prompts']} prompts/level, {load['input_len']} in / "
+    fig.suptitle(f"poolserve vs raw vLLM: {load['num_prompts']}+ prompts/level, random {load['input_len']} in / "
                  f"{load['output_len']} out tokens\n{_source(result, source)}", fontsize=9)
     return _save(fig, out)
 

@@ -63,6 +63,7 @@ def full_run(profile: Path) -> list[Script]:
         Script("embedding", "bench_embedding.py"),
         Script("ingest", "bench_ingest.py", ("--profile", str(profile), "--chat")),
         Script("serving", "bench_gateway.py", ("--profile", str(profile))),
+        Script("speculative-stack", "bench_spec_stack.py", ("--profile", str(profile))),
         Script("eager-vs-compiled", "bench_eager_vs_compiled.py", ("--profile", str(profile))),
         Script("speculative-eager", "bench_speculative.py", ("--profile", str(profile), "--eager")),
         Script("speculative", "bench_speculative.py", ("--profile", str(profile), "--preloads", preloads)),

@@ -229,6 +229,17 @@ class GatewaySpec(_Strict):
     unavailable_retry_after_s: int = Field(10, ge=1, description="Retry-After sent with a 503 while a replica "
                                            "restarts.")
     request_timeout_s: float = Field(300.0, gt=0, description="Seconds before a request is abandoned.")
+    direct_ingress: bool = Field(False, description="Clients reach the gateway replica's own HTTP server "
+                                 "(Ray Serve direct ingress) instead of going through Ray Serve's proxy actor: "
+                                 "one process hop less per request and per streamed batch. One replica only; "
+                                 "the proxy stays up on a private loopback port. docs/BENCHMARKS.md section 4.")
+
+    @model_validator(mode="after")
+    def _direct_ingress_needs_one_replica(self) -> GatewaySpec:
+        if self.direct_ingress and self.replicas != 1:
+            raise ValueError("gateway.direct_ingress serves one replica on the gateway's port; with "
+                             f"replicas: {self.replicas} put a load balancer in front instead")
+        return self
 
 
 class RaySpec(_Strict):

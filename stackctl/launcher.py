@@ -134,12 +134,24 @@ def ray_start_command(ray_bin: str, plan: Plan, layout: StackLayout, ports: list
     return command
 
 
-def resolved_serve_config(serve_config: dict, profile: Profile, profile_path: Path) -> dict:
+def direct_ingress_env(gateway_port: int, grpc_port: int) -> dict[str, str]:
+    """Ray Serve's direct ingress, with the port range narrowed to the gateway's port: the gateway replica
+    itself listens there (Ray allocates ingress replicas' ports from this range)."""
+    return {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
+            "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(gateway_port),
+            "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(gateway_port),
+            "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT": str(grpc_port),
+            "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": str(grpc_port)}
+
+
+def resolved_serve_config(serve_config: dict, profile: Profile, profile_path: Path,
+                          proxy_port: int | None = None) -> dict:
     """serve.yaml with the gateway's address and request timeout taken from the profile (loopback unless
-    opened there)."""
+    opened there). With direct ingress the proxy, which Ray still starts, gets proxy_port instead."""
     config = yaml.safe_load(yaml.safe_dump(serve_config))
+    port = proxy_port if profile.gateway.direct_ingress and proxy_port else profile.gateway.port
     config["http_options"] = {**config.get("http_options", {}), "host": profile.gateway.host,
-                              "port": profile.gateway.port, "request_timeout_s": profile.gateway.request_timeout_s}
+                              "port": port, "request_timeout_s": profile.gateway.request_timeout_s}
     config["applications"][0]["args"]["profile"] = str(profile_path.resolve())
     return config
 
@@ -227,14 +239,20 @@ def up(serve_config_path: Path, profile: Profile, profile_path: Path, plan: Plan
         layout.run_dir.mkdir(exist_ok=True, mode=0o700)
         private_temp_dir(layout.ray_temp_dir)
         env = stack_env(layout)
-        ports = free_ports(len(RAY_PORT_FLAGS))
+        ports = free_ports(len(RAY_PORT_FLAGS) + 2)
+        proxy_port, grpc_port = ports.pop(), ports.pop()
+        if profile.gateway.direct_ingress:
+            env.update(direct_ingress_env(profile.gateway.port, grpc_port))
         gcs_address = f"127.0.0.1:{ports[0]}"
-        config = resolved_serve_config(yaml.safe_load(serve_config_path.read_text()), profile, profile_path)
+        config = resolved_serve_config(yaml.safe_load(serve_config_path.read_text()), profile, profile_path,
+                                       proxy_port)
         resolved_path = layout.run_dir / "serve.yaml"
         resolved_path.write_text(yaml.safe_dump(config, sort_keys=False))
         (layout.run_dir / "stack.yaml").write_text(yaml.safe_dump({
             "stack_id": layout.stack_id, "gcs_address": gcs_address, "ray_temp_dir": str(layout.ray_temp_dir),
-            "gateway": f"http://{profile.gateway.host}:{profile.gateway.port}", "launcher_pid": os.getpid()}))
+            "gateway": f"http://{profile.gateway.host}:{profile.gateway.port}", "launcher_pid": os.getpid(),
+            # Ray's metrics agent (loopback): the engines' vLLM counters, exported as ray_vllm_*.
+            "ray_metrics": f"http://127.0.0.1:{ports[RAY_PORT_FLAGS.index('--metrics-export-port')]}/metrics"}))
         started = subprocess.run(ray_start_command(_bin("ray"), plan, layout, ports), env=env,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=180)
         if started.returncode != 0:

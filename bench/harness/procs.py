@@ -12,13 +12,14 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
+from bench.harness.cpu_accounting import process_tree
 from bench.harness.engine import EngineSetup, raw_vllm_command
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,6 +110,8 @@ class RunningServer:
     base_url: str  # without /v1
     api_key: str | None
     start_s: float  # start to healthy
+    pids: Callable[[], list[int]] = list  # the server's processes now (for CPU accounting)
+    metrics_url: str | None = None  # where the engine's Prometheus counters are (spec_metrics.py)
 
 
 @contextmanager
@@ -118,7 +121,8 @@ def raw_vllm_server(setup: EngineSetup, workdir: Path, timeout_s: float = 300) -
     group = ProcessGroup.start(raw_vllm_command(setup, port), child_env(setup.env), workdir / "vllm.log")
     try:
         start_s = wait_healthy(f"http://127.0.0.1:{port}/health", group, timeout_s)
-        yield RunningServer(f"http://127.0.0.1:{port}", None, start_s)
+        yield RunningServer(f"http://127.0.0.1:{port}", None, start_s, lambda: process_tree(group.process.pid),
+                            f"http://127.0.0.1:{port}/metrics")
     finally:
         group.stop()
 

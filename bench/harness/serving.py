@@ -13,14 +13,20 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.harness.prompts import PROMPT_SETS, write_prompts
+
 PERCENTILE_METRICS = "ttft,tpot,itl,e2el"
-PERCENTILES = "50,90,99"
+PERCENTILES = "50,95,99"
 
 
 @dataclass(frozen=True)
 class ServingLoad:
-    """What is sent: num_prompts random-token prompts of input_len tokens, each answered with exactly
-    output_len tokens (ignore_eos), greedy, at most `concurrency` in flight."""
+    """What is sent, greedy, at most `concurrency` in flight:
+    - dataset "random": num_prompts random-token prompts of input_len tokens, each answered with exactly
+      output_len tokens (ignore_eos);
+    - dataset "rag": num_prompts RAG prompts (bench/harness/prompts.py; a question, three numbered passages),
+      each answered until the model stops or output_len tokens;
+    - dataset "chat": the same questions without context (open chat), likewise."""
 
     num_prompts: int
     concurrency: int
@@ -28,18 +34,31 @@ class ServingLoad:
     output_len: int = 64
     seed: int = 0
     warmups: int = 1  # untimed requests before the timed ones
+    dataset: str = "random"
 
     def describe(self) -> dict[str, Any]:
         return asdict(self)
 
 
+def dataset_argv(load: ServingLoad, workdir: Path) -> list[str]:
+    if load.dataset == "random":
+        return ["--dataset-name", "random", "--random-input-len", str(load.input_len),
+                "--random-output-len", str(load.output_len)]
+    if load.dataset in PROMPT_SETS:
+        path = write_prompts(workdir / f"{load.dataset}-prompts-{load.seed}-{load.num_prompts}.json",
+                             load.dataset, load.num_prompts, load.seed)
+        # The prompt goes as the user message, as it is; the server applies the chat template.
+        return ["--dataset-name", "sharegpt", "--dataset-path", str(path), "--disable-shuffle",
+                "--sharegpt-output-len", str(load.output_len)]
+    raise ValueError(f"unknown dataset {load.dataset!r} (random, {', '.join(PROMPT_SETS)})")
+
+
 def serving_argv(base_url: str, served_model_name: str, tokenizer: str, load: ServingLoad,
-                 api_key: str | None = None) -> list[str]:
+                 api_key: str | None = None, workdir: Path = Path(".")) -> list[str]:
     """vllm.benchmarks.serve's command line for one load against one OpenAI-compatible server."""
     argv = ["--backend", "openai-chat", "--endpoint", "/v1/chat/completions", "--base-url", base_url,
             "--model", tokenizer, "--served-model-name", served_model_name, "--tokenizer", tokenizer,
-            "--dataset-name", "random", "--random-input-len", str(load.input_len),
-            "--random-output-len", str(load.output_len), "--num-prompts", str(load.num_prompts),
+            *dataset_argv(load, workdir), "--num-prompts", str(load.num_prompts),
             "--max-concurrency", str(load.concurrency), "--request-rate", "inf", "--seed", str(load.seed),
             "--temperature", "0", "--num-warmups", str(load.warmups), "--percentile-metrics", PERCENTILE_METRICS,
             "--metric-percentiles", PERCENTILES, "--ready-check-timeout-sec", "60", "--disable-tqdm"]
@@ -62,7 +81,7 @@ def run_serving_load(base_url: str, served_model_name: str, tokenizer: str, load
 
     parser = FlexibleArgumentParser()
     add_cli_args(parser)
-    args = parser.parse_args(serving_argv(base_url, served_model_name, tokenizer, load, api_key))
+    args = parser.parse_args(serving_argv(base_url, served_model_name, tokenizer, load, api_key, log_path.parent))
     with open(log_path, "a") as log, redirect_stdout(log), redirect_stderr(log):
         result = main(args)
     metrics = scalar_metrics(result)

@@ -58,9 +58,10 @@ def _absolute(path: str) -> str:
 
 
 def write_private_stack(workdir: Path, base_profile: Path, port: int,
-                        chat_overrides: Mapping[str, Any] | None = None) -> PrivateStack:
+                        chat_overrides: Mapping[str, Any] | None = None,
+                        gateway_overrides: Mapping[str, Any] | None = None) -> PrivateStack:
     """A copy of base_profile with its own state dir, gateway port and tenants file (the example tenants),
-    absolute model paths, and a serve.yaml naming it."""
+    absolute model paths, and a serve.yaml naming it; overrides replace fields of its chat/gateway sections."""
     profile = yaml.safe_load(Path(base_profile).read_text())
     profile["state_dir"] = str(workdir / "state")
     tenants = yaml.safe_load((ROOT / "configs" / "tenants.example.yaml").read_text())
@@ -71,7 +72,7 @@ def write_private_stack(workdir: Path, base_profile: Path, port: int,
         engine["model"] = _absolute(engine["model"])
     profile["embedder"]["model"] = _absolute(profile["embedder"]["model"])
     profile["chat"].update(chat_overrides or {})
-    profile["gateway"] = {**profile.get("gateway", {}), "port": port}
+    profile["gateway"] = {**profile.get("gateway", {}), **(gateway_overrides or {}), "port": port}
     profile_path = private_profile_path(workdir)
     profile_path.write_text(yaml.safe_dump(profile))
     serve_config = yaml.safe_load((ROOT / "serve.yaml").read_text())
@@ -94,9 +95,10 @@ def stop_private_stack(group: ProcessGroup, stack: PrivateStack) -> None:
 
 @contextmanager
 def poolserve_stack(base_profile: Path, workdir: Path, timeout_s: float = 400,
-                    chat_overrides: Mapping[str, Any] | None = None) -> Iterator[RunningServer]:
+                    chat_overrides: Mapping[str, Any] | None = None,
+                    gateway_overrides: Mapping[str, Any] | None = None) -> Iterator[RunningServer]:
     """The whole stack from base_profile, healthy, with a fresh demo tenant key; stopped on exit."""
-    stack = write_private_stack(workdir, base_profile, free_port(), chat_overrides)
+    stack = write_private_stack(workdir, base_profile, free_port(), chat_overrides, gateway_overrides)
     api_key = generate_api_key()
     env = child_env({"POOLSERVE_DEMO_KEY": api_key, "POOLSERVE_ADMIN_KEY": secrets.token_urlsafe(24),
                      "RAY_USAGE_STATS_ENABLED": "0"})
@@ -106,6 +108,8 @@ def poolserve_stack(base_profile: Path, workdir: Path, timeout_s: float = 400,
     group = ProcessGroup.start(command, env, workdir / "serve.log")
     try:
         start_s = wait_healthy(f"{stack.base_url}/healthz", group, timeout_s)
-        yield RunningServer(stack.base_url, api_key, start_s)
+        layout = StackLayout(stack.state_dir)
+        ray_metrics = yaml.safe_load((layout.run_dir / "stack.yaml").read_text()).get("ray_metrics")
+        yield RunningServer(stack.base_url, api_key, start_s, lambda: stack_pids(layout.stack_id), ray_metrics)
     finally:
         stop_private_stack(group, stack)

@@ -169,3 +169,60 @@ def test_report_replaces_only_marked_tables_with_results():
         "<!-- /bench-report:smoke/limits -->" in updated
     assert updated.startswith("# x\nkept\n") and "stale" in updated and updated.endswith("tail\n")
     assert render_docs(updated, {"smoke/limits": (limits, Path("limits.json"))})[0] == updated
+
+
+def test_spec_counters_sum_label_sets_of_raw_vllm_and_ray():
+    from bench.harness.spec_metrics import SpecCounters, parse_counters
+
+    raw = ("# HELP vllm:spec_decode_num_drafts_total Number of drafts.\n"
+           'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10.0\n'
+           'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 40.0\n'
+           'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 26.0\n'
+           'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",position="0"} 9.0\n')
+    assert parse_counters(raw) == SpecCounters(10, 40, 26)
+    ray = ('ray_vllm_spec_decode_num_drafts_total{ReplicaId="a",engine="0"} 4.0\n'
+           'ray_vllm_spec_decode_num_drafts_total{ReplicaId="b",engine="0"} 6.0\n'
+           'ray_vllm_spec_decode_num_draft_tokens_total{ReplicaId="a"} 40.0\n'
+           'ray_vllm_spec_decode_num_accepted_tokens_total{ReplicaId="a"} 20.0\n')
+    counters = parse_counters(ray)
+    assert counters == SpecCounters(10, 40, 20)
+    stats = counters.minus(SpecCounters(5, 20, 5)).stats()
+    assert stats["acceptance_rate"] == 75.0 and stats["acceptance_length"] == 4.0
+    assert parse_counters("vllm:num_requests_running 1\n") is None
+    assert SpecCounters().stats() is None
+
+
+def test_cpu_roles_name_the_stack_and_vllm_processes():
+    from bench.harness.cpu_accounting import role_of
+
+    assert role_of("ray::ServeReplica:poolserve:PoolserveLLMServer:chat", "python") == "LLMServer replica"
+    assert role_of("ray::ServeReplica:poolserve:gateway", "python") == "gateway replica"
+    assert role_of("ray::ProxyActor", "python") == "Serve proxy"
+    assert role_of("VLLM::EngineCore", "python") == "vLLM EngineCore"
+    assert role_of("python -m vllm.entrypoints.openai.api_server --model m", "python") == "vLLM API server"
+    assert role_of("something-else", "proc") == "proc"
+
+
+def test_rag_prompts_are_deterministic_and_hold_their_answer():
+    import json
+    import re
+
+    from bench.harness.prompts import QUESTIONS, chat_prompts, rag_prompts
+
+    first, again = rag_prompts(6, seed=3), rag_prompts(6, seed=3)
+    assert first == again and rag_prompts(6, seed=4) != first
+    questions = {q["question"]: q for q in json.loads(QUESTIONS.read_text())["questions"]}
+    for prompt in first:
+        question = prompt.rsplit("Question: ", 1)[1]
+        assert all(f"\n[{i}] " in prompt for i in (1, 2, 3)) and "\n[4] " not in prompt
+        assert re.search(questions[question]["evidence"], prompt), "the passage that answers it is there"
+    assert all(prompt in questions for prompt in chat_prompts(4))
+
+
+def test_prompt_files_are_sharegpt_for_the_load_generator(tmp_path):
+    import json
+
+    from bench.harness.prompts import write_prompts
+
+    rows = json.loads(write_prompts(tmp_path / "rag.json", "rag", 3).read_text())
+    assert len(rows) == 3 and [turn["from"] for turn in rows[0]["conversations"]] == ["human", "gpt"]

@@ -250,3 +250,26 @@ def test_resolved_serve_config_takes_the_gateway_address_from_the_profile(monkey
                                       "request_timeout_s": profile.gateway.request_timeout_s}
     assert config["applications"][0]["args"]["profile"] == str(ROOT / "configs/cpu-tiny.yaml")
     assert yaml.safe_dump(serve) == before, "the input is not modified"
+
+
+def test_direct_ingress_puts_the_gateway_replica_on_the_gateway_port(monkeypatch):
+    from stackctl.launcher import direct_ingress_env
+
+    monkeypatch.chdir(ROOT)
+    profile = load_profile("configs/cpu-tiny.yaml")
+    serve = yaml.safe_load((ROOT / "serve.yaml").read_text())
+    # Off (the default): the proxy serves the gateway's port; a spare proxy port is ignored.
+    assert resolved_serve_config(serve, profile, Path("configs/cpu-tiny.yaml"), 40001)["http_options"]["port"] == 8000
+    direct = profile.model_copy(update={"gateway": profile.gateway.model_copy(update={"direct_ingress": True})})
+    # On: the proxy Ray still starts moves to the private port, and Ray's ingress port range is the gateway's.
+    assert resolved_serve_config(serve, direct, Path("configs/cpu-tiny.yaml"), 40001)["http_options"]["port"] == 40001
+    env = direct_ingress_env(8000, 40002)
+    assert env["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "1"
+    assert env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"] == env["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"] == "8000"
+
+
+def test_direct_ingress_refuses_more_than_one_gateway_replica():
+    from planner.profile import GatewaySpec
+
+    with pytest.raises(ValueError, match="direct_ingress serves one replica"):
+        GatewaySpec(direct_ingress=True, replicas=2)
