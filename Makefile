@@ -55,7 +55,7 @@ clean:
 # PYTHONPATH: this checkout's code, even when the venv's editable install points at another one.
 BENCH := PYTHONPATH=$(CURDIR) $(PY) bench/run.py
 
-.PHONY: bench-smoke bench-report
+.PHONY: bench-smoke bench-report llama-cpp
 
 # Everything, with the documented settings (long: section 1b's speculative run alone takes ~15 minutes).
 bench: setup
@@ -64,6 +64,10 @@ bench: setup
 # Under 3 minutes: gateway vs raw vLLM at concurrency 1 (4 prompts), retrieval at N=2000, the limiter.
 bench-smoke: setup
 	$(BENCH) smoke --profile $(PROFILE)
+
+# llama.cpp's server and a bf16 GGUF of the default model, for the serving comparison (optional in `make bench`).
+llama-cpp: setup
+	bash scripts/build_llama_cpp.sh
 
 # Tables and plots from the JSON results only (runs no benchmark).
 bench-report: install

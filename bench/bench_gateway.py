@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, wh
 
 from bench.harness.cpu_accounting import CpuAccount  # noqa: E402
 from bench.harness.engine import DEFAULT_PROFILE, engine_setup  # noqa: E402
+from bench.harness.llama_cpp import BF16_GGUF, llama_cpp_unavailable, llama_server  # noqa: E402
 from bench.harness.procs import RunningServer, raw_vllm_server  # noqa: E402
 from bench.harness.results import RESULTS_DIR, BenchResult, new_result, write_result  # noqa: E402
 from bench.harness.serving import ServingLoad, run_serving_load  # noqa: E402
@@ -33,7 +34,7 @@ from bench.harness.spec_metrics import SpecCounters, read_counters, settled_coun
 from bench.harness.stack import poolserve_stack, private_profile_path  # noqa: E402
 
 NAME = "serving"
-STACK, RAW = "poolserve", "raw vllm"
+STACK, RAW, LLAMA = "poolserve", "raw vllm", "llama.cpp"
 CPU_ROLES_SHOWN = 6  # the busiest roles per server in the CPU table
 
 
@@ -75,9 +76,10 @@ def ratios(rows: list[dict]) -> dict[str, float]:
 
 
 def run(profile: Path, loads: list[ServingLoad], workdir: Path, name: str = NAME,
-        chat_overrides: dict | None = None, gateway_overrides: dict | None = None, raw: bool = True) -> BenchResult:
+        chat_overrides: dict | None = None, gateway_overrides: dict | None = None, raw: bool = True,
+        llama: bool = False) -> BenchResult:
     """The loads through a private stack, then (the stack stopped) through raw vLLM with the same plan
-    (raw=False: the stack only)."""
+    (raw=False: the stack only), then through llama.cpp's server on the same weights (llama=True, when built)."""
     with poolserve_stack(profile, workdir, chat_overrides=chat_overrides, gateway_overrides=gateway_overrides) as stack:
         print(f"[bench] poolserve healthy in {stack.start_s:.0f}s", flush=True)
         # The raw server gets the plan of the stack's own (private) profile: the same engine.
@@ -87,9 +89,19 @@ def run(profile: Path, loads: list[ServingLoad], workdir: Path, name: str = NAME
         with raw_vllm_server(setup, workdir) as server:
             print(f"[bench] raw vLLM healthy in {server.start_s:.0f}s", flush=True)
             rows += measure(server, RAW, setup, loads, workdir)
+    skipped = llama_cpp_unavailable() if llama else "llama.cpp not asked for"
+    if llama and skipped is None:
+        slots = max(load.concurrency for load in loads)
+        with llama_server(BF16_GGUF, workdir, setup.served_model_name, slots) as server:
+            print(f"[bench] llama.cpp healthy in {server.start_s:.0f}s", flush=True)
+            rows += measure(server, LLAMA, setup, loads, workdir)
+    elif llama:
+        print(f"[bench] {skipped}", flush=True)
     metrics = {**ratios(rows), "poolserve_start_s": rows[0]["start_s"], "raw_vllm_start_s": rows[-1]["start_s"]}
     config = {"profile": str(profile), "engine": setup.describe(), "loads": [load.describe() for load in loads],
               "chat_overrides": chat_overrides or {}, "gateway_overrides": gateway_overrides or {},
+              "llama_cpp": "llama-server (llama.cpp vendored by llama-cpp-python 0.3.36), bf16 GGUF of the same "
+                           "weights, one slot per stream" if llama and skipped is None else skipped,
               "load_generator": "vllm.benchmarks.serve (openai-chat; random dataset, or RAG prompts as custom)"}
     return new_result(name, config, metrics, rows)
 
@@ -105,14 +117,21 @@ def _load_line(result: BenchResult, dataset: str) -> str:
 
 
 def _throughput_table(by: dict, dataset: str, levels: list[int]) -> list[str]:
+    llama = any((LLAMA, dataset, c) in by for c in levels)
     lines = ["| concurrency | raw vLLM tok/s | poolserve tok/s | ratio | raw TTFT p50 ms | poolserve TTFT p50 ms "
-             "| TTFT +ms | raw latency p50 s | poolserve latency p50 s |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| TTFT +ms | raw latency p50 s | poolserve latency p50 s |"
+             + (" llama.cpp tok/s | llama.cpp TTFT p50 ms |" if llama else ""),
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if llama else "")]
     for c in levels:
         r, p = by[(RAW, dataset, c)], by[(STACK, dataset, c)]
-        lines.append(f"| {c} | {r['output_throughput']:.1f} | {p['output_throughput']:.1f} | "
-                     f"{p['output_throughput'] / r['output_throughput']:.2f}x | {r['median_ttft_ms']:.0f} | "
-                     f"{p['median_ttft_ms']:.0f} | {p['median_ttft_ms'] - r['median_ttft_ms']:+.0f} | "
-                     f"{r['median_e2el_ms'] / 1000:.2f} | {p['median_e2el_ms'] / 1000:.2f} |")
+        line = (f"| {c} | {r['output_throughput']:.1f} | {p['output_throughput']:.1f} | "
+                f"{p['output_throughput'] / r['output_throughput']:.2f}x | {r['median_ttft_ms']:.0f} | "
+                f"{p['median_ttft_ms']:.0f} | {p['median_ttft_ms'] - r['median_ttft_ms']:+.0f} | "
+                f"{r['median_e2el_ms'] / 1000:.2f} | {p['median_e2el_ms'] / 1000:.2f} |")
+        if llama:
+            x = by.get((LLAMA, dataset, c))
+            line += f" {x['output_throughput']:.1f} | {x['median_ttft_ms']:.0f} |" if x else " - | - |"
+        lines.append(line)
     return lines
 
 
@@ -120,7 +139,9 @@ def _latency_table(by: dict, dataset: str, levels: list[int]) -> list[str]:
     lines = ["| concurrency | server | TTFT p95 ms | ITL p50 ms | ITL p95 ms | TPOT p50 ms | TPOT p95 ms "
              "| output tokens | start to healthy s |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for c in levels:
-        for server in (RAW, STACK):
+        for server in (RAW, STACK, LLAMA):
+            if (server, dataset, c) not in by:
+                continue
             x = by[(server, dataset, c)]
             p95 = x.get("p95_ttft_ms", x.get("p99_ttft_ms"))
             lines.append(f"| {c} | {server} | {p95:.0f} | {x['median_itl_ms']:.1f} | "
@@ -135,7 +156,9 @@ def _cpu_table(by: dict, dataset: str, level: int) -> list[str]:
         return []
     lines = [f"CPU seconds per 1000 output tokens at concurrency {level}, by process:", "",
              "| server | process | CPU s / 1k tokens |", "|---|---|---:|"]
-    for server in (RAW, STACK):
+    for server in (RAW, STACK, LLAMA):
+        if (server, dataset, level) not in by:
+            continue
         cpu = by[(server, dataset, level)]["cpu_s_per_1k_tokens"]
         for role, seconds in list(cpu.items())[:CPU_ROLES_SHOWN]:
             lines.append(f"| {server} | {role} | {seconds:.2f} |")
@@ -169,13 +192,16 @@ def main() -> None:
     parser.add_argument("--gateway", action="append", default=[], metavar="FIELD=JSON",
                         help="override a gateway field of the profile, e.g. direct_ingress=true")
     parser.add_argument("--no-raw", action="store_true", help="measure the stack only")
+    parser.add_argument("--llama-cpp", action="store_true",
+                        help="also llama.cpp's server on the same weights (skipped with a message when not built)")
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args()
     loads = [ServingLoad(max(args.prompts, 2 * c), c, args.input_len, args.output_len, dataset=dataset)
              for dataset in args.datasets for c in args.concurrency]
     workdir = Path(tempfile.mkdtemp(prefix="bench-serving-"))
     gateway = {key: json.loads(value) for key, value in (item.split("=", 1) for item in args.gateway)}
-    result = run(args.profile, loads, workdir, args.name, gateway_overrides=gateway or None, raw=not args.no_raw)
+    result = run(args.profile, loads, workdir, args.name, gateway_overrides=gateway or None, raw=not args.no_raw,
+                 llama=args.llama_cpp)
     print(tables(result))
     print(f"wrote {write_result(result, args.out_dir)} (logs in {workdir})")
 

@@ -12,7 +12,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from bench.harness.results import BenchResult  # noqa: E402
 
-SERVERS = (("raw vllm", "raw vLLM", "tab:gray"), ("poolserve", "poolserve", "tab:blue"))
+SERVERS = (("raw vllm", "raw vLLM", "tab:gray"), ("poolserve", "poolserve", "tab:blue"),
+           ("llama.cpp", "llama.cpp", "tab:orange"))
 SPEC_METHODS = (("none", "tab:gray"), ("ngram", "tab:green"), ("draft_model", "tab:red"))
 
 
@@ -29,11 +30,12 @@ def serving_plot(result: BenchResult, source: Path, out: Path) -> Path:
     datasets = sorted({r.get("dataset", "random") for r in result.rows}, key=lambda d: d != "random")
     by = {(r["server"], r.get("dataset", "random"), r["concurrency"]): r for r in result.rows}
     fig, axes = plt.subplots(len(datasets), 2, figsize=(10, 4 * len(datasets)), squeeze=False)
-    width = 0.38
     for (tok_ax, ttft_ax), dataset in zip(axes, datasets):
         levels = sorted({c for (_, d, c) in by if d == dataset})
-        for i, (key, label, color) in enumerate(SERVERS):
-            xs = [x + (i - 0.5) * width for x in range(len(levels))]
+        servers = [s for s in SERVERS if all((s[0], dataset, c) in by for c in levels)]
+        width = 0.8 / len(servers)
+        for i, (key, label, color) in enumerate(servers):
+            xs = [x + (i - (len(servers) - 1) / 2) * width for x in range(len(levels))]
             tok_ax.bar(xs, [by[(key, dataset, c)]["output_throughput"] for c in levels], width, label=label,
                        color=color)
             ttft_ax.bar(xs, [by[(key, dataset, c)]["median_ttft_ms"] for c in levels], width, label=label,

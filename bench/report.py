@@ -27,7 +27,7 @@ from rich.console import Console
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, when run as a script
 
 from bench import bench_eager_vs_compiled, bench_embedding, bench_gateway, bench_limits, bench_retrieval  # noqa: E402
-from bench import bench_spec_stack, bench_speculative, draft_agreement  # noqa: E402
+from bench import bench_cold_start, bench_spec_stack, bench_speculative, draft_agreement  # noqa: E402
 from bench.harness.results import RESULTS_DIR, BenchResult, read_result  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,6 +43,7 @@ TABLES: dict[str, Callable[[BenchResult], str]] = {
     "speculative": bench_speculative.tables,
     "speculative-eager": bench_speculative.tables,
     "speculative-stack": bench_spec_stack.tables,
+    "cold-start": bench_cold_start.tables,
     "draft-agreement": draft_agreement.tables,
 }
 MARKER = re.compile(r"(<!-- bench-report:(?P<key>[\w/.-]+) -->\n)(?P<body>.*?)(<!-- /bench-report:(?P=key) -->)", re.S)

@@ -120,6 +120,10 @@ def stack_env(layout: StackLayout, base: dict | None = None) -> dict:
         # Ray's memory monitor kills workers above 95% of the node's memory by default, a loading engine
         # included. The pool guard sheds load at 90/95% of the pool first; Ray acts only past 98%.
         "RAY_memory_usage_threshold": str(RAY_MEMORY_USAGE_THRESHOLD),
+        # Ray starts its workers (every replica, and so the engine it forks) at nice 15, behind anything
+        # else on the machine: a serving stack runs at normal priority, like raw vLLM. Measured under
+        # background load: 219 against 119 tokens/s at 8 streams (docs/BENCHMARKS.md section 4).
+        "RAY_worker_niceness": "0",
     })
     env.pop("RAY_ADDRESS", None)  # never join some other cluster the shell points at
     return env
@@ -135,13 +139,15 @@ def ray_start_command(ray_bin: str, plan: Plan, layout: StackLayout, ports: list
 
 
 def direct_ingress_env(gateway_port: int, grpc_port: int) -> dict[str, str]:
-    """Ray Serve's direct ingress, with the port range narrowed to the gateway's port: the gateway replica
-    itself listens there (Ray allocates ingress replicas' ports from this range)."""
+    """Ray Serve's direct ingress, with the port range (Ray's max is exclusive) narrowed to the gateway's
+    port: the gateway replica itself listens there. No quarantine: Ray holds a released port back for
+    HAProxy's drain (150 s), which would keep a restarted gateway off its only port."""
     return {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
             "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(gateway_port),
-            "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(gateway_port),
+            "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(gateway_port + 1),
             "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT": str(grpc_port),
-            "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": str(grpc_port)}
+            "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": str(grpc_port + 1),
+            "RAY_SERVE_PORT_QUARANTINE_S": "0"}
 
 
 def resolved_serve_config(serve_config: dict, profile: Profile, profile_path: Path,

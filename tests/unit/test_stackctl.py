@@ -230,6 +230,7 @@ def test_stack_env_marks_and_locks_down_ray(tmp_path, monkeypatch):
     assert env["RAY_AUTH_MODE"] == "token" and env["RAY_AUTH_TOKEN_PATH"] == str(layout.token_path)
     assert env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0" and env[STACK_ENV] == layout.stack_id
     assert "RAY_ADDRESS" not in env and env["PATH"] == "/bin"
+    assert env["RAY_worker_niceness"] == "0", "replicas (and the engine) at normal priority, not Ray's nice 15"
     monkeypatch.setenv("RAY_ADDRESS", "auto")
     env = stack_env(layout)
     assert "RAY_ADDRESS" not in env and os.environ["RAY_ADDRESS"] == "auto"
@@ -265,7 +266,9 @@ def test_direct_ingress_puts_the_gateway_replica_on_the_gateway_port(monkeypatch
     assert resolved_serve_config(serve, direct, Path("configs/cpu-tiny.yaml"), 40001)["http_options"]["port"] == 40001
     env = direct_ingress_env(8000, 40002)
     assert env["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "1"
-    assert env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"] == env["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"] == "8000"
+    # Ray's range excludes its max: exactly the gateway's port; a restarted gateway gets it back at once.
+    assert (env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"], env["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"]) == ("8000", "8001")
+    assert env["RAY_SERVE_PORT_QUARANTINE_S"] == "0"
 
 
 def test_direct_ingress_refuses_more_than_one_gateway_replica():
