@@ -16,7 +16,11 @@ efSearch), with FAISS's OpenMP threads at the profile's retriever.faiss_threads,
   recall@10 ties  the share of results scoring at least the exact 10th score (a near-duplicate that
                 ties with an exact result is not a miss)
   embed+search  p50/p95 of embed the question text (torch threads = embedder.torch_threads) + search:
-                what a query costs the retriever and the embedder (no Ray hops, no SQLite fetch)
+                what a query costs the retriever and the embedder (no Ray hops, no SQLite fetch); with
+                each part's p50 from the same loop, and the CPU time p50 of the pair (process_time:
+                what it costs when it has a core to itself; the wall time on this shared machine is
+                that plus the wait for a core; `load` is the 1-minute load average when measured)
+  embed         one question with torch threads 1 and 2, interleaved question by question
 HNSW is also searched at other efSearch values, to show what recall each costs.
 
 The same questions through a real stack: bench/rag_latency.py.
@@ -29,8 +33,10 @@ from __future__ import annotations
 import argparse
 import ctypes
 import gc
+import os
 import sys
 import tempfile
+import time
 import typing
 from pathlib import Path
 
@@ -46,6 +52,9 @@ from bench.harness.timing import Stopwatch, percentile, time_each  # noqa: E402
 NAME = "retrieval-scale"
 TOP_K = 10
 WARMUP = 10
+EMPTY_ROW = {"n": 0, "real": 0, "build_s": None, "memory_mib": None, "index_mib": None, "recall": None,
+             "recall_ties": None, "top1": None, "embed_search_p50": None, "embed_search_p95": None,
+             "embed_part_p50": None, "search_part_p50": None, "cpu_p50": None}
 HNSW_EF_SWEEP = (16, 32, 128, 256)  # besides the store's own efSearch
 MIN_REAL_CHUNKS = 4096  # the corpus itself (4705 chunks) is most of it; ~20 min on 2 busy cores
 
@@ -76,13 +85,56 @@ def exact_top(data: np.ndarray, queries: np.ndarray, k: int) -> tuple[np.ndarray
 
 
 def recalls(found: list[np.ndarray], truth: np.ndarray, truth_scores: np.ndarray, data: np.ndarray,
-            queries: np.ndarray) -> tuple[float, float]:
+            queries: np.ndarray) -> dict[str, float]:
+    """recall@10 by id, recall@10 counting ties with the exact 10th score as found, and how often the
+    exact best chunk is among the results."""
     by_id = np.mean([len(set(f.tolist()) & set(t.tolist())) / TOP_K for f, t in zip(found, truth)])
     ties = []
     for f, q, kth in zip(found, queries, truth_scores[:, -1]):
         f = f[f >= 0]
         ties.append(float(np.sum(data[f] @ q >= kth - 1e-5)) / TOP_K)
-    return float(by_id), float(np.mean(ties))
+    top1 = np.mean([float(t[0] in set(f.tolist())) for f, t in zip(found, truth)])
+    return {"recall": float(by_id), "recall_ties": float(np.mean(ties)), "top1": float(top1)}
+
+
+def embed_then_search(embed, search, questions: list[str]) -> dict[str, float]:
+    """Per question, embed it then search with its vector (each part timed too): p50/p95 of the sum and
+    p50 of each part, from the same loop, so the parts see the same moment of a shared machine."""
+    for text in questions[:WARMUP]:
+        search(embed(text))
+    total, embed_s, search_s, cpu = [], [], [], []
+    for text in questions:
+        cpu_started, started = time.process_time(), time.perf_counter()
+        vector = embed(text)
+        embedded = time.perf_counter()
+        search(vector)
+        ended, cpu_ended = time.perf_counter(), time.process_time()
+        total.append(ended - started)
+        embed_s.append(embedded - started)
+        search_s.append(ended - embedded)
+        cpu.append(cpu_ended - cpu_started)
+    return {"embed_search_p50": ms(total, 50), "embed_search_p95": ms(total, 95),
+            "embed_part_p50": ms(embed_s, 50), "search_part_p50": ms(search_s, 50), "cpu_p50": ms(cpu, 50)}
+
+
+def embed_threads_rows(embed, questions: list[str], thread_counts: list[int]) -> list[dict]:
+    """One question at a time with each torch thread count, interleaved question by question (a shared
+    machine's load then weighs on every count alike)."""
+    import torch
+
+    seconds = {t: [] for t in thread_counts}
+    cpu = {t: [] for t in thread_counts}
+    for i, text in enumerate(questions):
+        for threads in thread_counts:
+            torch.set_num_threads(threads)
+            cpu_started, started = time.process_time(), time.perf_counter()
+            embed(text)
+            if i >= WARMUP:
+                seconds[threads].append(time.perf_counter() - started)
+                cpu[threads].append(time.process_time() - cpu_started)
+    return [{**EMPTY_ROW, "kind": "embed", "setting": f"embed one question (torch threads {t})",
+             "store_default": t == thread_counts[0], "p50": ms(seconds[t], 50), "p95": ms(seconds[t], 95),
+             "cpu_p50": ms(cpu[t], 50), "load": os.getloadavg()[0]} for t in thread_counts]
 
 
 def trimmed_rss() -> int:
@@ -135,19 +187,20 @@ def measure(n: int, real: int, kind: str, hnsw_m: int, data: np.ndarray, questio
         if ef is not None:
             inner.hnsw.efSearch = ef
         seconds, found = time_each(lambda q: index.search(q[None, :], TOP_K)[1][0], queries, warmup=WARMUP)
-        recall, recall_ties = recalls(found, *truth, data, queries)
-        row = {"n": n, "real": min(n, real), "kind": kind, "setting": kind if ef is None else f"hnsw M{hnsw_m} ef{ef}",
-               "store_default": ef == store_ef, "build_s": build_s, "memory_mib": memory_mib,
-               "index_mib": index_bytes(index) / 2**20,
-               "p50": ms(seconds, 50), "p95": ms(seconds, 95), "recall": recall, "recall_ties": recall_ties,
-               "embed_search_p50": None, "embed_search_p95": None}
+        row = {**EMPTY_ROW, "n": n, "real": min(n, real), "kind": kind,
+               "setting": kind if ef is None else f"hnsw M{hnsw_m} ef{ef}", "store_default": ef == store_ef,
+               "build_s": build_s, "memory_mib": memory_mib, "index_mib": index_bytes(index) / 2**20,
+               "p50": ms(seconds, 50), "p95": ms(seconds, 95), **recalls(found, *truth, data, queries)}
         if ef == store_ef:
-            both, _ = time_each(lambda text: index.search(embed(text)[None, :], TOP_K), questions, warmup=WARMUP)
-            row.update(embed_search_p50=ms(both, 50), embed_search_p95=ms(both, 95))
+            row.update(embed_then_search(embed, lambda v: index.search(v[None, :], TOP_K), questions))
+        row["load"] = os.getloadavg()[0]
         rows.append(row)
-        print(f"[scale] n={n} {row['setting']}: search p50 {row['p50']:.3f} ms, recall@10 {recall:.3f} "
-              f"(ties {recall_ties:.3f}), build {build_s:.1f} s, +{memory_mib:.0f} MiB"
-              + (f", embed+search p50 {row['embed_search_p50']:.1f} ms" if row["embed_search_p50"] else ""),
+        print(f"[scale] n={n} {row['setting']}: search p50 {row['p50']:.3f} ms, recall@10 {row['recall']:.3f} "
+              f"(ties {row['recall_ties']:.3f}, top-1 {row['top1']:.3f}), build {build_s:.1f} s, "
+              f"+{memory_mib:.0f} MiB" + (f", embed+search p50 {row['embed_search_p50']:.1f} ms (embed "
+                                          f"{row['embed_part_p50']:.1f}, search {row['search_part_p50']:.1f})"
+                                          f", CPU {row['cpu_p50']:.1f}" if row["embed_search_p50"] else "")
+              + f", load {row['load']:.1f}",
               flush=True)
     del index, inner
     gc.collect()
@@ -178,13 +231,13 @@ def run(sizes: list[int], real_chunks: int, profile_path: Path = DEFAULT_PROFILE
     torch.set_num_threads(profile.embedder.torch_threads)  # a question's batch, as the replica runs it
     faiss.omp_set_num_threads(retriever.faiss_threads)  # as deployments/retriever.py sets it
     questions = load_questions()
-    embed_s, vectors = time_each(embedder.embed_query, questions, warmup=WARMUP)
-    queries = np.ascontiguousarray(np.stack(vectors), dtype=np.float32)
-    rows = [{"n": 0, "real": 0, "kind": "embed", "setting": f"embed one question (torch threads "
-             f"{profile.embedder.torch_threads})", "store_default": True, "build_s": None, "memory_mib": None,
-             "index_mib": None, "p50": ms(embed_s, 50), "p95": ms(embed_s, 95), "recall": None, "recall_ties": None,
-             "embed_search_p50": None, "embed_search_p95": None}]
-    print(f"[scale] embed one question: p50 {rows[0]['p50']:.1f} ms, p95 {rows[0]['p95']:.1f} ms", flush=True)
+    queries = np.ascontiguousarray(np.stack([embedder.embed_query(q) for q in questions]), dtype=np.float32)
+    threads = profile.embedder.torch_threads
+    rows = embed_threads_rows(embedder.embed_query, questions, [threads, 2 if threads == 1 else 1])
+    torch.set_num_threads(threads)
+    for r in rows:
+        print(f"[scale] {r['setting']}: p50 {r['p50']:.1f} ms, p95 {r['p95']:.1f} ms, CPU p50 {r['cpu_p50']:.1f} ms, "
+              f"load {r['load']:.1f}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for n in sizes:
             data = chunk_vectors(real, n, norm, seed)
@@ -207,19 +260,22 @@ def run(sizes: list[int], real_chunks: int, profile_path: Path = DEFAULT_PROFILE
 
 
 def tables(result: BenchResult) -> str:
-    lines = ["| chunks | real text | index | build s | RSS growth MiB | index MiB | search p50 ms | search p95 ms | recall@10 | "
-             "recall@10 (ties) | embed+search p50 ms | embed+search p95 ms |",
-             "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| chunks | real text | index | build s | RSS growth MiB | index MiB | search p50 ms | search p95 ms | "
+             "recall@10 | recall@10 (ties) | top-1 found | embed+search p50 ms | embed+search p95 ms | "
+             "(embed / search p50 ms) | CPU ms p50 | load |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
 
     def num(value, fmt):
         return "" if value is None else format(value, fmt)
 
     for r in result.rows:
         name = r["setting"] + (" (store)" if r["kind"] == "hnsw" and r["store_default"] else "")
+        parts = (f"{r['embed_part_p50']:.1f} / {r['search_part_p50']:.2f}" if r["embed_part_p50"] is not None
+                 else "")
         lines.append(f"| {r['n'] or ''} | {r['real'] or ''} | {name} | {num(r['build_s'], '.1f')} | "
                      f"{num(r['memory_mib'], '.0f')} | {num(r['index_mib'], '.0f')} | {r['p50']:.2f} | {r['p95']:.2f} | {num(r['recall'], '.3f')} | "
-                     f"{num(r['recall_ties'], '.3f')} | {num(r['embed_search_p50'], '.1f')} | "
-                     f"{num(r['embed_search_p95'], '.1f')} |")
+                     f"{num(r['recall_ties'], '.3f')} | {num(r['top1'], '.3f')} | {num(r['embed_search_p50'], '.1f')} | "
+                     f"{num(r['embed_search_p95'], '.1f')} | {parts} | {num(r['cpu_p50'], '.1f')} | {r['load']:.1f} |")
     return "\n".join(lines)
 
 
