@@ -202,9 +202,7 @@ def measure(n: int, real: int, kind: str, hnsw_m: int, data: np.ndarray, questio
                                           f", CPU {row['cpu_p50']:.1f}" if row["embed_search_p50"] else "")
               + f", load {row['load']:.1f}",
               flush=True)
-    del index, inner
-    gc.collect()
-    return rows
+    return rows  # the index goes with this frame
 
 
 def run(sizes: list[int], real_chunks: int, profile_path: Path = DEFAULT_PROFILE, kinds: list[str] | None = None,
