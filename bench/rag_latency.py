@@ -1,6 +1,6 @@
 """End-to-end retrieval and RAG latency through a real poolserve stack (bench/harness/stack.py).
 
-    PYTHONPATH=. .venv/bin/python bench/rag_latency.py --documents 40   # writes bench/results/rag-latency.json
+    PYTHONPATH=. .venv/bin/python bench/rag_latency.py --documents 25   # writes bench/results/rag-latency.json
 
 Under /tmp/poolserve-stack.lock (one helper stack on the machine at a time): a private stack from the
 profile, the first `documents` documents of the pydoc corpus ingested into one collection, then, one
@@ -124,7 +124,7 @@ def tables(result: BenchResult) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--documents", type=int, default=40, help="pydoc documents ingested first")
+    parser.add_argument("--documents", type=int, default=25, help="pydoc documents ingested first")
     parser.add_argument("--profile", type=Path, default=DEFAULT_PROFILE)
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args()
