@@ -95,6 +95,42 @@ def retrieval_plot(result: BenchResult, source: Path, out: Path) -> Path:
     return _save(fig, out)
 
 
+def retrieval_scale_plot(result: BenchResult, source: Path, out: Path, goal_ms: float = 25.0) -> Path:
+    """Left: embed+search and search-alone p50 per number of chunks, for each index as the store builds it,
+    against the goal. Right: recall@10 against search p50 for every HNSW efSearch measured, per size."""
+    rows = [r for r in result.rows if r["n"]]
+    sizes = sorted({r["n"] for r in rows})
+    fig, (lat_ax, rec_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for kind, color in (("flat", "tab:gray"), ("hnsw", "tab:blue")):
+        mine = {r["n"]: r for r in rows if r["kind"] == kind and r["store_default"]}
+        if not mine:
+            continue
+        label = next(iter(mine.values()))["setting"]
+        lat_ax.plot(sizes, [mine[n]["embed_search_p50"] for n in sizes], "o-", color=color,
+                    label=f"{label}: embed + search")
+        lat_ax.plot(sizes, [mine[n]["p50"] for n in sizes], "o--", color=color, label=f"{label}: search alone")
+    lat_ax.axhline(goal_ms, color="tab:red", lw=1, ls=":", label=f"goal {goal_ms:g} ms (at 100k)")
+    lat_ax.set(xscale="log", yscale="log", xlabel="chunks in the index", ylabel="p50 per question (ms)",
+               title="One question at a time, top 10")
+    lat_ax.legend(fontsize=7)
+    lat_ax.grid(alpha=0.3, which="both")
+    for n, marker in zip(sizes, "os^vD"):
+        hnsw = sorted((r for r in rows if r["n"] == n and r["kind"] == "hnsw"), key=lambda r: r["p50"])
+        rec_ax.plot([r["p50"] for r in hnsw], [r["recall"] for r in hnsw], marker + "-", label=f"HNSW, {n:,} chunks")
+        for r in hnsw:
+            rec_ax.annotate(r["setting"].split()[-1], (r["p50"], r["recall"]), fontsize=6, xytext=(3, -8),
+                            textcoords="offset points")
+        flat = [r for r in rows if r["n"] == n and r["kind"] == "flat"]
+        rec_ax.plot([r["p50"] for r in flat], [r["recall"] for r in flat], marker, color="tab:gray")
+    rec_ax.set(xscale="log", xlabel="search p50 (ms), grey: flat (exact)", ylabel="recall@10 vs exact",
+               title="Recall against search time (HNSW efSearch)")
+    rec_ax.legend(fontsize=7)
+    rec_ax.grid(alpha=0.3, which="both")
+    fig.suptitle(f"Retrieval on MiniLM embeddings of the pydoc corpus ({result.config['real_chunks']:,} real, the rest "
+                 f"perturbed)\n{_source(result, source)}", fontsize=9)
+    return _save(fig, out)
+
+
 def _save(fig, out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()

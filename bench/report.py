@@ -27,7 +27,8 @@ from rich.console import Console
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, when run as a script
 
 from bench import bench_eager_vs_compiled, bench_embedding, bench_gateway, bench_limits, bench_retrieval  # noqa: E402
-from bench import bench_cold_start, bench_spec_stack, bench_speculative, draft_agreement  # noqa: E402
+from bench import bench_cold_start, bench_retrieval_scale, bench_spec_stack, bench_speculative  # noqa: E402
+from bench import draft_agreement, rag_latency  # noqa: E402
 from bench.harness.results import RESULTS_DIR, BenchResult, read_result  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,6 +38,8 @@ IMG_DIR = ROOT / "docs" / "img"
 TABLES: dict[str, Callable[[BenchResult], str]] = {
     "serving": bench_gateway.tables,
     "retrieval": bench_retrieval.tables,
+    "retrieval-scale": bench_retrieval_scale.tables,
+    "rag-latency": rag_latency.tables,
     "embedding": bench_embedding.tables,
     "limits": bench_limits.tables,
     "eager-vs-compiled": bench_eager_vs_compiled.tables,
@@ -104,6 +107,8 @@ def write_plots(results: dict[str, tuple[BenchResult, Path]], img_dir: Path) -> 
         written.append(plots.speculative_plot(spec, img_dir / "speculative.png"))
     if found := _preferred(results, "retrieval"):
         written.append(plots.retrieval_plot(found[0], _short(found[1]), img_dir / "retrieval.png"))
+    if found := _preferred(results, "retrieval-scale"):
+        written.append(plots.retrieval_scale_plot(found[0], _short(found[1]), img_dir / "retrieval-scale.png"))
     return written
 
 

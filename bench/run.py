@@ -60,6 +60,8 @@ def full_run(profile: Path) -> list[Script]:
     return [
         Script("limits", "bench_limits.py", ("--rounds", "2000")),
         Script("retrieval", "bench_retrieval.py"),
+        Script("retrieval-scale", "bench_retrieval_scale.py", ("--profile", str(profile))),
+        Script("rag-latency", "rag_latency.py", ("--profile", str(profile))),
         Script("embedding", "bench_embedding.py"),
         Script("ingest", "bench_ingest.py", ("--profile", str(profile), "--chat")),
         Script("serving", "bench_gateway.py", ("--profile", str(profile), "--llama-cpp")),

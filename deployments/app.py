@@ -90,8 +90,8 @@ def build_app(args: dict) -> serve.Application:
     embedder = embedder_deployment(profile, plan, after_engines)
     retriever = Retriever.options(**_options(plan, "retriever")).bind(
         profile.state_dir, embedder_dimension(profile), profile.retriever.index,
-        profile.retriever.hnsw_m, profile.retriever.faiss_threads, profile.retriever.capacity_chunks,
-        profile.retriever.sqlite_cache_bytes, after_engines,
+        profile.retriever.hnsw_m, profile.retriever.hnsw_ef_search, profile.retriever.faiss_threads,
+        profile.retriever.capacity_chunks, profile.retriever.sqlite_cache_bytes, after_engines,
     )
     settings = {**plan.gateway.as_dict(), "start_after": after_engines}
     pool = profile.pools[0]

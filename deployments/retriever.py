@@ -16,16 +16,16 @@ from rag.store import KnowledgeStore
 
 @serve.deployment(name="retriever", max_ongoing_requests=64)
 class Retriever:
-    async def __init__(self, state_dir: str, dim: int, index_kind: str, hnsw_m: int, faiss_threads: int,
-                       capacity_chunks: int, sqlite_cache_bytes: int, start_after: list[tuple[str, str]]):
+    async def __init__(self, state_dir: str, dim: int, index_kind: str, hnsw_m: int, hnsw_ef_search: int,
+                       faiss_threads: int, capacity_chunks: int, sqlite_cache_bytes: int, start_after: list[tuple[str, str]]):
         import faiss
 
         await wait_for_predecessors("retriever", start_after, serve.get_replica_context().app_name)
         os.umask(0o077)  # the chunk store and its -wal/-shm are the owner's only
         faiss.omp_set_num_threads(faiss_threads)
         self.store = KnowledgeStore(Path(state_dir) / "knowledge.sqlite3", dim=dim, index_kind=index_kind,
-                                    hnsw_m=hnsw_m, capacity_chunks=capacity_chunks,
-                                    sqlite_cache_bytes=sqlite_cache_bytes)
+                                    hnsw_m=hnsw_m, hnsw_ef_search=hnsw_ef_search,
+                                    capacity_chunks=capacity_chunks, sqlite_cache_bytes=sqlite_cache_bytes)
 
     def upsert_documents(self, tenant, collection, documents: list[tuple]) -> list[int]:
         """All of a request's documents in one transaction: an ingest is stored whole or not at all."""

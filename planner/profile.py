@@ -179,6 +179,10 @@ class RetrieverSpec(_Strict):
     index: Literal["flat", "hnsw"] = Field("flat", description="FAISS index kind (Flat: exact; HNSW: approximate, for large sets).")
     capacity_chunks: int = Field(200_000, ge=1, description="Chunks the index is planned to hold.")
     hnsw_m: int = Field(32, ge=4, description="HNSW graph degree.")
+    hnsw_ef_search: int = Field(256, ge=1, description="HNSW candidates kept while searching (FAISS efSearch; "
+                                "a filtered search keeps at least top_k). On MiniLM chunks 256 found 97% of the "
+                                "exact top 10 at 100k chunks (64: 83%) and 77% at 1M (64: 62%) for 0.4 ms a "
+                                "question (docs/BENCHMARKS.md section 2).")
     num_cpus: float = Field(0.1, gt=0, description="Ray CPUs for the retriever.")
     faiss_threads: int = Field(1, ge=1, description="FAISS OpenMP threads.")
     dim: int | None = Field(None, ge=1, description="Vector dimension; None = the embedder's hidden_size.")

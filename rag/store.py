@@ -38,11 +38,13 @@ class CapacityExceeded(ValueError):
 
 class KnowledgeStore:
     def __init__(self, db_path: str | Path, dim: int, index_kind: str = "flat", hnsw_m: int = 32,
-                 capacity_chunks: int | None = None, sqlite_cache_bytes: int | None = None,
+                 hnsw_ef_search: int = 256, capacity_chunks: int | None = None,
+                 sqlite_cache_bytes: int | None = None,
                  lexical_tokenizer: str = DEFAULT_TOKENIZER):
         self.dim = dim
         self.index_kind = index_kind
         self.hnsw_m = hnsw_m
+        self.hnsw_ef_search = hnsw_ef_search
         # The plan sized the index for this many chunks: past it, memory would outgrow the budget.
         self.capacity_chunks = capacity_chunks
         Path(db_path).parent.mkdir(parents=True, exist_ok=True)
@@ -63,7 +65,7 @@ class KnowledgeStore:
     def _new_index(self) -> faiss.Index:
         if self.index_kind == "hnsw":
             inner = faiss.IndexHNSWFlat(self.dim, self.hnsw_m, faiss.METRIC_INNER_PRODUCT)
-            inner.hnsw.efSearch = max(64, 2 * self.hnsw_m)  # FAISS's default 16 can return < top_k
+            inner.hnsw.efSearch = self.hnsw_ef_search
         else:
             inner = faiss.IndexFlatIP(self.dim)
         return faiss.IndexIDMap2(inner)
@@ -303,7 +305,7 @@ class KnowledgeStore:
             return []
         wanted = min(top_k, len(allowed))
         selector = faiss.IDSelectorBatch(allowed)
-        params = (faiss.SearchParametersHNSW(sel=selector, efSearch=max(64, 2 * self.hnsw_m, wanted))
+        params = (faiss.SearchParametersHNSW(sel=selector, efSearch=max(self.hnsw_ef_search, wanted))
                   if self.index_kind == "hnsw" else faiss.SearchParameters(sel=selector))
         scores, ids = index.search(query, wanted, params=params)
         hits = [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0]

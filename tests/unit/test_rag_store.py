@@ -283,6 +283,19 @@ def test_sqlite_is_the_source_of_truth(db_path):
         assert np.linalg.norm(vector) == pytest.approx(1.0, abs=1e-6)
 
 
+def test_hnsw_searches_with_the_configured_ef_search(db_path):
+    import faiss
+
+    knowledge = KnowledgeStore(db_path, dim=DIM, index_kind="hnsw", hnsw_ef_search=100)
+    try:
+        knowledge.upsert_document("t", "c", "d", ["a", "b"], [E[0], E[1]])
+        knowledge.delete_document("t", "c", "d")  # a rebuilt HNSW index keeps the setting too
+        knowledge.upsert_document("t", "c", "d", ["a"], [E[0]])
+        assert faiss.downcast_index(knowledge._indexes[("t", "c")].index).hnsw.efSearch == 100
+    finally:
+        knowledge.close()
+
+
 def test_hnsw_replace_and_delete_keep_the_index_consistent(db_path):
     knowledge = KnowledgeStore(db_path, dim=DIM, index_kind="hnsw")
     try:
