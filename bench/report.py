@@ -26,7 +26,7 @@ from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, when run as a script
 
-from bench import bench_eager_vs_compiled, bench_embedding, bench_gateway, bench_limits, bench_retrieval  # noqa: E402
+from bench import bench_embedding, bench_engine_fidelity, bench_gateway, bench_limits, bench_retrieval  # noqa: E402
 from bench import bench_cold_start, bench_retrieval_scale, bench_spec_stack, bench_speculative  # noqa: E402
 from bench import draft_agreement, rag_latency  # noqa: E402
 from bench.harness.results import RESULTS_DIR, BenchResult, read_result  # noqa: E402
@@ -42,7 +42,7 @@ TABLES: dict[str, Callable[[BenchResult], str]] = {
     "rag-latency": rag_latency.tables,
     "embedding": bench_embedding.tables,
     "limits": bench_limits.tables,
-    "eager-vs-compiled": bench_eager_vs_compiled.tables,
+    "engine-fidelity": bench_engine_fidelity.tables,
     "speculative": bench_speculative.tables,
     "speculative-eager": bench_speculative.tables,
     "speculative-stack": bench_spec_stack.tables,

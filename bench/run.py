@@ -67,7 +67,7 @@ def full_run(profile: Path) -> list[Script]:
         Script("serving", "bench_gateway.py", ("--profile", str(profile), "--llama-cpp")),
         Script("cold-start", "bench_cold_start.py"),
         Script("speculative-stack", "bench_spec_stack.py", ("--profile", str(profile))),
-        Script("eager-vs-compiled", "bench_eager_vs_compiled.py", ("--profile", str(profile))),
+        Script("engine-fidelity", "bench_engine_fidelity.py", ("--profile", str(profile))),
         Script("speculative-eager", "bench_speculative.py", ("--profile", str(profile), "--eager")),
         Script("speculative", "bench_speculative.py", ("--profile", str(profile), "--preloads", preloads)),
         Script("draft-agreement", "draft_agreement.py", ("--profile", str(profile))),
