@@ -100,6 +100,8 @@ def transformers_reference(model: str, prompt_ids: list[list[int]], n_tokens: in
             tokens.append(out.sequences[0][len(ids):].tolist())
             top2 = [step[0].float().topk(2).values for step in out.logits]
             margins.append([float(t[0] - t[1]) for t in top2])
+            if len(tokens) % 10 == 0:  # a long step on a busy machine: show that it moves
+                print(f"  reference: {len(tokens)}/{len(prompt_ids)} prompts", flush=True)
     return {"tokens": tokens, "margins": margins}
 
 
