@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
+from ray.llm._internal.serve.utils.batcher import Batcher
 from ray.serve.llm import LLMConfig
 from ray.serve.llm.deployment import LLMServer
 
@@ -17,8 +19,50 @@ from planner.profile import ChatSpec
 logger = logging.getLogger("poolserve.chat")
 
 
+class FirstOutputBatcher(Batcher):
+    """ray.serve.llm's stream batcher, except that the first batch leaves as soon as the engine's first
+    output does instead of at the end of the first interval (50 ms): up to one interval less to the first
+    token, the same number of messages after it."""
+
+    async def stream(self):
+        if not self.interval_s:  # 0 (no batching) or None (one batch): the Batcher's own behaviour
+            async for batch in super().stream():
+                yield batch
+            return
+        try:
+            batch = await self._first_outputs()
+            more, is_done = self.check_done_and_drain()
+            if batch or more:
+                yield self._merge_results(batch + more)
+            if is_done:
+                self.read_task.result()  # the engine's exception, if any
+                return
+        except BaseException:
+            self.read_task.cancel()  # the client left (or the engine failed) before the first batch
+            raise
+        async for batch in super().stream():
+            yield batch
+
+    async def _first_outputs(self) -> list:
+        """The first output, once there is one (nothing if the engine's stream ends first)."""
+        first_item = asyncio.ensure_future(self.queue.get())
+        finished = asyncio.ensure_future(self.done_event.wait())
+        try:
+            await asyncio.wait({first_item, finished}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            finished.cancel()
+            if not first_item.done():
+                first_item.cancel()
+        await asyncio.sleep(0)  # what the same engine step produced (the role chunk's content) goes too
+        return [first_item.result()] if first_item.done() and not first_item.cancelled() else []
+
+
 class PoolserveLLMServer(LLMServer):
-    """LLMServer that answers one short request before Serve marks the replica ready."""
+    """LLMServer that answers one short request before Serve marks the replica ready, and sends each
+    stream's first output without waiting for the batching interval."""
+
+    def _batch_output_stream(self, generator):
+        return FirstOutputBatcher(generator, interval_ms=self._get_batch_interval_ms()).stream()
 
     async def start(self):
         # Engines start one at a time: each after the one before has allocated its KV cache.
