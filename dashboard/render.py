@@ -15,7 +15,10 @@ PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b
 
 
 def mib(value) -> str:
-    return "n/a" if value is None else f"{value / MIB:,.1f} MiB"
+    """A size as people read it: GiB from 1 GiB up, else MiB (exact bytes are in the data-* attributes)."""
+    if value is None:
+        return "n/a"
+    return f"{value / 2**30:,.2f} GiB" if abs(value) >= 2**30 else f"{value / MIB:,.1f} MiB"
 
 
 def _attr(value) -> str:
@@ -56,7 +59,8 @@ def render_pool(status: dict) -> str:
   <div class="mark" style="left:{min(100.0, 100 * planned / limit):.2f}%" title="planned: {mib(planned)}"></div>
  </div>
  <div class="legend">{legend}<span class="key"><i class="other"></i>other</span>
-  <span class="key"><i class="markkey"></i>planned total</span></div>
+  <span class="key"><i class="markkey"></i>planned total</span><span class="key"><i class="band-key ingest"></i>sheds
+  ingestion</span><span class="key"><i class="band-key all"></i>sheds all new work</span></div>
 </section>"""
 
 

@@ -13,8 +13,11 @@
     if (plot) { plot.destroy(); plot = null; }
     if (!box || !history || history.t.length === 0) return;
     const names = Object.keys(history.series);
+    // The pool bar's colours: a replica's place in the table (the server's order) picks its colour.
+    const order = Array.from(document.querySelectorAll("[data-replica]")).map(e => e.dataset.replica);
+    const colour = (n, i) => PALETTE[(order.indexOf(n) >= 0 ? order.indexOf(n) : i) % PALETTE.length];
     const data = [history.t].concat(names.map(n => history.series[n].map(v => v === null ? null : v / 1048576)));
-    const series = [{}].concat(names.map((n, i) => ({label: n, stroke: PALETTE[i % PALETTE.length], width: 2,
+    const series = [{}].concat(names.map((n, i) => ({label: n, stroke: colour(n, i), width: 2,
                                                        value: (u, v) => v === null ? "-" : v.toFixed(1) + " MiB"})));
     plot = new uPlot({width: Math.max(320, box.clientWidth), height: 220, series: series,
                       axes: [{}, {label: "MiB", size: 70}]}, data, box);
