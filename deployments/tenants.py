@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
+from deployments.dashboard_auth import dashboard_gate, is_dashboard_path
 from deployments.errors import error_body
 from deployments.pool_guard import PoolGuard
 from tenancy import (
@@ -37,6 +38,7 @@ from tenancy import (
     render_metrics,
     resolve_demo_key,
 )
+from tenancy.rejections import RejectionLog
 
 logger = logging.getLogger("poolserve.tenants")
 ADMIN_KEY_ENV = "POOLSERVE_ADMIN_KEY"
@@ -74,6 +76,7 @@ class TenantGuard:
         self.limiter = TenantLimiter(self.state_dir / "limits.sqlite3")
         self.registry = CollectorRegistry()
         self.metrics = TenantMetrics(self.registry)
+        self.rejections = RejectionLog(self.state_dir / "rejections.sqlite3")  # 429s per tenant and day
         # Sheds new work with 503 before the memory pool runs out (the kernel's OOM killer never decides).
         self.pool = PoolGuard(shed_ingest_at, shed_all_at, registry=self.registry)
         self.admin_key = os.environ.get(ADMIN_KEY_ENV) or None
@@ -111,6 +114,11 @@ class TenantGuard:
         except ValueError:
             return None
         return self.store.authenticate(presented)
+
+    def observe_rejection(self, tenant: str, reason: str) -> None:
+        """A 429 from a tenant limit: counted in Prometheus (this process) and per day (every replica)."""
+        self.metrics.observe_rejection(tenant, reason)
+        self.rejections.record(tenant, reason)
 
     def admit(self, tenant):
         """A concurrency lease and an RPM slot (with a 1-token TPM reservation), or the refusal."""
@@ -173,6 +181,9 @@ class TenantAuthMiddleware:
         guard = self.guard
         scope[GUARD_KEY] = guard
         path = app_path(scope)
+        if is_dashboard_path(path):  # the admin key, or the session cookie its login form sets
+            refusal = dashboard_gate(guard, scope, path)
+            return await (refusal or self.app)(scope, receive, send)
         if path.startswith("/admin") or path in OPERATOR_PATHS:
             if not guard.admin_key:
                 return await self._reject(scope, receive, send, 404,
@@ -239,7 +250,7 @@ class TenantAuthMiddleware:
         return release
 
     async def _reject_over_limit(self, scope, receive, send, tenant, decision) -> None:
-        self.guard.metrics.observe_rejection(tenant.name, decision.reason)
+        await run_in_threadpool(self.guard.observe_rejection, tenant.name, decision.reason)
         await self._reject(scope, receive, send, 429, over_limit_message(tenant, decision),
                            {"Retry-After": str(decision.retry_after_seconds)}, kind="rate_limit_error")
 
@@ -260,7 +271,7 @@ async def reserve_tokens(request: Request, estimated_tokens: int) -> None:
     guard = guard_of(request)
     admission = await run_in_threadpool(guard.limiter.reserve_more, tenant, tokens["reservation"], estimated_tokens)
     if not admission.allowed:
-        guard.metrics.observe_rejection(tenant.name, "tpm")
+        await run_in_threadpool(guard.observe_rejection, tenant.name, "tpm")
         raise HTTPException(429, over_limit_message(tenant, admission.decision) +
                             f" (this request is estimated at {estimated_tokens} tokens: prompt + max_tokens x n)",
                             headers={"Retry-After": str(admission.decision.retry_after_seconds)})
@@ -334,7 +345,8 @@ class TenantAdminRoutes:
         if not usage and await run_in_threadpool(guard.store.get_tenant, name) is None:
             raise HTTPException(404, f"tenant {name!r} not found")
         rows = [json.loads(json.dumps(row.__dict__, default=str)) for row in usage]
-        return JSONResponse({"tenant": name, "usage": rows})
+        rejected = (await run_in_threadpool(guard.rejections.counts, name)).get(name, {})
+        return JSONResponse({"tenant": name, "usage": rows, "rejected_today": rejected})
 
     async def create_key(self, name: str, request: Request) -> Response:
         """Another key for a tenant (rotation: create the new key, move clients, revoke the old)."""

@@ -1,4 +1,5 @@
-"""`poolserve` command line: plan, render, up/down, status."""
+"""`poolserve` command line: plan, render, up/down, status; and the client commands of cli/ (ingest,
+query, collections, tenants) that talk to a running stack."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from cli.commands import register as register_client_commands
 from planner.gpu import engine_placement
 from planner.plan import Plan, PlanError, build_plan
 from planner.profile import load_profile, parse_size
 from planner.units import gib
 
-app = typer.Typer(help="Plan, render and check poolserve's unified memory pool.", no_args_is_help=True)
+app = typer.Typer(help="Plan, render and check poolserve's unified memory pool; load and ask knowledge bases, "
+                  "manage tenants.", no_args_is_help=True)
 
 # One profile argument for every command: the command line, else $POOLSERVE_PROFILE, else the CPU default.
 PROFILE_ENV = "POOLSERVE_PROFILE"
@@ -255,6 +258,8 @@ def fetch(profile: Path = profile_argument(),
 
     raise typer.Exit(fetch_profile(profile, parse_size(pool) if pool else None, Console(stderr=True)))
 
+
+register_client_commands(app)  # ingest, query, collections, tenants (cli/commands.py)
 
 if __name__ == "__main__":
     app()

@@ -249,6 +249,15 @@ class KnowledgeStore:
             "GROUP BY c.name ORDER BY c.name", (tenant,)
         ).fetchall()
 
+    def list_all_collections(self) -> list[dict]:
+        """Every tenant's collections with their counts: the operator's view (the dashboard)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT c.tenant, c.name, COUNT(d.doc_id), COALESCE(SUM(d.chunk_count), 0) FROM collections c "
+                "LEFT JOIN documents d ON d.tenant=c.tenant AND d.collection=c.name "
+                "GROUP BY c.tenant, c.name ORDER BY c.tenant, c.name").fetchall()
+        return [{"tenant": t, "name": n, "documents": d, "chunks": c} for t, n, d, c in rows]
+
     def collection_info(self, tenant: str, collection: str) -> dict:
         with self._lock:
             self._require_collection(tenant, collection)

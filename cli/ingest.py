@@ -1,0 +1,92 @@
+"""`poolserve ingest`: one streamed ingest request per file, with a rich progress bar (files, chunks,
+chunks/s). A file that fails is reported and the rest go on; a file whose content hash the collection
+already holds under the same document id is skipped."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from urllib.parse import quote
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from cli.client import ClientError, StackClient
+from cli.files import CONTENT_TYPES, HASH_KEY, SOURCE_KEY, SourceFile, content_hash, document_id, unchanged
+
+
+@dataclass
+class IngestReport:
+    sent: int = 0
+    skipped: int = 0
+    chunks: int = 0
+    seconds: float = 0.0
+    failed: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def chunks_per_s(self) -> float:
+        return self.chunks / self.seconds if self.seconds else 0.0
+
+
+def stored_metadata(client: StackClient, collection: str) -> dict[str, dict]:
+    """Document id -> metadata of what the collection holds now (empty for a new collection)."""
+    info = client.request("GET", f"/v1/collections/{quote(collection, safe='')}", ok_missing=True)
+    return {doc["id"]: doc.get("metadata") or {} for doc in (info or {}).get("documents", [])}
+
+
+def ingest_files(client: StackClient, collection: str, files: list[SourceFile], console: Console) -> IngestReport:
+    stored = stored_metadata(client, collection)  # also a 400 for a malformed name, before any file
+    report, started = IngestReport(), time.perf_counter()
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("files"),
+               TextColumn("{task.fields[chunks]} chunks"), TextColumn("{task.fields[rate]:.1f} chunks/s"),
+               TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task(f"ingest into {collection}", total=len(files), chunks=0, rate=0.0)
+
+        def show(extra_chunks: int = 0) -> None:
+            done = report.chunks + extra_chunks
+            progress.update(task, chunks=done, rate=done / max(1e-9, time.perf_counter() - started))
+
+        for source in files:
+            problem = _ingest_one(client, collection, source, stored, report, show)
+            if problem:
+                report.failed.append((source.source, problem))
+                progress.console.print(f"[red]failed[/red] {source.source}: {problem}")
+            report.seconds = time.perf_counter() - started
+            show()
+            progress.advance(task)
+    return report
+
+
+def _ingest_one(client: StackClient, collection: str, source: SourceFile, stored: dict, report: IngestReport,
+                show) -> str | None:
+    """Send one file; None when it was stored or skipped, else why it failed."""
+    if source.content_type is None:
+        return f"unsupported file type {source.path.suffix or '(none)'!r}; supported: {', '.join(sorted(CONTENT_TYPES))}"
+    try:
+        data = source.path.read_bytes()
+    except OSError as exc:
+        return f"cannot read it: {exc.strerror}"
+    doc_id, digest = document_id(source.source), content_hash(data)
+    if unchanged(doc_id, digest, stored):
+        report.skipped += 1
+        return None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"not UTF-8 text (byte {exc.start})"
+    body = {"documents": [{"id": doc_id, "text": text, "content_type": source.content_type,
+                           "metadata": {SOURCE_KEY: source.source, HASH_KEY: digest}}], "stream": True}
+    try:
+        for event in client.stream_lines(f"/v1/collections/{quote(collection, safe='')}/documents", body):
+            if event.get("event") == "progress":
+                show(event.get("chunks_embedded", 0))
+            elif event.get("event") == "done":
+                report.sent += 1
+                report.chunks += event["chunks"]
+                return None
+            elif event.get("event") == "error":
+                return f"{event.get('status')}: {(event.get('error') or {}).get('message', event)}"
+    except ClientError as exc:
+        return str(exc)
+    return "the stream ended without a result"

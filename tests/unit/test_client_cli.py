@@ -1,0 +1,55 @@
+"""The pure parts of `poolserve ingest` and friends: walking, ids, hashes, skip logic, keys."""
+
+from __future__ import annotations
+
+import pytest
+
+from cli.client import ClientError, resolve_key
+from cli.files import HASH_KEY, MAX_ID_LEN, content_hash, document_id, unchanged, walk
+from rag.ids import validate_document_id
+
+
+def test_walk_finds_supported_files_recursively_skips_hidden_and_lists_missing(tmp_path):
+    docs = tmp_path / "docs"
+    (docs / "guides").mkdir(parents=True)
+    (docs / ".git").mkdir()
+    for name in ("a.md", "guides/b.HTML", "guides/c.txt", "image.png", ".hidden.md", ".git/d.md"):
+        (docs / name).write_text("x")
+    (tmp_path / "notes.pdf").write_text("x")
+    files, missing = walk([docs, tmp_path / "notes.pdf", docs / "a.md", tmp_path / "nope"])
+    assert [(f.source, f.content_type) for f in files] == [
+        ("docs/a.md", "text/markdown"), ("docs/guides/b.HTML", "text/html"), ("docs/guides/c.txt", "text/plain"),
+        ("notes.pdf", None)]  # a file named directly is listed (and reported) even of an unsupported type
+    assert missing == [tmp_path / "nope"]
+
+
+def test_document_ids_are_valid_stable_and_distinct():
+    sources = ["docs/guides/b.md", "docs/guides b.md", "../x..y.md", "_odd.md", "é/ü.txt", "d/" + "x" * 300 + ".md",
+               "d/" + "x" * 300 + ".txt"]
+    ids = [document_id(s) for s in sources]
+    for doc_id in ids:
+        assert validate_document_id(doc_id) == doc_id and len(doc_id) <= MAX_ID_LEN
+    assert ids[0] == "docs:guides:b.md" and document_id("docs/guides/b.md") == ids[0]
+    assert len(set(ids)) == len(ids)
+
+
+def test_unchanged_only_when_the_same_id_holds_the_same_hash():
+    digest = content_hash(b"hello")
+    assert digest == content_hash(b"hello") != content_hash(b"hello!")
+    stored = {"a.md": {HASH_KEY: digest, "source": "a.md"}, "b.md": {}}
+    assert unchanged("a.md", digest, stored)
+    assert not unchanged("a.md", content_hash(b"changed"), stored)
+    assert not unchanged("b.md", digest, stored) and not unchanged("new.md", digest, stored)
+
+
+def test_key_comes_from_the_key_file_else_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("POOLSERVE_API_KEY", "from-env")
+    assert resolve_key(None, "POOLSERVE_API_KEY") == "from-env"
+    key_file = tmp_path / "key"
+    key_file.write_text("from-file\n")
+    assert resolve_key(key_file, "POOLSERVE_API_KEY") == "from-file"
+    monkeypatch.delenv("POOLSERVE_API_KEY")
+    with pytest.raises(ClientError, match="set POOLSERVE_API_KEY or pass --key-file"):
+        resolve_key(None, "POOLSERVE_API_KEY")
+    with pytest.raises(ClientError, match="cannot read the key file"):
+        resolve_key(tmp_path / "missing", "POOLSERVE_API_KEY")
