@@ -1,0 +1,113 @@
+"""Layer 5 (crash recovery): under steady load, SIGKILL the engine, the embedder, the retriever and the
+gateway in turn, then stop and restart the whole stack. The failure semantics are the stack's own
+(503 + Retry-After while a replica restarts, tests/integration/test_zy_faults.py); this layer measures
+them: time to healthy, the requests that failed, and that none hung."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from stress.context import COLLECTION, RunContext
+from stress.load import error_examples, run_clients
+from stress.loaded import _mixed_operation
+from stress.report import LayerResult
+from stress.stack import TARGETS
+from stress.upgrade import restart_stack, snapshot
+
+LOAD_CLIENTS = 4
+SETTLE_S = 5.0  # load after each recovery, before the next kill
+PAUSE_AFTER_FAILURE_S = 0.5  # a client whose request failed waits a little: no busy loop while a replica is down
+
+
+def not_local(result: LayerResult, ctx: RunContext, what: str) -> bool:
+    if ctx.stack is not None:
+        return False
+    result.verdict = "not run"
+    result.notes.append(f"{what} needs the stack on this machine: pass --serve-config (and --profile, --pool as it "
+                        f"was started); against {ctx.base_url} alone it cannot run")
+    return True
+
+
+def layer5(ctx: RunContext, result: LayerResult) -> None:
+    if not_local(result, ctx, "killing replicas and restarting the stack"):
+        return
+    spec = ctx.spec
+    targets = list(TARGETS)
+    result.thresholds = {"killed in turn": targets, "healthy again within": f"{spec.max_recovery_s:g} s",
+                         "whole stack within": f"{spec.max_restart_s:g} s", "hung requests": 0,
+                         "500s": 0, "acknowledged documents lost": 0}
+    gateways = [ctx.gateway(tenant, timeout_s=spec.client_timeout_s) for tenant in ctx.tenants]
+    mixed = _mixed_operation(ctx, gateways, [])
+    stop = threading.Event()
+
+    def operation(client: int, n: int):
+        outcome = mixed(client, n)
+        if outcome.kind != "ok":
+            time.sleep(PAUSE_AFTER_FAILURE_S)
+        return outcome
+
+    box: dict = {}
+    load = threading.Thread(target=lambda: box.update(outcomes=run_clients(
+        LOAD_CLIENTS, operation, seconds=len(targets) * (spec.recovery_timeout_s + 60), stop=stop)), daemon=True)
+    load.start()
+    rows = []
+    try:
+        time.sleep(SETTLE_S)
+        for target in targets:
+            killed_at = time.monotonic()
+            pid = ctx.stack.kill(target)
+            seconds = ctx.admin.wait_healthy(killed_at, spec.recovery_timeout_s)
+            rows.append({"killed": target, "pid": pid, "start": killed_at, "healthy_s": seconds})
+            time.sleep(SETTLE_S)
+    finally:
+        stop.set()
+        load.join(timeout=spec.client_timeout_s + 60)
+        for gw in gateways:
+            gw.close()
+    outcomes = box.get("outcomes", [])
+    for i, row in enumerate(rows):
+        end = rows[i + 1]["start"] if i + 1 < len(rows) else float("inf")
+        window = [o for o in outcomes if row["start"] <= o.started < end]
+        row.update(requests=len(window), ok=sum(o.kind == "ok" for o in window),
+                   **{"503/429": sum(o.kind == "intended" for o in window)},
+                   failed=sum(o.kind == "error" for o in window), hung=sum(o.kind == "timeout" for o in window),
+                   **{"500s": sum(o.status == 500 for o in window)})
+        result.check(f"{row['killed']} healthy again", row["healthy_s"] is not None and row["healthy_s"] <= spec.max_recovery_s,
+                     f"{row['healthy_s']:.1f} s" if row["healthy_s"] is not None else "never")
+    result.check("no request hung", all(o.kind != "timeout" for o in outcomes),
+                 f"{sum(o.kind == 'timeout' for o in outcomes)} of {len(outcomes)}")
+    result.check("no 500", all(o.status != 500 for o in outcomes), "; ".join(
+        f"{o.route}: {o.detail[:80]}" for o in outcomes if o.status == 500)[:300])
+    if any(o.kind == "error" for o in outcomes):
+        result.notes.append("failed requests (examples): " + "; ".join(error_examples(outcomes)))
+
+    before = snapshot(ctx)
+    restart = restart_stack(ctx)
+    rows.append({"killed": "whole stack (stop, start)", "healthy_s": restart["healthy_s"]})
+    for row in rows:
+        row.pop("start", None)
+        if isinstance(row.get("healthy_s"), float):
+            row["healthy_s"] = round(row["healthy_s"], 1)
+    result.figures["kills"] = rows
+    result.figures["load"] = f"{LOAD_CLIENTS} clients, {len(outcomes)} requests through the kills"
+    result.check("whole stack healthy again", restart["healthy_s"] is not None and restart["healthy_s"] <= spec.max_restart_s,
+                 f"{restart['healthy_s']} s")
+    ctx.restarted.update(before=before, **restart)
+    lost = missing_documents(ctx)
+    result.check("every acknowledged document still there", not lost and restart["healthy_s"] is not None,
+                 f"{sum(len(v) for v in ctx.acknowledged.values())} acknowledged, {len(lost)} missing {lost[:5]}")
+
+
+def missing_documents(ctx: RunContext) -> list[str]:
+    missing = []
+    for tenant, acknowledged in ctx.acknowledged.items():
+        gw = ctx.gateway(tenant, timeout_s=60)
+        try:
+            stored = gw.document_ids(COLLECTION)
+        except Exception as exc:  # the check fails with the reason, it does not crash the run
+            return [f"{tenant}: {type(exc).__name__}: {exc}"]
+        finally:
+            gw.close()
+        missing += [f"{tenant}/{doc}" for doc in sorted(acknowledged - stored)]
+    return missing
