@@ -259,16 +259,20 @@ class StressSpec(_Strict):
     client_timeout_s: float = Field(300.0, gt=0, description="A request taking longer is a client timeout (a fail).")
     mixed_concurrency: int = Field(8, ge=1, description="Layer 4: fixed concurrency of the mixed-length load.")
     mixed_requests: int = Field(200, ge=1, description="Layer 4: requests (30% short, 50% medium, 20% long).")
-    quick_mixed_requests: int = Field(40, ge=1, description="Layer 4 in --quick mode.")
+    quick_mixed_requests: int = Field(24, ge=1, description="Layer 4 in --quick mode.")
     short_prompt_tokens: int = Field(200, ge=1, lt=512, description="Layer 4: a short prompt's tokens.")
     medium_prompt_tokens: int = Field(1000, ge=512, description="Layer 4: a medium prompt's tokens.")
     long_prompt_tokens: int = Field(3000, ge=1, description="Layer 4: a long prompt's tokens (kept inside "
                                     "max_model_len).")
     short_p95_s: float = Field(30.0, gt=0, description="Layer 4: p95 latency bound of short prompts (< 512 tokens): "
                                "they must not starve behind long ones.")
+    quick_kill_targets: list[Literal["engine", "embedder", "retriever", "gateway"]] = Field(
+        ["embedder", "retriever", "gateway"], description="Layer 5 in --quick mode: the replicas killed (the full "
+        "run kills all four, then restarts the whole stack).")
     recovery_timeout_s: float = Field(300.0, gt=0, description="Layer 5: longest wait for healthy after a kill.")
     max_recovery_s: float = Field(180.0, gt=0, description="Layer 5: a replica back later than this fails.")
-    max_restart_s: float = Field(240.0, gt=0, description="Layers 5 and 7: the whole stack back later than this fails.")
+    max_restart_s: float = Field(300.0, gt=0, description="Layers 5 and 7: the whole stack healthy later than this "
+                                 "after its start fails.")
     clock_drop_fraction: float = Field(0.15, gt=0, lt=1, description="Layer 6: a clock this far below its first "
                                        "samples' median...")
     clock_drop_seconds: float = Field(30.0, gt=0, description="...for this long (sustained) fails.")

@@ -16,7 +16,9 @@ TRIES = 5
 
 
 def filler_prompt(sentences: int, pad: int = 0, tag: str = "") -> str:
-    return f"{tag}Here are some notes:{PAD * pad}{SENTENCE * sentences}\nWhat did the keeper do? Answer in one sentence."
+    # The padding goes last: successive sizing probes share the sentences' prefix, which the engine's prefix
+    # cache then holds, so sizing a long prompt costs one long prefill, not one per probe.
+    return f"{tag}Here are some notes:{SENTENCE * sentences}{PAD * pad}\nWhat did the keeper do? Answer in one sentence."
 
 
 class PromptSizer:
