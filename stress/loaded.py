@@ -85,10 +85,11 @@ def layer3(ctx: RunContext, result: LayerResult) -> None:
 def layer4(ctx: RunContext, result: LayerResult) -> None:
     spec = ctx.spec
     total = spec.quick_mixed_requests if ctx.quick else spec.mixed_requests
+    concurrency = spec.quick_mixed_concurrency if ctx.quick else spec.mixed_concurrency
     answer = 16
     sizes = {"short": spec.short_prompt_tokens, "medium": spec.medium_prompt_tokens,
              "long": min(spec.long_prompt_tokens, ctx.max_model_len - answer - 8)}
-    result.thresholds = {"concurrency": spec.mixed_concurrency, "requests": total, "mix": "30% short, 50% medium, "
+    result.thresholds = {"concurrency": concurrency, "requests": total, "mix": "30% short, 50% medium, "
                          "20% long", "prompt tokens": sizes, "short p95": f"<= {spec.short_p95_s:g} s", "errors": 0}
     gw = ctx.gateway(ctx.tenants[0])
     try:
@@ -103,7 +104,7 @@ def layer4(ctx: RunContext, result: LayerResult) -> None:
             outcome = gw.chat(filler_prompt(units[bucket], tag=f"Request {n}. "), answer)
             return outcome.__class__(bucket, outcome.status, outcome.seconds, outcome.kind, outcome.detail, outcome.started)
 
-        outcomes = run_clients(spec.mixed_concurrency, operation, total=total)
+        outcomes = run_clients(concurrency, operation, total=total)
     finally:
         gw.close()
     table = {}
