@@ -300,7 +300,7 @@ def stress(profile: Path | None = profile_option(),
                             profile_label=f"{prof.name} ({profile_path})", layers=chosen, quick=quick,
                             serve_config=serve_config, profile_path=profile_path, pool=pool, notes=tuple(note))
     try:
-        report = run_stress(options, log=lambda m: typer.echo(m, err=True))
+        report = run_stress(options, log=lambda m: typer.echo(m, err=True), on_layer=lambda r: write_report(r, out))
     except RuntimeError as exc:
         typer.echo(f"stress: {exc}", err=True)
         raise typer.Exit(2) from exc

@@ -20,6 +20,9 @@ MEMORY_EVERY = 10  # requests of each kind between two /status reads
 def drift_checks(result: LayerResult, samples: list[dict[str, int]], ctx: RunContext, label: str) -> None:
     drifts = memory_drift(samples, ctx.spec.memory_drift_fraction, ctx.spec.memory_drift_bytes)
     result.figures[f"memory drift ({label}, {len(samples)} /status reads)"] = [d.as_dict() for d in drifts]
+    # The whole series, so a fail shows its shape: a step (a cache filling once) or a slope (a leak).
+    result.figures["memory series (MiB)"] = {d.replica: [round(s[d.replica] / 2**20) for s in samples if d.replica in s]
+                                             for d in drifts}
     result.check("memory read from /status", bool(drifts), f"{len(drifts)} replicas")
     for drift in drifts:
         d = drift.as_dict()

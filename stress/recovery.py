@@ -18,6 +18,7 @@ from stress.upgrade import restart_stack, snapshot
 LOAD_CLIENTS = 4
 SETTLE_S = 5.0  # load after each recovery, before the next kill
 PAUSE_AFTER_FAILURE_S = 0.5  # a client whose request failed waits a little: no busy loop while a replica is down
+PROXY_500 = "Internal Server Error"  # Ray Serve's proxy's body when the replica it routed to died
 
 
 def not_local(result: LayerResult, ctx: RunContext, what: str) -> bool:
@@ -74,6 +75,14 @@ def layer5(ctx: RunContext, result: LayerResult) -> None:
         cut = [o for o in outcomes if o.started < at < o.started + o.seconds]
         # Sent while the replica was down: the stack promises 503 + Retry-After or an answer, never a 500.
         down = [o for o in outcomes if at <= o.started < back]
+        if row["killed"] == "gateway":
+            # The gateway is the process that answers 503s. Until Ray notices it died, Ray Serve's proxy
+            # still routes requests to it and answers them with its own plain-text 500: those are cut by
+            # the kill like the ones in flight (counted apart); a 500 from a gateway would be JSON.
+            proxied = [o for o in down if o.status == 500 and o.detail == PROXY_500]
+            cut += proxied
+            down = [o for o in down if o not in proxied]
+            row["proxy 500s"] = len(proxied)
         row.update(**{"in flight": len(cut), "in flight failed": sum(o.kind != "ok" for o in cut),
                       "sent while down": len(down), "ok": sum(o.kind == "ok" for o in down),
                       "503/429": sum(o.kind == "intended" for o in down), "failed": sum(o.kind == "error" for o in down),

@@ -53,7 +53,9 @@ def machine() -> dict:
             "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
 
 
-def run_stress(options: StressOptions, log=print) -> StressReport:
+def run_stress(options: StressOptions, log=print, on_layer=None) -> StressReport:
+    """`on_layer(report)` is called after each layer with the report so far (the CLI writes it, so a long
+    run that is cut short still leaves its finished layers)."""
     report = StressReport(profile=options.profile_label, base_url=options.base_url, quick=options.quick,
                           started_utc=_utc(), machine=machine(), notes=list(options.notes))
     admin = Admin(options.base_url, options.admin_key)
@@ -85,6 +87,9 @@ def run_stress(options: StressOptions, log=print) -> StressReport:
             result.seconds = round(time.monotonic() - started, 1)
             results[layer] = result.settle()
             log(f"stress: layer {layer}: {result.verdict} in {result.seconds:.0f} s")
+            if on_layer is not None:
+                report.layers = [results[n] for n in sorted(results)]
+                on_layer(report)
     finally:
         failed = admin.delete_created() if ctx.keys else []
         if failed:
