@@ -78,3 +78,19 @@ llama-cpp: setup
 # Tables and plots from the JSON results only (runs no benchmark).
 bench-report: install
 	PYTHONPATH=$(CURDIR) $(PY) bench/report.py
+
+# `poolserve stress` (stress/, docs/STRESS.md): the seven-layer acceptance test against the stack that
+# `make serve` runs (same serve.yaml, PROFILE and POOL), with POOLSERVE_ADMIN_KEY set. Report in var/stress/.
+# Layers 5 and 7 kill the stack's replicas and restart it. STRESS_ARGS adds options (--layers, --note, ...).
+STRESS := PYTHONPATH=$(CURDIR) $(VENV)/bin/poolserve stress --serve-config serve.yaml --profile $(PROFILE) \
+	--out var/stress $(if $(POOL),--pool $(POOL))
+
+.PHONY: stress stress-smoke
+
+# All seven layers, full size (about half an hour on the CPU default).
+stress: install
+	$(STRESS) $(STRESS_ARGS)
+
+# A few minutes: layers 1-6 in --quick mode (tests/integration/test_zz_stress_smoke.py runs the same).
+stress-smoke: install
+	$(STRESS) --quick --layers 1-6 $(STRESS_ARGS)

@@ -1,5 +1,5 @@
-"""`poolserve` command line: plan, render, up/down, status; and the client commands of cli/ (ingest,
-query, collections, tenants) that talk to a running stack."""
+"""`poolserve` command line: plan, render, up/down, status, stress; and the client commands of cli/
+(ingest, query, collections, tenants) that talk to a running stack."""
 
 from __future__ import annotations
 
@@ -257,6 +257,64 @@ def fetch(profile: Path = profile_argument(),
     from stackctl.fetch import fetch_profile
 
     raise typer.Exit(fetch_profile(profile, parse_size(pool) if pool else None, Console(stderr=True)))
+
+
+@app.command()
+def stress(profile: Path | None = profile_option(),
+           base_url: str | None = typer.Option(None, "--base-url", help="Gateway base URL; default: the profile's "
+                                               "gateway.host and gateway.port."),
+           layers: str = typer.Option("1-7", "--layers", help="Layers to run, e.g. 1-7, 1,3,5 or 2-4,7."),
+           quick: bool = typer.Option(False, "--quick", help="Minutes, not half an hour: fewer requests, 1 minute "
+                                      "of concurrency (the profile's quick_* sizes)."),
+           out: Path = typer.Option(Path("var/stress"), "--out", help="Folder for stress.md and stress.json."),
+           admin_key: str | None = typer.Option(None, envvar="POOLSERVE_ADMIN_KEY", help="The gateway's admin key."),
+           admin_key_file: Path | None = typer.Option(None, "--admin-key-file", help="A file holding the admin key."),
+           serve_config: Path | None = typer.Option(None, "--serve-config", help="The serve.yaml the stack on this "
+                                                    "machine was started with: layers 5 and 7 kill its processes "
+                                                    "and restart it. Without it they do not run."),
+           pool: str | None = typer.Option(None, "--pool", help="The --pool the stack was started with (its restart "
+                                           "uses it again)."),
+           note: list[str] = typer.Option([], "--note", help="A line for the report (repeatable).")) -> None:
+    """The seven-layer acceptance test against a running stack, over HTTP with tenants it creates and
+    deletes: a Markdown and JSON report with each layer's figures, thresholds and verdict. Exits 1 when a
+    layer fails."""
+    from stress.measure import parse_layers
+    from stress.report import write_report
+    from stress.runner import StressOptions, run_stress
+
+    try:
+        chosen = parse_layers(layers)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--layers") from exc
+    if admin_key_file is not None:
+        admin_key = admin_key_file.read_text().strip()
+    if not admin_key:
+        raise typer.BadParameter("set POOLSERVE_ADMIN_KEY or pass --admin-key-file", param_hint="--admin-key")
+    profile_path = profile_from_serve_config(serve_config, profile) if serve_config else (profile or DEFAULT_PROFILE)
+    try:
+        prof = load_profile(profile_path)
+    except (ValueError, FileNotFoundError) as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from exc
+    if base_url is None:
+        host = "127.0.0.1" if prof.gateway.host in ("0.0.0.0", "::") else prof.gateway.host
+        base_url = f"http://{host}:{prof.gateway.port}"
+    options = StressOptions(base_url=base_url.rstrip("/"), admin_key=admin_key, profile=prof,
+                            profile_label=f"{prof.name} ({profile_path})", layers=chosen, quick=quick,
+                            serve_config=serve_config, profile_path=profile_path, pool=pool, notes=tuple(note))
+    try:
+        report = run_stress(options, log=lambda m: typer.echo(m, err=True), on_layer=lambda r: write_report(r, out))
+    except RuntimeError as exc:
+        typer.echo(f"stress: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    json_path, md_path = write_report(report, out)
+    table = Table(title=f"poolserve stress ({'quick' if quick else 'full'}): {md_path}")
+    for col in ("layer", "verdict", "seconds"):
+        table.add_column(col)
+    for r in report.layers:
+        table.add_row(f"{r.layer}. {r.name}", r.verdict, f"{r.seconds:.0f}")
+    Console().print(table)
+    raise typer.Exit(0 if report.passed else 1)
 
 
 register_client_commands(app)  # ingest, query, collections, tenants (cli/commands.py)

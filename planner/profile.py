@@ -254,6 +254,50 @@ class RaySpec(_Strict):
     include_dashboard: bool = Field(False, description="The dashboard costs ~0.8 GB; off unless asked for.")
 
 
+class StressSpec(_Strict):
+    """`poolserve stress`: how hard each layer pushes and what counts as a pass (docs/STRESS.md).
+    The defaults are for the CPU default (configs/cpu-tiny.yaml); the Spark profiles set their own."""
+
+    memory_drift_fraction: float = Field(0.02, gt=0, lt=1, description="A replica's memory (PSS from /status) may "
+                                         "grow this fraction over a layer after warm-up...")
+    memory_drift_bytes: Size = Field(parse_size("50MiB"), description="...or this many bytes, whichever is larger.")
+    sequential_requests: int = Field(100, ge=1, description="Layer 1: sequential requests of each kind (chat, "
+                                     "RAG query, embeddings).")
+    quick_sequential_requests: int = Field(10, ge=1, description="Layer 1 in --quick mode.")
+    long_context_fractions: list[float] = Field([0.5, 0.9, 1.0], min_length=1, description="Layer 2: prompt + "
+                                                "max_tokens as fractions of max_model_len.")
+    concurrency_clients: int = Field(32, ge=1, description="Layer 3: concurrent clients.")
+    concurrency_seconds: float = Field(600.0, gt=0, description="Layer 3: how long the clients run.")
+    quick_concurrency_seconds: float = Field(60.0, gt=0, description="Layer 3 in --quick mode.")
+    concurrency_tenants: int = Field(3, ge=1, description="Layer 3: tenants the clients are spread over.")
+    warmup_seconds: float = Field(30.0, ge=0, description="Layers 1 and 3: load before the memory baseline is read.")
+    client_timeout_s: float = Field(300.0, gt=0, description="A request taking longer is a client timeout (a fail).")
+    mixed_concurrency: int = Field(8, ge=1, description="Layer 4: fixed concurrency of the mixed-length load.")
+    quick_mixed_concurrency: int = Field(4, ge=1, description="Layer 4's concurrency in --quick mode.")
+    mixed_requests: int = Field(100, ge=1, description="Layer 4: requests (30% short, 50% medium, 20% long).")
+    quick_mixed_requests: int = Field(24, ge=1, description="Layer 4 in --quick mode.")
+    short_prompt_tokens: int = Field(200, ge=1, lt=512, description="Layer 4: a short prompt's tokens.")
+    medium_prompt_tokens: int = Field(1000, ge=512, description="Layer 4: a medium prompt's tokens.")
+    long_prompt_tokens: int = Field(3000, ge=1, description="Layer 4: a long prompt's tokens (kept inside "
+                                    "max_model_len).")
+    short_p95_s: float = Field(60.0, gt=0, description="Layer 4: p95 latency bound of short prompts (< 512 tokens): "
+                               "they must not starve behind long ones. CPU default: 8 mixed requests queue ~9k "
+                               "prefill tokens, ~15 s at this engine's ~600-800 prefill tokens/s on 2 quiet cores; "
+                               "60 s is four such rounds.")
+    quick_kill_targets: list[Literal["engine", "embedder", "retriever", "gateway"]] = Field(
+        ["embedder", "retriever", "gateway"], description="Layer 5 in --quick mode: the replicas killed (the full "
+        "run kills all four, then restarts the whole stack).")
+    recovery_timeout_s: float = Field(300.0, gt=0, description="Layer 5: longest wait for healthy after a kill.")
+    max_recovery_s: float = Field(180.0, gt=0, description="Layer 5: a replica back later than this fails.")
+    max_restart_s: float = Field(300.0, gt=0, description="Layers 5 and 7: the whole stack healthy later than this "
+                                 "after its start fails.")
+    clock_drop_fraction: float = Field(0.15, gt=0, lt=1, description="Layer 6: a clock this far below its first "
+                                       "samples' median...")
+    clock_drop_seconds: float = Field(30.0, gt=0, description="...for this long (sustained) fails.")
+    max_temperature_c: float | None = Field(None, description="Layer 6: fail above this temperature; None = only "
+                                            "the clock and the throttle reasons count.")
+
+
 class Profile(_Strict):
     """What to host on which pool, and how hard it will be used."""
 
@@ -270,6 +314,7 @@ class Profile(_Strict):
     gateway: GatewaySpec = Field(default_factory=GatewaySpec, description="The ingress.")
     ray: RaySpec = Field(default_factory=RaySpec, description="Ray's object store and dashboard.")
     tenants_file: str | None = Field(None, description="YAML of tenants to create at start.")
+    stress: StressSpec = Field(default_factory=StressSpec, description="`poolserve stress` thresholds and sizes.")
 
     @model_validator(mode="after")
     def _distinct_model_ids(self) -> "Profile":

@@ -1,12 +1,15 @@
 """The knowledge store's SQLite schema, and the migrations that bring an older database up to it.
 
 Migrations only add: an older database opens, gains what is missing, and keeps every row.
+PRAGMA user_version records the schema a database is at: 0 is the first release (no chunk offsets,
+no version), 1 has the chunk offsets.
 """
 
 from __future__ import annotations
 
 import sqlite3
 
+SCHEMA_VERSION = 1
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS collections (
     tenant TEXT NOT NULL, name TEXT NOT NULL, created_at REAL NOT NULL,
@@ -29,7 +32,12 @@ ADDED_COLUMNS = {"chunks": {"start_char": "INTEGER", "end_char": "INTEGER"}}
 
 
 def create_or_migrate(db: sqlite3.Connection) -> list[str]:
-    """Create the tables, then add the columns an older database lacks. Returns the columns added."""
+    """Create the tables, then add the columns an older database lacks, then record SCHEMA_VERSION.
+    Returns the columns added. A database from a newer version is refused: this code would not know it."""
+    found = db.execute("PRAGMA user_version").fetchone()[0]
+    if found > SCHEMA_VERSION:
+        raise RuntimeError(f"the knowledge store is at schema {found}, newer than this code's {SCHEMA_VERSION}; "
+                           "run the newer poolserve (or restore a backup)")
     db.executescript(SCHEMA)
     added = []
     for table, columns in ADDED_COLUMNS.items():
@@ -44,4 +52,6 @@ def create_or_migrate(db: sqlite3.Connection) -> list[str]:
                     raise
                 continue
             added.append(f"{table}.{column}")
+    if found < SCHEMA_VERSION:
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     return added
