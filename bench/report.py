@@ -37,6 +37,8 @@ IMG_DIR = ROOT / "docs" / "img"
 # Which module formats which result, by the result's name.
 TABLES: dict[str, Callable[[BenchResult], str]] = {
     "serving": bench_gateway.tables,
+    "serving-before-niceness": bench_gateway.tables,  # the stack at Ray's nice 15, under background load
+    "serving-direct-ingress": bench_gateway.tables,  # gateway.direct_ingress: true
     "retrieval": bench_retrieval.tables,
     "retrieval-scale": bench_retrieval_scale.tables,
     "rag-latency": rag_latency.tables,
