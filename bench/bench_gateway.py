@@ -48,11 +48,11 @@ def measure(server: RunningServer, label: str, setup, loads: list[ServingLoad], 
     for load in loads:
         print(f"[bench] {label}: {load.num_prompts} {load.dataset} prompts at concurrency {load.concurrency}",
               flush=True)
-        speculates = setup.args.speculative_config is not None
+        speculates = setup.args.speculative_config is not None and label != LLAMA
         before = read_counters(server.metrics_url) if speculates else None
         with CpuAccount(server.pids) as account:
             metrics = run_serving_load(server.base_url, setup.served_model_name, setup.model, load,
-                                       workdir / "load.log", server.api_key)
+                                       workdir / "load.log", server.api_key, connection_per_request=label == LLAMA)
         per_1k = 1000 / max(1, metrics["total_output_tokens"])
         cpu = {role: round(seconds * per_1k, 3) for role, seconds in account.by_role().items() if seconds > 0.01}
         after = settled_counters(server.metrics_url, before) if speculates else None
@@ -92,9 +92,13 @@ def run(profile: Path, loads: list[ServingLoad], workdir: Path, name: str = NAME
     skipped = llama_cpp_unavailable() if llama else "llama.cpp not asked for"
     if llama and skipped is None:
         slots = max(load.concurrency for load in loads)
-        with llama_server(BF16_GGUF, workdir, setup.served_model_name, slots) as server:
-            print(f"[bench] llama.cpp healthy in {server.start_s:.0f}s", flush=True)
-            rows += measure(server, LLAMA, setup, loads, workdir)
+        try:  # optional: a failure is reported in the result, and the other servers' rows are kept
+            with llama_server(BF16_GGUF, workdir, setup.served_model_name, slots) as server:
+                print(f"[bench] llama.cpp healthy in {server.start_s:.0f}s", flush=True)
+                rows += measure(server, LLAMA, setup, loads, workdir)
+        except (RuntimeError, OSError) as exc:
+            skipped = f"llama.cpp failed: {exc}"
+            print(f"[bench] {skipped}", flush=True)
     elif llama:
         print(f"[bench] {skipped}", flush=True)
     metrics = {**ratios(rows), "poolserve_start_s": rows[0]["start_s"], "raw_vllm_start_s": rows[-1]["start_s"]}

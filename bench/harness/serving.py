@@ -8,7 +8,8 @@ are used directly; its own console output goes to a log file.
 
 from __future__ import annotations
 
-from contextlib import redirect_stderr, redirect_stdout
+import functools
+from contextlib import contextmanager, nullcontext, redirect_stderr, redirect_stdout
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -72,8 +73,23 @@ def scalar_metrics(result: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in result.items() if isinstance(value, (int, float, str, bool)) or value is None}
 
 
+@contextmanager
+def _connection_per_request():
+    """aiohttp closes each connection after its request. For llama.cpp's server, whose HTTP library drops a
+    kept-alive connection after 5 idle seconds while vLLM's client keeps it for 60: the client would
+    send the next request on a closed socket ("Server disconnected"). One loopback connect per request."""
+    import aiohttp
+
+    original = aiohttp.TCPConnector
+    aiohttp.TCPConnector = functools.partial(original, force_close=True)
+    try:
+        yield
+    finally:
+        aiohttp.TCPConnector = original
+
+
 def run_serving_load(base_url: str, served_model_name: str, tokenizer: str, load: ServingLoad, log_path: Path,
-                     api_key: str | None = None) -> dict[str, Any]:
+                     api_key: str | None = None, connection_per_request: bool = False) -> dict[str, Any]:
     """One vllm.benchmarks.serve run; its scalar metrics (output_throughput, median_ttft_ms, p99_itl_ms, ...).
     Raises if any request failed: a partial run is not a measurement."""
     from vllm.benchmarks.serve import add_cli_args, main
@@ -82,7 +98,8 @@ def run_serving_load(base_url: str, served_model_name: str, tokenizer: str, load
     parser = FlexibleArgumentParser()
     add_cli_args(parser)
     args = parser.parse_args(serving_argv(base_url, served_model_name, tokenizer, load, api_key, log_path.parent))
-    with open(log_path, "a") as log, redirect_stdout(log), redirect_stderr(log):
+    connections = _connection_per_request() if connection_per_request else nullcontext()
+    with open(log_path, "a") as log, redirect_stdout(log), redirect_stderr(log), connections:
         result = main(args)
     metrics = scalar_metrics(result)
     if metrics.get("failed") or metrics.get("completed") != load.num_prompts:
