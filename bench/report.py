@@ -41,6 +41,7 @@ TABLES: dict[str, Callable[[BenchResult], str]] = {
     "serving-direct-ingress": bench_gateway.tables,  # gateway.direct_ingress: true
     "retrieval": bench_retrieval.tables,
     "retrieval-scale": bench_retrieval_scale.tables,
+    "retrieval-scale-100k-quiet": bench_retrieval_scale.tables,  # the 100k rows again, on a quiet machine
     "rag-latency": rag_latency.tables,
     "embedding": bench_embedding.tables,
     "limits": bench_limits.tables,
