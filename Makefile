@@ -35,6 +35,8 @@ setup-browser:
 
 models: $(STAMP)
 	$(PY) scripts/prepare_models.py --models-dir models
+	# The GPU profiles' folders (configs/gh200*.yaml): configs + tokenizer for dummy weights, MiniLM in fp16.
+	$(PY) scripts/make_gpu_models.py models
 
 serve: setup
 	bash scripts/serve.sh serve.yaml --profile $(PROFILE) $(if $(POOL),--pool $(POOL))

@@ -12,11 +12,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 from ray import serve
-from ray.llm._internal.serve.core.configs.openai_api_models import to_model_metadata
-from ray.serve.llm import build_llm_deployment
-from ray.serve.llm.ingress import make_fastapi_ingress
 
 from deployments.chat import PoolserveLLMServer, llm_config_from_plan
+from deployments.engine_compat import build_llm_deployment, make_fastapi_ingress, to_model_metadata
 from deployments.embedder import Embedder
 from deployments.gateway import ENDPOINTS, Gateway, make_app
 from deployments.retriever import Retriever
@@ -96,7 +94,8 @@ def build_app(args: dict) -> serve.Application:
     settings = {**plan.gateway.as_dict(), "start_after": after_engines}
     pool = profile.pools[0]
     guard_config = {"state_dir": profile.state_dir, "tenants_file": profile.tenants_file,
-                    "shed_ingest_at": pool.shed_ingest_at, "shed_all_at": pool.shed_all_at}
+                    "shed_ingest_at": pool.shed_ingest_at, "shed_all_at": pool.shed_all_at,
+                    "device_pool": plan.pool.discrete}
     app = make_app(guard_config, profile.gateway.max_body_bytes)
     ingress_cls = make_fastapi_ingress(Gateway, endpoint_map=ENDPOINTS, app=app)
     gateway = serve.deployment(ingress_cls, name="gateway", max_ongoing_requests=512).options(

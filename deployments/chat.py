@@ -6,10 +6,7 @@ import asyncio
 import logging
 import time
 
-from ray.llm._internal.serve.utils.batcher import Batcher
-from ray.serve.llm import LLMConfig
-from ray.serve.llm.deployment import LLMServer
-
+from deployments.engine_compat import Batcher, ChatCompletionRequest, LLMConfig, LLMServer, adapt_engine_env
 from deployments.process_memory import process_tree_memory
 from deployments.start_order import wait_for_predecessors
 from planner.gpu import engine_placement
@@ -74,8 +71,6 @@ class PoolserveLLMServer(LLMServer):
         await self._warm_up()
 
     async def _warm_up(self) -> None:
-        from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
-
         prompt = self._llm_config.experimental_configs.get("warmup_prompt", "Say OK.")
         request = ChatCompletionRequest(
             model=self._llm_config.model_id, messages=[{"role": "user", "content": prompt}],
@@ -106,7 +101,7 @@ def llm_config_from_plan(chat: ChatSpec, chat_plan: ReplicaPlan, start_after: li
             "health_check_timeout_s": 60,
         },
         placement_group_config={"bundles": [bundle], "strategy": "PACK"},
-        runtime_env={"env_vars": {**chat_plan.env, **gpu_env}},
+        runtime_env={"env_vars": adapt_engine_env({**chat_plan.env, **gpu_env})},
         experimental_configs={"warmup_prompt": chat.warmup_prompt, "start_after": [list(p) for p in start_after]},
         log_engine_metrics=True,
     )

@@ -76,7 +76,16 @@ class Embedder:
         return self.embedder.chunk(text)
 
     def memory(self) -> dict:
-        return process_tree_memory()
+        """The process tree's host memory; on a GPU also what torch's caching allocator holds there (the
+        CUDA context is outside it: nvidia-smi's per-process figure counts both)."""
+        tree = process_tree_memory()
+        if self.embedder.device.startswith("cuda"):
+            import torch
+
+            tree["cuda"] = {"allocated_bytes": torch.cuda.memory_allocated(),
+                            "reserved_bytes": torch.cuda.memory_reserved(),
+                            "max_reserved_bytes": torch.cuda.max_memory_reserved()}
+        return tree
 
     def ready(self) -> bool:
         return True

@@ -8,11 +8,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from ray.exceptions import RayTaskError
-from ray.llm._internal.serve.core.configs.openai_api_models import OpenAIHTTPException
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
-from vllm.exceptions import VLLMClientError
 
+from deployments.engine_compat import VLLM_CLIENT_ERRORS, OpenAIHTTPException
 from rag.ids import InvalidIdError
 from rag.store import CapacityExceeded, CollectionNotFound, DocumentNotFound
 
@@ -111,7 +110,7 @@ def map_exception(exc: Exception) -> JSONResponse:
             cause = getattr(exc, "cause", exc)
             return error_body(status, str(cause.args[0] if cause.args else cause), "invalid_request_error")
     cause = getattr(exc, "cause", exc)
-    if isinstance(cause, VLLMClientError) or isinstance(exc, VLLMClientError):
+    if isinstance(cause, VLLM_CLIENT_ERRORS) or isinstance(exc, VLLM_CLIENT_ERRORS):
         # vLLM's request validation (a missing prompt, a bad parameter): the client's mistake.
         return error_body(400, f"invalid request: {cause}", "invalid_request_error")
     message = context_length_message(exc)

@@ -16,18 +16,18 @@ from types import SimpleNamespace
 
 import numpy as np
 from fastapi import FastAPI, HTTPException, Request
-from ray.llm._internal.serve.core.configs.openai_api_models import (
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from deployments.dashboard import DASHBOARD_ENDPOINTS, DashboardRoutes
+from deployments.engine_compat import (
     ChatCompletionRequest,
     CompletionRequest,
     EmbeddingRequest,
     ModelCard,
     ModelList,
+    OpenAiIngress,
 )
-from ray.serve.llm.ingress import OpenAiIngress
-from starlette.concurrency import run_in_threadpool
-from starlette.responses import JSONResponse, Response, StreamingResponse
-
-from deployments.dashboard import DASHBOARD_ENDPOINTS, DashboardRoutes
 from deployments.errors import error_body, unavailable
 from deployments.request_guard import RequestBodyGuard
 from deployments.knowledge import KnowledgeRoutes

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 
 from fastapi import HTTPException, Query, Request
-from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from deployments.engine_compat import ChatCompletionRequest
 from deployments.errors import unavailable
 from deployments.ingest import IngestRoutes
 from deployments.no_answer import no_answer_response

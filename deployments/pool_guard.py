@@ -48,6 +48,19 @@ def read_pool() -> PoolReading:
     return _host_reading()
 
 
+def read_gpu_pool(index: int = 0) -> PoolReading:
+    """A discrete GPU's memory as the pool (profile `unified: false`): NVML's used and total bytes of the
+    device. NVML opens no CUDA context, so the gateway reads it without holding GPU memory itself."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index))
+        return PoolReading(int(info.total - info.free), int(info.total), f"gpu {index} (NVML)")
+    finally:
+        pynvml.nvmlShutdown()
+
+
 class PoolGuard:
     def __init__(self, shed_ingest_at: float, shed_all_at: float, hysteresis: float = 0.03,
                  sample_interval_s: float = 0.25, retry_after_s: int = 5,

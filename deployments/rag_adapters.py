@@ -11,8 +11,8 @@ from typing import Awaitable, Callable
 
 import numpy as np
 from fastapi import Request
-from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
 
+from deployments.engine_compat import ChatCompletionRequest
 from deployments.streams import force_stream_usage
 from rag.chunking import Chunk
 from rag.retrieval import SearchQuery, SearchResult

@@ -6,8 +6,8 @@ import json
 
 import anyio
 from fastapi import Request
-from vllm.entrypoints.generate.base.protocol import StreamOptions
 
+from deployments.engine_compat import StreamOptions
 from deployments.tenants import record_usage
 
 

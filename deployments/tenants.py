@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 
 from deployments.dashboard_auth import dashboard_gate, is_dashboard_path
 from deployments.errors import error_body
-from deployments.pool_guard import PoolGuard
+from deployments.pool_guard import PoolGuard, read_gpu_pool, read_pool
 from tenancy import (
     DEMO_KEY_ENV,
     ApiKeyNotFound,
@@ -68,7 +68,7 @@ class TenantGuard:
     """Everything tenant-related one gateway replica holds: store, limiter, metrics."""
 
     def __init__(self, state_dir: str, tenants_file: str | None, shed_ingest_at: float = 0.90,
-                 shed_all_at: float = 0.95):
+                 shed_all_at: float = 0.95, device_pool: bool = False):
         os.umask(0o077)  # tenants, usage and audit databases and key files are the owner's only
         self.state_dir = Path(state_dir)
         self.store = TenantStore(self.state_dir / "tenants.sqlite3")
@@ -78,7 +78,9 @@ class TenantGuard:
         self.metrics = TenantMetrics(self.registry)
         self.rejections = RejectionLog(self.state_dir / "rejections.sqlite3")  # 429s per tenant and day
         # Sheds new work with 503 before the memory pool runs out (the kernel's OOM killer never decides).
-        self.pool = PoolGuard(shed_ingest_at, shed_all_at, registry=self.registry)
+        # On a discrete GPU the pool is the device's memory (planner: unified false), read through NVML.
+        self.pool = PoolGuard(shed_ingest_at, shed_all_at, registry=self.registry,
+                              reader=read_gpu_pool if device_pool else read_pool)
         self.admin_key = os.environ.get(ADMIN_KEY_ENV) or None
         demo_key, created_at = resolve_demo_key(self.state_dir)
         if created_at:

@@ -111,7 +111,8 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
 
     breakdown: dict[str, int] = {}
     for name, nbytes in comp.items():
-        if nbytes and name not in disk and name != "mtp":
+        # A text-only engine (limit_mm_per_prompt 0) does not load the vision tower (vLLM 0.26 on an H200).
+        if nbytes and name not in disk and name != "mtp" and not (name == "vision" and chat.language_model_only):
             breakdown[f"weights.{name} ({dtypes[name]})"] = nbytes
     computed = sum(comp.values())
     on_disk_ckpt = safetensors_bytes(chat.model)
@@ -252,6 +253,13 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
         # GPU: no CUDA graphs. CPU: no torch.compile (same answers, 5-11% slower decode, 50 s less to
         # a cold start on 2 cores; docs/BENCHMARKS.md section 0).
         args["enforce_eager"] = chat.enforce_eager
+    if chat.load_format != "auto":
+        args["load_format"] = chat.load_format
+        notes.append(f"chat: load_format {chat.load_format}: random weights, for plan validation and benchmarks only")
+    if chat.gdn_prefill_backend != "auto":
+        args["additional_config"] = {"gdn_prefill_backend": chat.gdn_prefill_backend}
+    if chat.language_model_only:
+        args["limit_mm_per_prompt"] = {"image": 0, "video": 0}
     if gpu:
         if chat.cuda_graph_capture_sizes:
             args["compilation_config"] = {"cudagraph_capture_sizes": chat.cuda_graph_capture_sizes}
@@ -278,6 +286,9 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
     if gpu and arch.is_hybrid:
         env["VLLM_KV_CACHE_LAYOUT"] = "BLHNC"  # mixed attention/state page sizes (DESIGN 3b)
     facts = {
+        "vllm_kv_tokens": vllm_logged_kv_tokens(kv_cache_memory_bytes, chat.max_model_len, block, groups,
+                                                arch.kv_bytes_per_token_per_layer(kvb), per_token,
+                                                1 + drafter.state_blocks + (mamba_mode == "align")),
         "kv_bytes_per_token": per_token, "target_kv_bytes_per_token": target_tok,
         "indexer_bytes_per_token": indexer_tok, "drafter_kv_bytes_per_token": drafter.kv_bytes_per_token,
         "state_bytes_per_sequence": state_seq, "kv_pool_tokens": kv_tokens, "block_size": block,
@@ -290,6 +301,23 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
         if state_seq else 0,
     }
     return EnginePlan(arch, breakdown, EngineArgs(**args), env, facts, comp, disk, page_cache, drafter, notes)
+
+
+def vllm_logged_kv_tokens(kv_cache_memory_bytes: int, max_model_len: int, block: int, groups: KVGroups,
+                          page_bytes_per_token: int, bytes_per_token: int, state_blocks_per_request: int) -> int:
+    """The "KV cache size: N tokens" vLLM logs for a KV cache of kv_cache_memory_bytes (v1/core/kv_cache_utils.py):
+    the blocks it can make, over the blocks one request of max_model_len needs, times max_model_len.
+    Single-spec models: a block is block x bytes/token. Hybrids: a block is one page per layer slot of a
+    group (group_size tensors, each one page per block); a request takes cdiv(max_model_len, block) blocks in
+    each attention group and state_blocks_per_request (1, + one per speculative slot, + one to align) in each
+    state group. Checked on an H200 (vLLM 0.26, Qwen3.8-27B at 8 GiB: 97,718 tokens, 28,912 with DSpark k=7)."""
+    if not groups.groups:
+        num_blocks = kv_cache_memory_bytes // (block * bytes_per_token)
+        return int(num_blocks / cdiv(max_model_len, block) * max_model_len)
+    num_blocks = kv_cache_memory_bytes // (block * page_bytes_per_token * groups.group_size)
+    per_request = sum(state_blocks_per_request if g.kind == "state" else cdiv(max_model_len, block)
+                      for g in groups.groups)
+    return int(num_blocks / per_request * max_model_len)
 
 
 def utilization_for(planned: int, total: int) -> float:

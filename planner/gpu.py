@@ -64,3 +64,16 @@ def engine_placement(options: RayActorOptions) -> tuple[dict, dict, dict[str, st
         # fractional bundle and never schedules (ray#58328). Set here, it reaches the replica's env.
         env["VLLM_RAY_PER_WORKER_GPUS"] = str(gpus)
     return {**actor, "num_cpus": REPLICA_ACTOR_CPUS}, bundle, env
+
+
+# On a discrete GPU (PoolSpec.unified false) the pool is the device's memory: only these plan lines live
+# there. The rest (each process's host runtime, mapped files, Ray's own processes, the index, SQLite) is
+# host memory, reported beside the pool and given to Ray as the replica's logical `memory`.
+DEVICE_LINE_PREFIXES = ("weights", "kv_pool", "drafter.", "recurrent_state", "activations", "cuda_context",
+                        "cuda_graphs")
+
+
+def split_device_lines(breakdown: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+    """(device lines, host lines) of one replica's plan on a discrete GPU."""
+    device = {k: v for k, v in breakdown.items() if k.startswith(DEVICE_LINE_PREFIXES)}
+    return device, {k: v for k, v in breakdown.items() if k not in device}

@@ -37,6 +37,9 @@ class EngineArgs(_Output):
     mamba_ssm_cache_dtype: str | None = Field(None, description="Hybrid models: dtype of the SSM state.")
     enforce_eager: bool | None = Field(None, description="No torch.compile / CUDA graphs.")
     compilation_config: dict | None = Field(None, description="GPU: CUDA graph capture sizes.")
+    load_format: str | None = Field(None, description="'dummy': random weights (plan validation, benchmarks).")
+    additional_config: dict | None = Field(None, description="Platform options (gdn_prefill_backend).")
+    limit_mm_per_prompt: dict | None = Field(None, description="Multimodal inputs per prompt (0: text only).")
 
 
 class RayActorOptions(_Output):

@@ -17,7 +17,7 @@ from planner import runtime
 from planner.advice import Overcommit, overcommit_message
 from planner.architecture import ArchitectureError, embedding_dimension
 from planner.engine import EngineError, plan_engine, utilization_for
-from planner.gpu import gpu_fraction
+from planner.gpu import gpu_fraction, split_device_lines
 from planner.outputs import ChatModelCard, EngineArgs, GatewaySettings, RayActorOptions
 from planner.profile import PoolSpec, Profile, pinned
 from planner.units import gib
@@ -44,6 +44,9 @@ class ReplicaPlan(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     start_order: int
     num_replicas: int = Field(1, description="Copies of this replica; each gets planned_bytes.")
+    host_bytes: int = Field(0, description="Discrete GPU: the replica's host memory, outside the GPU pool "
+                                           "(planned_bytes and breakdown are then its device memory).")
+    host_breakdown: dict[str, int] = Field(default_factory=dict, description="Discrete GPU: the host lines.")
 
     def serve_options(self) -> dict:
         """Ray Serve deployment options for this replica; the app and `poolserve render` both use this."""
@@ -63,6 +66,8 @@ class PoolPlan(BaseModel):
     free_bytes: int = Field(description="total - reserve: what the plan may hand out.")
     cpus: float
     gpu: bool = False
+    discrete: bool = Field(False, description="The pool is a discrete GPU's memory; host lines are outside it.")
+    host_bytes: int = Field(0, description="Discrete GPU: replicas' and Ray's host memory, beside the pool.")
     planned_bytes: int = 0
     ray_bytes: int = 0
     page_cache_bytes: int = 0
@@ -75,6 +80,7 @@ class PoolPlan(BaseModel):
 
 
 class ChatFacts(BaseModel):
+    vllm_kv_tokens: int = Field(0, description="The 'KV cache size: N tokens' vLLM logs for the KV cache passed.")
     kv_bytes_per_token: int
     state_bytes_per_sequence: int = 0
     kv_pool_tokens: int
@@ -140,6 +146,20 @@ class Plan(BaseModel):
             if replica.name == name:
                 return replica
         raise KeyError(name)
+
+
+def detect_gpu_bytes(index: int = 0) -> int:
+    """A discrete GPU's memory (NVML), the pool of a `unified: false` profile with `total: auto`."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).total)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception as exc:  # no driver, no device: the profile must say the size
+        raise PlanError(f"cannot read the GPU's memory through NVML ({exc}); set pools[0].total") from exc
 
 
 def detect_total_bytes() -> int:
@@ -210,7 +230,7 @@ def _ray_plan(profile: Profile, cpus: float, replicas: list[ReplicaPlan]) -> Ray
     store = max(profile.ray.object_store_memory, runtime.RAY_OBJECT_STORE_MIN)
     lines["object_store"] = store
     return RayPlan(object_store_memory=store, include_dashboard=profile.ray.include_dashboard, num_cpus=cpus,
-                   memory=sum(r.pool_bytes for r in replicas), breakdown=lines)
+                   memory=sum(r.ray_actor_options.memory * r.num_replicas for r in replicas), breakdown=lines)
 
 
 def _pool_for(profile: Profile, pool_total_bytes: int | None) -> tuple[PoolSpec, int, float]:
@@ -222,7 +242,9 @@ def _pool_for(profile: Profile, pool_total_bytes: int | None) -> tuple[PoolSpec,
         if section.node and section.node != spec.name:
             raise PlanError("placing replicas on a second node is not planned yet (one node runs here); "
                             f"remove node: {section.node}")
-    total = pool_total_bytes or (detect_total_bytes() if spec.total == "auto" else spec.total)
+    discrete = spec.gpu and not spec.unified
+    detect = detect_gpu_bytes if discrete else detect_total_bytes
+    total = pool_total_bytes or (detect() if spec.total == "auto" else spec.total)
     cpus = float(os.cpu_count() or 1) if spec.cpus == "auto" else float(spec.cpus)
     return spec, total, cpus
 
@@ -230,6 +252,7 @@ def _pool_for(profile: Profile, pool_total_bytes: int | None) -> tuple[PoolSpec,
 def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bool = True) -> Plan:
     """advise=False: an overcommit raises a bare Overcommit (advice re-plans through this)."""
     spec, total, cpus = _pool_for(profile, pool_total_bytes)
+    discrete = spec.gpu and not spec.unified
     free = total - spec.reserve
     other_threads = profile.embedder.torch_threads
     engines, engine_replicas = {}, []
@@ -238,21 +261,24 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
             eng = plan_engine(chat, spec, cpus, total, other_threads)
         except (EngineError, ArchitectureError) as exc:
             raise PlanError(f"{name}: {exc}" if name != "chat" else str(exc)) from exc
-        chat_bytes = sum(eng.breakdown.values())
+        device, host = split_device_lines(eng.breakdown) if discrete else (eng.breakdown, {})
+        chat_bytes, host_bytes = sum(device.values()), sum(host.values())
         vllm = eng.vllm
         if spec.gpu:
             vllm = vllm.model_copy(update={"gpu_memory_utilization": _utilization(name, chat, chat_bytes, total)})
-        chat_opts = RayActorOptions(num_cpus=chat.num_cpus, memory=chat_bytes,
+        chat_opts = RayActorOptions(num_cpus=chat.num_cpus, memory=host_bytes if discrete else chat_bytes,
                                     num_gpus=gpu_fraction(chat_bytes, total) if spec.gpu else None)
-        engine_replicas.append(ReplicaPlan(name=name, kind="chat", planned_bytes=chat_bytes, breakdown=eng.breakdown,
-                                           vllm=vllm, ray_actor_options=chat_opts, env=eng.env,
-                                           start_order=order, growth_bytes=runtime.VLLM_TRAFFIC_GROWTH))
+        engine_replicas.append(ReplicaPlan(name=name, kind="chat", planned_bytes=chat_bytes, breakdown=device,
+                                           host_bytes=host_bytes, host_breakdown=host,
+                                           vllm=vllm, ray_actor_options=chat_opts, env=eng.env, start_order=order,
+                                           growth_bytes=0 if discrete else runtime.VLLM_TRAFFIC_GROWTH))
         engines[name] = (chat, eng)
     eng = engines["chat"][1]
-    replicas = [*engine_replicas, *_side_replicas(profile, spec.gpu, embedder_dimension(profile), len(engines),
-                                                     pool_bytes=total)]
+    side = _side_replicas(profile, spec.gpu, embedder_dimension(profile), len(engines), pool_bytes=total)
+    replicas = [*engine_replicas, *(_on_device(r, total) for r in side)] if discrete else [*engine_replicas, *side]
     ray = _ray_plan(profile, cpus, replicas)
-    ray_bytes = sum(ray.breakdown.values())
+    # Ray's own processes and object store are host memory beside a discrete GPU, not in its pool.
+    ray_bytes = 0 if discrete else sum(ray.breakdown.values())
     page_cache = {f"page_cache.{name}.{c} (on disk, {gib(b)})": chat.disk_page_cache_bytes
                   for name, (chat, e) in engines.items() for c, b in e.disk_components.items()}
     needed = sum(r.pool_bytes for r in replicas) + ray_bytes + sum(page_cache.values())
@@ -264,15 +290,17 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
     if want_cpus > cpus:
         raise PlanError(f"replicas ask for {want_cpus:g} Ray CPUs but pool {spec.name} has {cpus:g}: lower the "
                         "num_cpus of chat/embedder/retriever/gateway (fractions are fine)")
-    starts = {name: _start_lines(name, chat, e) for name, (chat, e) in engines.items()}
+    starts = {name: _start_lines(name, chat, e, discrete) for name, (chat, e) in engines.items()}
     notes = [n for name, (_, e) in engines.items() for n in e.notes]
-    admission = _admission(replicas, total, spec, ray_bytes + sum(page_cache.values()), notes, starts)
+    admission = _admission(replicas, total, spec, ray_bytes + sum(page_cache.values()), notes, starts, discrete)
     # Headroom at start: the tightest moment of the start order (an engine at its start peak).
     tightest = min(a.start_headroom_bytes for a in admission)
     engine_rows = [a for a in admission if a.name in starts]
     start = starts[min(engine_rows, key=lambda a: a.start_headroom_bytes).name] if engine_rows else {}
     pool = PoolPlan(name=spec.name, total_bytes=total, reserve_bytes=spec.reserve, free_bytes=free, cpus=cpus,
-                    gpu=spec.gpu, planned_bytes=needed - ray_bytes - sum(page_cache.values()), ray_bytes=ray_bytes,
+                    gpu=spec.gpu, discrete=discrete,
+                    host_bytes=sum(r.host_bytes * r.num_replicas for r in replicas) + sum(ray.breakdown.values())
+                    if discrete else 0, planned_bytes=needed - ray_bytes - sum(page_cache.values()), ray_bytes=ray_bytes,
                     page_cache_bytes=sum(page_cache.values()), headroom_bytes=free - needed,
                     start_peak_bytes=sum(start.values()),
                     start_headroom_bytes=min(free - needed, tightest),
@@ -289,6 +317,17 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
                  "gateway": 1},
         page_cache=page_cache, start_peak=start, notes=notes, gateway=_gateway_settings(profile, replicas),
     )
+
+
+def _on_device(replica: ReplicaPlan, total: int) -> ReplicaPlan:
+    """A side replica on a discrete GPU: its device lines are its share of the pool (none for the retriever
+    and gateway, whose FAISS and HTTP work stays on the CPU), the rest is host memory."""
+    device, host = split_device_lines(replica.breakdown)
+    device_bytes, host_bytes = sum(device.values()), sum(host.values())
+    options = replica.ray_actor_options.model_copy(update={
+        "memory": host_bytes, "num_gpus": gpu_fraction(device_bytes, total) if device_bytes else None})
+    return replica.model_copy(update={"planned_bytes": device_bytes, "breakdown": device, "host_bytes": host_bytes,
+                                      "host_breakdown": host, "growth_bytes": 0, "ray_actor_options": options})
 
 
 def _embedder_ingest_threads(profile: Profile, spec: PoolSpec, cpus: float) -> int:
@@ -312,13 +351,16 @@ def _gateway_settings(profile: Profile, replicas: list[ReplicaPlan]) -> GatewayS
         planned_at_rest_bytes={r.name: r.planned_bytes - r.growth_bytes for r in replicas})
 
 
-def _start_lines(name: str, chat, eng) -> dict[str, int]:
+def _start_lines(name: str, chat, eng, discrete: bool = False) -> dict[str, int]:
     """An engine's start-up transient, beyond its steady lines (runtime.START_*): its checkpoint in the
-    page cache while it is copied, and compile / graph capture when not eager."""
+    page cache while it is copied, and compile / graph capture when not eager. Beside a discrete GPU the
+    page cache and the compile workers are host memory: only graph capture touches the device's pool."""
     weights = eng.facts["weight_bytes"] + eng.facts["drafter_weight_bytes"]
-    lines = {f"start.{name}.weights_page_cache": min(runtime.START_WEIGHT_READ, weights)}
+    lines = {} if discrete or chat.load_format == "dummy" else {
+        f"start.{name}.weights_page_cache": min(runtime.START_WEIGHT_READ, weights)}
     if not chat.enforce_eager:
-        lines[f"start.{name}.compile"] = runtime.START_COMPILE
+        if not discrete:
+            lines[f"start.{name}.compile"] = runtime.START_COMPILE
         lines[f"start.{name}.cuda_graph_capture"] = runtime.START_GRAPH_CAPTURE
     return lines
 
@@ -336,7 +378,8 @@ def _utilization(name: str, chat, planned: int, total: int) -> float:
 
 
 def _admission(replicas: list[ReplicaPlan], total: int, spec: PoolSpec, outside: int,
-               notes: list[str], starts: dict[str, dict[str, int]] | None = None) -> list[Admission]:
+               notes: list[str], starts: dict[str, dict[str, int]] | None = None,
+               discrete: bool = False) -> list[Admission]:
     """Engines start one at a time; vLLM refuses util x total > free (GPU) or KV > MemAvailable (CPU).
     Reads the replicas only: a plan is never edited by its admission check."""
     rows = []
@@ -348,7 +391,9 @@ def _admission(replicas: list[ReplicaPlan], total: int, spec: PoolSpec, outside:
         overhead = 0
         if r.kind == "chat" and spec.gpu:
             util = r.vllm.gpu_memory_utilization
-            overhead = runtime.VLLM_GPU_START_OVERHEAD
+            # Unified memory: the engine's host processes are in the pool too. A discrete GPU holds only the
+            # worker's CUDA context when vLLM samples free memory.
+            overhead = runtime.CUDA_CONTEXT if discrete else runtime.VLLM_GPU_START_OVERHEAD
             requested = int(util * total)
             check = f"util {util} x total <= free - {gib(overhead)} of its own start-up (sampled after it)"
         elif r.kind == "chat":

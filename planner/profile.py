@@ -146,6 +146,17 @@ class ChatSpec(_Strict):
     omp_threads: int | None = Field(None, ge=1, description="OpenMP threads for the vLLM CPU worker; None = planner decides.")
     speculative: SpeculativeSpec = Field(default_factory=SpeculativeSpec, description="Speculative decoding.")
     warmup_prompt: str = Field("Say OK.", description="Sent once before the replica reports ready.")
+    load_format: Literal["auto", "dummy"] = Field("auto", description="'dummy': random weights of the real "
+                                                  "architecture (vLLM's load_format), for plan validation and "
+                                                  "benchmarks on a machine without the checkpoint; never for "
+                                                  "answers. The plan still reads the real config.json.")
+    gdn_prefill_backend: Literal["auto", "triton", "flashinfer"] = Field(
+        "auto", description="Hybrid GDN models: the prefill kernel (vLLM additional_config). vLLM 0.26 picks "
+        "FlashInfer and dies at the first prefill where flashinfer is not installed; 'triton' uses the FLA "
+        "kernel (docs/GPU.md).")
+    language_model_only: bool = Field(False, description="Multimodal checkpoints (Qwen3.5/3.8 "
+                                      "ConditionalGeneration): accept no images or video, so vLLM plans no "
+                                      "encoder cache or vision profiling (limit_mm_per_prompt 0).")
     node: str | None = Field(None, description="Pool (node) name to place the replica on; None = the first.")
 
 

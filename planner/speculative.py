@@ -10,7 +10,7 @@ Hybrid (recurrent) targets keep (1 + k) state slots per sequence while speculati
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from planner.architecture import Architecture, ArchitectureError, find_config, architecture_from_config
@@ -35,6 +35,13 @@ class Drafter:
     architecture: Architecture | None = None
 
 
+def _markov_head_params(cfg: dict, vocab_size: int) -> int:
+    """A DSpark drafter's Markov head (vllm/model_executor/models/qwen3_dspark.py DSparkMarkovHead): two
+    embeddings of markov_rank columns, one over the vocabulary and one over the draft vocabulary."""
+    rank = int(cfg.get("markov_rank") or 0)
+    return rank * (vocab_size + int(cfg.get("draft_vocab_size") or vocab_size))
+
+
 def _draft_architecture(chat: ChatSpec) -> tuple[Architecture, str]:
     spec = chat.speculative
     if not spec.model:
@@ -47,7 +54,11 @@ def _draft_architecture(chat: ChatSpec) -> tuple[Architecture, str]:
         raise SpeculativeError(
             f"draft model folder {spec.model} is missing (no config.json) and no bundled "
             f"configs/models/{name}.json describes it: {exc}") from exc
-    return architecture_from_config(cfg, name=name, source=source), source
+    arch = architecture_from_config(cfg, name=name, source=source)
+    markov = _markov_head_params(cfg, arch.vocab_size) if spec.method == "dspark" else 0
+    if markov:
+        arch = replace(arch, published={**arch.published, "markov_head_params": markov})
+    return arch, source
 
 
 def plan_drafter(chat: ChatSpec, target: Architecture, kv_dtype_bytes: int, kv_dtype_name: str,
@@ -86,6 +97,7 @@ def plan_drafter(chat: ChatSpec, target: Architecture, kv_dtype_bytes: int, kv_d
         comps["mtp"] = 0
         if shares:
             comps["embed"] = comps["lm_head"] = 0
-        weights = sum(comps.values()) + int(draft.published.get("extra_params", 0)) * 2
+        extra = int(draft.published.get("extra_params", 0)) + int(draft.published.get("markov_head_params", 0))
+        weights = sum(comps.values()) + extra * 2
     cfg = {"method": spec.method, "model": spec.model, "num_speculative_tokens": k}
     return Drafter(spec.method, k, weights, draft.kv_bytes_per_token(kv_dtype_bytes), k, cfg, draft)

@@ -29,6 +29,7 @@ class SentenceTransformerEmbedder:
 
         self.batch_size = batch_size
         self.query_prefix = query_prefix
+        self.device = device
         self.model = SentenceTransformer(model_path, device=device, local_files_only=True)
         self.dimension = int(self.model.get_sentence_embedding_dimension())
         self.max_seq_length = int(self.model.max_seq_length)

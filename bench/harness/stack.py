@@ -11,6 +11,7 @@ carries the marker is ended through stackctl.launcher.down, which touches no oth
 
 from __future__ import annotations
 
+import os
 import secrets
 import sys
 from collections.abc import Iterator, Mapping
@@ -100,11 +101,13 @@ def poolserve_stack(base_profile: Path, workdir: Path, timeout_s: float = 400,
     """The whole stack from base_profile, healthy, with a fresh demo tenant key; stopped on exit."""
     stack = write_private_stack(workdir, base_profile, free_port(), chat_overrides, gateway_overrides)
     api_key = generate_api_key()
-    env = child_env({"POOLSERVE_DEMO_KEY": api_key, "POOLSERVE_ADMIN_KEY": secrets.token_urlsafe(24),
+    env = child_env({"POOLSERVE_DEMO_KEY": api_key, "POOLSERVE_ADMIN_KEY": os.environ.get("POOLSERVE_ADMIN_KEY") or secrets.token_urlsafe(24),
                      "RAY_USAGE_STATS_ENABLED": "0"})
     env.pop("POOLSERVE_PROFILE", None)  # the --profile below decides, not the caller's shell
-    poolserve = str(Path(sys.executable).parent / "poolserve")
-    command = [poolserve, "up", str(stack.serve_config_path), "--profile", str(stack.profile_path)]
+    poolserve = Path(sys.executable).parent / "poolserve"
+    # Without an installed entry point (the GPU machine's offline bundle), the same command as a module.
+    launcher = [str(poolserve)] if poolserve.exists() else [sys.executable, "-m", "planner.cli"]
+    command = [*launcher, "up", str(stack.serve_config_path), "--profile", str(stack.profile_path)]
     group = ProcessGroup.start(command, env, workdir / "serve.log")
     try:
         start_s = wait_healthy(f"{stack.base_url}/healthz", group, timeout_s)

@@ -1,0 +1,114 @@
+"""Two measurements against a running GPU stack (bench/bench_gpu_plan.py --squeeze / --ingest).
+
+- squeeze: a helper process takes GPU memory 1 GiB at a time (plain cudaMalloc through torch) until the
+  pool guard sheds; every step sends one embeddings request and one ingest. Expected: ingest refused
+  first (503 + Retry-After at shed_ingest_at), then all new work (at shed_all_at), no replica lost
+  (/healthz 200 throughout), and 200s again once the helper lets go. The helper never takes the last
+  GiB-and-a-half, so nothing already admitted can run out.
+- ingest_ratio: the pydoc corpus ingested through the stack (20 documents per request, as clients send
+  them) against raw sentence-transformers encoding the same chunks on the same GPU.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+GIB = 2**30
+HELPER = """
+import sys, torch
+held = []
+for line in sys.stdin:
+    held.append(torch.empty(1 << 30, dtype=torch.uint8, device="cuda"))
+    print(len(held), flush=True)
+"""
+KEEP_FREE = int(1.5 * GIB)
+CORPUS = Path(__file__).resolve().parent / "data" / "stdlib-pydoc.jsonl.gz"
+
+
+def _probe(base_url: str, headers: dict, profile) -> tuple[int, int, str | None]:
+    emb = httpx.post(f"{base_url}/v1/embeddings", headers=headers, timeout=60,
+                     json={"model": profile.embedder.model_id, "input": ["squeeze"]})
+    ing = httpx.post(f"{base_url}/v1/collections/squeeze/documents", headers=headers, timeout=60,
+                     json={"documents": [{"id": "s", "text": "squeeze test document"}]})
+    return emb.status_code, ing.status_code, emb.headers.get("retry-after") or ing.headers.get("retry-after")
+
+
+def squeeze(base_url: str, key: str, profile, sampler, max_steps: int = 200) -> dict:
+    headers = {"Authorization": f"Bearer {key}"}
+    helper = subprocess.Popen([sys.executable, "-c", HELPER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, start_new_session=True)
+    steps, result = [], {"shed_ingest_at_fraction": None, "shed_all_at_fraction": None}
+    try:
+        for _ in range(max_steps):
+            sample = sampler.read()
+            if sample.free < KEEP_FREE + GIB:
+                result["stopped"] = "kept the last 1.5 GiB free"
+                break
+            helper.stdin.write("\n")
+            helper.stdin.flush()
+            held = int(helper.stdout.readline() or 0)
+            time.sleep(0.6)  # the guard samples every 0.25 s
+            sample = sampler.read()
+            fraction = sample.used / (sample.used + sample.free)
+            emb, ing, retry = _probe(base_url, headers, profile)
+            steps.append({"held_gib": held, "used_fraction": round(fraction, 4), "embeddings": emb,
+                          "ingest": ing, "retry_after": retry})
+            if ing == 503 and result["shed_ingest_at_fraction"] is None:
+                result["shed_ingest_at_fraction"] = round(fraction, 4)
+            if emb == 503:
+                result["shed_all_at_fraction"] = round(fraction, 4)
+                break
+        result["healthz_while_shedding"] = httpx.get(f"{base_url}/healthz", timeout=30).status_code
+    finally:
+        helper.stdin.close()
+        helper.wait(timeout=30)
+    released = time.monotonic()
+    for _ in range(120):
+        emb, ing, _ = _probe(base_url, headers, profile)
+        if emb == 200 and ing == 200:
+            result["recovered_after_s"] = round(time.monotonic() - released, 1)
+            break
+        time.sleep(0.5)
+    result["healthz_after"] = httpx.get(f"{base_url}/healthz", timeout=30).status_code
+    result["steps"] = steps
+    return result
+
+
+def _corpus(limit: int) -> list[dict]:
+    with gzip.open(CORPUS, "rt") as handle:
+        return [json.loads(line) for line, _ in zip(handle, range(limit))]
+
+
+def ingest_ratio(base_url: str, key: str, profile, documents: int = 120, per_request: int = 20,
+                 device: str = "cuda") -> dict:
+    from rag.embedding import SentenceTransformerEmbedder
+
+    docs = _corpus(documents)
+    headers = {"Authorization": f"Bearer {key}"}
+    started = time.perf_counter()
+    chunks_stack = 0
+    for i in range(0, len(docs), per_request):
+        batch = [{"id": f"d{i + j}", "text": d["text"]} for j, d in enumerate(docs[i:i + per_request])]
+        reply = httpx.post(f"{base_url}/v1/collections/ingest-ratio/documents", headers=headers, timeout=600,
+                           json={"documents": batch})
+        reply.raise_for_status()
+        chunks_stack += sum(int(d.get("chunks", 0)) for d in reply.json().get("documents", []))
+    stack_s = time.perf_counter() - started
+    raw = SentenceTransformerEmbedder(profile.embedder.model, profile.embedder.batch_size, profile.rag.chunk_tokens,
+                                      profile.rag.chunk_overlap, device)
+    texts = [c.text for d in docs for c in raw.chunk(d["text"])]
+    raw.model.encode(texts[:64], batch_size=profile.embedder.batch_size)  # warm-up, as the replica's
+    started = time.perf_counter()
+    raw.model.encode(texts, batch_size=profile.embedder.batch_size, normalize_embeddings=True)
+    raw_s = time.perf_counter() - started
+    return {"documents": len(docs), "per_request": per_request, "chunks_stack": chunks_stack,
+            "chunks_raw": len(texts), "stack_chunks_per_s": round(chunks_stack / stack_s, 1),
+            "raw_chunks_per_s": round(len(texts) / raw_s, 1),
+            "ratio": round((chunks_stack / stack_s) / (len(texts) / raw_s), 3)}

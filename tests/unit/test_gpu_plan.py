@@ -1,0 +1,121 @@
+"""The GPU code paths that run only on the GPU machine, checked here without one: the discrete-GPU plan
+(device lines in the pool, host lines beside it), vLLM's KV-token figure, the GPU profiles, the engine-pair
+adapter, and the readers bench/bench_gpu_plan.py uses on the device."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.gpu_probe import parse_vllm_log, role_of
+from planner import runtime
+from planner.engine import vllm_logged_kv_tokens
+from planner.gpu import split_device_lines
+from planner.kvgroups import KVGroups, kv_cache_groups
+from planner.plan import build_plan
+from planner.profile import load_profile
+from planner.units import GiB
+
+ROOT = Path(__file__).resolve().parents[2]
+H200 = int(139.8 * GiB)
+GPU_MODELS = ROOT / "models" / "gpu" / "Qwen3.8-27B-dummy" / "config.json"
+needs_gpu_models = pytest.mark.skipif(not GPU_MODELS.exists(), reason="make gpu-models has not run")
+
+
+@pytest.mark.parametrize("groups, block, state_blocks, expected", [
+    # What vLLM 0.26 logged on an H200 for Qwen3.8-27B at kv_cache_memory_bytes 8 GiB, max_model_len 8192
+    # (shared/DESIGN.md section 8): 167 blocks / (11 + 3) blocks per request; DSpark k=7: 120 / (10 + 3 x 8).
+    ({"attention": 16, "state": 48}, 784, 1, 97_718),
+    ({"attention": 21, "state": 48}, 832, 8, 28_912),
+])
+def test_vllm_kv_tokens_match_the_h200_logs(groups, block, state_blocks, expected):
+    assert vllm_logged_kv_tokens(8 * GiB, 8192, block, kv_cache_groups(groups), 4096, 0, state_blocks) == expected
+
+
+def test_vllm_kv_tokens_single_spec_model():
+    # SmolLM2 (23,040 B/token) with 2 GiB on the H200: "KV cache size: 93,200 tokens" (5,825 blocks of 16).
+    assert vllm_logged_kv_tokens(2 * GiB, 4096, 16, KVGroups(0, ()), 0, 23_040, 1) == 93_200
+
+
+def test_split_device_lines():
+    device, host = split_device_lines({"weights.mlp (bfloat16)": 10, "kv_pool.attention": 5, "runtime.worker": 3,
+                                       "cuda_context.worker": 1, "drafter.weights (dspark)": 2, "mapped_files": 4})
+    assert device == {"weights.mlp (bfloat16)": 10, "kv_pool.attention": 5, "cuda_context.worker": 1,
+                      "drafter.weights (dspark)": 2}
+    assert host == {"runtime.worker": 3, "mapped_files": 4}
+
+
+@needs_gpu_models
+def test_discrete_gpu_plan_counts_device_lines_only():
+    plan = build_plan(load_profile(ROOT / "configs" / "gh200-two-engines.yaml"), H200)
+    assert plan.pool.discrete and plan.pool.ray_bytes == 0 and plan.pool.host_bytes > 0
+    by = {r.name: r for r in plan.replicas}
+    assert by["retriever"].planned_bytes == 0 and by["gateway"].planned_bytes == 0
+    assert by["retriever"].ray_actor_options.num_gpus is None and by["retriever"].host_bytes > 0
+    for name in ("chat", "chat-qwen3.8-27b-plain"):
+        chat = by[name]
+        assert not any(k.startswith("runtime.") for k in chat.breakdown)
+        assert set(chat.host_breakdown) >= {"runtime.engine_core", "runtime.worker"}
+        assert chat.ray_actor_options.memory == chat.host_bytes
+        # utilization covers exactly the device bytes; the GPU share follows them
+        assert chat.vllm.gpu_memory_utilization * H200 >= chat.planned_bytes
+        assert chat.ray_actor_options.num_gpus == pytest.approx(chat.planned_bytes / H200, abs=1e-4)
+        assert chat.vllm.load_format == "dummy" and chat.vllm.limit_mm_per_prompt == {"image": 0, "video": 0}
+        assert chat.vllm.additional_config == {"gdn_prefill_backend": "triton"}
+        assert not any("vision" in k for k in chat.breakdown)  # a text-only engine loads no vision tower
+    assert by["embedder"].ray_actor_options.num_gpus > 0
+    # the second engine is admitted against what the first leaves; a discrete GPU's own start-up is one context
+    second = next(a for a in plan.admission if a.name == "chat-qwen3.8-27b-plain")
+    assert second.overhead_bytes == runtime.CUDA_CONTEXT
+    assert second.free_before_bytes == plan.pool.free_bytes - by["chat"].planned_bytes
+    assert plan.engines["chat"].vllm_kv_tokens > 0 and plan.engines["chat-qwen3.8-27b-plain"].vllm_kv_tokens > 0
+
+
+@needs_gpu_models
+def test_dspark_drafter_counts_its_markov_head():
+    plan = build_plan(load_profile(ROOT / "configs" / "gh200.yaml"), H200)
+    facts = plan.engines["chat"]
+    # 5 target-width layers + the 5x5120 fc (bundled facts: 3,670,128,640 B in bf16) + the folder's Markov
+    # head: markov_rank 256 x (248,320 + 248,320) parameters in bf16
+    assert facts.drafter_weight_bytes == 3_670_128_640 + 256 * 2 * 248_320 * 2
+
+
+def test_adapt_engine_env_for_vllm_026(monkeypatch):
+    from deployments import engine_compat
+
+    env = {"VLLM_KV_CACHE_LAYOUT": "BLHNC", "OMP_NUM_THREADS": "4"}
+    monkeypatch.setattr(engine_compat, "installed_pair", lambda: {"vllm": "0.26.0", "ray": "2.58.1"})
+    assert engine_compat.adapt_engine_env(env) == {"OMP_NUM_THREADS": "4"}
+    monkeypatch.setattr(engine_compat, "installed_pair", lambda: {"vllm": "0.32.0", "ray": "2.60.0"})
+    assert engine_compat.adapt_engine_env(env) == env
+
+
+def test_parse_vllm_log_lines():
+    text = "\n".join([
+        "INFO 12-01 [gpu_model_runner.py:5348] Model loading took 53.81 GiB memory and 21.5 seconds",
+        "INFO [config.py] Setting attention block size to 832 tokens to ensure that attention page size is >= mamba",
+        "INFO [kv_cache_utils.py] Add 15 padding layers, may waste at most 31.25% KV cache memory",
+        "DEBUG [gpu_worker.py] Initial free memory: 137.21 GiB; Requested memory: 0.552800 (util), 77.28 GiB",
+        "DEBUG [gpu_worker.py] Memory profiling takes 3.10 seconds. Total non KV cache memory: 55.9GiB; "
+        "torch peak memory increase: 1.77GiB; non-torch forward increase memory: 0.12GiB; weights memory: 53.81GiB.",
+        "INFO [gpu_worker.py] Available KV cache memory: 20.8 GiB",
+        "INFO [kv_cache_utils.py] GPU KV cache size: 28,912 tokens",
+        "INFO [kv_cache_utils.py] Maximum concurrency for 8,192 tokens per request: 3.53x",
+    ])
+    found = parse_vllm_log(text)
+    assert found == {"weights_gib": 53.81, "available_kv_gib": 20.8, "kv_tokens": 28_912, "max_concurrency": 3.53,
+                     "torch_peak_increase_gib": 1.77, "non_torch_increase_gib": 0.12, "non_kv_cache_gib": 55.9,
+                     "initial_free_gib": 137.21, "attention_block_tokens": 832, "padding_layers": 15}
+
+
+@pytest.mark.parametrize("title, role", [
+    ("ray::RayWorkerWrapper.execute_method", "vllm_worker"),
+    ("ray::ServeReplica:poolserve:embedder", "embedder"),
+    ("ray::ServeReplica:poolserve:PoolserveLLMServer:chat", "chat_replica"),
+    ("VLLM::EngineCore", "engine_core"),
+    ("python3 -m vllm.entrypoints.openai.api_server --model x", "raw_vllm"),
+    ("bash", "other"),
+])
+def test_role_of(title, role):
+    assert role_of(title) == role
