@@ -4,7 +4,7 @@
   pool guard sheds; every step sends one embeddings request and one ingest. Expected: ingest refused
   first (503 + Retry-After at shed_ingest_at), then all new work (at shed_all_at), no replica lost
   (/healthz 200 throughout), and 200s again once the helper lets go. The helper never takes the last
-  GiB-and-a-half, so nothing already admitted can run out.
+  GiB, so nothing already admitted can run out.
 - ingest_ratio: the pydoc corpus ingested through the stack (20 documents per request, as clients send
   them) against raw sentence-transformers encoding the same chunks on the same GPU.
 """
@@ -28,7 +28,7 @@ for line in sys.stdin:
     held.append(torch.empty(1 << 30, dtype=torch.uint8, device="cuda"))
     print(len(held), flush=True)
 """
-KEEP_FREE = int(1.5 * GIB)
+KEEP_FREE = GIB
 CORPUS = Path(__file__).resolve().parent / "data" / "stdlib-pydoc.jsonl.gz"
 
 
@@ -49,7 +49,7 @@ def squeeze(base_url: str, key: str, profile, sampler, max_steps: int = 200) -> 
         for _ in range(max_steps):
             sample = sampler.read()
             if sample.free < KEEP_FREE + GIB:
-                result["stopped"] = "kept the last 1.5 GiB free"
+                result["stopped"] = "kept the last GiB free"
                 break
             helper.stdin.write("\n")
             helper.stdin.flush()

@@ -36,7 +36,8 @@ from planner.plan import Plan
 from planner.profile import Profile
 from planner.units import gib
 from stackctl.cgroup import MemoryCgroup, PoolUnavailable, create_pool, limited_cgroup, own_cgroup, remove_pool
-from stackctl.preflight import biggest_other_processes, can_drop_page_cache, check, drop_clean_page_cache, read_live
+from stackctl.preflight import (biggest_other_processes, can_drop_page_cache, check, drop_clean_page_cache, host_fits,
+                                read_live, read_live_gpu)
 from stackctl.processes import STACK_ENV, end_stack, stack_pids
 
 # Ray ports a head opens; each gets a free port so two stacks on one machine never collide.
@@ -179,6 +180,12 @@ def enter_pool(layout: StackLayout, pool_bytes: int, log) -> tuple[MemoryCgroup,
 
 def run_preflight(plan: Plan, pool: MemoryCgroup | None, log) -> bool:
     """The live pool against the plan; drops clean page cache once when that is what stands in the way."""
+    if plan.pool.discrete:  # the pool is the GPU's memory; the host lines are checked against the host
+        result = check(plan, read_live_gpu())
+        host_ok, host_line = host_fits(plan)
+        for line in [*result.lines, host_line]:
+            log(f"preflight: {line}")
+        return result.ok and host_ok
     pool = pool or limited_cgroup()  # e.g. a systemd scope or a container with a memory limit
     result = check(plan, read_live(pool))
     if not result.ok and can_drop_page_cache() and read_live(pool).page_cache > 0:

@@ -51,6 +51,27 @@ def read_live(pool: MemoryCgroup | None = None) -> LiveMemory:
                       pool.usage_bytes() if pool is not None else 0)
 
 
+def read_live_gpu(index: int = 0) -> LiveMemory:
+    """A discrete GPU's memory as the live pool (profile `unified: false`): NVML's total and free. The device
+    has no page cache, so available == free, which is what vLLM's start check reads there."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index))
+    finally:
+        pynvml.nvmlShutdown()
+    return LiveMemory(int(info.total), int(info.free), int(info.free), 0)
+
+
+def host_fits(plan: Plan) -> tuple[bool, str]:
+    """Beside a discrete GPU the host lines (runtimes, Ray, the index) need host memory of their own."""
+    available = host_meminfo()["MemAvailable"]
+    ok = plan.pool.host_bytes <= available
+    return ok, (f"host: the plan's host lines need {gib(plan.pool.host_bytes)}, MemAvailable {gib(available)} -> "
+                f"{'fits' if ok else 'does NOT fit'}")
+
+
 def biggest_other_processes(exclude: set[int], count: int = 5) -> list[tuple[str, int]]:
     """The processes outside the stack that hold the most memory (name, RSS)."""
     found = []

@@ -68,9 +68,10 @@ def write_private_stack(workdir: Path, base_profile: Path, port: int,
     tenants = yaml.safe_load((ROOT / "configs" / "tenants.example.yaml").read_text())
     (workdir / "tenants.yaml").write_text(yaml.safe_dump(tenants))
     profile["tenants_file"] = str(workdir / "tenants.yaml")
-    profile["chat"]["model"] = _absolute(profile["chat"]["model"])
-    for engine in profile.get("engines", []):
+    for engine in (profile["chat"], *profile.get("engines", [])):
         engine["model"] = _absolute(engine["model"])
+        if engine.get("speculative", {}).get("model"):  # a draft folder, e.g. the GPU profiles' DSpark
+            engine["speculative"]["model"] = _absolute(engine["speculative"]["model"])
     profile["embedder"]["model"] = _absolute(profile["embedder"]["model"])
     profile["chat"].update(chat_overrides or {})
     profile["gateway"] = {**profile.get("gateway", {}), **(gateway_overrides or {}), "port": port}
