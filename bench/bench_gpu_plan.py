@@ -161,9 +161,9 @@ def run(profile_path: Path, out: Path, timeout_s: float, do_squeeze: bool, do_in
         try:
             with poolserve_stack(profile_path, workdir, timeout_s=timeout_s) as server:
                 report["start_to_healthy_s"] = round(time.time() - started, 1)
-                report["answers"] = use_the_stack(server.base_url, server.api_key, profile)
                 import httpx
 
+                # Measured first, at rest: what the plan promises is the footprint once started.
                 status = httpx.get(f"{server.base_url}/status", timeout=60,
                                    headers={"Authorization": f"Bearer {os.environ['POOLSERVE_ADMIN_KEY']}"})
                 report["status"] = status.json() if status.status_code == 200 else {"http": status.status_code}
@@ -172,10 +172,17 @@ def run(profile_path: Path, out: Path, timeout_s: float, do_squeeze: bool, do_in
                 report["measured"] = measured_by_replica(plan, sampler, sampler.first_seen(), logs)
                 report["nvidia_smi"] = subprocess.run(["nvidia-smi"], capture_output=True, text=True).stdout
                 report["rows"] = compare(plan, report["measured"])
+                steps = {"answers": lambda: use_the_stack(server.base_url, server.api_key, profile)}
                 if do_ingest:
-                    report["ingest"] = ingest_ratio(server.base_url, server.api_key, profile)
+                    steps["ingest"] = lambda: ingest_ratio(server.base_url, server.api_key, profile)
                 if do_squeeze:
-                    report["squeeze"] = squeeze(server.base_url, server.api_key, profile, sampler)
+                    steps["squeeze"] = lambda: squeeze(server.base_url, server.api_key, profile, sampler)
+                for name, step in steps.items():  # one failing step does not cost the others
+                    try:
+                        report[name] = step()
+                    except Exception as exc:
+                        report[name] = {"error": f"{type(exc).__name__}: {exc}"}
+                report["measured_after_use"] = measured_by_replica(plan, sampler, sampler.first_seen(), logs)
         except Exception as exc:  # a failed start is a result too: keep what was seen
             report["error"] = f"{type(exc).__name__}: {exc}"
             report["serve_log_tail"] = (workdir / "serve.log").read_text(errors="replace")[-6000:] \
