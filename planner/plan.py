@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from planner import runtime
+from planner import gb10, runtime
 from planner.advice import Overcommit, overcommit_message
 from planner.architecture import ArchitectureError, embedding_dimension
 from planner.engine import EngineError, plan_engine, utilization_for
@@ -238,6 +238,8 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
             eng = plan_engine(chat, spec, cpus, total, other_threads)
         except (EngineError, ArchitectureError) as exc:
             raise PlanError(f"{name}: {exc}" if name != "chat" else str(exc)) from exc
+        if spec.gpu and spec.unified:
+            eng.breakdown.update(gb10.overhead_lines(eng.breakdown))
         chat_bytes = sum(eng.breakdown.values())
         vllm = eng.vllm
         if spec.gpu:
@@ -264,7 +266,7 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
     if want_cpus > cpus:
         raise PlanError(f"replicas ask for {want_cpus:g} Ray CPUs but pool {spec.name} has {cpus:g}: lower the "
                         "num_cpus of chat/embedder/retriever/gateway (fractions are fine)")
-    starts = {name: _start_lines(name, chat, e) for name, (chat, e) in engines.items()}
+    starts = {name: _start_lines(name, chat, e, spec) for name, (chat, e) in engines.items()}
     notes = [n for name, (_, e) in engines.items() for n in e.notes]
     admission = _admission(replicas, total, spec, ray_bytes + sum(page_cache.values()), notes, starts)
     # Headroom at start: the tightest moment of the start order (an engine at its start peak).
@@ -312,14 +314,18 @@ def _gateway_settings(profile: Profile, replicas: list[ReplicaPlan]) -> GatewayS
         planned_at_rest_bytes={r.name: r.planned_bytes - r.growth_bytes for r in replicas})
 
 
-def _start_lines(name: str, chat, eng) -> dict[str, int]:
+def _start_lines(name: str, chat, eng, spec: PoolSpec) -> dict[str, int]:
     """An engine's start-up transient, beyond its steady lines (runtime.START_*): its checkpoint in the
-    page cache while it is copied, and compile / graph capture when not eager."""
+    page cache while it is copied, and compile / graph capture when not eager (a speculator's capture on
+    a unified GPU pool as measured on a GB10, runtime.GB10_SPECULATOR_GRAPH_CAPTURE)."""
     weights = eng.facts["weight_bytes"] + eng.facts["drafter_weight_bytes"]
     lines = {f"start.{name}.weights_page_cache": min(runtime.START_WEIGHT_READ, weights)}
     if not chat.enforce_eager:
         lines[f"start.{name}.compile"] = runtime.START_COMPILE
-        lines[f"start.{name}.cuda_graph_capture"] = runtime.START_GRAPH_CAPTURE
+        if spec.gpu and spec.unified and eng.drafter.method != "none":
+            lines[f"start.{name}.speculator_graph_capture (GB10)"] = gb10.speculator_capture_peak()
+        else:
+            lines[f"start.{name}.cuda_graph_capture"] = runtime.START_GRAPH_CAPTURE
     return lines
 
 

@@ -147,6 +147,9 @@ class ChatSpec(_Strict):
     speculative: SpeculativeSpec = Field(default_factory=SpeculativeSpec, description="Speculative decoding.")
     warmup_prompt: str = Field("Say OK.", description="Sent once before the replica reports ready.")
     node: str | None = Field(None, description="Pool (node) name to place the replica on; None = the first.")
+    vllm_build: str = Field("0.32.0", min_length=1, description="The vLLM the engine runs: a release (the pinned "
+                            "0.32.0, or the version a container ships) or a named build (planner/ple_switch.py). "
+                            "Decides the switch that puts the PLE on disk; a build without one refuses ple: disk.")
 
 
 class EmbedderSpec(_Strict):
