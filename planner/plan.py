@@ -63,6 +63,7 @@ class PoolPlan(BaseModel):
     free_bytes: int = Field(description="total - reserve: what the plan may hand out.")
     cpus: float
     gpu: bool = False
+    unified: bool = Field(False, description="GPU and CPU share this memory (GB10): one pool for both.")
     planned_bytes: int = 0
     ray_bytes: int = 0
     page_cache_bytes: int = 0
@@ -274,7 +275,7 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
     engine_rows = [a for a in admission if a.name in starts]
     start = starts[min(engine_rows, key=lambda a: a.start_headroom_bytes).name] if engine_rows else {}
     pool = PoolPlan(name=spec.name, total_bytes=total, reserve_bytes=spec.reserve, free_bytes=free, cpus=cpus,
-                    gpu=spec.gpu, planned_bytes=needed - ray_bytes - sum(page_cache.values()), ray_bytes=ray_bytes,
+                    gpu=spec.gpu, unified=spec.gpu and spec.unified, planned_bytes=needed - ray_bytes - sum(page_cache.values()), ray_bytes=ray_bytes,
                     page_cache_bytes=sum(page_cache.values()), headroom_bytes=free - needed,
                     start_peak_bytes=sum(start.values()),
                     start_headroom_bytes=min(free - needed, tightest),
