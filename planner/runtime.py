@@ -49,12 +49,30 @@ VLLM_GPU_START_OVERHEAD = 3 * GB
 # pool's peak while the engine loads is its steady footprint plus its checkpoint in the page cache).
 # GPU estimates until measured on a Spark:
 # - weights are read through the page cache: on unified memory the cached pages of the shard being
-#   copied sit beside the copy (HF shards are <= 5 GB; vLLM on GB10 read MemFree, vllm#48140);
+#   copied sit beside the copy (HF shards are <= 5 GB). Clean page cache is reclaimable: vLLM's start
+#   check on an integrated GPU reads MemAvailable (psutil), not MemFree (vllm#48140, retracted by its
+#   reporter), so these pages cost the pool only while they are being copied;
 # - torch.compile / Inductor compile workers (not with enforce_eager);
 # - CUDA graph capture's warm-up runs beyond the kept graph pool (not with enforce_eager).
 START_WEIGHT_READ = 5 * GB
 START_COMPILE = 2 * GiB
 START_GRAPH_CAPTURE = 1 * GiB
+
+# --- GB10 (DGX Spark): public measurements, planned on unified-memory GPU pools ----------------------
+# The constants above stay as they are (the H200 runs recalibrate them); these are what public GB10
+# runs measured, and the planner plans the larger of the two (planner/gb10.py).
+# vLLM's engine overhead beyond weights and its KV cap, on a GB10 (121.69 GiB, vLLM 0.28, /proc/meminfo
+# at 1 Hz): 5.4-6.7 GiB (llamastash/llamastash#80; its fix, #81, reserves for it). Planned at the top of
+# the range, for the worker's activations, host-side runtime, CUDA context and graphs together.
+GB10_VLLM_OVERHEAD = int(6.7 * GiB)
+# Speculator CUDA graph capture at start: Qwen3.8-Flash-Next (NVIDIA's NVFP4 checkpoint), MTP 3,
+# FULL_DECODE_ONLY, 4 sequences on a GB10 peaked 5.5 GiB over its 95.65 GiB budget (101.1 GiB) with a
+# 26 GiB host reserve, and a GiB under budget with 30; at MTP 0 the same boot peaked 1.75 GiB over, "so most
+# of the overshoot is speculative decoding's capture step, and no --gpu-memory-utilization value bounds
+# it" (usmaneth/Qwen3.8-Flash-Next-Single-DGX-Spark profiles/spark1-best.env, measured 2026-09-17;
+# MiaAI-Lab/Qwen3.8-Flash-Next-Single-DGX-Spark #47, #52). Planned as the capture's start peak in place
+# of START_GRAPH_CAPTURE when a speculator's graphs are captured.
+GB10_SPECULATOR_GRAPH_CAPTURE = int(5.5 * GiB)
 
 # --- Python replicas --------------------------------------------------------------------------
 # Unique memory (PSS) = anonymous pages (heap: stable within a few %) + this process's share of the

@@ -179,7 +179,9 @@ def enter_pool(layout: StackLayout, pool_bytes: int, log) -> tuple[MemoryCgroup,
 
 
 def run_preflight(plan: Plan, pool: MemoryCgroup | None, log) -> bool:
-    """The live pool against the plan; drops clean page cache once when that is what stands in the way."""
+    """The live pool against the plan; drops clean page cache once when that is what stands in the way,
+    and on a unified GPU pool before the check, as hygiene: clean pages count as available, but on a GB10
+    the driver has failed allocations (NV_ERR_NO_MEMORY) while MemAvailable still showed room (vllm#56824)."""
     if plan.pool.discrete:  # the pool is the GPU's memory; the host lines are checked against the host
         result = check(plan, read_live_gpu())
         host_ok, host_line = host_fits(plan)
@@ -187,6 +189,9 @@ def run_preflight(plan: Plan, pool: MemoryCgroup | None, log) -> bool:
             log(f"preflight: {line}")
         return result.ok and host_ok
     pool = pool or limited_cgroup()  # e.g. a systemd scope or a container with a memory limit
+    if plan.pool.gpu and plan.pool.unified and can_drop_page_cache() and read_live(pool).page_cache > 0:
+        log("preflight: dropping clean page cache (root; hygiene on a unified GPU pool)")
+        drop_clean_page_cache()
     result = check(plan, read_live(pool))
     if not result.ok and can_drop_page_cache() and read_live(pool).page_cache > 0:
         log("preflight: dropping clean page cache (root) and checking again")

@@ -1,9 +1,12 @@
 """Preflight: compare the live pool with the plan before anything starts, and refuse with sized advice.
 
-A plan says what the stack needs; the machine says what is free now. Other processes, a page cache
-full of last week's downloads, or a cgroup already half used all shrink what is free. On a GB10, vLLM
-reads MemFree, not MemAvailable, so reclaimable page cache alone fails its start check (vllm#48140):
-preflight says so, and drops clean page cache when it may (root).
+A plan says what the stack needs; the machine says what is free now. Other processes, or a cgroup
+already half used, shrink what is free. On an integrated GPU (GB10) vLLM's start check reads
+MemAvailable, as this check does: vLLM 0.32's MemorySnapshot.measure() takes psutil's
+virtual_memory().available there (utils/mem_utils.py), so clean page cache (a fresh `poolserve fetch`)
+does not fail it. vllm#48140 said MemFree; its reporter retracted that (the refusal's figure was
+MemAvailable). Dropping clean page cache is hygiene on a unified GPU pool (stackctl/launcher.py), not a
+condition of the check.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ DROP_CACHES = "/proc/sys/vm/drop_caches"
 class LiveMemory:
     total: int
     available: int  # MemAvailable: free + what the kernel can reclaim
-    free: int  # MemFree: what vLLM's GPU start check reads on a GB10
+    free: int  # MemFree: shown for the record; no check reads it (vLLM reads MemAvailable, vllm#48140)
     page_cache: int
     pool_limit: int | None = None  # the stack's cgroup pool, when it runs in one
     pool_usage: int = 0
@@ -134,19 +137,18 @@ def check(plan: Plan, live: LiveMemory, others: list[tuple[str, int]] | None = N
                             f"{gib(plan.ray.object_store_memory)}: Ray would fall back to disk; enlarge /dev/shm "
                             "or lower ray.object_store_memory")
         result.ok = False
-    # vLLM's GPU start check per engine, in start order: each samples MemFree after the engines before
-    # it took their share.
+    # vLLM's GPU start check per engine, in start order: util x MemTotal must fit MemAvailable, sampled
+    # after the engines before it took their share and after its own start-up footprint exists.
+    overhead = {a.name: a.overhead_bytes for a in plan.admission}
     taken = 0
     for replica in sorted(plan.replicas, key=lambda r: r.start_order):
-        if replica.kind != "chat":
-            continue
-        requested = int((replica.vllm.gpu_memory_utilization or 0) * live.total)
-        free, available = live.free - taken, live.available - taken
-        if plan.pool.gpu and free < requested <= available:
-            result.lines.append(f"  {replica.name}: vLLM's start check reads MemFree ({gib(free)} at its turn) and "
-                                f"would refuse {gib(requested)} although MemAvailable ({gib(available)}) holds it: "
-                                f"clean page cache ({gib(live.page_cache)}) must be dropped first (vllm#48140)")
-            result.ok = False
+        if replica.kind == "chat" and plan.pool.gpu:
+            requested = int((replica.vllm.gpu_memory_utilization or 0) * live.total)
+            seen = live.usable - taken - overhead.get(replica.name, 0)
+            if requested > seen:
+                result.lines.append(f"  {replica.name}: vLLM's start check would refuse util x MemTotal "
+                                    f"{gib(requested)}: MemAvailable at its turn, less its own start-up, is {gib(seen)}")
+                result.ok = False
         taken += replica.pool_bytes
     if not result.ok:
         short = needed_bytes(plan) - usable

@@ -260,6 +260,7 @@ def test_a_draft_model_is_fetched_beside_its_target(hub, tmp_path):
     for section, name in ((data["chat"], "target"), (data["chat"]["speculative"], "draft")):
         section["model"] = f"models/{name}"
     data["chat"]["hub"]["repo_id"], data["chat"]["speculative"]["hub"]["repo_id"] = repos.values()
+    data["chat"]["hub"]["revision"] = COMMIT  # the profile pins the real repo's commit; the fake hub has its own
     profile = tmp_path / "spark-27b.yaml"
     profile.write_text(yaml.safe_dump(data))
     code, out = run_fetch(profile)
@@ -284,4 +285,16 @@ def test_hub_sources_in_the_schema():
     with pytest.raises(ValidationError, match="speculative.hub needs speculative.model"):
         SpeculativeSpec(method="dspark", hub={"repo_id": "org/d", "revision": "main"})
     spark = load_profile(ROOT / "configs/dgx-spark-27b.yaml")
-    assert spark.chat.hub.repo_id == "Qwen/Qwen3.8-27B-NVFP4" and spark.chat.speculative.hub.revision == "main"
+    assert spark.chat.hub.repo_id == "nvidia/Qwen3.8-27B-NVFP4"
+    assert spark.chat.hub.revision == "482ca0f3832238542f8f5295dde86b5f22711d80"
+    assert spark.chat.speculative.hub.repo_id == "RadixArk/Qwen3.8-27B-DSpark"
+
+
+def test_spark_profiles_name_the_real_checkpoints_at_pinned_commits():
+    """The public repo ids (docs/SPARK.md section 2): no placeholder id under Qwen/ is left in configs/, and
+    every target checkpoint is pinned to a 40-hex commit."""
+    for path in sorted((ROOT / "configs").glob("dgx-spark*.yaml")):
+        chat = load_profile(path).chat
+        assert chat.hub.repo_id.split("/")[0] == "nvidia", path.name
+        assert re.fullmatch(r"[0-9a-f]{40}", chat.hub.revision), path.name
+        assert "Qwen/" not in path.read_text(), path.name

@@ -59,14 +59,42 @@ def test_a_small_dev_shm_is_refused(monkeypatch):
     assert not result.ok and any("/dev/shm" in line for line in result.lines)
 
 
-def test_vllm_memfree_check_is_flagged_on_a_gpu_pool(monkeypatch):
+def test_page_cache_does_not_refuse_a_gpu_start_vllm_reads_memavailable(monkeypatch):
+    """Right after `poolserve fetch` MemFree is low and the page cache full: vLLM's start check on an
+    integrated GPU reads MemAvailable (vllm#48140, retracted), so preflight passes on MemAvailable alone."""
     monkeypatch.setattr(preflight, "shm_free_bytes", lambda: 8 * GiB)
     plan = build_plan(load_profile(ROOT / "configs" / "dgx-spark-128.yaml"))
-    requested = int(plan.replica("chat").vllm.gpu_memory_utilization * 121.7 * GiB)
-    live = LiveMemory(total=int(121.7 * GiB), available=requested + 20 * GiB, free=requested - GiB,
-                      page_cache=30 * GiB)
+    needed = preflight.needed_bytes(plan) + max(s[1] - s[2] for s in preflight.start_steps(plan))
+    live = LiveMemory(total=int(121.7 * GiB), available=needed + GiB, free=2 * GiB, page_cache=60 * GiB)
     result = check(plan, live)
-    assert not result.ok and any("MemFree" in line and "vllm#48140" in line for line in result.lines)
+    assert result.ok, result.lines
+    assert not any("MemFree" in line for line in result.lines[1:])
+
+
+def test_vllm_start_check_on_memavailable_is_refused_when_short(monkeypatch):
+    monkeypatch.setattr(preflight, "shm_free_bytes", lambda: 8 * GiB)
+    plan = build_plan(load_profile(ROOT / "configs" / "dgx-spark-128.yaml"))
+    chat = plan.replica("chat")
+    requested = int(chat.vllm.gpu_memory_utilization * 121.7 * GiB)
+    overhead = next(a.overhead_bytes for a in plan.admission if a.name == "chat")
+    live = LiveMemory(total=int(121.7 * GiB), available=requested + overhead - GiB, free=100 * GiB, page_cache=0)
+    result = check(plan, live)
+    assert not result.ok
+    assert any("chat: vLLM's start check would refuse" in line and "MemAvailable" in line for line in result.lines)
+
+
+def test_unified_gpu_pool_drops_clean_page_cache_before_the_check(monkeypatch):
+    from stackctl import launcher
+
+    monkeypatch.setattr(preflight, "shm_free_bytes", lambda: 8 * GiB)
+    plan = build_plan(load_profile(ROOT / "configs" / "dgx-spark-128.yaml"))
+    roomy = LiveMemory(total=int(121.7 * GiB), available=int(121 * GiB), free=int(60 * GiB), page_cache=60 * GiB)
+    dropped, logged = [], []
+    monkeypatch.setattr(launcher, "read_live", lambda pool=None: roomy)
+    monkeypatch.setattr(launcher, "can_drop_page_cache", lambda: True)
+    monkeypatch.setattr(launcher, "drop_clean_page_cache", lambda: dropped.append(True))
+    assert launcher.run_preflight(plan, pool=None, log=logged.append)
+    assert dropped == [True] and any("hygiene" in line for line in logged)
 
 
 def test_rays_memory_monitor_leaves_shedding_to_the_pool_guard(tmp_path):
