@@ -211,11 +211,11 @@ class KnowledgeStore:
                         new_ids.append(cur.lastrowid)
                         texts.append(text)
                     self.lexical.add(cur, tenant, collection, list(zip(new_ids, texts)))
-                    cur.execute(
-                        "INSERT OR REPLACE INTO documents VALUES (?,?,?,?,?,?,?)",
-                        (tenant, collection, doc_id, json.dumps(metadata or {}, allow_nan=False), chars, len(chunks), now),
-                    )
-                    write_metadata(cur, tenant, collection, doc_id, metadata or {})
+                    stored = json.dumps(metadata or {}, allow_nan=False)
+                    cur.execute("INSERT OR REPLACE INTO documents VALUES (?,?,?,?,?,?,?)",
+                                (tenant, collection, doc_id, stored, chars, len(chunks), now))
+                    # From the JSON as stored (keys made strings, tuples lists), as json_each would read it.
+                    write_metadata(cur, tenant, collection, doc_id, json.loads(stored))
                     changes.append((old_ids, np.array(new_ids, dtype=np.int64), array))
                 cur.execute("COMMIT")
             except BaseException:
