@@ -29,9 +29,17 @@ class IngestReport:
 
 
 def stored_metadata(client: StackClient, collection: str) -> dict[str, dict]:
-    """Document id -> metadata of what the collection holds now (empty for a new collection)."""
-    info = client.request("GET", f"/v1/collections/{quote(collection, safe='')}", ok_missing=True)
-    return {doc["id"]: doc.get("metadata") or {} for doc in (info or {}).get("documents", [])}
+    """Document id -> metadata of what the collection holds now (empty for a new collection), page by page."""
+    stored, params = {}, {}
+    while True:
+        page = client.request("GET", f"/v1/collections/{quote(collection, safe='')}/documents", ok_missing=True,
+                              params=params)
+        if page is None:
+            return stored
+        stored.update((doc["id"], doc.get("metadata") or {}) for doc in page["data"])
+        if not page["has_more"]:
+            return stored
+        params = {"after": page["last_id"]}
 
 
 def ingest_files(client: StackClient, collection: str, files: list[SourceFile], console: Console) -> IngestReport:

@@ -90,6 +90,8 @@ def build_app(args: dict) -> serve.Application:
         profile.state_dir, embedder_dimension(profile), profile.retriever.index,
         profile.retriever.hnsw_m, profile.retriever.hnsw_ef_search, profile.retriever.faiss_threads,
         profile.retriever.capacity_chunks, profile.retriever.sqlite_cache_bytes, after_engines,
+        profile.retriever.model_dump(include={"tenant_max_chunks", "tenant_max_documents", "tenant_quotas",
+                                              "hnsw_rebuild_deleted_fraction", "index_save_interval_s"}),
     )
     settings = {**plan.gateway.as_dict(), "start_after": after_engines}
     pool = profile.pools[0]

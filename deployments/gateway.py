@@ -337,6 +337,7 @@ ENDPOINTS = {
     "add_documents": lambda app: app.post("/v1/collections/{collection:path}/documents"),
     "list_collections": lambda app: app.get("/v1/collections"),
     "delete_document": lambda app: app.delete("/v1/collections/{collection:path}/documents/{document_id:path}"),
+    "list_documents": lambda app: app.get("/v1/collections/{collection:path}/documents"),
     # Before get_collection, whose `:path` would otherwise take "{c}/search" for a collection name.
     "search_collection": lambda app: app.get("/v1/collections/{collection:path}/search"),
     "search_collection_post": lambda app: app.post("/v1/collections/{collection:path}/search"),

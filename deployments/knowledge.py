@@ -52,8 +52,27 @@ class KnowledgeRoutes(IngestRoutes):
         return JSONResponse({"object": "list", "data": collections})
 
     async def get_collection(self, collection: str, request: Request) -> Response:
+        """Counts only; the documents themselves are paged by list_documents."""
         validate_collection(collection)
         return JSONResponse(await self._retriever.collection_info.remote(self._tenant(request), collection))
+
+    async def list_documents(
+        self, collection: str, request: Request,
+        limit: int | None = Query(None, ge=1, description="Documents in the page (default "
+                                  "rag.documents_page_default, at most rag.documents_page_max)."),
+        after: str | None = Query(None, description="A document id: the page starts after it (the previous "
+                                  "page's last_id)."),
+    ) -> Response:
+        """One page of the collection's documents in id order, with has_more and first_id/last_id."""
+        validate_collection(collection)
+        most = self._settings["documents_page_max"]
+        if limit is not None and limit > most:
+            raise HTTPException(400, f"limit {limit} is above the largest page of {most} (rag.documents_page_max)")
+        if after is not None:
+            validate_document_id(after)
+        page = await self._retriever.list_documents.remote(
+            self._tenant(request), collection, limit or self._settings["documents_page_default"], after)
+        return JSONResponse(page)
 
     async def delete_document(self, collection: str, document_id: str, request: Request) -> Response:
         validate_collection(collection)

@@ -10,6 +10,7 @@ from ray import serve
 
 from deployments.process_memory import process_tree_memory, release_freed_heap
 from deployments.start_order import wait_for_predecessors
+from rag.capacity import Quotas, TenantQuota
 from rag.retrieval import SearchQuery, SearchResult, retrieve
 from rag.store import KnowledgeStore
 
@@ -17,7 +18,10 @@ from rag.store import KnowledgeStore
 @serve.deployment(name="retriever", max_ongoing_requests=64)
 class Retriever:
     async def __init__(self, state_dir: str, dim: int, index_kind: str, hnsw_m: int, hnsw_ef_search: int,
-                       faiss_threads: int, capacity_chunks: int, sqlite_cache_bytes: int, start_after: list[tuple[str, str]]):
+                       faiss_threads: int, capacity_chunks: int, sqlite_cache_bytes: int, start_after: list[tuple[str, str]],
+                       store_settings: dict):
+        """store_settings: the profile's retriever fields the store reads beyond those above (quotas,
+        HNSW's rebuild threshold, the index save interval), as deployments/app.py binds them."""
         import faiss
 
         await wait_for_predecessors("retriever", start_after, serve.get_replica_context().app_name)
@@ -25,7 +29,16 @@ class Retriever:
         faiss.omp_set_num_threads(faiss_threads)
         self.store = KnowledgeStore(Path(state_dir) / "knowledge.sqlite3", dim=dim, index_kind=index_kind,
                                     hnsw_m=hnsw_m, hnsw_ef_search=hnsw_ef_search,
-                                    capacity_chunks=capacity_chunks, sqlite_cache_bytes=sqlite_cache_bytes)
+                                    capacity_chunks=capacity_chunks, sqlite_cache_bytes=sqlite_cache_bytes,
+                                    quotas=_quotas(store_settings),
+                                    rebuild_deleted_fraction=store_settings["hnsw_rebuild_deleted_fraction"],
+                                    index_save_interval_s=store_settings["index_save_interval_s"])
+
+    def __del__(self):
+        # Serve calls this at shutdown: the changed indexes are saved, so the next start loads them.
+        store = getattr(self, "store", None)
+        if store is not None:
+            store.close()
 
     def upsert_documents(self, tenant, collection, documents: list[tuple]) -> list[int]:
         """All of a request's documents in one transaction: an ingest is stored whole or not at all."""
@@ -51,6 +64,9 @@ class Retriever:
     def collection_info(self, tenant: str, collection: str) -> dict:
         return self.store.collection_info(tenant, collection)
 
+    def list_documents(self, tenant: str, collection: str, limit: int, after: str | None) -> dict:
+        return self.store.list_documents(tenant, collection, limit, after)
+
     def search(self, tenant: str, collection: str, query: SearchQuery) -> SearchResult:
         return retrieve(self.store, tenant, collection, query)
 
@@ -62,3 +78,9 @@ class Retriever:
 
     def ready(self) -> bool:
         return True
+
+
+def _quotas(settings: dict) -> Quotas:
+    default = TenantQuota(settings["tenant_max_chunks"], settings["tenant_max_documents"])
+    return Quotas(default, {name: TenantQuota(q.get("chunks"), q.get("documents"))
+                            for name, q in settings["tenant_quotas"].items()})

@@ -187,11 +187,30 @@ class EmbedderSpec(_Strict):
     node: str | None = Field(None, description="Pool (node) name to place the replica on; None = the first.")
 
 
+class TenantQuotaSpec(_Strict):
+    """What one tenant may store (retriever.tenant_quotas); None = no quota of its own."""
+
+    chunks: int | None = Field(None, ge=1, description="Chunks the tenant may store, over all its collections.")
+    documents: int | None = Field(None, ge=1, description="Documents the tenant may store.")
+
+
 class RetrieverSpec(_Strict):
     """The FAISS index over the chunk store."""
 
     index: Literal["flat", "hnsw"] = Field("flat", description="FAISS index kind (Flat: exact; HNSW: approximate, for large sets).")
-    capacity_chunks: int = Field(200_000, ge=1, description="Chunks the index is planned to hold.")
+    capacity_chunks: int = Field(200_000, ge=1, description="Chunks the index is planned to hold (all tenants).")
+    tenant_max_chunks: int | None = Field(None, ge=1, description="Chunks one tenant may store, refused (413 with "
+                                          "the tenant's own figures) before capacity_chunks is; None = up to "
+                                          "capacity_chunks. tenant_quotas overrides it per tenant.")
+    tenant_max_documents: int | None = Field(None, ge=1, description="Documents one tenant may store; None = no "
+                                             "limit of its own.")
+    tenant_quotas: dict[str, TenantQuotaSpec] = Field(default_factory=dict, description="Per-tenant overrides of "
+                                                      "tenant_max_chunks / tenant_max_documents, by tenant name.")
+    hnsw_rebuild_deleted_fraction: float = Field(0.2, gt=0, le=1, description="HNSW marks replaced and deleted "
+                                                 "vectors deleted instead of rebuilding; past this fraction of a "
+                                                 "collection's vectors it is rebuilt from SQLite.")
+    index_save_interval_s: float = Field(60.0, gt=0, description="Seconds between saves of changed FAISS indexes "
+                                         "to the state dir (and at shutdown), so a restart loads them.")
     hnsw_m: int = Field(32, ge=4, description="HNSW graph degree.")
     hnsw_ef_search: int = Field(256, ge=1, description="HNSW candidates kept while searching (FAISS efSearch; "
                                 "a filtered search keeps at least top_k). On MiniLM chunks 256 found 97% of the "
@@ -218,6 +237,9 @@ class RagSpec(_Strict):
     default_top_k: int = Field(4, ge=1, description="Chunks retrieved when the request does not say.")
     max_top_k: int = Field(20, ge=1, description="Largest top_k a request may ask for.")
     max_documents_per_request: int = Field(256, ge=1, description="Documents per ingest request.")
+    documents_page_default: int = Field(20, ge=1, description="Documents a listing page holds when the request "
+                                        "gives no `limit`.")
+    documents_page_max: int = Field(100, ge=1, description="Largest `limit` of a document listing page.")
     max_document_chars: int = Field(2_000_000, ge=1, description="Characters per ingested document.")
     answer_max_tokens: int = Field(256, ge=1, description="Default completion budget for RAG answers.")
     min_score: float = Field(0.30, ge=-1.0, le=1.0, description="No-answer threshold: a RAG query or chat-with-RAG "

@@ -11,8 +11,9 @@ true does not match 1. A metadata value that is a list matches when one of its i
 ({"tags": "policy"} matches tags ["hr", "policy"]).
 
 `normalize_filters` validates and returns the canonical form {key: {"in": [values]}}, which it
-accepts again unchanged; `metadata_condition` turns it into SQL over the documents' JSON metadata
-(SQLite's json_each), so the store filters inside its searches instead of after them.
+accepts again unchanged; `metadata_condition` turns it into SQL over a JSON metadata column
+(SQLite's json_each): the reference for these semantics. The store filters through an indexed
+table instead (rag/metadata_index.py), which the tests check against this condition case by case.
 """
 
 from __future__ import annotations

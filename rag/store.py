@@ -1,14 +1,18 @@
 """Knowledge store: SQLite is the source of truth, FAISS indexes are derived from it.
 
-Writes go to SQLite first (one transaction per document), then to the collection's FAISS
-index; on start every index is rebuilt from the vectors stored in SQLite, so a crash between
-the two steps loses nothing. The lexical index (FTS5, rag/lexical.py) lives in the same SQLite
+Writes go to SQLite first (one transaction per batch), then to the collection's FAISS index
+(rag/vector_index.py). The indexes are saved to files beside the database (on close, and every
+retriever.index_save_interval_s while they have changes); on start each file is loaded and checked
+against SQLite's chunk ids, which are the truth: rows the file lacks are added from SQLite, ids
+SQLite no longer has are dropped, and a missing, unreadable or other-kind file is rebuilt from
+SQLite. A crash between the two steps therefore loses nothing. The lexical index (FTS5, rag/lexical.py) lives in the same SQLite
 database and is written in the same transaction as the chunk rows. Collections are namespaced
 per tenant: every call takes the tenant, and another tenant's collection simply does not exist.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 import threading
@@ -18,11 +22,15 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from rag.capacity import CapacityExceeded, Quotas, check_capacity
 from rag.chunking import Chunk
-from rag.filters import metadata_condition
 from rag.lexical import DEFAULT_TOKENIZER, LexicalIndex
+from rag.metadata_index import matching_chunks_sql, write_metadata
 from rag.prompt import RetrievedChunk
 from rag.store_schema import create_or_migrate
+from rag.vector_index import CollectionIndex
+
+__all__ = ["CapacityExceeded", "CollectionNotFound", "DocumentNotFound", "KnowledgeStore"]
 
 class CollectionNotFound(LookupError):
     pass
@@ -32,22 +40,23 @@ class DocumentNotFound(LookupError):
     pass
 
 
-class CapacityExceeded(ValueError):
-    """An ingest would take the index past the chunks its memory budget was planned for."""
-
-
 class KnowledgeStore:
     def __init__(self, db_path: str | Path, dim: int, index_kind: str = "flat", hnsw_m: int = 32,
                  hnsw_ef_search: int = 256, capacity_chunks: int | None = None,
                  sqlite_cache_bytes: int | None = None,
-                 lexical_tokenizer: str = DEFAULT_TOKENIZER):
+                 lexical_tokenizer: str = DEFAULT_TOKENIZER, quotas: Quotas | None = None,
+                 rebuild_deleted_fraction: float = 0.2, index_save_interval_s: float | None = None):
         self.dim = dim
         self.index_kind = index_kind
         self.hnsw_m = hnsw_m
         self.hnsw_ef_search = hnsw_ef_search
         # The plan sized the index for this many chunks: past it, memory would outgrow the budget.
         self.capacity_chunks = capacity_chunks
+        self.quotas = quotas or Quotas()
+        # HNSW tombstones past this fraction of a collection's vectors: rebuild it from SQLite.
+        self.rebuild_deleted_fraction = rebuild_deleted_fraction
         Path(db_path).parent.mkdir(parents=True, exist_ok=True)
+        self.index_dir = Path(db_path).parent / f"{Path(db_path).stem}.faiss"
         self._db = sqlite3.connect(str(db_path), check_same_thread=False, isolation_level=None)
         if sqlite_cache_bytes:
             self._db.execute(f"PRAGMA cache_size=-{max(1, int(sqlite_cache_bytes) // 1024)}")  # negative: KiB
@@ -57,37 +66,97 @@ class KnowledgeStore:
         self.migrated_columns = create_or_migrate(self._db)
         # FAISS adds/removes are not thread-safe and SQLite's connection is shared: one lock.
         self._lock = threading.RLock()
-        self._indexes: dict[tuple[str, str], faiss.Index] = {}
+        self._indexes: dict[tuple[str, str], CollectionIndex] = {}
+        self._unsaved: set[tuple[str, str]] = set()
+        # What opening did, per collection: "loaded" (from its file, `added` rows caught up from SQLite)
+        # or "rebuilt" (from SQLite). For the log, and for tests that a restart re-adds nothing.
+        self.opened: dict[tuple[str, str], dict] = {}
         self.lexical = LexicalIndex(lexical_tokenizer)
-        self._rebuild_all()
+        self._open_all()
+        self._closing = threading.Event()
+        self._saver = None
+        if index_save_interval_s:
+            self._saver = threading.Thread(target=self._save_periodically, args=(index_save_interval_s,),
+                                           name="faiss-index-saver", daemon=True)
+            self._saver.start()
 
     # ---- index maintenance -------------------------------------------------------------
-    def _new_index(self) -> faiss.Index:
-        if self.index_kind == "hnsw":
-            inner = faiss.IndexHNSWFlat(self.dim, self.hnsw_m, faiss.METRIC_INNER_PRODUCT)
-            inner.hnsw.efSearch = self.hnsw_ef_search
-        else:
-            inner = faiss.IndexFlatIP(self.dim)
-        return faiss.IndexIDMap2(inner)
+    def _new_index(self) -> CollectionIndex:
+        return CollectionIndex(self.dim, self.index_kind, self.hnsw_m, self.hnsw_ef_search)
+
+    def _index_path(self, tenant: str, collection: str) -> Path:
+        """A fixed-width file name, whatever the tenant and collection are called."""
+        digest = hashlib.sha256(f"{tenant}\0{collection}".encode()).hexdigest()[:32]
+        return self.index_dir / f"{digest}.{self.index_kind}.index"
+
+    def _add_rows(self, index: CollectionIndex, rows) -> int:
+        rows = rows.fetchall()
+        ids = np.array([r[0] for r in rows], dtype=np.int64)
+        if len(ids):
+            index.add(ids, np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(ids), self.dim))
+        return len(ids)
 
     def _rebuild(self, tenant: str, collection: str) -> None:
-        rows = self._db.execute(
-            "SELECT id, vector FROM chunks WHERE tenant=? AND collection=? ORDER BY id", (tenant, collection)
-        ).fetchall()
         index = self._new_index()
-        if rows:
-            ids = np.array([r[0] for r in rows], dtype=np.int64)
-            vectors = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), self.dim)
-            index.add_with_ids(vectors, ids)
+        self._add_rows(index, self._db.execute(
+            "SELECT id, vector FROM chunks WHERE tenant=? AND collection=? ORDER BY id", (tenant, collection)))
         self._indexes[(tenant, collection)] = index
+        self._unsaved.add((tenant, collection))
 
-    def _rebuild_all(self) -> None:
+    def _open(self, tenant: str, collection: str) -> dict:
+        """Load the collection's saved index and catch it up with SQLite, or rebuild it from SQLite."""
+        index = CollectionIndex.load(self._index_path(tenant, collection), self.dim, self.index_kind,
+                                     self.hnsw_m, self.hnsw_ef_search)
+        if index is None:
+            self._rebuild(tenant, collection)
+            return {"rebuilt": True, "added": 0}
+        stored = np.array([r[0] for r in self._db.execute(
+            "SELECT id FROM chunks WHERE tenant=? AND collection=? ORDER BY id", (tenant, collection))], dtype=np.int64)
+        missing = index.reconcile(stored)
+        added = 0
+        for start in range(0, len(missing), 500):
+            page = [int(i) for i in missing[start:start + 500]]
+            added += self._add_rows(index, self._db.execute(
+                f"SELECT id, vector FROM chunks WHERE id IN ({','.join('?' * len(page))}) ORDER BY id", page))
+        self._indexes[(tenant, collection)] = index
+        if added or index.deleted:
+            self._unsaved.add((tenant, collection))
+        if index.deleted_fraction() > self.rebuild_deleted_fraction:
+            self._rebuild(tenant, collection)
+            return {"rebuilt": True, "added": 0}
+        return {"rebuilt": False, "added": added}
+
+    def _open_all(self) -> None:
         with self._lock:
             collections = self._db.execute("SELECT tenant, name FROM collections").fetchall()
             for tenant, name in collections:
-                self._rebuild(tenant, name)
+                self.opened[(tenant, name)] = self._open(tenant, name)
+            # Files of collections that no longer exist (or of another index kind) are stale caches.
+            wanted = {self._index_path(t, c) for t, c in collections}
+            for path in self.index_dir.glob("*.index") if self.index_dir.exists() else []:
+                if path not in wanted:
+                    path.unlink(missing_ok=True)
             # A database from before the lexical index (or another tokenizer) gets it from its chunk rows.
             self.lexical.migrate(self._db, collections)
+
+    def save_indexes(self) -> int:
+        """Write every index changed since its last save; returns how many were written."""
+        with self._lock:
+            keys = sorted(self._unsaved)
+            for key in keys:
+                if key in self._indexes:
+                    self._indexes[key].save(self._index_path(*key))
+            self._unsaved.clear()
+        return len(keys)
+
+    def _save_periodically(self, interval_s: float) -> None:
+        while not self._closing.wait(interval_s):
+            self.save_indexes()
+
+    def _forget(self, tenant: str, collection: str) -> None:
+        self._indexes.pop((tenant, collection), None)
+        self._unsaved.discard((tenant, collection))
+        self._index_path(tenant, collection).unlink(missing_ok=True)
 
     def _vectors(self, vectors: np.ndarray | list) -> np.ndarray:
         array = np.array(vectors, dtype=np.float32, order="C")  # a copy: normalize_L2 works in place
@@ -117,7 +186,8 @@ class KnowledgeStore:
             arrays.append(array)
         now = time.time()
         with self._lock:
-            self._check_capacity(tenant, collection, documents)
+            check_capacity(self._db, tenant, collection, documents, self.quotas.of(tenant),
+                           sum(index.live for index in self._indexes.values()), self.capacity_chunks)
             cur = self._db.cursor()
             cur.execute("BEGIN IMMEDIATE")
             changes = []
@@ -141,10 +211,11 @@ class KnowledgeStore:
                         new_ids.append(cur.lastrowid)
                         texts.append(text)
                     self.lexical.add(cur, tenant, collection, list(zip(new_ids, texts)))
-                    cur.execute(
-                        "INSERT OR REPLACE INTO documents VALUES (?,?,?,?,?,?,?)",
-                        (tenant, collection, doc_id, json.dumps(metadata or {}, allow_nan=False), chars, len(chunks), now),
-                    )
+                    stored = json.dumps(metadata or {}, allow_nan=False)
+                    cur.execute("INSERT OR REPLACE INTO documents VALUES (?,?,?,?,?,?,?)",
+                                (tenant, collection, doc_id, stored, chars, len(chunks), now))
+                    # From the JSON as stored (keys made strings, tuples lists), as json_each would read it.
+                    write_metadata(cur, tenant, collection, doc_id, json.loads(stored))
                     changes.append((old_ids, np.array(new_ids, dtype=np.int64), array))
                 cur.execute("COMMIT")
             except BaseException:
@@ -155,30 +226,22 @@ class KnowledgeStore:
                 self._indexes[key] = self._new_index()
             for old_ids, new_ids, array in changes:
                 self._apply(key, old_ids, new_ids, array)
+            self._compact(key)
         return [len(doc[1]) for doc in documents]
 
-    def _check_capacity(self, tenant: str, collection: str, documents: list[tuple]) -> None:
-        if self.capacity_chunks is None:
-            return
-        held = sum(index.ntotal for index in self._indexes.values())
-        replaced = sum(r[0] for doc in documents for r in self._db.execute(
-            "SELECT count(*) FROM chunks WHERE tenant=? AND collection=? AND doc_id=?", (tenant, collection, doc[0])))
-        adding = sum(len(doc[1]) for doc in documents)
-        if held - replaced + adding > self.capacity_chunks:
-            raise CapacityExceeded(
-                f"the knowledge store holds {held:,} chunks of the {self.capacity_chunks:,} its memory is planned "
-                f"for (retriever.capacity_chunks); this ingest adds {adding:,}. Delete documents or re-plan with a "
-                "larger capacity")
-
     def _apply(self, key: tuple[str, str], removed: list[int], added_ids: np.ndarray, added: np.ndarray) -> None:
+        """Mirror one document's committed change in its FAISS index: remove (HNSW: mark deleted) its
+        old ids and add its new rows. Call _compact after the whole batch, never between documents:
+        a rebuild reads every committed row, so adding a later document's rows after it would add them twice."""
         index = self._indexes[key]
-        if removed and self.index_kind == "hnsw":
-            self._rebuild(*key)  # HNSW cannot remove ids: rebuild from SQLite, which already has the new rows
-            return
-        if removed:
-            index.remove_ids(np.array(removed, dtype=np.int64))
-        if len(added_ids):
-            index.add_with_ids(added, added_ids)
+        index.remove(removed)
+        index.add(added_ids, added)
+        self._unsaved.add(key)
+
+    def _compact(self, key: tuple[str, str]) -> None:
+        """Rebuild from SQLite once deleted vectors pass the profile's fraction of the index."""
+        if self._indexes[key].deleted_fraction() > self.rebuild_deleted_fraction:
+            self._rebuild(*key)
 
     def _in_transaction(self, statements: list[tuple[str, tuple]], then=None) -> list[int]:
         """Run the statements, then `then(cursor)` if given, as one SQLite transaction; returns each
@@ -201,33 +264,36 @@ class KnowledgeStore:
             self._require_collection(tenant, collection)
             ids = [r[0] for r in self._db.execute(
                 "SELECT id FROM chunks WHERE tenant=? AND collection=? AND doc_id=?", key)]
-            deleted, _, _ = self._in_transaction([
+            deleted, *_ = self._in_transaction([
                 ("DELETE FROM documents WHERE tenant=? AND collection=? AND doc_id=?", key),
                 (self.lexical.remove_document_sql(tenant, collection), key),  # while the chunk rows still say which
                 ("DELETE FROM chunks WHERE tenant=? AND collection=? AND doc_id=?", key),
+                ("DELETE FROM document_metadata WHERE tenant=? AND collection=? AND doc_id=?", key),
             ])
             if not deleted:
                 raise DocumentNotFound(f"document {doc_id!r} not found in collection {collection!r}")
             self._apply((tenant, collection), ids, np.zeros(0, dtype=np.int64), np.zeros((0, self.dim), np.float32))
+            self._compact((tenant, collection))
 
     def delete_collection(self, tenant: str, collection: str) -> None:
         with self._lock:
             self._require_collection(tenant, collection)
             self._in_transaction([
                 (f"DELETE FROM {table} WHERE tenant=? AND {column}=?", (tenant, collection))
-                for table, column in (("chunks", "collection"), ("documents", "collection"), ("collections", "name"))
+                for table, column in (("chunks", "collection"), ("documents", "collection"),
+                                      ("document_metadata", "collection"), ("collections", "name"))
             ], then=lambda cur: self.lexical.drop(cur, tenant, collection))
-            self._indexes.pop((tenant, collection), None)
+            self._forget(tenant, collection)
 
     def delete_tenant(self, tenant: str) -> int:
         """Remove every collection of a tenant (the tenant was deleted); returns how many."""
         with self._lock:
             names = [r[0] for r in self._db.execute("SELECT name FROM collections WHERE tenant=?", (tenant,))]
             self._in_transaction([(f"DELETE FROM {table} WHERE tenant=?", (tenant,))
-                                  for table in ("chunks", "documents", "collections")],
+                                  for table in ("chunks", "documents", "document_metadata", "collections")],
                                  then=lambda cur: [self.lexical.drop(cur, tenant, name) for name in names])
             for name in names:
-                self._indexes.pop((tenant, name), None)
+                self._forget(tenant, name)
         return len(names)
 
     # ---- reads -------------------------------------------------------------------------
@@ -259,23 +325,29 @@ class KnowledgeStore:
         return [{"tenant": t, "name": n, "documents": d, "chunks": c} for t, n, d, c in rows]
 
     def collection_info(self, tenant: str, collection: str) -> dict:
+        """Counts only (a covering index, no metadata read); the documents are paged by list_documents."""
         with self._lock:
             self._require_collection(tenant, collection)
-            docs = self._db.execute(
+            documents, chunks = self._db.execute(
+                "SELECT count(*), COALESCE(SUM(chunk_count), 0) FROM documents WHERE tenant=? AND collection=?",
+                (tenant, collection)).fetchone()
+            indexed = self._indexes[(tenant, collection)].live
+        return {"name": collection, "document_count": documents, "chunk_count": chunks,
+                "indexed_vectors": indexed, "index": self.index_kind}
+
+    def list_documents(self, tenant: str, collection: str, limit: int, after: str | None = None) -> dict:
+        """One page of the collection's documents in id order: at most `limit`, those after the id `after`
+        (the previous page's last_id). An index range of `limit` + 1 rows: no page costs more than its size."""
+        with self._lock:
+            self._require_collection(tenant, collection)
+            rows = self._db.execute(
                 "SELECT doc_id, chunk_count, chars, metadata, updated_at FROM documents "
-                "WHERE tenant=? AND collection=? ORDER BY doc_id", (tenant, collection)
-            ).fetchall()
-            indexed = self._indexes[(tenant, collection)].ntotal
-        return {
-            "name": collection,
-            "documents": [
-                {"id": d, "chunks": c, "chars": ch, "metadata": json.loads(m), "updated_at": u} for d, c, ch, m, u in docs
-            ],
-            "document_count": len(docs),
-            "chunk_count": sum(d[1] for d in docs),
-            "indexed_vectors": indexed,
-            "index": self.index_kind,
-        }
+                "WHERE tenant=? AND collection=? AND doc_id > ? ORDER BY doc_id LIMIT ?",
+                (tenant, collection, after or "", limit + 1)).fetchall()
+        page = [{"id": d, "chunks": c, "chars": ch, "metadata": json.loads(m), "updated_at": u}
+                for d, c, ch, m, u in rows[:limit]]
+        return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+                "last_id": page[-1]["id"] if page else None, "has_more": len(rows) > limit}
 
     def search(self, tenant: str, collection: str, vector, top_k: int,
                filters: dict | None = None) -> list[RetrievedChunk]:
@@ -285,45 +357,16 @@ class KnowledgeStore:
         with self._lock:
             self._require_collection(tenant, collection)
             index = self._indexes[(tenant, collection)]
-            if index.ntotal == 0:
+            if index.live == 0:
                 return []
             if filters:
-                return self._chunks(self._search_among(index, query, self._matching_ids(tenant, collection, filters),
-                                                       top_k))
-            scores, ids = index.search(query, min(top_k, index.ntotal))
-            return self._chunks([(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0])
+                return self._chunks(index.search_among(query, self._matching_ids(tenant, collection, filters), top_k))
+            return self._chunks(index.search(query, top_k))
 
     def _matching_ids(self, tenant: str, collection: str, filters: dict) -> np.ndarray:
         """The rowids of the collection's chunks whose document's metadata matches the filters."""
-        sql, params = self._matching_ids_sql(filters)
-        rows = self._db.execute(sql, (tenant, collection, *params)).fetchall()
-        return np.array([r[0] for r in rows], dtype=np.int64)
-
-    @staticmethod
-    def _matching_ids_sql(filters: dict) -> tuple[str, list]:
-        """SELECT of matching chunk rowids, taking (tenant, collection, *params)."""
-        condition, params = metadata_condition(filters, "d.metadata")
-        return ("SELECT c.id FROM chunks c JOIN documents d ON d.tenant=c.tenant AND d.collection=c.collection "
-                f"AND d.doc_id=c.doc_id WHERE c.tenant=? AND c.collection=? AND {condition}"), params
-
-    def _search_among(self, index: faiss.Index, query: np.ndarray, allowed: np.ndarray,
-                      top_k: int) -> list[tuple[int, float]]:
-        """The top_k of the allowed rowids, searched inside FAISS (an ID selector), so a filter that
-        matches few chunks still gets top_k of them rather than what is left of a fixed candidate list."""
-        if not len(allowed):
-            return []
-        wanted = min(top_k, len(allowed))
-        selector = faiss.IDSelectorBatch(allowed)
-        params = (faiss.SearchParametersHNSW(sel=selector, efSearch=max(self.hnsw_ef_search, wanted))
-                  if self.index_kind == "hnsw" else faiss.SearchParameters(sel=selector))
-        scores, ids = index.search(query, wanted, params=params)
-        hits = [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0]
-        if len(hits) < wanted:  # HNSW's graph walk can miss sparse matches: score them all exactly
-            vectors = np.vstack([index.reconstruct(int(i)) for i in allowed])
-            scores = vectors @ query[0]
-            order = np.argsort(-scores, kind="stable")[:wanted]
-            hits = [(int(allowed[i]), float(scores[i])) for i in order]
-        return hits
+        sql, params = matching_chunks_sql(tenant, collection, filters)
+        return np.array([r[0] for r in self._db.execute(sql, params)], dtype=np.int64)
 
     def search_lexical(self, tenant: str, collection: str, text: str, top_k: int,
                        filters: dict | None = None) -> list[RetrievedChunk]:
@@ -333,8 +376,8 @@ class KnowledgeStore:
             self._require_collection(tenant, collection)
             only = None
             if filters:
-                sql, params = self._matching_ids_sql(filters)
-                only = (f"rowid IN ({sql})", [tenant, collection, *params])
+                sql, params = matching_chunks_sql(tenant, collection, filters)
+                only = (f"rowid IN ({sql})", params)
             return self._chunks(self.lexical.search(self._db, tenant, collection, text, top_k, only=only))
 
     def _chunks(self, hits: list[tuple[int, float]]) -> list[RetrievedChunk]:
@@ -361,14 +404,17 @@ class KnowledgeStore:
 
     def stats(self) -> dict:
         with self._lock:
-            return {
-                "collections": len(self._indexes),
-                "vectors": sum(index.ntotal for index in self._indexes.values()),
-                "index_bytes_estimate": sum(index.ntotal for index in self._indexes.values()) * self.dim * 4,
-            }
+            vectors = sum(index.live for index in self._indexes.values())
+            return {"collections": len(self._indexes), "vectors": vectors,
+                    "index_bytes_estimate": sum(index.index.ntotal for index in self._indexes.values()) * self.dim * 4}
 
     def close(self) -> None:
+        """Save the changed indexes (the next start loads them) and close the database."""
+        self._closing.set()
+        if self._saver is not None:
+            self._saver.join()
         with self._lock:
+            self.save_indexes()
             self._db.close()
 
 

@@ -2,14 +2,17 @@
 
 Migrations only add: an older database opens, gains what is missing, and keeps every row.
 PRAGMA user_version records the schema a database is at: 0 is the first release (no chunk offsets,
-no version), 1 has the chunk offsets.
+no version), 1 has the chunk offsets, 2 the metadata index (rag/metadata_index.py), filled from the
+documents' metadata when an older database opens.
 """
 
 from __future__ import annotations
 
 import sqlite3
 
-SCHEMA_VERSION = 1
+from rag.metadata_index import fill_from_documents
+
+SCHEMA_VERSION = 2
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS collections (
     tenant TEXT NOT NULL, name TEXT NOT NULL, created_at REAL NOT NULL,
@@ -24,6 +27,13 @@ CREATE TABLE IF NOT EXISTS chunks (
     chunk_index INTEGER NOT NULL, text TEXT NOT NULL, vector BLOB NOT NULL,
     start_char INTEGER, end_char INTEGER);
 CREATE INDEX IF NOT EXISTS chunks_by_doc ON chunks (tenant, collection, doc_id);
+-- Counts and quotas read these columns from the index, never the rows' (large) metadata.
+CREATE INDEX IF NOT EXISTS documents_sizes ON documents (tenant, collection, chunk_count);
+CREATE TABLE IF NOT EXISTS document_metadata (
+    tenant TEXT NOT NULL, collection TEXT NOT NULL, doc_id TEXT NOT NULL,
+    key TEXT NOT NULL, kind TEXT NOT NULL, value);
+CREATE INDEX IF NOT EXISTS metadata_by_value ON document_metadata (tenant, collection, key, kind, value);
+CREATE INDEX IF NOT EXISTS metadata_by_doc ON document_metadata (tenant, collection, doc_id);
 """
 
 # Columns added after the first release, with their SQL types. Rows written before have NULL there:
@@ -52,6 +62,23 @@ def create_or_migrate(db: sqlite3.Connection) -> list[str]:
                     raise
                 continue
             added.append(f"{table}.{column}")
+    if found < 2:
+        _fill_metadata_index(db)
     if found < SCHEMA_VERSION:
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     return added
+
+
+def _fill_metadata_index(db: sqlite3.Connection) -> None:
+    """The metadata rows of a database from before version 2, in one transaction; the version is
+    re-read inside it so that two processes opening the same old file fill it once."""
+    cur = db.cursor()
+    cur.execute("BEGIN IMMEDIATE")
+    try:
+        if cur.execute("PRAGMA user_version").fetchone()[0] < 2:
+            fill_from_documents(cur)
+            cur.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        cur.execute("COMMIT")
+    except BaseException:
+        cur.execute("ROLLBACK")
+        raise

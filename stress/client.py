@@ -95,9 +95,15 @@ class Gateway:
                                                       json={"documents": documents}))
 
     def document_ids(self, collection: str) -> set[str]:
-        response = self.http.get(f"/v1/collections/{collection}")
-        response.raise_for_status()
-        return {doc["id"] for doc in response.json()["documents"]}
+        ids, params = set(), {}
+        while True:
+            response = self.http.get(f"/v1/collections/{collection}/documents", params=params)
+            response.raise_for_status()
+            page = response.json()
+            ids.update(doc["id"] for doc in page["data"])
+            if not page["has_more"]:
+                return ids
+            params = {"after": page["last_id"]}
 
 
 class Admin:

@@ -73,7 +73,7 @@ def test_ingest_a_folder_skip_unchanged_query_and_remove(cli, tenant, tmp_path, 
 
     with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {key_file.read_text().strip()}"},
                       timeout=60) as http:
-        stored = {d["id"]: d for d in http.get("/v1/collections/policies").json()["documents"]}
+        stored = {d["id"]: d for d in http.get("/v1/collections/policies/documents").json()["data"]}
     assert set(stored) == {"docs:leave.md", "docs:policies:travel.html", "docs:policies:laptops.txt"}
     assert stored["docs:policies:travel.html"]["metadata"]["source"] == "docs/policies/travel.html"
     assert len(stored["docs:leave.md"]["metadata"]["sha256"]) == 64

@@ -102,7 +102,15 @@ def test_delete_document_and_listing(client):
     assert "deleting" in names
     assert client.delete("/v1/collections/deleting/documents/a").status_code == 200
     info = client.get("/v1/collections/deleting").json()
-    assert [d["id"] for d in info["documents"]] == ["b"] and info["indexed_vectors"] == 1
+    assert info["document_count"] == 1 and info["indexed_vectors"] == 1 and "documents" not in info
+    listed = client.get("/v1/collections/deleting/documents", params={"limit": 1}).json()
+    assert [d["id"] for d in listed["data"]] == ["b"] and listed["has_more"] is False
+    _ingest(client, "deleting", [("c", "Gamma document."), ("d", "Delta document.")])
+    first = client.get("/v1/collections/deleting/documents", params={"limit": 2}).json()
+    rest = client.get("/v1/collections/deleting/documents", params={"limit": 2, "after": first["last_id"]}).json()
+    assert ([d["id"] for d in first["data"]], first["has_more"]) == (["b", "c"], True)
+    assert ([d["id"] for d in rest["data"]], rest["has_more"]) == (["d"], False)
+    assert rest["data"][0]["metadata"] == {"src": "d"}
     assert client.delete("/v1/collections/deleting/documents/a").status_code == 404
 
 

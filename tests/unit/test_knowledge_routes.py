@@ -61,6 +61,9 @@ class RetrieverReplica:
     def collection_info(self, tenant, collection):
         return self.store.collection_info(tenant, collection)
 
+    def list_documents(self, tenant, collection, limit, after):
+        return self.store.list_documents(tenant, collection, limit, after)
+
 
 class ChatIngress:
     async def chat(self, body, request):
@@ -175,7 +178,8 @@ def http(gateway):
     app = FastAPI()
     install_error_handlers(app)
     for name, route in ENDPOINTS.items():  # in the gateway's order: search must come before get_collection
-        if name in ("add_documents", "search_collection", "search_collection_post", "get_collection", "rag_query"):
+        if name in ("add_documents", "search_collection", "search_collection_post", "get_collection", "rag_query",
+                    "list_documents"):
             route(app)(getattr(gateway, name))
     ingest(gateway, [("zorblax", REACTOR), *POLICIES.items()], {"zorblax": {"src": "lab"}, **POLICY_METADATA})
     with TestClient(app) as client:
@@ -327,3 +331,31 @@ def test_openapi_describes_the_search_routes_and_the_filter_shape(http):
     assert {p["name"] for p in search["get"]["parameters"]} == {"collection", "q", "top_k", "filters"}
     schemas = json.dumps(spec["components"]["schemas"])
     assert '"maxProperties": 16' in schemas and '"required": ["in"]' in schemas
+
+
+def test_collection_info_is_counts_and_documents_are_listed_in_pages(http):
+    info = http.get("/v1/collections/facts").json()
+    assert info["document_count"] == 5 and "documents" not in info
+    ids, after = [], None
+    while True:
+        page = http.get("/v1/collections/facts/documents", params={"limit": 2, **({"after": after} if after else {})})
+        assert page.status_code == 200, page.text
+        body = page.json()
+        assert len(body["data"]) <= 2
+        ids += [d["id"] for d in body["data"]]
+        if not body["has_more"]:
+            break
+        after = body["last_id"]
+    assert ids == sorted(ids) and len(ids) == 5 and "zorblax" in ids
+    default = http.get("/v1/collections/facts/documents").json()
+    assert len(default["data"]) == 5 and default["data"][-1]["metadata"] == {"src": "lab"}
+
+
+@pytest.mark.parametrize("params, status, words", [
+    ({"limit": 101}, 400, "largest page of 100"),
+    ({"limit": 0}, 422, "limit"),
+    ({"after": "a\x00b"}, 400, "document id"),
+])
+def test_document_listing_errors_name_the_problem(http, params, status, words):
+    response = http.get("/v1/collections/facts/documents", params=params)
+    assert response.status_code == status and words in response.json()["error"]["message"], response.text

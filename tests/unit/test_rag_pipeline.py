@@ -45,8 +45,8 @@ def test_ingest_chunks_embeds_and_stores_every_document(store):
                                         "Error E1101 is raised when the attribute is missing."]]
     info = store.collection_info("t", "kb")
     assert info["chunk_count"] == info["indexed_vectors"] == 5
-    assert {d["id"]: d["metadata"] for d in info["documents"]}["reactor"] == {"src": "r"}
-    assert {d["id"]: d["chars"] for d in info["documents"]}["codes"] == len(DOCS[2].text)
+    assert {d["id"]: d["metadata"] for d in store.list_documents("t", "kb", limit=10)["data"]}["reactor"] == {"src": "r"}
+    assert {d["id"]: d["chars"] for d in store.list_documents("t", "kb", limit=10)["data"]}["codes"] == len(DOCS[2].text)
 
 
 def test_ingest_embeds_in_bounded_batches_and_keeps_vectors_with_their_documents():

@@ -103,8 +103,11 @@ def test_collection_info_and_listing(store):
     info = store.collection_info("tenant-a", "docs")
     assert info["name"] == "docs" and info["index"] == store.index_kind
     assert info["document_count"] == 3 and info["chunk_count"] == 4 and info["indexed_vectors"] == 4
-    docs = {d["id"]: d for d in info["documents"]}
-    assert [d["id"] for d in info["documents"]] == ["berlin", "paris", "rome"]  # ordered by id
+    assert "documents" not in info  # counts only: the documents are paged
+    listing = store.list_documents("tenant-a", "docs", limit=10)
+    docs = {d["id"]: d for d in listing["data"]}
+    assert [d["id"] for d in listing["data"]] == ["berlin", "paris", "rome"]  # ordered by id
+    assert (listing["first_id"], listing["last_id"], listing["has_more"]) == ("berlin", "rome", False)
     assert docs["paris"]["chunks"] == 2 and docs["paris"]["chars"] == 40 and docs["paris"]["metadata"] == {"lang": "en"}
     assert docs["rome"]["metadata"] == {}
     (listed,) = store.list_collections("tenant-a")
@@ -145,7 +148,8 @@ def test_reupsert_replaces_the_chunks(store):
     assert n == 1
     info = store.collection_info("tenant-a", "docs")
     assert info["chunk_count"] == info["indexed_vectors"] == 3
-    assert {d["id"]: d["chunks"] for d in info["documents"]} == {"berlin": 1, "paris": 1, "rome": 1}
+    listed = store.list_documents("tenant-a", "docs", limit=10)["data"]
+    assert {d["id"]: d["chunks"] for d in listed} == {"berlin": 1, "paris": 1, "rome": 1}
     assert store.stats()["vectors"] == 3
 
     results = store.search("tenant-a", "docs", vec(1), top_k=10)
@@ -291,7 +295,7 @@ def test_hnsw_searches_with_the_configured_ef_search(db_path):
         knowledge.upsert_document("t", "c", "d", ["a", "b"], [E[0], E[1]])
         knowledge.delete_document("t", "c", "d")  # a rebuilt HNSW index keeps the setting too
         knowledge.upsert_document("t", "c", "d", ["a"], [E[0]])
-        assert faiss.downcast_index(knowledge._indexes[("t", "c")].index).hnsw.efSearch == 100
+        assert faiss.downcast_index(knowledge._indexes[("t", "c")].index.index).hnsw.efSearch == 100
     finally:
         knowledge.close()
 

@@ -60,8 +60,8 @@ def test_old_knowledge_base_answers_and_its_indexes_are_rebuilt(old_state):
         assert _version(old_state / "knowledge.sqlite3") == KNOWLEDGE_VERSION
         assert set(store.migrated_columns) == {"chunks.start_char", "chunks.end_char"}
         assert store.stats()["vectors"] == 3  # FAISS rebuilt from the stored vectors
-        info = store.collection_info("acme", "handbook")
-        assert sorted(d["id"] for d in info["documents"]) == ["bridge", "copper", "lighthouse"]
+        listed = store.list_documents("acme", "handbook", limit=10)["data"]
+        assert sorted(d["id"] for d in listed) == ["bridge", "copper", "lighthouse"]
         with sqlite3.connect(old_state / "knowledge.sqlite3") as db:
             vector = np.frombuffer(db.execute("SELECT vector FROM chunks WHERE doc_id = 'bridge'").fetchone()[0],
                                    dtype=np.float32)
