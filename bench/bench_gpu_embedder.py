@@ -10,7 +10,7 @@ full batch of `batch_size` texts at max_seq_length), then per request
 B texts with B <= 64 is one forward pass of B sequences.
 
 Each variant runs in a fresh child process, so each one pays and measures its own CUDA context:
-  fp32        the model cast with `model.float()` after loading (the plan's "weights (fp32)")
+  fp32        the model cast with `model.float()` after loading (the plan's "weights" line)
   fp16        the model cast with `model.half()`
   fp32-eager  fp32 with transformers' eager attention (materialized scores), to test the attention
               term of the plan's activation formula (the default attention is SDPA)

@@ -228,6 +228,10 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
     if drafter.weight_bytes:
         breakdown[f"drafter.weights ({drafter.method})"] = drafter.weight_bytes
     act = _activations(chat, arch, seqs, drafter.k) if chat.activation_bytes == "auto" else chat.activation_bytes
+    if gpu and chat.activation_bytes == "auto":  # vLLM's measured torch peak on a GPU (runtime.py)
+        act = int(act * runtime.GPU_ACTIVATION_FACTOR)
+        if drafter.architecture is not None:
+            breakdown[f"drafter.activations ({drafter.method})"] = int(act * runtime.GPU_DRAFTER_ACTIVATION_SHARE)
     breakdown["activations"] = act
     breakdown["runtime.driver (LLMServer replica)"] = runtime.VLLM_DRIVER
     breakdown["runtime.engine_core"] = runtime.VLLM_ENGINE_CORE

@@ -8,7 +8,9 @@ out of the same pool. Nothing here imports ray, torch or vllm.
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -184,6 +186,16 @@ def embedder_dimension(profile: Profile) -> int:
         raise PlanError(f"{exc}; set retriever.dim") from exc
 
 
+def _checkpoint_dtype_bytes(model_dir: str) -> int:
+    """Bytes per weight of a transformers folder as saved (config.json dtype); transformers 5 loads it so,
+    and activations follow the weights' dtype."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return 4
+    return {"float16": 2, "bfloat16": 2}.get(config.get("dtype") or config.get("torch_dtype"), 4)
+
+
 def _side_replicas(profile: Profile, gpu: bool, dim: int, first_order: int = 1,
                    pool_bytes: int = 0) -> list[ReplicaPlan]:
     emb, ret, gw = profile.embedder, profile.retriever, profile.gateway
@@ -193,10 +205,11 @@ def _side_replicas(profile: Profile, gpu: bool, dim: int, first_order: int = 1,
     heads = max(1, dim // 32)
     # live hidden states, q/k/v and the MLP input of one layer, plus one layer's attention scores (fp32)
     if gpu:  # measured on an H200: linear in tokens, and kept reserved by torch's allocator
-        emb_act = emb.batch_size * emb.max_seq_tokens * dim * runtime.EMBEDDER_GPU_ACT_PER_TOKEN_DIM
+        emb_act = (emb.batch_size * emb.max_seq_tokens * dim * runtime.EMBEDDER_GPU_ACT_PER_TOKEN_DIM
+                   * _checkpoint_dtype_bytes(emb.model) // 4)
     else:
         emb_act = emb.batch_size * emb.max_seq_tokens * (dim * 16 + heads * emb.max_seq_tokens * 4)
-    emb_lines = {"weights (fp32)": emb_weights, "activations": emb_act, "runtime": runtime.EMBEDDER_RUNTIME,
+    emb_lines = {"weights": emb_weights, "activations": emb_act, "runtime": runtime.EMBEDDER_RUNTIME,
                  "mapped_files": runtime.EMBEDDER_MAPPED_FILES}
     if gpu:
         emb_lines["cuda_context"] = runtime.EMBEDDER_CUDA_CONTEXT

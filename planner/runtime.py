@@ -28,8 +28,19 @@ VLLM_TRAFFIC_GROWTH = 160 * MB
 # On a GPU the worker's host-side runtime is the ~0.1 GB DESIGN measured for a standalone worker;
 # its CUDA context and graphs are planned as their own lines. Estimate until measured on a Spark.
 VLLM_WORKER_GPU = 100 * MB
-# One CUDA context per process that touches the GPU (DESIGN 3: about 0.5-1 GB); estimate.
-CUDA_CONTEXT = 1 * GiB
+# One CUDA context per process that touches the GPU. Measured on an H200 with vLLM 0.26 (torch 2.11+cu130,
+# driver 580; NVML's per-process bytes in the first sample after each worker appeared, before any weight):
+# 0.57 and 0.51 GiB for the two Qwen3.8-27B workers of configs/gh200-two-engines.yaml (docs/GPU.md).
+# A GB10 has not been measured; its engines carry runtime.GB10_VLLM_OVERHEAD on top (planner/gb10.py).
+CUDA_CONTEXT = 580 * 2**20
+# vLLM's torch peak during its profile run over the formula of engine._activations, on a GPU. Measured on
+# an H200 with vLLM 0.26: Qwen3.8-27B (bf16, eager, max_num_batched_tokens 4096) held 1.12 GiB beyond weights,
+# KV and its context against 0.81 GiB planned (1.37x: the GDN prefill's Triton chunks are not in the
+# formula); planned with margin so the budget stays a ceiling. One measurement: re-measure per family.
+GPU_ACTIVATION_FACTOR = 1.5
+# A model drafter's own activations on top (dspark, draft_model, eagle), as a share of the target's formula:
+# the same H200 run with DSpark k=7 held 0.43 GiB more than the target alone predicts (0.25 of 1.73 GiB).
+GPU_DRAFTER_ACTIVATION_SHARE = 0.4
 # The embedder's CUDA context, measured on an H200 (torch 2.11+cu130, driver 580.159), not on a GB10:
 # 651 MB at creation, 720 MB outside torch's allocator once the first forward has loaded its kernels,
 # + 35 MB kept allocated (cuBLAS workspaces); bench/bench_gpu_embedder.py, docs/BENCHMARKS.md section 6.
@@ -37,7 +48,7 @@ EMBEDDER_CUDA_CONTEXT = 755 * MB
 # Its activations on a GPU (same H200 run): bytes per token per hidden unit, fp32 weights, SDPA attention,
 # as torch's caching allocator keeps them reserved after a batch (450.3 MB at 64 x 256 x 384; linear in
 # tokens, not quadratic in length as on CPU's eager formula). They stay reserved: resident, not growth.
-EMBEDDER_GPU_ACT_PER_TOKEN_DIM = 72
+EMBEDDER_GPU_ACT_PER_TOKEN_DIM = 72  # fp32 weights; a checkpoint in fp16/bf16 halves it (plan.py)
 # CUDA graph pool when graphs are captured (enforce_eager false); estimate, GPU only.
 CUDA_GRAPHS = 1 * GiB
 # vLLM's GPU start check (worker's request_memory) samples free memory after the driver, EngineCore,
