@@ -47,8 +47,11 @@ stop:
 plan: install
 	$(VENV)/bin/poolserve plan $(PROFILE)
 
+# The model-free unit tests first (they answer in minutes and stop at the first failure), then the
+# integration tests against the real stack; the slowest of each are printed.
 test: setup
-	$(VENV)/bin/pytest tests -v -rs
+	$(VENV)/bin/pytest tests/unit -q -x --durations=10
+	$(VENV)/bin/pytest tests/e2e tests/integration -v -rs --durations=25
 
 test-unit: setup
 	$(VENV)/bin/pytest tests/unit -q
