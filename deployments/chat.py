@@ -82,7 +82,8 @@ class PoolserveLLMServer(LLMServer):
         logger.info("chat warm-up answered in %.1fs", time.monotonic() - started)
 
     async def memory(self) -> dict:
-        return process_tree_memory()
+        # smaps reads of the engine's process tree: in a thread, not on the loop that streams tokens
+        return await asyncio.to_thread(process_tree_memory)
 
 
 def llm_config_from_plan(chat: ChatSpec, chat_plan: ReplicaPlan, start_after: list[tuple[str, str]]) -> LLMConfig:

@@ -65,7 +65,8 @@ class DashboardRoutes:
             MEASURE_TIMEOUT_S)
         names = [engine.replica for engine in self._engines.values()] + ["embedder", "retriever"]
         replicas = [{"name": n, **(m if isinstance(m, dict) else {"error": str(m)})} for n, m in zip(names, measured)]
-        replicas.append({"name": "gateway", **process_tree_memory()})
+        # smaps reads take tens of ms per process: in a thread, not on the gateway's event loop
+        replicas.append({"name": "gateway", **await asyncio.to_thread(process_tree_memory)})
         planned = self._settings.get("planned_bytes", {})
         at_rest = self._settings.get("planned_at_rest_bytes", {})
         for replica in replicas:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import codecs
 import json
+import logging
 
 import anyio
 from fastapi import Request
 
 from deployments.engine_compat import StreamOptions
 from deployments.tenants import record_usage
+
+logger = logging.getLogger("poolserve.streams")
 
 
 async def sse_event_batches(body_iterator):
@@ -19,8 +23,10 @@ async def sse_event_batches(body_iterator):
     batch on the way to the proxy, not one per token.
     """
     buffer = ""
+    # Incremental: a UTF-8 character split across two pieces is joined, never decoded half on its own.
+    decoder = codecs.getincrementaldecoder("utf-8")()
     async for piece in body_iterator:
-        buffer += piece.decode() if isinstance(piece, bytes) else piece
+        buffer += decoder.decode(piece) if isinstance(piece, bytes) else piece
         events = []
         while "\n\n" in buffer:
             event, buffer = buffer.split("\n\n", 1)
@@ -117,6 +123,7 @@ async def tracked_stream(body_iterator, request: Request, model: str, cited: lis
                     on_broken()
                 yield stream_error_event(seen.problem() or "the chat stream ended without [DONE]")
         except Exception as exc:  # the replica died under the stream
+            logger.warning("chat stream for %s broke", model, exc_info=True)
             if on_broken:
                 on_broken()
             if not done:

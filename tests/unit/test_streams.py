@@ -186,3 +186,21 @@ def test_usage_is_recorded_when_the_source_raises():
     assert _is_error(out[-1])
     assert ("usage", "acme", "m", 5, 1) in guard.recorded
     assert ("settle", tenant, "r", 6) in guard.recorded and tokens["settled"]
+
+
+def test_a_utf8_character_split_across_pieces_is_joined():
+    import asyncio
+
+    from deployments.streams import sse_event_batches
+
+    payload = 'data: {"text": "naïve €"}\n\n'.encode()
+    cut = payload.index("€".encode()) + 1  # inside the three bytes of the euro sign
+
+    async def pieces():
+        yield payload[:cut]
+        yield payload[cut:]
+
+    async def collect():
+        return [events async for events in sse_event_batches(pieces())]
+
+    assert asyncio.run(collect()) == [['{"text": "naïve €"}']]
