@@ -45,7 +45,8 @@ class Gateway(DashboardRoutes):
         self._default_serve_handles = {"chat-model": Handle(Replica(900 * MIB))}
         self._embedder = Handle(Replica(400 * MIB))
         self._retriever = Handle(RetrieverReplica(store))
-        self._settings = {"planned_bytes": {"chat": 1000 * MIB, "embedder": 500 * MIB, "retriever": 350 * MIB}}
+        self._settings = {"planned_bytes": {"chat": 1000 * MIB, "embedder": 500 * MIB, "retriever": 350 * MIB},
+                          "cookie_secure": "auto", "trust_forwarded_proto": False}
         self._memory_history = MemoryHistory()  # the sampler task is the replica's; not started here
 
 
