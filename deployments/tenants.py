@@ -128,12 +128,13 @@ class TenantGuard:
         self.rejections.record(tenant, reason)
 
     def admit(self, tenant):
-        """A concurrency lease and an RPM slot (with a 1-token TPM reservation), or the refusal."""
+        """A concurrency lease and an RPM slot (a spent TPM minute refuses; the estimate is reserved
+        later, by reserve_tokens), or the refusal."""
         lease = self.limiter.try_acquire(tenant)
         if not lease.allowed:
             return lease, None
         try:
-            admission = self.limiter.admit(tenant, estimated_tokens=1)
+            admission = self.limiter.admit(tenant, estimated_tokens=1, reserve=False)
         except BaseException:
             self.limiter.release(tenant, lease.lease_id)
             raise

@@ -207,23 +207,27 @@ class TenantLimiter(LockedSQLite):
 
     # ---- rate limits ---------------------------------------------------------
 
-    def admit(self, tenant: Tenant, estimated_tokens: int = 0) -> Admission:
+    def admit(self, tenant: Tenant, estimated_tokens: int = 0, reserve: bool = True) -> Admission:
         """Admit or refuse one request; when admitted, count one RPM hit and reserve tokens.
 
         ``estimated_tokens`` is prompt tokens + max_tokens when known; at least 1 is reserved,
         so a tenant whose minute is spent is refused even without an estimate. Both limits are
         tested before anything is written, so a request refused for TPM uses no RPM slot.
+        With ``reserve=False`` the minute must still have a token left, but none is held: the request
+        reserves its own estimate later (reserve_more), and parallel admissions holding a token each
+        cannot keep an estimate capped to the whole TPM out of an otherwise unused minute.
         """
         now = self._clock()
         minute = math.floor(now / WINDOW_SECONDS)
         if tenant.rpm is None and tenant.tpm is None:
             return Admission(LimitDecision.allow(), TokenReservation(minute, 0))
-        reserve = 0 if tenant.tpm is None else min(max(estimated_tokens, 1), tenant.tpm)
+        needed = 0 if tenant.tpm is None else min(max(estimated_tokens, 1), tenant.tpm)
+        reserve = needed if reserve else 0
         with self._transaction() as conn:
             if tenant.tpm is not None:
                 conn.execute("DELETE FROM tpm_minutes WHERE tenant = ? AND minute < ?",
                              (tenant.name, minute))
-                if self._used_tokens(conn, tenant.name, minute) + reserve > tenant.tpm:
+                if self._used_tokens(conn, tenant.name, minute) + needed > tenant.tpm:
                     return Admission(LimitDecision.reject(
                         "tpm", (minute + 1) * WINDOW_SECONDS - now))
             if tenant.rpm is not None:

@@ -282,3 +282,12 @@ def test_text_estimates_are_characters_over_four_capped_per_text_and_with_overla
     assert estimate_text_tokens(["a" * 400, "b" * 3]) == 102 + 3
     assert estimate_text_tokens(["a" * 4000], per_text_cap=256) == 256
     assert estimate_ingest_tokens(["a" * 800], chunk_tokens=200, chunk_overlap=40) == 250
+
+
+def test_parallel_admissions_do_not_keep_an_oversized_estimate_out_of_an_unused_minute(limiter):
+    tenant = Tenant(name="burst", tpm=20000)
+    admitted = [limiter.admit(tenant, 1, reserve=False) for _ in range(4)]  # four calls arrive at once
+    assert all(a.allowed and a.reservation.tokens == 0 for a in admitted)
+    outcomes = [limiter.reserve_more(tenant, a.reservation, 50_000).allowed for a in admitted]
+    assert outcomes == [True, False, False, False]  # one runs (capped to the TPM), the rest get 429
+    assert not limiter.admit(tenant, 1, reserve=False).allowed  # and the spent minute refuses the next
