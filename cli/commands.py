@@ -4,6 +4,7 @@ either from --key-file instead; never from the command line, where shell history
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from urllib.parse import quote
@@ -129,15 +130,47 @@ def tenants(ctx: typer.Context, base_url: str = _url(), key_file: Path | None = 
     ctx.obj = (base_url, key_file)
 
 
-def _print_key(tenant: str, key: str, save_key: Path | None) -> None:
-    """A new key goes to stdout once (or only into --save-key's file, mode 0600); it is never logged."""
+class _KeyFile:
+    """--save-key's open file; `written` once a key is in it (from then on it is never removed)."""
+
+    def __init__(self, path: Path, handle) -> None:
+        self.path, self.handle, self.written = path, handle, False
+
+    def write(self, key: str) -> None:
+        self.handle.write(key + "\n")
+        self.handle.flush()
+        self.written = True
+
+
+@contextlib.contextmanager
+def _key_destination(save_key: Path | None):
+    """--save-key's file, created (exclusively, mode 0600) before the server makes the key: a file that
+    already exists (or a folder that cannot hold it) fails here, not after a valid key was created with
+    nowhere to go. Removed again if no key was written into it. None: the key goes to stdout."""
     if save_key is None:
+        yield None
+        return
+    try:
+        fd = os.open(save_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as exc:
+        typer.echo(f"cannot create {save_key} for the key: {exc.strerror}; no key was created", err=True)
+        raise typer.Exit(1) from None
+    destination = _KeyFile(save_key, os.fdopen(fd, "w"))
+    try:
+        yield destination
+    finally:
+        destination.handle.close()
+        if not destination.written:
+            save_key.unlink(missing_ok=True)
+
+
+def _print_key(tenant: str, key: str, destination: _KeyFile | None) -> None:
+    """A new key goes to stdout once (or only into --save-key's file, mode 0600); it is never logged."""
+    if destination is None:
         typer.echo(f"API key for {tenant} (shown once; store it now): {key}")
         return
-    fd = os.open(save_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(key + "\n")
-    typer.echo(f"API key for {tenant} written to {save_key} (mode 0600)")
+    destination.write(key)
+    typer.echo(f"API key for {tenant} written to {destination.path} (mode 0600)")
 
 
 SAVE_KEY_HELP = "Write the new key to this file (created, mode 0600) instead of printing it."
@@ -151,12 +184,13 @@ def tenants_add(ctx: typer.Context, name: str = typer.Argument(...),
                 save_key: Path | None = typer.Option(None, "--save-key", help=SAVE_KEY_HELP)) -> None:
     """Create a tenant with its first API key."""
     body = {"name": name, "models": model or None, "rpm": rpm, "tpm": tpm, "max_concurrency": max_concurrency}
-    try:
-        with _admin(ctx) as client:
-            created = client.request("POST", "/admin/tenants", json=body)
-    except ClientError as exc:
-        raise _fail(exc) from None
-    _print_key(name, created["api_key"], save_key)
+    with _key_destination(save_key) as destination:
+        try:
+            with _admin(ctx) as client:
+                created = client.request("POST", "/admin/tenants", json=body)
+        except ClientError as exc:
+            raise _fail(exc) from None
+        _print_key(name, created["api_key"], destination)
 
 
 def _limit(value) -> str:
@@ -222,17 +256,16 @@ def tenants_keys(ctx: typer.Context, name: str = typer.Argument(...),
                  save_key: Path | None = typer.Option(None, "--save-key", help=SAVE_KEY_HELP)) -> None:
     """List a tenant's keys (ids only; secrets are never stored), or --create / --revoke one."""
     tenant = quote(name, safe="")
-    try:
-        with _admin(ctx) as client:
-            if create:
-                created = client.request("POST", f"/admin/tenants/{tenant}/keys")
-            elif revoke:
-                client.request("DELETE", f"/admin/tenants/{tenant}/keys/{quote(revoke, safe='')}")
-            listing = client.request("GET", f"/admin/tenants/{tenant}/keys")
-    except ClientError as exc:
-        raise _fail(exc) from None
-    if create:
-        _print_key(name, created["api_key"], save_key)
+    with _key_destination(save_key if create else None) as destination:
+        try:
+            with _admin(ctx) as client:
+                if create:  # stored before anything else can fail
+                    _print_key(name, client.request("POST", f"/admin/tenants/{tenant}/keys")["api_key"], destination)
+                elif revoke:
+                    client.request("DELETE", f"/admin/tenants/{tenant}/keys/{quote(revoke, safe='')}")
+                listing = client.request("GET", f"/admin/tenants/{tenant}/keys")
+        except ClientError as exc:
+            raise _fail(exc) from None
     if revoke:
         typer.echo(f"revoked key {revoke}")
     table = Table(title=f"keys of {name}")

@@ -57,6 +57,17 @@ def cookie_from(header: str | None) -> str | None:
     return None
 
 
+def cookie_secure(setting: bool | str, scheme: str, forwarded_proto: str | None, trust_forwarded: bool) -> bool:
+    """The Secure flag: the profile's true/false, or for "auto" whether the browser reached us over
+    https: the request's own scheme, or (only when the operator says a TLS proxy sets it, since a
+    client could send it too) the first X-Forwarded-Proto."""
+    if setting != "auto":
+        return bool(setting)
+    if scheme == "https":
+        return True
+    return trust_forwarded and (forwarded_proto or "").split(",")[0].strip().lower() == "https"
+
+
 def set_cookie_header(token: str, path: str, secure: bool, max_age: int = SESSION_TTL_S) -> str:
     """HttpOnly (no script reads it), SameSite=Strict (no other site's page sends it), Secure over https."""
     return (f"{COOKIE_NAME}={token}; Path={path}; Max-Age={max_age}; HttpOnly; SameSite=Strict"

@@ -97,7 +97,7 @@ def build_app(args: dict) -> serve.Application:
     pool = profile.pools[0]
     guard_config = {"state_dir": profile.state_dir, "tenants_file": profile.tenants_file,
                     "shed_ingest_at": pool.shed_ingest_at, "shed_all_at": pool.shed_all_at,
-                    "device_pool": plan.pool.discrete}
+                    "device_pool": plan.pool.discrete, "gateway": profile.gateway.model_dump()}
     app = make_app(guard_config, profile.gateway.max_body_bytes)
     ingress_cls = make_fastapi_ingress(Gateway, endpoint_map=ENDPOINTS, app=app)
     gateway = serve.deployment(ingress_cls, name="gateway", max_ongoing_requests=512).options(

@@ -25,6 +25,7 @@ from dashboard.figures import measured_by_replica, tenants_today
 from dashboard.history import MemoryHistory
 from dashboard.render import login_page, page, render_sections
 from deployments.process_memory import process_tree_memory
+from deployments.public_paths import client_address
 from deployments.tenants import guard_of
 
 logger = logging.getLogger("poolserve.dashboard")
@@ -111,23 +112,32 @@ class DashboardRoutes:
 
     async def dashboard_login(self, request: Request) -> Response:
         """The form's admin key for a session cookie; the key itself is never stored in the browser."""
+        guard, address = guard_of(request), client_address(request.scope)
+        # Before the key is looked at: a client guessing keys learns nothing more once it is over.
+        if (refusal := guard.clients.login_refusal(address)) is not None:
+            return HTMLResponse(login_page(f"Too many wrong keys: try again in {refusal.retry_after_seconds} s."),
+                                status_code=429, headers={**PAGE_HEADERS, "Retry-After": str(refusal.retry_after_seconds)})
         try:
             fields = parse_qs((await request.body()).decode("utf-8", "replace"), max_num_fields=4)
         except ValueError:  # more fields than the form has
             fields = {}
-        guard = guard_of(request)
         if not guard.admin_allowed((fields.get("key") or [""])[0]):
+            guard.clients.note_failed_login(address)
             return HTMLResponse(login_page("That is not the admin key."), status_code=401, headers=PAGE_HEADERS)
         response = RedirectResponse("../dashboard", status_code=303, headers=PAGE_HEADERS)
         response.headers["Set-Cookie"] = session.set_cookie_header(
-            session.issue(guard.admin_key), _cookie_path(request), secure=request.url.scheme == "https")
+            session.issue(guard.admin_key), _cookie_path(request), secure=self._cookie_secure(request))
         return response
 
     async def dashboard_logout(self, request: Request) -> Response:
         response = RedirectResponse("login", status_code=303, headers=PAGE_HEADERS)
         response.headers["Set-Cookie"] = session.set_cookie_header("", _cookie_path(request),
-                                                                   secure=request.url.scheme == "https", max_age=0)
+                                                                   secure=self._cookie_secure(request), max_age=0)
         return response
+
+    def _cookie_secure(self, request: Request) -> bool:
+        return session.cookie_secure(self._settings["cookie_secure"], request.url.scheme,
+                                     request.headers.get("x-forwarded-proto"), self._settings["trust_forwarded_proto"])
 
     async def dashboard_static(self, name: str) -> Response:
         path = STATIC_DIR / name

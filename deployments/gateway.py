@@ -37,6 +37,7 @@ from deployments.streams import force_stream_usage, tracked_stream
 from deployments.schemas import RagOptions
 from deployments.tenants import (ADMIN_ENDPOINTS, TenantAdminRoutes, TenantAuthMiddleware, record_usage,
                                  guard_of, reserve_tokens, tenant_of)
+from tenancy.limits import estimate_text_tokens
 
 logger = logging.getLogger("poolserve.gateway")
 HEALTH_TIMEOUT_S = 5.0
@@ -90,13 +91,12 @@ class Gateway(KnowledgeRoutes, TenantAdminRoutes, DashboardRoutes, OpenAiIngress
                 response = error_body(503, f"not ready: {', '.join(down)} down or starting", "service_unavailable")
                 body = json.loads(response.body)
                 body["replicas"] = replicas
-                body["pool"] = guard_of(request).pool.describe()
+                body["pool"] = _public_pool_state(request)
                 return JSONResponse(body, status_code=503,
                                     headers={"Retry-After": str(self._settings["unavailable_retry_after_s"])})
             self._healthy_until = time.monotonic() + HEALTHY_TTL_S
         names = [engine.replica for engine in self._engines.values()] + ["embedder", "retriever", "gateway"]
-        return JSONResponse({"status": "ok", "replicas": {n: "ok" for n in names},
-                             "pool": guard_of(request).pool.describe()})
+        return JSONResponse({"status": "ok", "replicas": {n: "ok" for n in names}, "pool": _public_pool_state(request)})
 
     async def _engine(self, call):
         """A call to the chat replica; when it fails, /healthz re-checks (the error is mapped to 503)."""
@@ -297,6 +297,9 @@ class Gateway(KnowledgeRoutes, TenantAdminRoutes, DashboardRoutes, OpenAiIngress
                                      "(gateway.max_embedding_inputs)")
         if getattr(body, "dimensions", None):
             raise HTTPException(400, f"dimensions is not supported: {self._embed_model_id} has one output size")
+        # Reserved before it runs (a 429 when the tenant's minute cannot hold it), settled to the real count.
+        await reserve_tokens(request, estimate_text_tokens(texts, self._settings["embed_max_seq_tokens"]),
+                             "characters / 4 of each input, at most embed_max_seq_tokens each")
         # Runs to the end even if the client hangs up: the work is paid for, and the tenant's
         # concurrency slot stays held until the embedder is done with it.
         result = await run_to_completion(self._embed_and_charge(request, texts))
@@ -306,6 +309,12 @@ class Gateway(KnowledgeRoutes, TenantAdminRoutes, DashboardRoutes, OpenAiIngress
         # Rendering up to millions of floats takes a while: off the event loop, so streams keep flowing.
         content = await run_in_threadpool(_embeddings_body, vectors, as_base64, self._embed_model_id, usage)
         return Response(content, media_type="application/json", background=release_heap_after_sending())
+
+
+def _public_pool_state(request: Request) -> dict:
+    """Whether the pool guard sheds: all /healthz tells anyone. Its bytes and the cgroup's path are on
+    /status (admin key)."""
+    return {"state": guard_of(request).pool.describe()["state"]}
 
 
 def _embeddings_body(vectors: np.ndarray, as_base64: bool, model: str, usage: dict) -> bytes:

@@ -17,14 +17,15 @@ from deployments.errors import unavailable
 from deployments.ingest import IngestRoutes
 from deployments.no_answer import no_answer_response
 from deployments.rag_adapters import GatewayChat, RayEmbedder, RayIndex
-from deployments.schemas import RagOptions, RagQueryRequest, SearchRequest
+from deployments.schemas import AddDocumentsRequest, RagOptions, RagQueryRequest, SearchRequest
 from deployments.streams import rag_stream, tracked_stream
-from deployments.tenants import record_usage
+from deployments.tenants import record_usage, reserve_tokens
 from deployments.work import without_credentials
 from rag.filters import InvalidFilter, normalize_filters
 from rag.ids import validate_collection, validate_document_id
 from rag.pipeline import Grounding, InvalidQuery, PipelineSettings, RagPipeline
 from rag.prompt import citations, rag_messages
+from tenancy.limits import estimate_ingest_tokens
 
 # The search route's `filters` query parameter is JSON; bounded so parsing it stays cheap.
 FILTERS_PARAM_MAX_CHARS = 4096
@@ -47,6 +48,16 @@ class KnowledgeRoutes(IngestRoutes):
         return await self._engine(super().chat(body, without_credentials(request)))
 
     # ---- knowledge bases (ingest: deployments/ingest.py) ------------------------------------
+    async def add_documents(self, collection: str, body: AddDocumentsRequest, request: Request) -> Response:
+        """The ingest route (IngestRoutes.add_documents), after its estimated embedding tokens are
+        reserved: a 429 when the tenant's minute cannot hold them, so parallel ingests cannot each
+        start on a budget of one token. The reservation is held until the ingest ends, covering its
+        embedder calls (record_usage), and settled to what they read."""
+        estimate = estimate_ingest_tokens([doc.text for doc in body.documents], self._settings["chunk_tokens"],
+                                          self._settings["chunk_overlap"])
+        await reserve_tokens(request, estimate, "characters / 4 of the documents, with the chunks' overlap")
+        return await super().add_documents(collection, body, request)
+
     async def list_collections(self, request: Request) -> Response:
         collections = await self._retriever.list_collections.remote(self._tenant(request))
         return JSONResponse({"object": "list", "data": collections})

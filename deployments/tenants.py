@@ -24,6 +24,8 @@ from starlette.responses import JSONResponse, Response
 from deployments.dashboard_auth import dashboard_gate, is_dashboard_path
 from deployments.errors import error_body
 from deployments.pool_guard import PoolGuard, read_gpu_pool, read_pool
+from deployments.public_paths import is_public, refuse_unauthenticated, serve_public
+from planner.profile import GatewaySpec
 from tenancy import (
     DEMO_KEY_ENV,
     ApiKeyNotFound,
@@ -38,6 +40,8 @@ from tenancy import (
     render_metrics,
     resolve_demo_key,
 )
+from tenancy.client_limits import ClientLimiter
+from tenancy.limits import RequestTokens
 from tenancy.rejections import RejectionLog
 
 logger = logging.getLogger("poolserve.tenants")
@@ -46,9 +50,7 @@ ADMIN_KEY_ENV = "POOLSERVE_ADMIN_KEY"
 RESEED_ENV = "POOLSERVE_RESEED_TENANTS"
 # Operator routes outside /admin that also need the admin key: they name tenants and processes.
 OPERATOR_PATHS = ("/metrics", "/status")
-# The only routes served without a key; every other path needs the tenant key (fail closed).
 INGEST_PATH = re.compile(r"^/v1/collections/.+/documents$")
-PUBLIC_PATHS = ("/healthz", "/docs", "/docs/oauth2-redirect", "/openapi.json")
 # Per-request scope keys. Not scope["state"]: servers may share that dict across requests.
 TENANT_KEY = "poolserve.tenant"
 GUARD_KEY = "poolserve.guard"
@@ -68,7 +70,7 @@ class TenantGuard:
     """Everything tenant-related one gateway replica holds: store, limiter, metrics."""
 
     def __init__(self, state_dir: str, tenants_file: str | None, shed_ingest_at: float = 0.90,
-                 shed_all_at: float = 0.95, device_pool: bool = False):
+                 shed_all_at: float = 0.95, device_pool: bool = False, gateway: dict | None = None):
         os.umask(0o077)  # tenants, usage and audit databases and key files are the owner's only
         self.state_dir = Path(state_dir)
         self.store = TenantStore(self.state_dir / "tenants.sqlite3")
@@ -82,6 +84,11 @@ class TenantGuard:
         self.pool = PoolGuard(shed_ingest_at, shed_all_at, registry=self.registry,
                               reader=read_gpu_pool if device_pool else read_pool)
         self.admin_key = os.environ.get(ADMIN_KEY_ENV) or None
+        # Traffic without a valid key, per client address (planner/profile.py GatewaySpec.client_*).
+        spec = GatewaySpec.model_validate(gateway or {})
+        self.clients = ClientLimiter(spec.client_max_concurrent, spec.client_requests_per_minute,
+                                     spec.login_failures_per_minute, spec.tracked_clients)
+        self.login_form_max_bytes = spec.login_form_max_bytes
         demo_key, created_at = resolve_demo_key(self.state_dir)
         if created_at:
             logger.warning("demo tenant key written to %s (mode 0600)", created_at)
@@ -123,12 +130,13 @@ class TenantGuard:
         self.rejections.record(tenant, reason)
 
     def admit(self, tenant):
-        """A concurrency lease and an RPM slot (with a 1-token TPM reservation), or the refusal."""
+        """A concurrency lease and an RPM slot (a spent TPM minute refuses; the estimate is reserved
+        later, by reserve_tokens), or the refusal."""
         lease = self.limiter.try_acquire(tenant)
         if not lease.allowed:
             return lease, None
         try:
-            admission = self.limiter.admit(tenant, estimated_tokens=1)
+            admission = self.limiter.admit(tenant, estimated_tokens=1, reserve=False)
         except BaseException:
             self.limiter.release(tenant, lease.lease_id)
             raise
@@ -183,24 +191,28 @@ class TenantAuthMiddleware:
         guard = self.guard
         scope[GUARD_KEY] = guard
         path = app_path(scope)
+        # Nothing below reads the body until a key has been accepted: refusals come from the headers.
         if is_dashboard_path(path):  # the admin key, or the session cookie its login form sets
             refusal = dashboard_gate(guard, scope, path)
-            return await (refusal or self.app)(scope, receive, send)
+            if refusal is not None:
+                return await refuse_unauthenticated(guard.clients, refusal, scope, receive, send)
+            if not is_public(path):
+                return await self.app(scope, receive, send)
+        if is_public(path):
+            return await serve_public(self.app, guard.clients, guard.login_form_max_bytes, path, scope, receive, send)
         if path.startswith("/admin") or path in OPERATOR_PATHS:
             if not guard.admin_key:
                 return await self._reject(scope, receive, send, 404,
                                           f"the admin API is disabled: set {ADMIN_KEY_ENV} to enable it", kind="not_found_error")
             if not guard.admin_allowed(_bearer(scope)):
-                return await self._reject(scope, receive, send, 401, "missing or invalid admin key",
-                                          {"WWW-Authenticate": "Bearer"}, kind="authentication_error")
-            return await self.app(scope, receive, send)
-        if path in PUBLIC_PATHS:
+                return await refuse_unauthenticated(guard.clients, _unauthenticated("missing or invalid admin key"),
+                                                    scope, receive, send)
             return await self.app(scope, receive, send)
         tenant = await run_in_threadpool(guard.authenticate, _bearer(scope))
         if tenant is None:
-            return await self._reject(scope, receive, send, 401,
-                                      "missing or invalid API key: send 'Authorization: Bearer <key>'",
-                                      {"WWW-Authenticate": "Bearer"}, kind="authentication_error")
+            return await refuse_unauthenticated(
+                guard.clients, _unauthenticated("missing or invalid API key: send 'Authorization: Bearer <key>'"),
+                scope, receive, send)
         kind = _work_kind(scope["method"], path)
         shed = guard.pool.refusal(kind) if kind else None
         if shed:  # before admission: a shed request uses none of the tenant's limits
@@ -217,7 +229,7 @@ class TenantAuthMiddleware:
         if not decision.allowed:
             return await self._reject_over_limit(scope, receive, send, tenant, decision)
         scope[TENANT_KEY] = tenant
-        tokens = scope[TOKENS_KEY] = {"reservation": reservation, "settled": False}
+        tokens = scope[TOKENS_KEY] = RequestTokens(reservation)
         in_flight = guard.metrics.in_flight.labels(tenant=tenant.name)
         in_flight.inc()
         try:
@@ -230,10 +242,9 @@ class TenantAuthMiddleware:
             closing.add_done_callback(self._closing.discard)
             await asyncio.shield(closing)
 
-    def _close_request(self, tenant, tokens: dict, lease_id: str | None) -> None:
-        try:
-            if not tokens["settled"]:  # no usage reported: give the reservation back
-                self.guard.limiter.settle(tenant, tokens["reservation"], 0)
+    def _close_request(self, tenant, tokens: RequestTokens, lease_id: str | None) -> None:
+        try:  # what was charged beyond what ran is given back (all of it when nothing ran)
+            self.guard.limiter.settle(tenant, *tokens.closing())
         finally:
             self.guard.limiter.release(tenant, lease_id)
 
@@ -246,7 +257,7 @@ class TenantAuthMiddleware:
             decision, reservation = task.result()
             if decision.allowed:
                 closing = asyncio.ensure_future(run_in_threadpool(
-                    self._close_request, tenant, {"reservation": reservation, "settled": False}, decision.lease_id))
+                    self._close_request, tenant, RequestTokens(reservation), decision.lease_id))
                 self._closing.add(closing)
                 closing.add_done_callback(self._closing.discard)
         return release
@@ -257,6 +268,12 @@ class TenantAuthMiddleware:
                            {"Retry-After": str(decision.retry_after_seconds)}, kind="rate_limit_error")
 
 
+def _unauthenticated(message: str) -> Response:
+    response = error_body(401, message, "authentication_error")
+    response.headers["WWW-Authenticate"] = "Bearer"
+    return response
+
+
 def over_limit_message(tenant, decision) -> str:
     what = {"rpm": f"{tenant.rpm} requests per minute", "tpm": f"{tenant.tpm} tokens per minute",
             "concurrency": f"{tenant.max_concurrency} concurrent requests"}[decision.reason]
@@ -264,20 +281,21 @@ def over_limit_message(tenant, decision) -> str:
             f"{decision.retry_after_seconds}s")
 
 
-async def reserve_tokens(request: Request, estimated_tokens: int) -> None:
-    """Charge a generating request's estimate (prompt + max_tokens x n) before it runs: 429 when the
-    tenant's minute cannot hold it. Settled to the engine's count by record_usage."""
+async def reserve_tokens(request: Request, estimated_tokens: int, what: str = "prompt + max_tokens x n") -> None:
+    """Charge a request's estimate before it runs (generation: prompt + max_tokens x n; embeddings and
+    ingest: characters / 4): 429 when the tenant's minute cannot hold it. Held until the request ends,
+    then settled to what it used (record_usage reports it)."""
     tenant, tokens = tenant_of(request), request.scope.get(TOKENS_KEY)
     if tenant is None or tokens is None:
         return
     guard = guard_of(request)
-    admission = await run_in_threadpool(guard.limiter.reserve_more, tenant, tokens["reservation"], estimated_tokens)
+    admission = await run_in_threadpool(guard.limiter.reserve_more, tenant, tokens.reservation, estimated_tokens)
     if not admission.allowed:
         await run_in_threadpool(guard.observe_rejection, tenant.name, "tpm")
         raise HTTPException(429, over_limit_message(tenant, admission.decision) +
-                            f" (this request is estimated at {estimated_tokens} tokens: prompt + max_tokens x n)",
+                            f" (this request is estimated at {estimated_tokens} tokens: {what})",
                             headers={"Retry-After": str(admission.decision.retry_after_seconds)})
-    tokens["reservation"] = admission.reservation
+    tokens.reserved(admission.reservation)
 
 
 async def record_usage(request: Request, model: str, usage: dict | None, status: int = 200) -> None:
@@ -290,11 +308,11 @@ async def record_usage(request: Request, model: str, usage: dict | None, status:
     completion = int((usage or {}).get("completion_tokens") or 0)
     await run_in_threadpool(guard.store.record_usage, tenant.name, model, prompt, completion)
     tokens = request.scope.get(TOKENS_KEY)
-    if tokens is not None and not tokens["settled"]:
-        tokens["settled"] = True  # the first usage settles the reservation; later work is charged on top
-        await run_in_threadpool(guard.limiter.settle, tenant, tokens["reservation"], prompt + completion)
-    else:
-        await run_in_threadpool(guard.limiter.charge_tokens, tenant, prompt + completion)
+    # Covered by the request's reservation up to what it holds; beyond that charged now. The rest of
+    # the reservation is refunded when the request closes (TenantAuthMiddleware._close_request).
+    excess = tokens.report(prompt + completion) if tokens is not None else prompt + completion
+    if excess:
+        await run_in_threadpool(guard.limiter.charge_tokens, tenant, excess)
     guard.metrics.observe_request(tenant.name, model, str(status))
     guard.metrics.observe_tokens(tenant.name, model, prompt, completion)
 

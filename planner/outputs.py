@@ -3,6 +3,8 @@ the runtime uses. Every field is planned; nothing downstream computes a number o
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.profile import RagSpec
@@ -69,6 +71,10 @@ class GatewaySettings(RagSpec):
     max_prompts: int = Field(description="Most prompts in one completions request.")
     max_embedding_inputs: int = Field(description="Most inputs in one embeddings request.")
     unavailable_retry_after_s: int = Field(description="Retry-After of a 503 while a replica is down.")
+    cookie_secure: bool | Literal["auto"] = Field(description="The dashboard cookie's Secure flag (GatewaySpec).")
+    trust_forwarded_proto: bool = Field(description="Whether X-Forwarded-Proto decides an auto Secure flag.")
+    embed_max_seq_tokens: int = Field(description="Most tokens the embedder reads of one input: caps the TPM "
+                                      "estimate of an embeddings request (characters / 4 per input).")
     state_dir: str = Field(description="SQLite databases, index snapshots, the tenant store.")
 
     def as_dict(self) -> dict:

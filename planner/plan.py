@@ -359,10 +359,12 @@ def _gateway_settings(profile: Profile, replicas: list[ReplicaPlan]) -> GatewayS
     cards = {spec.model_id: ChatModelCard(path=spec.model, max_model_len=by_name[name].vllm.max_model_len,
                                           replica=name) for name, spec in profile.chat_engines()}
     limits = profile.gateway.model_dump(include={"max_choices", "max_prompts", "max_embedding_inputs",
-                                                 "unavailable_retry_after_s"})
+                                                 "unavailable_retry_after_s", "cookie_secure",
+                                                 "trust_forwarded_proto"})
     return GatewaySettings(
         **profile.rag.model_dump(), **limits, chat_model_id=profile.chat.model_id, chat_models=cards,
-        embed_model_id=profile.embedder.model_id, state_dir=profile.state_dir,
+        embed_model_id=profile.embedder.model_id, embed_max_seq_tokens=profile.embedder.max_seq_tokens,
+        state_dir=profile.state_dir,
         planned_bytes={r.name: r.planned_bytes for r in replicas},
         planned_at_rest_bytes={r.name: r.planned_bytes - r.growth_bytes for r in replicas})
 

@@ -241,6 +241,8 @@ class RagSpec(_Strict):
                                         "gives no `limit`.")
     documents_page_max: int = Field(100, ge=1, description="Largest `limit` of a document listing page.")
     max_document_chars: int = Field(2_000_000, ge=1, description="Characters per ingested document.")
+    max_question_chars: int = Field(8000, ge=16, description="Characters in the question of a search, a RAG "
+                                    "query or chat-with-RAG (its last user message); longer ones get 400.")
     answer_max_tokens: int = Field(256, ge=1, description="Default completion budget for RAG answers.")
     min_score: float = Field(0.30, ge=-1.0, le=1.0, description="No-answer threshold: a RAG query or chat-with-RAG "
                              "whose question has a best cosine similarity below this with every chunk the filters "
@@ -256,7 +258,27 @@ class GatewaySpec(_Strict):
     """The FastAPI ingress."""
 
     num_cpus: float = Field(0.2, gt=0, description="Ray CPUs for the gateway (ingress).")
-    max_body_bytes: Size = Field(parse_size("8MiB"), description="Larger request bodies get 413.")
+    max_body_bytes: Size = Field(parse_size("8MiB"), description="Larger request bodies get 413 (a larger "
+                                 "Content-Length before any byte of the body is read).")
+    login_form_max_bytes: int = Field(1024, ge=64, le=65536, description="Largest body of POST /dashboard/login "
+                                      "(a form with the admin key); every other public path (/healthz, /docs, "
+                                      "/openapi.json, the login page, static files) accepts no body at all.")
+    client_max_concurrent: int = Field(8, ge=1, description="Unauthenticated requests (public paths, the login "
+                                       "form, wrong keys) one client address may have in flight at once; more "
+                                       "get 429. Per gateway replica; a request with a valid key never counts.")
+    client_requests_per_minute: int = Field(300, ge=1, description="Unauthenticated requests one client address "
+                                            "may make in a moving minute; more get 429. Per gateway replica.")
+    login_failures_per_minute: int = Field(5, ge=1, description="Wrong admin keys one client address may send "
+                                           "to the dashboard login form in a moving minute; then the form "
+                                           "answers 429 (without checking the key) until the oldest leaves it.")
+    tracked_clients: int = Field(4096, ge=16, description="Client addresses the per-client limits remember at "
+                                 "once; the least recently seen is forgotten first.")
+    cookie_secure: bool | Literal["auto"] = Field("auto", description="The dashboard session cookie's Secure "
+                                                  "flag: true (always: set it behind a TLS proxy), false (never), "
+                                                  "or auto (when the request came over https, or when "
+                                                  "trust_forwarded_proto is set and X-Forwarded-Proto says https).")
+    trust_forwarded_proto: bool = Field(False, description="Believe the X-Forwarded-Proto header (a TLS proxy in "
+                                        "front of the gateway sets it); off, a client could send it itself.")
     host: str = Field("127.0.0.1", description="Address the gateway listens on. Loopback by default; '0.0.0.0' "
                       "opens it to the network (the only port poolserve ever opens).")
     port: int = Field(8000, ge=1, le=65535, description="The gateway's port.")

@@ -35,6 +35,7 @@ class PipelineSettings(BaseModel):
     default_top_k: int = Field(4, ge=1)
     max_top_k: int = Field(20, ge=1)
     answer_max_tokens: int = Field(256, ge=1)
+    max_question_chars: int = Field(8000, ge=16, description="Longest question (planner/profile.py RagSpec).")
     embed_title: bool = Field(True, description="Embed each chunk with its document's title in front.")
     embed_batch_chunks: int = Field(256, ge=1, description="Chunks per embedder call during an ingest: the "
                                     "granularity of its progress reports.")
@@ -169,6 +170,9 @@ class RagPipeline:
         top_k = self._top_k(top_k)
         if not question.strip():
             raise InvalidQuery("no question: the question (in chat, the last user message) is empty")
+        if len(question) > self.settings.max_question_chars:  # lexical search and the embedder read all of it
+            raise InvalidQuery(f"the question (in chat, the last user message) is {len(question)} characters; the "
+                               f"limit is {self.settings.max_question_chars} (rag.max_question_chars)")
         try:
             filters = normalize_filters(filters) or None
         except InvalidFilter as exc:

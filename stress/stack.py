@@ -24,6 +24,17 @@ TARGETS = {"engine": "EngineCore", "embedder": "ServeReplica:poolserve:embedder"
 LAUNCHER_EXIT_S = 180.0
 
 
+def _parent_of(pid: int) -> int | None:
+    try:
+        return psutil.Process(pid).ppid()
+    except psutil.Error:
+        return None
+
+
+def launches_stack(launcher: int, marked: list[int], parent_of) -> bool:
+    """Whether `launcher` is the parent of one of the stack's marked processes (`serve run` is)."""
+    return any(parent_of(pid) == launcher for pid in marked)
+
 class StackControl:
     def __init__(self, serve_config: Path, profile_path: Path, state_dir: Path, pool: str | None, log):
         self.serve_config, self.profile_path, self.pool, self.log = serve_config, profile_path, pool, log
@@ -46,12 +57,15 @@ class StackControl:
         raise LookupError(f"no process of stack {self.layout.stack_id} runs {fragment!r}")
 
     def _launcher_pid(self) -> int | None:
+        """stack.yaml's launcher, only while it is this stack's: the parent of a process carrying the
+        stack's marker. A stale stack.yaml (the stack gone, its pid reused by anything) names no such
+        parent, and that process is never signalled."""
         record = self.layout.run_dir / "stack.yaml"
         try:
             pid = int((yaml.safe_load(record.read_text()) or {}).get("launcher_pid") or 0)
         except (OSError, ValueError, yaml.YAMLError):
             return None
-        return pid or None
+        return pid if pid and launches_stack(pid, self.pids(), _parent_of) else None
 
     @staticmethod
     def _running(pid: int) -> bool:

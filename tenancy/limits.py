@@ -90,6 +90,41 @@ class TokenReservation:
     tokens: int
 
 
+@dataclass
+class RequestTokens:
+    """One request's TPM account: what it reserved, what it has reported using, and what has been
+    added to its tenant's minute for it. The reservation is held until the request ends (so work
+    reported in parts, like an ingest's embedder calls, stays covered by it); only use beyond what
+    was charged is charged at once, and the rest is refunded when the request closes."""
+
+    reservation: TokenReservation | None
+    used: int = 0
+    charged: int = 0  # tokens added to the minute for this request: the reservation, and any excess
+
+    def __post_init__(self) -> None:
+        self.charged = self.reservation.tokens if self.reservation is not None else 0
+
+    def reserved(self, reservation: TokenReservation | None) -> None:
+        """The reservation was raised (TenantLimiter.reserve_more) by its difference."""
+        before = self.reservation.tokens if self.reservation is not None else 0
+        after = reservation.tokens if reservation is not None else 0
+        self.charged += max(0, after - before)
+        self.reservation = reservation
+
+    def report(self, tokens: int) -> int:
+        """Record tokens the request used; returns how many to charge now (its use beyond `charged`)."""
+        self.used += max(0, tokens)
+        excess = max(0, self.used - self.charged)
+        self.charged += excess
+        return excess
+
+    def closing(self) -> tuple[TokenReservation | None, int]:
+        """What to settle when the request ends: (everything charged, as a reservation; tokens used)."""
+        if self.reservation is None:
+            return None, self.used
+        return TokenReservation(self.reservation.minute, self.charged), self.used
+
+
 @dataclass(frozen=True)
 class Admission:
     decision: LimitDecision
@@ -98,6 +133,26 @@ class Admission:
     @property
     def allowed(self) -> bool:
         return self.decision.allowed
+
+
+CHARS_PER_TOKEN = 4  # English text in a WordPiece/BPE vocabulary: the usual rule of thumb
+
+
+def estimate_text_tokens(texts: list[str], per_text_cap: int | None = None, overhead: int = 2) -> int:
+    """Tokens a list of texts is expected to cost before it is tokenized: characters / 4 per text
+    (rounded up) plus its special tokens, each cut at what the model reads when that is known."""
+    total = 0
+    for text in texts:
+        tokens = math.ceil(len(text) / CHARS_PER_TOKEN) + overhead
+        total += min(tokens, per_text_cap) if per_text_cap else tokens
+    return total
+
+
+def estimate_ingest_tokens(texts: list[str], chunk_tokens: int, chunk_overlap: int) -> int:
+    """An ingest's embedding tokens: its text at characters / 4, read again where chunks overlap."""
+    body = estimate_text_tokens(texts, overhead=0)
+    stride = max(1, chunk_tokens - chunk_overlap)
+    return math.ceil(body * chunk_tokens / stride)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -152,23 +207,27 @@ class TenantLimiter(LockedSQLite):
 
     # ---- rate limits ---------------------------------------------------------
 
-    def admit(self, tenant: Tenant, estimated_tokens: int = 0) -> Admission:
+    def admit(self, tenant: Tenant, estimated_tokens: int = 0, reserve: bool = True) -> Admission:
         """Admit or refuse one request; when admitted, count one RPM hit and reserve tokens.
 
         ``estimated_tokens`` is prompt tokens + max_tokens when known; at least 1 is reserved,
         so a tenant whose minute is spent is refused even without an estimate. Both limits are
         tested before anything is written, so a request refused for TPM uses no RPM slot.
+        With ``reserve=False`` the minute must still have a token left, but none is held: the request
+        reserves its own estimate later (reserve_more), and parallel admissions holding a token each
+        cannot keep an estimate capped to the whole TPM out of an otherwise unused minute.
         """
         now = self._clock()
         minute = math.floor(now / WINDOW_SECONDS)
         if tenant.rpm is None and tenant.tpm is None:
             return Admission(LimitDecision.allow(), TokenReservation(minute, 0))
-        reserve = 0 if tenant.tpm is None else min(max(estimated_tokens, 1), tenant.tpm)
+        needed = 0 if tenant.tpm is None else min(max(estimated_tokens, 1), tenant.tpm)
+        reserve = needed if reserve else 0
         with self._transaction() as conn:
             if tenant.tpm is not None:
                 conn.execute("DELETE FROM tpm_minutes WHERE tenant = ? AND minute < ?",
                              (tenant.name, minute))
-                if self._used_tokens(conn, tenant.name, minute) + reserve > tenant.tpm:
+                if self._used_tokens(conn, tenant.name, minute) + needed > tenant.tpm:
                     return Admission(LimitDecision.reject(
                         "tpm", (minute + 1) * WINDOW_SECONDS - now))
             if tenant.rpm is not None:

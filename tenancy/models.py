@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timezone
 from typing import Any
 
-TENANT_NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+TENANT_NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")  # fullmatch: `$` would let "name\n" through
 
 
 # The tenant store's tables (created by tenancy.store; kept here next to the types that mirror
@@ -76,7 +76,7 @@ def validate_tenant_name(name: object) -> str:
         raise ValueError("tenant name must not be empty")
     if len(name) > 63:
         raise ValueError(f"tenant name is {len(name)} characters long; the maximum is 63")
-    if not TENANT_NAME_PATTERN.match(name):
+    if not TENANT_NAME_PATTERN.fullmatch(name):
         raise ValueError(
             f"tenant name {name!r} is invalid: use lowercase letters, digits, '-' and '_', "
             "starting with a letter or digit")

@@ -53,3 +53,49 @@ def test_key_comes_from_the_key_file_else_the_environment(tmp_path, monkeypatch)
         resolve_key(None, "POOLSERVE_API_KEY")
     with pytest.raises(ClientError, match="cannot read the key file"):
         resolve_key(tmp_path / "missing", "POOLSERVE_API_KEY")
+
+
+class _RecordingAdmin:
+    """Stands in for the admin API client: records what the CLI asked the server for."""
+
+    def __init__(self, calls: list):
+        self.calls = calls
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def request(self, method, path, json=None):
+        self.calls.append((method, path))
+        return {"api_key": "sk-new-key", "data": []}
+
+
+def _run_tenants(monkeypatch, args):
+    import typer
+    from typer.testing import CliRunner
+
+    import cli.commands as commands
+
+    calls: list = []
+    monkeypatch.setattr(commands, "_admin", lambda ctx: _RecordingAdmin(calls))
+    app = typer.Typer()
+    commands.register(app)
+    return CliRunner().invoke(app, ["tenants", *args]), calls
+
+
+def test_save_key_refuses_an_existing_file_before_any_key_is_created(tmp_path, monkeypatch):
+    existing = tmp_path / "acme.key"
+    existing.write_text("an older key\n")
+    for args in (["add", "acme", "--save-key", str(existing)], ["keys", "acme", "--create", "--save-key", str(existing)]):
+        result, calls = _run_tenants(monkeypatch, args)
+        assert result.exit_code == 1 and calls == []  # the server was never asked: no orphaned key
+        assert existing.read_text() == "an older key\n"
+
+
+def test_save_key_writes_the_new_key_to_a_new_private_file(tmp_path, monkeypatch):
+    target = tmp_path / "acme.key"
+    result, calls = _run_tenants(monkeypatch, ["add", "acme", "--save-key", str(target)])
+    assert result.exit_code == 0 and calls == [("POST", "/admin/tenants")]
+    assert target.read_text() == "sk-new-key\n" and (target.stat().st_mode & 0o777) == 0o600

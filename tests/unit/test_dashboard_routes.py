@@ -45,7 +45,8 @@ class Gateway(DashboardRoutes):
         self._default_serve_handles = {"chat-model": Handle(Replica(900 * MIB))}
         self._embedder = Handle(Replica(400 * MIB))
         self._retriever = Handle(RetrieverReplica(store))
-        self._settings = {"planned_bytes": {"chat": 1000 * MIB, "embedder": 500 * MIB, "retriever": 350 * MIB}}
+        self._settings = {"planned_bytes": {"chat": 1000 * MIB, "embedder": 500 * MIB, "retriever": 350 * MIB},
+                          "cookie_secure": "auto", "trust_forwarded_proto": False}
         self._memory_history = MemoryHistory()  # the sampler task is the replica's; not started here
 
 
@@ -91,3 +92,38 @@ def test_admin_key_as_bearer_opens_status_collections_and_the_page(http):
     assert http.get("/dashboard", headers=admin).status_code == 200
     assert http.get("/dashboard/static/dashboard.js").headers["content-type"].startswith("text/javascript")
     assert http.get("/dashboard/static/uPlot.LICENSE").status_code == 404
+
+
+def test_the_login_form_answers_429_after_a_few_wrong_keys_without_checking_the_next(http):
+    from planner.profile import GatewaySpec
+
+    allowed = GatewaySpec().login_failures_per_minute
+    assert [http.post("/dashboard/login", data={"key": f"wrong{i}"}).status_code for i in range(allowed)] == \
+        [401] * allowed
+    locked = http.post("/dashboard/login", data={"key": ADMIN})  # even the right key: it is not looked at
+    assert locked.status_code == 429 and int(locked.headers["retry-after"]) >= 1
+    assert "Too many wrong keys" in locked.text and "set-cookie" not in locked.headers
+
+
+def test_the_cookie_secure_flag_follows_the_profile_not_the_scheme_alone():
+    from dashboard.session import cookie_secure
+
+    assert cookie_secure(True, "http", None, False) and not cookie_secure(False, "https", "https", True)
+    assert cookie_secure("auto", "https", None, False)
+    assert not cookie_secure("auto", "http", "https", False)  # a client may send the header itself
+    assert cookie_secure("auto", "http", "https, http", True)  # the TLS proxy's, when configured
+    assert not cookie_secure("auto", "http", "http", True)
+
+
+def test_behind_a_tls_proxy_the_login_cookie_is_secure(tmp_path, monkeypatch):
+    monkeypatch.setenv("POOLSERVE_ADMIN_KEY", ADMIN)
+    store = KnowledgeStore(tmp_path / "knowledge.sqlite3", dim=4)
+    app = make_app({"state_dir": str(tmp_path / "state"), "tenants_file": None}, max_body_bytes=1 << 20)
+    gateway = Gateway(store)
+    gateway._settings = {**gateway._settings, "trust_forwarded_proto": True}
+    for name, route in DASHBOARD_ENDPOINTS.items():
+        route(app)(getattr(gateway, name))
+    with TestClient(app, follow_redirects=False) as client:
+        plain = client.post("/dashboard/login", data={"key": ADMIN})
+        proxied = client.post("/dashboard/login", data={"key": ADMIN}, headers={"X-Forwarded-Proto": "https"})
+    assert "Secure" not in plain.headers["set-cookie"] and "; Secure" in proxied.headers["set-cookie"]

@@ -270,8 +270,25 @@ def test_rag_query_stream_below_the_threshold(http):
 
 
 def test_an_over_long_question_is_still_400_when_nothing_is_found(http):
-    response = http.post("/v1/rag/query", json={"collection": "facts", "question": "swallows airspeed " * 500})
+    response = http.post("/v1/rag/query", json={"collection": "facts", "question": "swallows airspeed " * 350})
     assert response.status_code == 400 and "context" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("route", ["rag", "search_get", "search_post"])
+def test_a_question_over_the_profiles_limit_is_a_400_naming_it(http, route):
+    limit = RagSpec().max_question_chars
+    question = "a" * (limit + 1)
+    if route == "rag":
+        response = http.post("/v1/rag/query", json={"collection": "facts", "question": question})
+    elif route == "search_get":
+        response = http.get("/v1/collections/facts/search", params={"q": question})
+    else:
+        response = http.post("/v1/collections/facts/search", json={"q": question})
+    message = response.json()["error"]["message"]
+    assert response.status_code == 400 and f"is {limit + 1} characters" in message
+    assert f"the limit is {limit} (rag.max_question_chars)" in message
+    # One character less is served.
+    assert http.post("/v1/collections/facts/search", json={"q": "a" * limit}).status_code == 200
 
 
 class ChatGateway(Gateway):

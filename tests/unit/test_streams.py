@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 from deployments.streams import rag_stream, sse_event_batches, tracked_stream
 from deployments.tenants import GUARD_KEY, TENANT_KEY
+from tenancy.limits import RequestTokens, TokenReservation
 
 
 def _chunks(*events: dict | str) -> list[str]:
@@ -179,13 +180,14 @@ class _FakeGuard:
 
 def test_usage_is_recorded_when_the_source_raises():
     guard, tenant = _FakeGuard(), SimpleNamespace(name="acme")
-    tokens = {"reservation": "r", "settled": False}
+    tokens = RequestTokens(TokenReservation(minute=1, tokens=4))
     request = SimpleNamespace(scope={TENANT_KEY: tenant, GUARD_KEY: guard, "poolserve.tokens": tokens})
     source = _aiter_then_raise(_chunks(DELTA, USAGE), RuntimeError("gone"))
     out = _tracked(source, request=request)
     assert _is_error(out[-1])
     assert ("usage", "acme", "m", 5, 1) in guard.recorded
-    assert ("settle", tenant, "r", 6) in guard.recorded and tokens["settled"]
+    # 6 used against 4 reserved: the 2 beyond are charged at once; the request's close settles the rest.
+    assert ("charge", tenant, 2) in guard.recorded and tokens.used == 6 and tokens.charged == 6
 
 
 def test_a_utf8_character_split_across_pieces_is_joined():

@@ -128,3 +128,13 @@ def test_thresholds_come_from_the_profile_with_defaults_and_spark_values():
         assert spark.stress.max_temperature_c is not None  # a GPU machine is judged on temperature too
     with pytest.raises(ValueError, match="short_prompt_tokens"):
         StressSpec(short_prompt_tokens=600)  # a short prompt is under 512 tokens
+
+
+def test_stress_signals_the_launcher_only_while_it_is_the_parent_of_a_marked_process():
+    from stress.stack import launches_stack
+
+    parents = {101: 50, 102: 101}  # 101: `serve run` (child of the launcher 50); 102: a raylet worker
+    assert launches_stack(50, [101, 102], parents.get)
+    # A stale stack.yaml: the stack is gone (nothing marked), or its pid now belongs to someone else.
+    assert not launches_stack(50, [], parents.get)
+    assert not launches_stack(77, [101, 102], parents.get)

@@ -242,3 +242,52 @@ def test_two_processes_share_one_rpm_budget(db_path):
 def test_reject_decision_never_has_zero_retry_after():
     assert LimitDecision.reject("rpm", 0).retry_after_seconds == 1
     assert LimitDecision.reject("tpm", 0.2).retry_after_seconds == 1
+
+
+# ---- a request's account: reservation held to the end, excess charged at once, rest refunded ----
+
+def test_a_request_account_charges_only_use_beyond_its_reservation_and_settles_the_rest():
+    from tenancy.limits import RequestTokens, TokenReservation
+
+    account = RequestTokens(TokenReservation(minute=7, tokens=100))
+    assert account.report(30) == 0 and account.report(50) == 0  # an ingest's embedder calls, in parts
+    assert account.report(40) == 20 and account.charged == 120  # 120 used: 20 beyond the reservation
+    assert account.closing() == (TokenReservation(7, 120), 120)  # nothing left to refund
+
+    grown = RequestTokens(TokenReservation(minute=7, tokens=1))
+    grown.report(10)  # the RAG question's embedding, charged beyond the admission's 1 token
+    grown.reserved(TokenReservation(minute=7, tokens=500))  # then the answer's estimate
+    grown.report(300)
+    assert grown.closing() == (TokenReservation(7, 509), 310)  # settle refunds 199: 310 charged in all
+
+
+def test_a_reserved_request_settles_to_what_it_used_in_the_limiter(tmp_path):
+    from tenancy.limits import RequestTokens
+
+    clock = lambda: 6_000_001.0  # noqa: E731
+    limiter = TenantLimiter(tmp_path / "l.sqlite3", clock=clock)
+    tenant = Tenant(name="t", tpm=1000)
+    admission = limiter.reserve_more(tenant, limiter.admit(tenant, 1).reservation, 600)
+    account = RequestTokens(admission.reservation)
+    assert limiter.tokens_remaining(tenant) == 400
+    assert not limiter.reserve_more(tenant, None, 500).allowed  # a parallel call cannot start on 1 token
+    assert account.report(250) == 0  # under the 600 reserved: nothing more to charge
+    limiter.settle(tenant, *account.closing())
+    assert limiter.tokens_remaining(tenant) == 750
+
+
+def test_text_estimates_are_characters_over_four_capped_per_text_and_with_overlap():
+    from tenancy.limits import estimate_ingest_tokens, estimate_text_tokens
+
+    assert estimate_text_tokens(["a" * 400, "b" * 3]) == 102 + 3
+    assert estimate_text_tokens(["a" * 4000], per_text_cap=256) == 256
+    assert estimate_ingest_tokens(["a" * 800], chunk_tokens=200, chunk_overlap=40) == 250
+
+
+def test_parallel_admissions_do_not_keep_an_oversized_estimate_out_of_an_unused_minute(limiter):
+    tenant = Tenant(name="burst", tpm=20000)
+    admitted = [limiter.admit(tenant, 1, reserve=False) for _ in range(4)]  # four calls arrive at once
+    assert all(a.allowed and a.reservation.tokens == 0 for a in admitted)
+    outcomes = [limiter.reserve_more(tenant, a.reservation, 50_000).allowed for a in admitted]
+    assert outcomes == [True, False, False, False]  # one runs (capped to the TPM), the rest get 429
+    assert not limiter.admit(tenant, 1, reserve=False).allowed  # and the spent minute refuses the next

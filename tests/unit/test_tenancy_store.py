@@ -387,6 +387,7 @@ def test_valid_tenant_names(name):
 @pytest.mark.parametrize("name, problem", [
     ("", "empty"), ("a" * 64, "64 characters"), ("Team", "lowercase"), ("-lead", "starting"),
     ("_lead", "starting"), ("has space", "invalid"), ("dot.name", "invalid"), (3, "string"),
+    ("team\n", "invalid"),  # re.match with `$` accepted a trailing newline
 ])
 def test_invalid_tenant_names_explain_the_problem(store, name, problem):
     with pytest.raises(ValueError, match=problem):

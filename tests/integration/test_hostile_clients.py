@@ -1,0 +1,138 @@
+"""Hostile and careless clients against the real stack (issue 23): while one attacks, another tenant's
+chat and RAG query are served as fast as when it is quiet (p95 within 2x) and nothing is refused to it;
+the attacker is refused (4xx) or charged. The figures are printed (pytest -s) and in docs/SECURITY.md.
+The flood runs last: it leaves this address over its keyless minute, which the test waits out."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.timeout(600)
+ROUNDS = 6  # of each of the victim's requests, quiet and under attack
+ATTACKERS = 60
+ATTACK_BODY = b"[" + b"[]," * (8 * 2**20 // 3) + b"[]]"  # 8 MiB of [[],[],...]: slow to validate as JSON
+# Less than this is noise on a shared two-core machine: the bound is 2x quiet or quiet + this.
+LATENCY_SLACK_S = 1.0
+
+
+def _p95(samples: list[float]) -> float:
+    ordered = sorted(samples)
+    return ordered[max(0, round(0.95 * len(ordered)) - 1)]
+
+
+@pytest.fixture(scope="module")
+def victim(stack, demo_headers):
+    """The demo tenant with a small knowledge base, as the one who must not be hurt."""
+    with httpx.Client(base_url=stack.url, headers=demo_headers, timeout=120) as http:
+        http.delete("/v1/collections/hostile-kb")
+        stored = http.post("/v1/collections/hostile-kb/documents", json={"documents": [
+            {"id": "leave", "text": "Employees get 25 days of paid leave a year. Unused days carry over to March."}]})
+        assert stored.status_code == 200, stored.text
+        yield http
+        http.delete("/v1/collections/hostile-kb")
+
+
+def _victim_round(http: httpx.Client) -> tuple[list[float], list[float], list[int]]:
+    chat, rag, statuses = [], [], []
+    for _ in range(ROUNDS):
+        started = time.perf_counter()
+        reply = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Say OK."}],
+                                                        "max_tokens": 1})
+        chat.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        answer = http.post("/v1/rag/query", json={"collection": "hostile-kb", "max_tokens": 1,
+                                                  "question": "How many days of paid leave do employees get?"})
+        rag.append(time.perf_counter() - started)
+        statuses += [reply.status_code, answer.status_code]
+    return chat, rag, statuses
+
+
+def _attack_healthz(url: str, stop: threading.Event, outcomes: list) -> None:
+    with httpx.Client(timeout=60) as http:
+        while not stop.is_set():
+            try:
+                outcomes.append(http.request("GET", f"{url}/healthz", content=ATTACK_BODY).status_code)
+            except httpx.TransportError as exc:  # answered and closed while the body was still being sent
+                outcomes.append(type(exc).__name__)
+
+
+def test_parallel_embeddings_cannot_overrun_the_tenants_tpm(stack, admin_headers):
+    name = "hostile-tpm"
+    admin = httpx.Client(base_url=stack.url, headers=admin_headers, timeout=120)
+    admin.delete(f"/admin/tenants/{name}")
+    created = admin.post("/admin/tenants", json={"name": name, "tpm": 20000})
+    assert created.status_code == 201, created.text
+    key = created.json()["api_key"]
+    inputs = [f"passage {i}: " + "the quick brown fox jumps over the lazy dog " * 22 for i in range(200)]
+    try:
+        def embed(_):
+            with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {key}"}, timeout=300) as http:
+                return http.post("/v1/embeddings", json={"input": inputs})
+
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(embed, range(4)))
+        statuses = sorted(a.status_code for a in answers)
+        used = sum(a.json()["usage"]["total_tokens"] for a in answers if a.status_code == 200)
+        refusals = [a.json()["error"]["message"] for a in answers if a.status_code == 429]
+        print(f"\nparallel embeddings, tpm 20000: statuses {statuses}, tokens used {used} "
+              f"({used / 20000:.2f}x the limit)")
+        assert statuses.count(200) == 1 and statuses.count(429) == 3, statuses
+        assert all("characters / 4" in message for message in refusals), refusals
+        usage = admin.get(f"/admin/tenants/{name}/usage").json()
+        assert usage["rejected_today"].get("tpm") == 3 and sum(r["prompt_tokens"] for r in usage["usage"]) == used
+    finally:
+        admin.delete(f"/admin/tenants/{name}")
+        admin.close()
+
+
+def test_the_login_form_locks_after_a_few_wrong_keys_and_healthz_hides_the_pool(stack):
+    with httpx.Client(base_url=stack.url, timeout=30, follow_redirects=False) as http:
+        codes = [http.post("/dashboard/login", data={"key": f"guess-{i}"}).status_code for i in range(8)]
+        assert codes[:5] == [401] * 5 and set(codes[5:]) == {429}, codes
+        assert http.get("/healthz").json()["pool"] == {"state": "ok"}
+
+
+def test_an_over_long_question_is_a_400_naming_the_limit(victim):
+    answer = victim.post("/v1/rag/query", json={"collection": "hostile-kb", "question": "why " * 5000})
+    assert answer.status_code == 400 and "rag.max_question_chars" in answer.json()["error"]["message"]
+
+
+def test_keyless_bodies_on_public_paths_do_not_slow_another_tenant(stack, victim):
+    quiet_chat, quiet_rag, quiet_statuses = _victim_round(victim)
+    assert set(quiet_statuses) == {200}
+    stop, outcomes = threading.Event(), []
+    attackers = [threading.Thread(target=_attack_healthz, args=(stack.url, stop, outcomes), daemon=True)
+                 for _ in range(ATTACKERS)]
+    for thread in attackers:
+        thread.start()
+    try:
+        time.sleep(2.0)  # the flood is under way before the victim starts
+        loud_chat, loud_rag, loud_statuses = _victim_round(victim)
+    finally:
+        stop.set()
+        for thread in attackers:
+            thread.join(timeout=120)
+    figures = {"chat_p95_quiet": _p95(quiet_chat), "chat_p95_attack": _p95(loud_chat),
+               "rag_p95_quiet": _p95(quiet_rag), "rag_p95_attack": _p95(loud_rag),
+               "attack_requests": len(outcomes),
+               "attack_outcomes": {str(o): outcomes.count(o) for o in set(outcomes)}}
+    print(f"\nhealthz flood: {figures}")
+    assert set(loud_statuses) == {200}, f"the victim was refused: {loud_statuses}"
+    for kind in ("chat", "rag"):
+        quiet = figures[f"{kind}_p95_quiet"]
+        assert figures[f"{kind}_p95_attack"] <= max(2 * quiet, quiet + LATENCY_SLACK_S), figures
+    answered = [o for o in outcomes if isinstance(o, int)]
+    assert outcomes and not [o for o in answered if o < 400 or o >= 500], figures  # refused, never served
+    assert set(answered) <= {413, 429}, figures
+    # Keyless traffic from this address is refused for the rest of its minute, then served again (and
+    # the modules after this one poll /healthz from the same address).
+    deadline = time.monotonic() + 90
+    while (health := httpx.get(f"{stack.url}/healthz", timeout=30)).status_code == 429 and time.monotonic() < deadline:
+        time.sleep(min(10, int(health.headers.get("retry-after", "5"))))
+    assert health.status_code == 200
