@@ -75,26 +75,46 @@ def _levers(profile: "Profile", eng: "EnginePlan") -> list[tuple[str, Change]]:
     return levers
 
 
-def _replan(profile: "Profile", total: int, change: Change) -> tuple[int | None, str]:
-    """(bytes needed, outcome) of the plan with the change applied; needed is None if it cannot be sized."""
+def _move_levers(profile: "Profile", short_node: str, nodes: list[str]) -> list[tuple[str, Change]]:
+    """Move the embedder or the retriever off the node that is short, to each other node."""
+    levers: list[tuple[str, Change]] = []
+    for section in ("embedder", "retriever"):
+        if (getattr(profile, section).node or nodes[0]) == short_node:
+            levers += [(f"{section} to node {other} ({section}.node: {other})", {f"{section}.node": other})
+                       for other in nodes if other != short_node]
+    return levers
+
+
+def _replan(profile: "Profile", total: int | None, change: Change,
+            node: str | None = None) -> tuple[int | None, str]:
+    """(bytes needed, outcome) of the plan with the change applied; needed is None if it cannot be sized.
+    node: a plan of several nodes, judged on that node's pool (total then overrides only the first)."""
     from planner.plan import PlanError, build_plan
 
     try:
         plan = build_plan(apply(profile, change), total, advise=False)
     except Overcommit as exc:
+        if node is not None:
+            return exc.needed if f"node {node} " in str(exc) else None, f"still refused: {exc}"
         return exc.needed, f"needs {gib(exc.needed)}, still short by {gib(exc.needed - exc.free)}"
     except PlanError as exc:
         return None, f"refused: {str(exc).splitlines()[0]}"
-    p = plan.pool
+    p = next(pool for pool in plan.pools if pool.name == node) if node is not None else plan.pool
     start = f", {gib(p.start_headroom_bytes)} while starting" if plan.start_peak else ""
     return p.free_bytes - p.headroom_bytes, f"fits: needs {gib(p.free_bytes - p.headroom_bytes)}, " \
                                             f"headroom {gib(p.headroom_bytes)}{start}  [fits]"
 
 
 def overcommit_message(profile: "Profile", spec: "PoolSpec", total: int, free: int, replicas,
-                       ray_breakdown: dict, page_cache: dict, eng: "EnginePlan") -> str:
+                       ray_breakdown: dict, page_cache: dict, eng: "EnginePlan", nodes: list[str] | None = None,
+                       override: int | None = None) -> str:
+    """nodes: the pools of a plan of several nodes (spec is the one that is short); override: the first
+    pool's size as given to build_plan."""
     needed = sum(r.pool_bytes for r in replicas) + sum(ray_breakdown.values()) + sum(page_cache.values())
     short = needed - free
+    if nodes:
+        return _node_message(profile, spec, total, free, needed, replicas, ray_breakdown, page_cache, eng, nodes,
+                             override)
     items = [(f"{r.name}.{k}", v) for r in replicas for k, v in r.breakdown.items()]
     items += [(f"ray.{k}", v) for k, v in ray_breakdown.items()] + list(page_cache.items())
     biggest = sorted(items, key=lambda kv: -kv[1])[:6]
@@ -126,4 +146,32 @@ def overcommit_message(profile: "Profile", spec: "PoolSpec", total: int, free: i
     else:
         lines.append("  - no combination of these fits; move replicas to another node or use a bigger pool")
     lines.append(f"  - a bigger pool: --pool {gib(total + short)} or more")
+    return "\n".join(lines)
+
+
+def _node_message(profile, spec, total, free, needed, replicas, ray_breakdown, page_cache, eng, nodes,
+                  override) -> str:
+    """A plan of several nodes: name the node that is short, its biggest items, and levers re-planned on it
+    (moving a replica to another node first)."""
+    short = needed - free
+    items = [(f"{r.name}.{k}", v) for r in replicas for k, v in r.breakdown.items()]
+    items += [(f"ray.{k}", v) for k, v in ray_breakdown.items()] + list(page_cache.items())
+    lines = [f"plan refused: node {spec.name} is short by {gib(short)}: profile {profile.name} needs "
+             f"{gib(needed)} there but pool {spec.name} has {gib(free)} ({gib(total)} total - "
+             f"{gib(spec.reserve)} reserve).",
+             f"Replicas on node {spec.name}: {', '.join(r.name for r in replicas)}.",
+             "Biggest items:",
+             *(f"  {name:<48} {gib(v):>12}" for name, v in sorted(items, key=lambda kv: -kv[1])[:6]),
+             f"Ways to fit node {spec.name}, each re-planned alone:"]
+    rows = []
+    for text, change in [*_move_levers(profile, spec.name, nodes), *_levers(profile, eng)]:
+        after, outcome = _replan(profile, override, change, spec.name)
+        # kept: it fits, it saves on this node, or it moves the shortage to another node (said so)
+        if "[fits]" in outcome or (after is not None and after < needed) or (
+                after is None and outcome.startswith("still refused")):
+            rows.append((after, text, outcome))
+    lines += [f"  - {text}: {outcome}" for _, text, outcome in rows]
+    index = nodes.index(spec.name)
+    size = f"--pool {gib(total + short)}" if index == 0 else f"pools[{index}].total {gib(total + short)}"
+    lines.append(f"  - a bigger pool on node {spec.name}: {size} or more")
     return "\n".join(lines)

@@ -53,7 +53,46 @@ def plan_json(plan: Plan) -> dict:
     return data
 
 
+def _print_nodes(plan: Plan, console: Console) -> None:
+    """A plan of several nodes: one table per node (its replicas and shares, Ray there, its pool)."""
+    by_name = {r.name: r for r in [*plan.replicas, *plan.shares]}
+    for p in plan.pools:
+        role = "head" if p.head else "worker"
+        table = Table(title=f"poolserve plan: {plan.profile}, node {p.name} ({role}; ray start --resources "
+                      f"{json.dumps(p.ray_resources)})")
+        table.add_column("item")
+        table.add_column("bytes", justify="right")
+        table.add_column("size", justify="right")
+        for name in p.replicas:
+            r = by_name[name]
+            table.add_row(f"[bold]{r.name}[/bold] (start {r.start_order})", f"{r.pool_bytes:,}", gib(r.pool_bytes))
+            for line, value in r.breakdown.items():
+                table.add_row(f"  {line}", f"{value:,}", gib(value))
+        table.add_row("[bold]ray[/bold] (this node's processes + object store)", f"{p.ray_bytes:,}", gib(p.ray_bytes))
+        for line, value in p.ray_breakdown.items():
+            table.add_row(f"  {line}", f"{value:,}", gib(value))
+        for label, value in (("pool total", p.total_bytes), ("reserve", p.reserve_bytes),
+                             ("free to plan", p.free_bytes), ("headroom", p.headroom_bytes),
+                             ("headroom at start", p.start_headroom_bytes), ("smallest pool", p.needed_bytes)):
+            table.add_row(f"[bold]{label}[/bold]", f"{value:,}", gib(value))
+        console.print(table)
+        for a in p.admission:
+            console.print(f"  {p.name} start {a.start_order} {a.name}: {a.check}; {gib(a.requested_bytes)} of "
+                          f"{gib(a.free_before_bytes)} free at its turn: {'ok' if a.ok else 'NO'}", highlight=False)
+    for r in [*plan.replicas, *plan.shares]:
+        console.print(f"{r.name} on {r.node}: ray_actor_options {r.ray_actor_options.as_dict()}", highlight=False,
+                      markup=False)
+    for name in plan.engines:
+        console.print(f"{name} vLLM engine_kwargs: {json.dumps(plan.replica(name).vllm.as_dict())}", highlight=False,
+                      markup=False)
+    for note in plan.notes:
+        console.print(f"note: {note}", highlight=False, markup=False)
+
+
 def _print_plan(plan: Plan, console: Console) -> None:
+    if len(plan.pools) > 1:
+        _print_nodes(plan, console)
+        return
     table = Table(title=f"poolserve plan: {plan.profile} on pool {plan.pool.name}", show_lines=False)
     table.add_column("item")
     table.add_column("bytes", justify="right")

@@ -54,7 +54,7 @@ def engine_placement(options: RayActorOptions) -> tuple[dict, dict, dict[str, st
     actor = options.as_dict()
     for key in ("num_cpus", "num_gpus"):
         actor.pop(key, None)
-    bundle: dict = {"CPU": max(0.05, options.num_cpus - REPLICA_ACTOR_CPUS)}
+    bundle: dict = {"CPU": max(0.05, options.num_cpus - REPLICA_ACTOR_CPUS), **(options.resources or {})}
     env: dict[str, str] = {}
     if gpus:
         bundle["GPU"] = gpus
@@ -77,3 +77,10 @@ def split_device_lines(breakdown: dict[str, int]) -> tuple[dict[str, int], dict[
     """(device lines, host lines) of one replica's plan on a discrete GPU."""
     device = {k: v for k, v in breakdown.items() if k.startswith(DEVICE_LINE_PREFIXES)}
     return device, {k: v for k, v in breakdown.items() if k not in device}
+
+
+def rank_bundles(ranks: list[RayActorOptions]) -> list[dict]:
+    """A split engine's placement bundles, one per rank in vLLM's rank order, each from the options of the
+    node the rank is planned on (rank 0: the replica's own): each carries its node's placement resource,
+    so every worker lands on the node whose pool plans it."""
+    return [engine_placement(options)[1] for options in ranks]

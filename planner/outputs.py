@@ -42,6 +42,12 @@ class EngineArgs(_Output):
     load_format: str | None = Field(None, description="'dummy': random weights (plan validation, benchmarks).")
     additional_config: dict | None = Field(None, description="Platform options (gdn_prefill_backend).")
     limit_mm_per_prompt: dict | None = Field(None, description="Multimodal inputs per prompt (0: text only).")
+    pipeline_parallel_size: int | None = Field(None, exclude_if=lambda v: v is None,
+                                               description="Pipeline ranks (layers split), when > 1.")
+    tensor_parallel_size: int | None = Field(None, exclude_if=lambda v: v is None,
+                                             description="Tensor ranks (heads split), when > 1.")
+    distributed_executor_backend: str | None = Field(None, exclude_if=lambda v: v is None,
+                                                     description="'ray' when the ranks span nodes.")
 
 
 class RayActorOptions(_Output):
@@ -51,6 +57,10 @@ class RayActorOptions(_Output):
                             "replica must fit beside the others).")
     memory: int = Field(description="Ray's logical memory resource: the replica's planned bytes.")
     num_gpus: float | None = Field(None, description="GPU share on a GPU pool; None on CPU.")
+    # Left out of the plan when None, so a one-node plan reads as it did before nodes were planned.
+    resources: dict[str, float] | None = Field(None, exclude_if=lambda v: v is None, description="Custom "
+                                               "resources: the node's placement resource (planner/nodes.py) "
+                                               "on a plan of several nodes; None on one node.")
 
 
 class ChatModelCard(_Output):

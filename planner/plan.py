@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from planner import gb10, runtime
+from planner import gb10, nodes, parallel, runtime
 from planner.advice import Overcommit, overcommit_message
 from planner.architecture import ArchitectureError, embedding_dimension
 from planner.engine import EngineError, plan_engine, utilization_for
@@ -80,6 +80,19 @@ class PoolPlan(BaseModel):
     start_headroom_bytes: int = Field(0, description="headroom while that engine starts: headroom - start peak.")
     needed_bytes: int = Field(0, description="The smallest pool this plan fits: replicas + Ray + page cache + the "
                                              "largest start peak + reserve (what `--pool` / POOL= should be).")
+    # Filled on a plan of several nodes only (left out when empty, so a one-node plan reads as before).
+    head: bool = Field(False, exclude_if=lambda v: not v, description="The Ray head node (GCS, Serve controller).")
+    replicas: list[str] = Field(default_factory=list, exclude_if=lambda v: not v,
+                                description="Replicas and engine shares planned on this node.")
+    ray_breakdown: dict[str, int] = Field(default_factory=dict, exclude_if=lambda v: not v,
+                                          description="Ray's own processes on this node and its object store.")
+    admission: list["Admission"] = Field(default_factory=list, exclude_if=lambda v: not v,
+                                         description="This node's start order and admission.")
+    start_peak: dict[str, int] = Field(default_factory=dict, exclude_if=lambda v: not v,
+                                       description="Start lines of this node's tightest engine start.")
+    page_cache: dict[str, int] = Field(default_factory=dict, exclude_if=lambda v: not v)
+    ray_resources: dict[str, float] = Field(default_factory=dict, exclude_if=lambda v: not v,
+                                            description="Custom resources this node's `ray start` advertises.")
 
 
 class ChatFacts(BaseModel):
@@ -128,11 +141,17 @@ class Admission(BaseModel):
     ok: bool
 
 
+PoolPlan.model_rebuild()
+
+
 class Plan(BaseModel):
     profile: str
     pool: PoolPlan
-    pools: list[PoolPlan] = Field(default_factory=list)
+    pools: list[PoolPlan] = Field(default_factory=list, description="Every node's pool (the first is `pool`).")
     replicas: list[ReplicaPlan]
+    shares: list[ReplicaPlan] = Field(default_factory=list, exclude_if=lambda v: not v, description="Split "
+                                      "engines: the ranks' share on each node other than the engine's own "
+                                      "(<engine>@<node>); planned in that node's pool, deployed with the engine.")
     chat: ChatFacts
     engines: dict[str, ChatFacts] = Field(default_factory=dict, description="Every chat engine's facts by replica "
                                           "name (`chat` is the first).")
@@ -237,80 +256,200 @@ def _side_replicas(profile: Profile, gpu: bool, dim: int, first_order: int = 1,
     ]
 
 
-def _ray_plan(profile: Profile, cpus: float, replicas: list[ReplicaPlan]) -> RayPlan:
-    lines = dict(runtime.RAY_SYSTEM)
-    if profile.ray.include_dashboard:
+def _ray_plan(profile: Profile, cpus: float, replicas: list[ReplicaPlan], head: bool = True) -> RayPlan:
+    lines = nodes.ray_system_lines(head)
+    if profile.ray.include_dashboard and head:
         lines["dashboard"] = runtime.RAY_DASHBOARD
     store = max(profile.ray.object_store_memory, runtime.RAY_OBJECT_STORE_MIN)
     lines["object_store"] = store
-    return RayPlan(object_store_memory=store, include_dashboard=profile.ray.include_dashboard, num_cpus=cpus,
-                   memory=sum(r.ray_actor_options.memory * r.num_replicas for r in replicas), breakdown=lines)
+    return RayPlan(object_store_memory=store, include_dashboard=profile.ray.include_dashboard and head,
+                   num_cpus=cpus, memory=sum(r.ray_actor_options.memory * r.num_replicas for r in replicas),
+                   breakdown=lines)
 
 
-def _pool_for(profile: Profile, pool_total_bytes: int | None) -> tuple[PoolSpec, int, float]:
-    spec = profile.pools[0]
-    names = {p.name for p in profile.pools}
+def _pools_for(profile: Profile, pool_total_bytes: int | None) -> list[tuple[PoolSpec, int, float]]:
+    """(spec, total, cpus) of every pool; pool_total_bytes overrides the first. Every `node:` must name one."""
+    names = [p.name for p in profile.pools]
+    if len(set(names)) != len(names):
+        raise PlanError(f"pools name a node twice: {', '.join(names)}")
     for section in (profile.chat, *profile.engines, profile.embedder, profile.retriever):
-        if section.node and section.node not in names:
-            raise PlanError(f"{section.node!r} names no pool; pools: {', '.join(sorted(names))}")
-        if section.node and section.node != spec.name:
-            raise PlanError("placing replicas on a second node is not planned yet (one node runs here); "
-                            f"remove node: {section.node}")
+        for node in [section.node, *getattr(section, "nodes", [])]:
+            if node and node not in names:
+                raise PlanError(f"{node!r} names no pool; pools: {', '.join(sorted(names))}")
+    pools = []
+    for index, spec in enumerate(profile.pools):
+        discrete = spec.gpu and not spec.unified
+        if index and spec.total == "auto":
+            raise PlanError(f"pool {spec.name}: total auto is read on this machine, which is the first node; "
+                            "set the size of every other node's pool")
+        detect = detect_gpu_bytes if discrete else detect_total_bytes
+        total = (pool_total_bytes if index == 0 else None) or (detect() if spec.total == "auto" else spec.total)
+        cpus = float(os.cpu_count() or 1) if spec.cpus == "auto" else float(spec.cpus)
+        pools.append((spec, total, cpus))
+    return pools
+
+
+def _home(section, first: str) -> str:
+    """The pool a replica lives on: its first `nodes`, else its `node`, else the first pool."""
+    return (getattr(section, "nodes", None) or [None])[0] or section.node or first
+
+
+def _engine_replicas(name: str, chat, eng, pools: dict, home: str, order: int) -> list[ReplicaPlan]:
+    """One engine's replica, and on a split engine (pipeline x tensor ranks) one share per further node."""
+    spec, total, _ = pools[home]
     discrete = spec.gpu and not spec.unified
-    detect = detect_gpu_bytes if discrete else detect_total_bytes
-    total = pool_total_bytes or (detect() if spec.total == "auto" else spec.total)
-    cpus = float(os.cpu_count() or 1) if spec.cpus == "auto" else float(spec.cpus)
-    return spec, total, cpus
+    pp, tp = chat.pipeline_parallel_size, chat.tensor_parallel_size
+    vllm = eng.vllm
+    if pp * tp == 1:
+        if spec.gpu and spec.unified:
+            eng.breakdown.update(gb10.overhead_lines(eng.breakdown))
+        per_node = {home: eng.breakdown}
+    else:
+        per_node, vllm = _split(name, chat, eng, home, unified_gpu=spec.gpu and spec.unified)
+    replicas = []
+    for node, lines in per_node.items():
+        spec, total, _ = pools[node]
+        discrete = spec.gpu and not spec.unified
+        device, host = split_device_lines(lines) if discrete else (lines, {})
+        chat_bytes, host_bytes = sum(device.values()), sum(host.values())
+        opts = RayActorOptions(num_cpus=chat.num_cpus, memory=host_bytes if discrete else chat_bytes,
+                               num_gpus=gpu_fraction(chat_bytes, total) if spec.gpu else None,
+                               resources=nodes.placement_resources(node) if len(pools) > 1 else None)
+        engine_args = None
+        if node == home:
+            engine_args = vllm
+            if spec.gpu:
+                engine_args = vllm.model_copy(update={
+                    "gpu_memory_utilization": _utilization(name, chat, chat_bytes, total)})
+        growth = 0 if discrete or node != home else runtime.VLLM_TRAFFIC_GROWTH
+        replicas.append(ReplicaPlan(name=name if node == home else f"{name}@{node}", kind="chat",
+                                    node=node if len(pools) > 1 else "local", planned_bytes=chat_bytes,
+                                    breakdown=device, host_bytes=host_bytes, host_breakdown=host, vllm=engine_args,
+                                    ray_actor_options=opts, env=eng.env, start_order=order, growth_bytes=growth))
+    return replicas
+
+
+def _split(name: str, chat, eng, home: str, unified_gpu: bool) -> tuple[dict[str, dict[str, int]], EngineArgs]:
+    """Per node, the lines of the engine's ranks there (rank<r>.<line>); and its vLLM args for the split."""
+    pp, tp = chat.pipeline_parallel_size, chat.tensor_parallel_size
+    facts = eng.facts
+    logits = facts["max_num_seqs"] * (1 + eng.drafter.k) * eng.arch.vocab_size * 4 * 2
+    if chat.activation_bytes != "auto":
+        logits = 0  # a pinned figure: every rank keeps all of it
+    partition = ",".join(map(str, chat.pp_layer_partition)) if chat.pp_layer_partition else None
+    try:
+        ranks = parallel.split_engine(eng.breakdown, eng.arch, pp, tp, logits, partition,
+                                      tied_embeddings=not eng.component_bytes.get("lm_head"))
+        where = parallel.rank_nodes(chat.nodes or [home], pp, tp)
+    except parallel.ParallelError as exc:
+        raise PlanError(f"{name}: {exc}") from exc
+    per_node: dict[str, dict[str, int]] = {}
+    for rank, lines in enumerate(ranks):
+        if unified_gpu:  # every rank's worker carries the GB10 overhead (planner/gb10.py)
+            lines.update(gb10.overhead_lines(lines))
+        per_node.setdefault(where[rank], {}).update({f"rank{rank}.{k}": v for k, v in lines.items()})
+    update = {"kv_cache_memory_bytes": parallel.kv_cache_bytes_per_worker(ranks),
+              "pipeline_parallel_size": pp if pp > 1 else None, "tensor_parallel_size": tp if tp > 1 else None,
+              "distributed_executor_backend": "ray"}
+    eng.notes.append(f"{name}: {pp} pipeline x {tp} tensor ranks on {', '.join(dict.fromkeys(where))} "
+                     f"(layers per pipeline rank {parallel.pp_partition(eng.arch.num_layers, pp, partition)}); "
+                     "kv_cache_memory_bytes is per worker")
+    if partition:
+        eng.env["VLLM_PP_LAYER_PARTITION"] = partition
+    return per_node, eng.vllm.model_copy(update=update)
 
 
 def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bool = True) -> Plan:
     """advise=False: an overcommit raises a bare Overcommit (advice re-plans through this)."""
-    spec, total, cpus = _pool_for(profile, pool_total_bytes)
-    discrete = spec.gpu and not spec.unified
-    free = total - spec.reserve
+    listed = _pools_for(profile, pool_total_bytes)
+    pools = {spec.name: (spec, total, cpus) for spec, total, cpus in listed}
+    multi = len(listed) > 1
+    first = listed[0][0].name
     other_threads = profile.embedder.torch_threads
     engines, engine_replicas = {}, []
     for order, (name, chat) in enumerate(profile.chat_engines()):
+        home = _home(chat, first)
+        spec, total, cpus = pools[home]
         try:
             eng = plan_engine(chat, spec, cpus, total, other_threads)
         except (EngineError, ArchitectureError) as exc:
             raise PlanError(f"{name}: {exc}" if name != "chat" else str(exc)) from exc
-        if spec.gpu and spec.unified:
-            eng.breakdown.update(gb10.overhead_lines(eng.breakdown))
-        device, host = split_device_lines(eng.breakdown) if discrete else (eng.breakdown, {})
-        chat_bytes, host_bytes = sum(device.values()), sum(host.values())
-        vllm = eng.vllm
-        if spec.gpu:
-            vllm = vllm.model_copy(update={"gpu_memory_utilization": _utilization(name, chat, chat_bytes, total)})
-        chat_opts = RayActorOptions(num_cpus=chat.num_cpus, memory=host_bytes if discrete else chat_bytes,
-                                    num_gpus=gpu_fraction(chat_bytes, total) if spec.gpu else None)
-        engine_replicas.append(ReplicaPlan(name=name, kind="chat", planned_bytes=chat_bytes, breakdown=device,
-                                           host_bytes=host_bytes, host_breakdown=host,
-                                           vllm=vllm, ray_actor_options=chat_opts, env=eng.env, start_order=order,
-                                           growth_bytes=0 if discrete else runtime.VLLM_TRAFFIC_GROWTH))
+        engine_replicas += _engine_replicas(name, chat, eng, pools, home, order)
         engines[name] = (chat, eng)
     eng = engines["chat"][1]
-    side = _side_replicas(profile, spec.gpu, embedder_dimension(profile), len(engines), pool_bytes=total)
-    replicas = [*engine_replicas, *(_on_device(r, total) for r in side)] if discrete else [*engine_replicas, *side]
-    ray = _ray_plan(profile, cpus, replicas)
+    emb_spec, emb_total, _ = pools[_home(profile.embedder, first)]
+    side = _side_replicas(profile, emb_spec.gpu, embedder_dimension(profile), len(engines), pool_bytes=emb_total)
+    for r in side:
+        node = first if r.kind == "gateway" else _home(getattr(profile, r.kind), first)  # the gateway: the head
+        spec, total, _ = pools[node]
+        if spec.gpu and not spec.unified:
+            r = _on_device(r, total)
+        if multi:
+            r = r.model_copy(update={"node": node, "ray_actor_options": r.ray_actor_options.model_copy(
+                update={"resources": nodes.placement_resources(node)})})
+        engine_replicas.append(r)
+    replicas = engine_replicas
+    node_of = {r.name: (r.node if multi else first) for r in replicas}
+    shares = [r for r in replicas if "@" in r.name]
+    deployed = [r for r in replicas if "@" not in r.name]
+    node_plans = {}
+    for spec, total, cpus in listed:
+        mine = [r for r in replicas if node_of[r.name] == spec.name]
+        mine_engines = {n: e for n, e in engines.items() if node_of[n] == spec.name}
+        node_plans[spec.name] = _node_plan(profile, spec, total, cpus, mine, mine_engines, engines, head=spec.name == first,
+                                           advise=advise, multi=multi, override=pool_total_bytes)
+    pool, ray, admission, page_cache, start, notes = node_plans[first]
+    notes = [n for name, (_, e) in engines.items() for n in e.notes] + \
+        [n for _, _, _, _, _, node_notes in node_plans.values() for n in node_notes]
+    facts = {name: ChatFacts(**{k: v for k, v in e.facts.items() if k in ChatFacts.model_fields},
+                             architecture_source=e.arch.source) for name, (_, e) in engines.items()}
+    if multi:
+        pool_list = [p for p, *_ in node_plans.values()]
+    else:
+        pool_list = [pool]
+    spec, _, cpus = listed[0]
+    return Plan(
+        profile=profile.name, pool=pool, pools=pool_list, replicas=deployed, shares=shares,
+        chat=facts["chat"], engines=facts, ray=ray, admission=admission,
+        threads={"cpus": int(cpus), "chat_omp": eng.facts["omp_threads"],
+                 "embedder_torch": profile.embedder.torch_threads,
+                 "embedder_ingest_most": _embedder_ingest_threads(profile, spec, cpus),
+                 "faiss": profile.retriever.faiss_threads,
+                 "gateway": 1},
+        page_cache=page_cache, start_peak=start, notes=notes, gateway=_gateway_settings(profile, deployed),
+    )
+
+
+def _node_plan(profile: Profile, spec: PoolSpec, total: int, cpus: float, replicas: list[ReplicaPlan],
+               engines: dict, all_engines: dict, head: bool, advise: bool, multi: bool, override: int | None):
+    """One node's pool: its replicas, Ray's processes there, its page cache, admission in start order."""
+    discrete = spec.gpu and not spec.unified
+    free = total - spec.reserve
+    ray = _ray_plan(profile, cpus, replicas, head=head)
     # Ray's own processes and object store are host memory beside a discrete GPU, not in its pool.
     ray_bytes = 0 if discrete else sum(ray.breakdown.values())
     page_cache = {f"page_cache.{name}.{c} (on disk, {gib(b)})": chat.disk_page_cache_bytes
                   for name, (chat, e) in engines.items() for c, b in e.disk_components.items()}
     needed = sum(r.pool_bytes for r in replicas) + ray_bytes + sum(page_cache.values())
     if needed > free:
+        where = f"node {spec.name} is short by" if multi else "short by"
         if not advise:
-            raise Overcommit(f"short by {gib(needed - free)}", needed, free)
-        raise PlanError(overcommit_message(profile, spec, total, free, replicas, ray.breakdown, page_cache, eng))
+            raise Overcommit(f"{where} {gib(needed - free)}", needed, free)
+        eng = (all_engines.get("chat") or next(iter(all_engines.values())))[1]
+        raise PlanError(overcommit_message(profile, spec, total, free, replicas, ray.breakdown, page_cache, eng,
+                                           nodes=[p.name for p in profile.pools] if multi else None,
+                                           override=override))
     want_cpus = sum(r.ray_actor_options.num_cpus * r.num_replicas for r in replicas)
     if want_cpus > cpus:
         raise PlanError(f"replicas ask for {want_cpus:g} Ray CPUs but pool {spec.name} has {cpus:g}: lower the "
                         "num_cpus of chat/embedder/retriever/gateway (fractions are fine)")
     starts = {name: _start_lines(name, chat, e, spec) for name, (chat, e) in engines.items()}
-    notes = [n for name, (_, e) in engines.items() for n in e.notes]
+    notes: list[str] = []
     admission = _admission(replicas, total, spec, ray_bytes + sum(page_cache.values()), notes, starts, discrete)
+    if multi:
+        notes = [f"node {spec.name}: {n}" for n in notes]
     # Headroom at start: the tightest moment of the start order (an engine at its start peak).
-    tightest = min(a.start_headroom_bytes for a in admission)
+    tightest = min((a.start_headroom_bytes for a in admission), default=free - needed)
     engine_rows = [a for a in admission if a.name in starts]
     start = starts[min(engine_rows, key=lambda a: a.start_headroom_bytes).name] if engine_rows else {}
     pool = PoolPlan(name=spec.name, total_bytes=total, reserve_bytes=spec.reserve, free_bytes=free, cpus=cpus,
@@ -320,19 +459,13 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
                     page_cache_bytes=sum(page_cache.values()), headroom_bytes=free - needed,
                     start_peak_bytes=sum(start.values()),
                     start_headroom_bytes=min(free - needed, tightest),
-                    needed_bytes=needed + max(a.start_peak_bytes for a in admission) + spec.reserve)
-    facts = {name: ChatFacts(**{k: v for k, v in e.facts.items() if k in ChatFacts.model_fields},
-                             architecture_source=e.arch.source) for name, (_, e) in engines.items()}
-    return Plan(
-        profile=profile.name, pool=pool, pools=[pool], replicas=replicas,
-        chat=facts["chat"], engines=facts, ray=ray, admission=admission,
-        threads={"cpus": int(cpus), "chat_omp": eng.facts["omp_threads"],
-                 "embedder_torch": profile.embedder.torch_threads,
-                 "embedder_ingest_most": _embedder_ingest_threads(profile, spec, cpus),
-                 "faiss": profile.retriever.faiss_threads,
-                 "gateway": 1},
-        page_cache=page_cache, start_peak=start, notes=notes, gateway=_gateway_settings(profile, replicas),
-    )
+                    needed_bytes=needed + max((a.start_peak_bytes for a in admission), default=0) + spec.reserve)
+    if multi:
+        pool = pool.model_copy(update={
+            "head": head, "replicas": [r.name for r in replicas], "ray_breakdown": ray.breakdown,
+            "admission": admission, "start_peak": start, "page_cache": page_cache,
+            "ray_resources": nodes.advertised_resources(spec.name)})
+    return pool, ray, admission, page_cache, start, notes
 
 
 def _on_device(replica: ReplicaPlan, total: int) -> ReplicaPlan:
@@ -419,6 +552,8 @@ def _admission(replicas: list[ReplicaPlan], total: int, spec: PoolSpec, outside:
             overhead = runtime.CUDA_CONTEXT if discrete else runtime.VLLM_GPU_START_OVERHEAD
             requested = int(util * total)
             check = f"util {util} x total <= free - {gib(overhead)} of its own start-up (sampled after it)"
+        elif r.kind == "chat" and r.vllm is None:  # a split engine's ranks on another node: their share
+            requested, check = r.pool_bytes, "the ranks' planned bytes <= free"
         elif r.kind == "chat":
             requested, check = r.vllm.kv_cache_memory_bytes, "kv_cache_memory_bytes <= MemAvailable"
         else:

@@ -158,9 +158,27 @@ class ChatSpec(_Strict):
                                       "ConditionalGeneration): accept no images or video, so vLLM plans no "
                                       "encoder cache or vision profiling (limit_mm_per_prompt 0).")
     node: str | None = Field(None, description="Pool (node) name to place the replica on; None = the first.")
+    pipeline_parallel_size: int = Field(1, ge=1, description="vLLM pipeline ranks: the decoder layers split "
+                                        "over them (vLLM's get_pp_indices); works on CPU (planner/parallel.py).")
+    tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor ranks: heads, MLP and vocabulary split "
+                                      "over them; KV heads replicated when fewer than the ranks.")
+    nodes: list[str] = Field(default_factory=list, description="Pools the engine's ranks live on, in rank order "
+                             "(pipeline x tensor ranks spread evenly); empty = all on `node`. The first holds the "
+                             "replica, its scheduler and rank 0.")
+    pp_layer_partition: list[int] | None = Field(None, description="Layers per pipeline rank "
+                                                 "(VLLM_PP_LAYER_PARTITION); None = vLLM's even split.")
     vllm_build: str = Field("0.32.0", min_length=1, description="The vLLM the engine runs: a release (the pinned "
                             "0.32.0, or the version a container ships) or a named build (planner/ple_switch.py). "
                             "Decides the switch that puts the PLE on disk; a build without one refuses ple: disk.")
+
+    @model_validator(mode="after")
+    def _nodes_agree(self) -> "ChatSpec":
+        if self.nodes and self.node and self.node != self.nodes[0]:
+            raise ValueError(f"node {self.node!r} and nodes {self.nodes} disagree: the replica lives on the "
+                             "first of nodes; drop node or make it nodes[0]")
+        if len(set(self.nodes)) != len(self.nodes):
+            raise ValueError(f"nodes {self.nodes} names a pool twice")
+        return self
 
 
 class EmbedderSpec(_Strict):

@@ -131,6 +131,12 @@ RAY_SYSTEM = {
     "log_monitor": 48 * MB,
     "ray_client_server": 49 * MB,
 }
+# Which of them run once per cluster, on the head node (the GCS, Serve's controller, `serve run`, the
+# autoscaler's monitor, the client server, the dashboard head, and Serve's proxy, which the Serve config
+# keeps on the head: proxy_location HeadOnly). A worker node runs the rest: its raylet, dashboard agent,
+# runtime-env agent, telemetry agent and log monitor (planner/nodes.py ray_system_lines).
+RAY_HEAD_ONLY = ("serve_controller", "serve_proxy", "serve_run_cli", "gcs_server", "dashboard_head_minimal",
+                 "monitor", "ray_client_server")
 # Dashboard head: nine processes of about 90 MB = 0.8 GB measured; 0 when include_dashboard=False.
 RAY_DASHBOARD = 800 * MB
 # Ray refuses an object store below 75 MiB (ray_constants.OBJECT_STORE_MINIMUM_MEMORY_BYTES).

@@ -18,6 +18,7 @@ anyone who reaches them can run code as the service user. Here:
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import secrets
 import shutil
@@ -137,6 +138,17 @@ def ray_start_command(ray_bin: str, plan: Plan, layout: StackLayout, ports: list
                "--disable-usage-stats"]
     command += [f"{flag}={port}" for flag, port in zip(RAY_PORT_FLAGS, ports)]
     return command
+
+
+def node_resources_flag(plan: Plan, node: str) -> list[str]:
+    """`ray start` flags that advertise a node's placement resource (planner/nodes.py), so that exactly the
+    replicas planned on it land there; none on a one-node plan, whose replicas ask no custom resource."""
+    pool = next((p for p in plan.pools if p.name == node), None)
+    if pool is None:
+        raise ValueError(f"node {node!r} is not in the plan; nodes: {', '.join(p.name for p in plan.pools)}")
+    if not pool.ray_resources:
+        return []
+    return [f"--resources={json.dumps(pool.ray_resources, sort_keys=True)}"]
 
 
 def direct_ingress_env(gateway_port: int, grpc_port: int) -> dict[str, str]:
