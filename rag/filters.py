@@ -92,11 +92,18 @@ def normalize_filters(raw: Any) -> dict[str, dict[str, list[Scalar]]]:
     return canonical
 
 
-def _value_match(alias: str, values: list[Scalar]) -> tuple[str, list]:
-    """SQL true when json_each row `alias` is a scalar equal to one of the values (same JSON type)."""
+def partition_values(values: list[Scalar]) -> tuple[list[str], list[int | float], list[str]]:
+    """A filter's values by type, as both SQL forms compare them: texts, numbers, and booleans as
+    SQLite's JSON type names ('true' / 'false')."""
     texts = [v for v in values if isinstance(v, str)]
     numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
     booleans = sorted({"true" if v else "false" for v in values if isinstance(v, bool)})
+    return texts, numbers, booleans
+
+
+def _value_match(alias: str, values: list[Scalar]) -> tuple[str, list]:
+    """SQL true when json_each row `alias` is a scalar equal to one of the values (same JSON type)."""
+    texts, numbers, booleans = partition_values(values)
     clauses, params = [], []
     if texts:
         clauses.append(f"({alias}.type = 'text' AND {alias}.value IN ({','.join('?' * len(texts))}))")

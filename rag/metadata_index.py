@@ -16,7 +16,7 @@ import json
 import sqlite3
 from typing import Any
 
-from rag.filters import Scalar, normalize_filters
+from rag.filters import Scalar, normalize_filters, partition_values
 
 _INT_RANGE = (-(2**63), 2**63 - 1)  # SQLite's integers; json_each reads larger ones as reals
 
@@ -69,9 +69,7 @@ def fill_from_documents(cur: sqlite3.Cursor) -> int:
 
 
 def _kind_match(values: list[Scalar]) -> tuple[str, list]:
-    texts = [v for v in values if isinstance(v, str)]
-    numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    booleans = sorted({"true" if v else "false" for v in values if isinstance(v, bool)})
+    texts, numbers, booleans = partition_values(values)
     clauses, params = [], []
     if texts:
         clauses.append(f"(kind = 'text' AND value IN ({','.join('?' * len(texts))}))")
