@@ -3,7 +3,7 @@
 Extraction joins a file's parts (pages, slides, sections) into one text and records where each part
 starts in it. The map travels in the document's metadata under LOCATIONS_KEY (the store keeps
 metadata per document, chunks keep character offsets), and a citation resolves its chunk's start
-and end offsets against it: {"page": 3, "page_end": 4} or {"section": "Installing"}. The map itself
+and end offsets against it: {"page": 3, "page_end": 4} or {"section": "Installing", "section_end": "Use"}. The map itself
 is not shown in citations.
 """
 
@@ -58,9 +58,7 @@ def resolve(locations: dict | None, start: int | None, end: int | None) -> dict:
         return {}
     first = labels[max(0, bisect_right(starts, start) - 1)]
     last = labels[max(0, bisect_right(starts, max(start, (end or start) - 1)) - 1)]
-    if kind == "section":
-        return {"section": first}
-    fields = {kind: first}
-    if last != first:
+    fields = {kind: first} if first != "" else {}  # "": text before a DOCX's first heading
+    if last != first and last != "":
         fields[f"{kind}_end"] = last
     return fields
