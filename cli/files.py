@@ -10,7 +10,12 @@ from pathlib import Path
 
 # File suffix -> the content_type the ingest route extracts text from (rag/extract.py).
 CONTENT_TYPES = {".txt": "text/plain", ".text": "text/plain", ".md": "text/markdown", ".markdown": "text/markdown",
-                 ".html": "text/html", ".htm": "text/html"}
+                 ".html": "text/html", ".htm": "text/html", ".xhtml": "application/xhtml+xml",
+                 ".pdf": "application/pdf",
+                 ".docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+                 ".pptx": "application/vnd.openxmlformats-officedocument.presentationml.presentation"}
+# Sent as the file's bytes (data_base64): binary formats, and HTML so its declared charset is honoured.
+SENT_AS_BYTES = {".html", ".htm", ".xhtml", ".pdf", ".docx", ".pptx"}
 HASH_KEY = "sha256"  # the document metadata key that holds the file's content hash
 SOURCE_KEY = "source"  # ... and the file's path as given (relative to the argument's parent)
 MAX_ID_LEN = 128  # rag/ids.py's document id limit

@@ -12,7 +12,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cli.client import ClientError, StackClient
-from cli.files import CONTENT_TYPES, HASH_KEY, SOURCE_KEY, SourceFile, content_hash, document_id, unchanged
+import base64
+
+from cli.files import CONTENT_TYPES, HASH_KEY, SENT_AS_BYTES, SOURCE_KEY, SourceFile, content_hash, document_id, unchanged
 
 
 @dataclass
@@ -79,12 +81,16 @@ def _ingest_one(client: StackClient, collection: str, source: SourceFile, stored
     if unchanged(doc_id, digest, stored):
         report.skipped += 1
         return None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return f"not UTF-8 text (byte {exc.start})"
-    body = {"documents": [{"id": doc_id, "text": text, "content_type": source.content_type,
-                           "metadata": {SOURCE_KEY: source.source, HASH_KEY: digest}}], "stream": True}
+    document = {"id": doc_id, "content_type": source.content_type,
+                "metadata": {SOURCE_KEY: source.source, HASH_KEY: digest}}
+    if source.path.suffix.lower() in SENT_AS_BYTES:
+        document["data_base64"] = base64.b64encode(data).decode("ascii")
+    else:
+        try:
+            document["text"] = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return f"not UTF-8 text (byte {exc.start})"
+    body = {"documents": [document], "stream": True}
     try:
         for event in client.stream_lines(f"/v1/collections/{quote(collection, safe='')}/documents", body):
             if event.get("event") == "progress":

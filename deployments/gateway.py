@@ -30,6 +30,7 @@ from deployments.engine_compat import (
 )
 from deployments.errors import error_body, unavailable
 from deployments.request_guard import RequestBodyGuard
+from deployments.uploads import INGEST_OPENAPI
 from deployments.knowledge import KnowledgeRoutes
 from deployments.start_order import wait_for_predecessors
 from deployments.work import release_heap_after_sending, run_to_completion, without_credentials
@@ -343,7 +344,7 @@ ENDPOINTS = {
     **ADMIN_ENDPOINTS,
     **DASHBOARD_ENDPOINTS,  # /status, /admin/collections, /dashboard
     # `:path` lets a name with '/' reach validation and get a 400 instead of a routing 404.
-    "add_documents": lambda app: app.post("/v1/collections/{collection:path}/documents"),
+    "add_documents": lambda app: app.post("/v1/collections/{collection:path}/documents", openapi_extra=INGEST_OPENAPI),
     "list_collections": lambda app: app.get("/v1/collections"),
     "delete_document": lambda app: app.delete("/v1/collections/{collection:path}/documents/{document_id:path}"),
     "list_documents": lambda app: app.get("/v1/collections/{collection:path}/documents"),

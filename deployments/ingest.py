@@ -9,6 +9,11 @@ hangs up (the work is paid for):
   and after each embedder call (chunks_embedded of chunks: what a progress bar needs), then "done"
   with the same body as the JSON answer, or "error" with the status and error body it would have had.
 Each ingest also logs one line with its counts and speed.
+
+Bodies are JSON (a file's bytes base64 in `data_base64`) or multipart/form-data (deployments/uploads.py).
+Markdown, HTML, PDF, DOCX and PPTX are extracted in the gateway's capped worker processes
+(rag/extract_worker.py); the CPU seconds each document took are charged to the tenant as usage of the
+model EXTRACTION_USAGE_MODEL, in milliseconds as prompt tokens (so they count against its TPM too).
 """
 
 from __future__ import annotations
@@ -27,23 +32,37 @@ from deployments.errors import map_exception
 from deployments.rag_adapters import RayEmbedder, RayIndex
 from deployments.schemas import AddDocumentsRequest
 from deployments.tenants import record_usage
+from deployments.uploads import decoded_data, read_ingest_body
+from planner.profile import ExtractionSpec
+from rag.extract import Extracted
+from rag.extract_worker import ExtractionFailed, ExtractionLimits, ExtractionPool
 from deployments.work import release_heap_after_sending, run_to_completion
 from rag.ids import validate_collection, validate_document_id
 from rag.pipeline import DocumentInput, IngestProgress, PipelineSettings, ProgressCallback, RagPipeline
 
 logger = logging.getLogger("poolserve.ingest")
 NDJSON = "application/x-ndjson"
+EXTRACTION_USAGE_MODEL = "poolserve/extraction-cpu-ms"
 
 
 class IngestRoutes:
     """Needs from the gateway: _embedder, _retriever, _settings, _embed_model_id, _tenant."""
 
-    async def add_documents(self, collection: str, body: AddDocumentsRequest, request: Request) -> Response:
+    async def add_documents(self, collection: str, request: Request) -> Response:
         tenant = self._tenant(request)
         validate_collection(collection)
+        body = await read_ingest_body(request, self._settings["max_documents_per_request"])
+        return await self.ingest_body(collection, body, request)
+
+    async def ingest_body(self, collection: str, body: AddDocumentsRequest, request: Request) -> Response:
+        """The ingest of a parsed body (JSON or multipart, deployments/uploads.py)."""
+        tenant = self._tenant(request)
         self._check_ingest_limits(body)
-        inputs = [DocumentInput(id=doc.id, text=doc.text, metadata=doc.metadata, content_type=doc.content_type)
-                  for doc in body.documents]
+        max_bytes = self._extraction_spec().max_document_bytes
+        inputs = [DocumentInput(id=doc.id, text=doc.text or "", metadata=doc.metadata, content_type=doc.content_type,
+                                data=None if doc.data_base64 is None else
+                                decoded_data(i, doc.id, doc.data_base64, max_bytes))
+                  for i, doc in enumerate(body.documents)]
         if body.stream:
             return StreamingResponse(self._ingest_events(request, tenant, collection, inputs), media_type=NDJSON,
                                      background=release_heap_after_sending())
@@ -61,7 +80,7 @@ class IngestRoutes:
             raise HTTPException(400, "documents[].id repeats within the request; each id may appear once")
         max_chars = self._settings["max_document_chars"]
         for i, doc in enumerate(body.documents):
-            if len(doc.text) > max_chars:
+            if doc.text is not None and len(doc.text) > max_chars:
                 raise HTTPException(413, f"documents[{i}].text (id {doc.id!r}) has {len(doc.text)} characters; the "
                                          f"limit is {max_chars} (rag.max_document_chars)")
 
@@ -75,16 +94,49 @@ class IngestRoutes:
             embedded["tokens"] += result["tokens"]
             return result
 
+        extraction = {"cpu_seconds": 0.0}
+
+        async def extract_and_charge(doc: DocumentInput) -> Extracted:
+            try:
+                result = await self._extraction_pool().extract(doc.data if doc.data is not None else doc.text,
+                                                               doc.content_type)
+            except ExtractionFailed as exc:
+                await self._charge_extraction(request, exc.cpu_seconds, extraction)
+                raise HTTPException(exc.status, f"document {doc.id!r} ({doc.content_type}): {exc}") from None
+            await self._charge_extraction(request, result.cpu_seconds, extraction)
+            return result.extracted
+
         pipeline = RagPipeline(RayEmbedder(self._embedder, embed_and_count), RayIndex(self._retriever),
-                               PipelineSettings.model_validate(self._settings))
+                               PipelineSettings.model_validate(self._settings), extractor=extract_and_charge)
         started = time.perf_counter()
         counts = await pipeline.ingest(tenant, collection, inputs, on_progress)
         seconds = time.perf_counter() - started
         chunks = sum(counts)
-        logger.info("ingest %s/%s: %d documents, %d chunks, %d tokens in %.1f s (%.1f chunks/s)", tenant, collection,
-                    len(inputs), chunks, embedded["tokens"], seconds, chunks / seconds if seconds else 0.0)
+        logger.info("ingest %s/%s: %d documents, %d chunks, %d tokens, %.2f s extraction CPU in %.1f s (%.1f chunks/s)",
+                    tenant, collection, len(inputs), chunks, embedded["tokens"], extraction["cpu_seconds"], seconds,
+                    chunks / seconds if seconds else 0.0)
         return {"collection": collection, "documents": [{"id": doc.id, "chunks": n} for doc, n in zip(inputs, counts)],
-                "chunks": chunks, "tokens": embedded["tokens"]}
+                "chunks": chunks, "tokens": embedded["tokens"],
+                "extraction_cpu_seconds": round(extraction["cpu_seconds"], 3)}
+
+    def _extraction_spec(self) -> ExtractionSpec:
+        return ExtractionSpec.model_validate(self._settings.get("extraction") or {})
+
+    def _extraction_pool(self) -> ExtractionPool:
+        """The gateway's extraction workers, started at its first upload that needs one."""
+        pool = getattr(self, "_extraction_workers", None)
+        if pool is None:
+            spec = self._extraction_spec()
+            pool = self._extraction_workers = ExtractionPool(ExtractionLimits(
+                workers=spec.workers, cpu_seconds=spec.cpu_seconds, memory_bytes=spec.memory_bytes,
+                wall_seconds=spec.wall_seconds, max_locations=spec.max_locations))
+        return pool
+
+    async def _charge_extraction(self, request: Request, cpu_seconds: float, total: dict) -> None:
+        total["cpu_seconds"] += cpu_seconds
+        milliseconds = round(cpu_seconds * 1000)
+        await record_usage(request, EXTRACTION_USAGE_MODEL, {"prompt_tokens": milliseconds,
+                                                             "total_tokens": milliseconds})
 
     async def _embed_and_charge(self, request: Request, texts: list[str]) -> dict:
         result = await self._embedder.embed.remote(texts)

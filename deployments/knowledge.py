@@ -48,15 +48,16 @@ class KnowledgeRoutes(IngestRoutes):
         return await self._engine(super().chat(body, without_credentials(request)))
 
     # ---- knowledge bases (ingest: deployments/ingest.py) ------------------------------------
-    async def add_documents(self, collection: str, body: AddDocumentsRequest, request: Request) -> Response:
-        """The ingest route (IngestRoutes.add_documents), after its estimated embedding tokens are
-        reserved: a 429 when the tenant's minute cannot hold them, so parallel ingests cannot each
+    async def ingest_body(self, collection: str, body: AddDocumentsRequest, request: Request) -> Response:
+        """The ingest (IngestRoutes.ingest_body, JSON or multipart), after its estimated embedding tokens
+        are reserved: a 429 when the tenant's minute cannot hold them, so parallel ingests cannot each
         start on a budget of one token. The reservation is held until the ingest ends, covering its
-        embedder calls (record_usage), and settled to what they read."""
-        estimate = estimate_ingest_tokens([doc.text for doc in body.documents], self._settings["chunk_tokens"],
+        embedder calls (record_usage), and settled to what they read. Files (PDF, DOCX, PPTX) have no
+        text before extraction: they are charged as their extracted text is embedded, not reserved."""
+        estimate = estimate_ingest_tokens([doc.text or "" for doc in body.documents], self._settings["chunk_tokens"],
                                           self._settings["chunk_overlap"])
         await reserve_tokens(request, estimate, "characters / 4 of the documents, with the chunks' overlap")
-        return await super().add_documents(collection, body, request)
+        return await super().ingest_body(collection, body, request)
 
     async def list_collections(self, request: Request) -> Response:
         collections = await self._retriever.list_collections.remote(self._tenant(request))

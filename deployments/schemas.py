@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from rag.filters import MAX_FILTER_KEYS, MAX_IN_VALUES, MAX_VALUE_CHARS, normalize_filters
 
-from rag.extract import CONTENT_TYPES, PLAIN, normalize_content_type
+from rag.extract import CONTENT_TYPES, PLAIN, TEXT_TYPES, normalize_content_type
 
 # Documented bounds on DocumentIn.metadata: it is stored with every document and returned with
 # every citation, so it stays small. Keys are strings; values are any JSON.
@@ -50,7 +50,11 @@ class _Body(BaseModel):
 
 class DocumentIn(_Body):
     id: str = Field(..., description="Document id, unique within the collection; posting it again replaces it.")
-    text: str = Field(..., min_length=1, description="The document's text.")
+    text: str | None = Field(None, min_length=1, description="The document's text (or data_base64).")
+    data_base64: str | None = Field(None, min_length=1, description="The file's bytes, base64: required for "
+                                    "application/pdf, DOCX and PPTX; for text/html the charset the file declares "
+                                    "(BOM, XML declaration, <meta charset>) is honoured. Exactly one of text and "
+                                    "data_base64.")
     metadata: dict[str, Any] = Field(
         default_factory=dict,
         description=f"Returned with citations. At most {METADATA_MAX_KEYS} top-level keys, "
@@ -71,6 +75,15 @@ class DocumentIn(_Body):
     @classmethod
     def known_content_type(cls, value: str) -> str:
         return normalize_content_type(value)  # UnsupportedContentType is a ValueError: a 422 naming the types
+
+    @model_validator(mode="after")
+    def text_or_data(self) -> "DocumentIn":
+        if (self.text is None) == (self.data_base64 is None):
+            raise ValueError("give exactly one of text and data_base64")
+        if self.text is not None and self.content_type not in TEXT_TYPES:
+            raise ValueError(f"a {self.content_type} document is a file: send its bytes as data_base64 (or as a "
+                             "multipart/form-data upload), not as text")
+        return self
 
 
 class AddDocumentsRequest(_Body):

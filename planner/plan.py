@@ -239,6 +239,11 @@ def _side_replicas(profile: Profile, gpu: bool, dim: int, first_order: int = 1,
                  "mapped_files": runtime.RETRIEVER_MAPPED_FILES}
     gw_lines = {"runtime (OpenAiIngress)": runtime.GATEWAY_RUNTIME, "mapped_files": runtime.GATEWAY_MAPPED_FILES,
                 "request_buffers": 2 * gw.max_body_bytes, "traffic_growth": runtime.GATEWAY_TRAFFIC_GROWTH}
+    # Extraction workers: idle parsers at rest; each document's child may grow to its address-space cap.
+    ext = profile.rag.extraction
+    extraction_growth = ext.workers * ext.memory_bytes
+    gw_lines.update({"extraction.workers": ext.workers * runtime.EXTRACTION_WORKER,
+                     "extraction.documents (memory cap)": extraction_growth})
 
     def replica(name, lines, spec, threads, order, growth=0, gpus=0.0, copies=1):
         env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
@@ -252,7 +257,8 @@ def _side_replicas(profile: Profile, gpu: bool, dim: int, first_order: int = 1,
                 gpus=gpu_fraction(sum(emb_lines.values()), pool_bytes) if gpu else 0.0),
         replica("retriever", ret_lines, ret, ret.faiss_threads, first_order + 1,
                 growth=index + n * 56 + ret.sqlite_cache_bytes),
-        replica("gateway", gw_lines, gw, 1, first_order + 2, growth=2 * gw.max_body_bytes + runtime.GATEWAY_TRAFFIC_GROWTH, copies=gw.replicas),
+        replica("gateway", gw_lines, gw, 1, first_order + 2, growth=2 * gw.max_body_bytes + runtime.GATEWAY_TRAFFIC_GROWTH + extraction_growth,
+                copies=gw.replicas),
     ]
 
 

@@ -241,8 +241,30 @@ class RetrieverSpec(_Strict):
     node: str | None = Field(None, description="Pool (node) name to place the replica on; None = the first.")
 
 
+class ExtractionSpec(_Strict):
+    """Extraction of uploads (Markdown, HTML, PDF, DOCX, PPTX) in the gateway's worker processes
+    (rag/extract_worker.py): each document in its own capped child, its CPU time charged to the tenant."""
+
+    workers: int = Field(1, ge=1, le=16, description="Worker processes (documents extracted at once per gateway "
+                         "replica); each holds the parsers (~36 MiB anonymous, planned on the gateway's line).")
+    cpu_seconds: int = Field(30, ge=1, description="CPU-time cap per document (RLIMIT_CPU of its child); a document "
+                             "over it is a 422 naming the cap. Markdown/HTML cost about 13 s per million characters "
+                             "of list-heavy input; a 17-page PDF 0.6 s.")
+    memory_bytes: Size = Field(parse_size("512MiB"), description="Address-space cap per document's child (RLIMIT_AS, "
+                               "the parsers' ~80 MiB of mappings included); over it is a 413 naming the cap. The "
+                               "plan counts it as the gateway's growth, once per worker.")
+    wall_seconds: float = Field(120.0, gt=0, description="Wall-clock limit per document (a child waiting on nothing "
+                                "the CPU cap can see); over it is a 422 naming the limit.")
+    max_document_bytes: Size = Field(parse_size("32MiB"), description="Largest uploaded file (base64 or multipart) "
+                                     "before extraction; larger is a 413.")
+    max_locations: int = Field(2000, ge=1, description="Pages, slides or sections that get their own citation "
+                               "location; later ones cite as the last (bounds the map stored with the document).")
+
+
 class RagSpec(_Strict):
     """Chunking and retrieval defaults."""
+
+    extraction: ExtractionSpec = Field(default_factory=ExtractionSpec, description="Upload extraction caps.")
 
     retrieval: Literal["dense", "lexical", "hybrid"] = Field(
         "hybrid", description="How RAG finds chunks: dense (embedding similarity, FAISS), lexical (SQLite FTS5 "

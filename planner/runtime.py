@@ -107,6 +107,10 @@ EMBEDDER_MAPPED_FILES = 125 * MB
 # 0.037 GiB (warm venv) to 0.065 GiB (a fresh clone after the suite's traffic, as CI runs it).
 GATEWAY_RUNTIME = 534 * MB
 GATEWAY_MAPPED_FILES = 65 * MB
+# Its extraction workers (rag/extract_worker.py; `python -m rag.extract_child`, one per
+# rag.extraction.workers) with the parsers imported, idle: PSS 46.7 MB (anon 35.8, file 10.8) measured
+# standalone 2026-12-01; beside the gateway, which maps the same libraries, the file share is smaller.
+EXTRACTION_WORKER = 45 * MB
 # Heap it grows under that load (measured +6 MB; tenant store pages, response buffers), with margin.
 GATEWAY_TRAFFIC_GROWTH = 32 * MB
 # Retriever: Ray Serve worker + numpy + faiss + sqlite3 + Serve's router (it waits for the engine

@@ -4,17 +4,28 @@ What gets chunked and embedded is the text a reader sees: no tags, scripts, styl
 but paragraphs, list items, table rows and code blocks kept on their own lines (the chunker splits
 on blank lines and newlines first). HTML is rendered by inscriptis (a layout-aware HTML-to-text
 renderer over lxml); Markdown is parsed by markdown-it-py (CommonMark + tables) into HTML and then
-rendered the same way, so both formats keep one code path.
+rendered the same way, so both formats keep one code path. PDF, DOCX and PPTX files arrive as bytes
+and are read by rag/documents.py, which also records where each page, slide or section starts.
+
+HTML may arrive as text or as the file's bytes; bytes are decoded as the file declares (rag/charset.py),
+and a BOM or an XML declaration (every XHTML page starts with one) is dropped before lxml sees the text.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rag.charset import decode_html, strip_declaration
+from rag.documents import BINARY_TYPES, DOCX, PDF, PPTX, UnreadableDocument, extract_binary
+
 PLAIN, MARKDOWN, HTML = "text/plain", "text/markdown", "text/html"
-CONTENT_TYPES = (PLAIN, MARKDOWN, HTML)
+TEXT_TYPES = (PLAIN, MARKDOWN, HTML)
+CONTENT_TYPES = (*TEXT_TYPES, *BINARY_TYPES)
 # Names clients commonly send for the same formats.
-ALIASES = {"text/x-markdown": MARKDOWN, "application/xhtml+xml": HTML}
+ALIASES = {"text/x-markdown": MARKDOWN, "application/xhtml+xml": HTML, "application/x-pdf": PDF}
+# Unless a request says otherwise, this many parts (pages, slides, sections) get their own location;
+# later ones count as the last (planner/profile.py ExtractionSpec.max_locations sets it for the server).
+DEFAULT_MAX_LOCATIONS = 2000
 TITLE_MAX_CHARS = 120
 # Never shown to a reader: fallback content for no-JavaScript browsers, inert templates, site menus.
 UNSEEN_TAGS = ("noscript", "template", "nav")
@@ -30,7 +41,8 @@ class UnsupportedContentType(ValueError):
 @dataclass(frozen=True)
 class Extracted:
     text: str
-    title: str | None = None  # the document's own name for itself (<title>, else the first <h1>)
+    title: str | None = None  # the document's own name for itself (<title>, else the first <h1>; file metadata)
+    locations: dict | None = None  # where each page/slide/section starts in text (rag/locations.py)
 
 
 def normalize_content_type(content_type: str | None) -> str:
@@ -45,13 +57,30 @@ def normalize_content_type(content_type: str | None) -> str:
     return media_type
 
 
-def extract(content: str, content_type: str | None = PLAIN) -> Extracted:
-    """The readable text of `content` (and its title when the format names one)."""
+def extract(content: str | bytes, content_type: str | None = PLAIN,
+            max_locations: int = DEFAULT_MAX_LOCATIONS) -> Extracted:
+    """The readable text of `content` (and its title when the format names one). PDF, DOCX and PPTX
+    need bytes; text formats take either (bytes: HTML as declared, the others UTF-8). Raises
+    UnreadableDocument naming the reason when there is no text to be had."""
     media_type = normalize_content_type(content_type)
+    if media_type in BINARY_TYPES:
+        if isinstance(content, str):
+            raise UnreadableDocument(f"a {content_type} document must be sent as bytes (data_base64 or a "
+                                     "multipart file), not as text")
+        return Extracted(*extract_binary(content, media_type, max_locations))
+    if isinstance(content, bytes):
+        content = decode_html(content) if media_type == HTML else _utf8(content, media_type)
     if media_type == PLAIN:
         return Extracted(content)
     html = markdown_to_html(content) if media_type == MARKDOWN else content
     return html_to_text(html)
+
+
+def _utf8(data: bytes, media_type: str) -> str:
+    try:
+        return data.decode("utf-8").lstrip("\ufeff")
+    except UnicodeDecodeError as exc:
+        raise UnreadableDocument(f"{media_type} bytes must be UTF-8; byte {exc.start} is not") from None
 
 
 def markdown_to_html(markdown: str) -> str:
@@ -66,6 +95,7 @@ def html_to_text(html: str) -> Extracted:
     from lxml.etree import ParserError, strip_elements
     from inscriptis import Inscriptis
 
+    html = strip_declaration(html)  # lxml refuses a str that declares an encoding
     if not html.strip():
         return Extracted("")
     try:

@@ -14,7 +14,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from rag.chunking import Chunk, document_title, with_title
-from rag.extract import PLAIN, extract, normalize_content_type
+from rag.extract import PLAIN, Extracted, extract, normalize_content_type
+from rag.locations import LOCATIONS_KEY
 from rag.filters import InvalidFilter, normalize_filters
 from rag.interfaces import ChatEngine, Embedder, KnowledgeIndex, Reply
 from rag.no_answer import is_answerable
@@ -49,6 +50,16 @@ class DocumentInput:
     text: str
     metadata: dict[str, Any] = field(default_factory=dict)
     content_type: str = PLAIN  # how `text` is written (rag/extract.py CONTENT_TYPES)
+    data: bytes | None = None  # the file's bytes instead of text (PDF, DOCX, PPTX; HTML as its file declares)
+
+
+# Text out of one document (rag/extract.py; the gateway runs it in a capped worker process).
+Extractor = Callable[[DocumentInput], Awaitable[Extracted]]
+
+
+async def extract_here(doc: DocumentInput) -> Extracted:
+    """In-process extraction, off the event loop (tools and tests; the gateway uses its worker pool)."""
+    return await asyncio.to_thread(extract, doc.data if doc.data is not None else doc.text, doc.content_type)
 
 
 class IngestProgress(BaseModel):
@@ -97,21 +108,26 @@ class RagAnswer(Generic[Reply]):
         return self.grounding.citations
 
 
-def as_plain_text(doc: DocumentInput) -> DocumentInput:
-    """The document as the text a reader sees (rag/extract.py); a title the format names (an HTML
-    <title>, a Markdown heading) becomes its metadata title unless the client gave one."""
-    if normalize_content_type(doc.content_type) == PLAIN:
-        return doc
-    extracted = extract(doc.text, doc.content_type)
+def needs_extraction(doc: DocumentInput) -> bool:
+    return doc.data is not None or normalize_content_type(doc.content_type) != PLAIN
+
+
+def as_plain_text(doc: DocumentInput, extracted: Extracted) -> DocumentInput:
+    """The document as the text a reader sees; a title the format names (an HTML <title>, a file's
+    metadata title) becomes its metadata title unless the client gave one, and the page/slide/section
+    map (rag/locations.py) travels in its metadata for citations."""
     metadata = doc.metadata
     if extracted.title and not metadata.get("title"):
         metadata = {**metadata, "title": extracted.title}
+    if extracted.locations:
+        metadata = {**metadata, LOCATIONS_KEY: extracted.locations}
     return DocumentInput(id=doc.id, text=extracted.text, metadata=metadata, content_type=PLAIN)
 
 
 class RagPipeline:
     def __init__(self, embedder: Embedder, index: KnowledgeIndex, settings: PipelineSettings,
-                 chat: ChatEngine | None = None):
+                 chat: ChatEngine | None = None, extractor: Extractor = extract_here):
+        self.extractor = extractor
         self.embedder = embedder
         self.index = index
         self.settings = settings
@@ -122,8 +138,7 @@ class RagPipeline:
                      on_progress: ProgressCallback | None = None) -> list[int]:
         """Extract, chunk and embed every document, then store them all in one transaction (all or
         none). Returns each document's chunk count; `on_progress` hears how far it got."""
-        # Parsing HTML is CPU work: off the caller's event loop.
-        documents = await asyncio.to_thread(lambda: [as_plain_text(doc) for doc in documents])
+        documents = list(await asyncio.gather(*(self._plain(doc) for doc in documents)))
         chunked = await asyncio.gather(*(self.embedder.chunk(doc.text) for doc in documents))
         texts = [text for doc, chunks in zip(documents, chunked) for text in self.texts_to_embed(doc, chunks)]
         progress = IngestProgress(stage="chunked", documents=len(documents), chunks=len(texts), chunks_embedded=0)
@@ -136,6 +151,9 @@ class RagPipeline:
         counts = await self.index.upsert_documents(tenant, collection, batch)
         await _report(on_progress, progress.model_copy(update={"stage": "stored", "chunks_embedded": len(texts)}))
         return counts
+
+    async def _plain(self, doc: DocumentInput) -> DocumentInput:
+        return as_plain_text(doc, await self.extractor(doc)) if needs_extraction(doc) else doc
 
     def texts_to_embed(self, doc: DocumentInput, chunks: list[Chunk]) -> list[str]:
         """A chunk deep in a long document rarely names what it belongs to; with the title in front

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rag.locations import LOCATIONS_KEY, resolve
+
 SYSTEM_INSTRUCTION = (
     "You answer questions using only the numbered context passages below. "
     "Cite the passages you use as [1], [2], ... "
@@ -24,6 +26,10 @@ class RetrievedChunk:
     end: int | None = None
 
     def citation(self) -> dict:
+        """The chunk as cited; a PDF/PPTX/DOCX chunk adds where it sits: page (and page_end when it
+        runs onto another page), slide (slide_end), or section (rag/locations.py)."""
+        metadata = dict(self.metadata or {})
+        where = resolve(metadata.pop(LOCATIONS_KEY, None), self.start, self.end)
         return {
             "document_id": self.document_id,
             "chunk_id": self.chunk_id,
@@ -31,7 +37,8 @@ class RetrievedChunk:
             "text": self.text,
             "start": self.start,
             "end": self.end,
-            "metadata": self.metadata or {},
+            **where,
+            "metadata": metadata,
         }
 
 

@@ -15,11 +15,11 @@ def test_walk_finds_supported_files_recursively_skips_hidden_and_lists_missing(t
     (docs / ".git").mkdir()
     for name in ("a.md", "guides/b.HTML", "guides/c.txt", "image.png", ".hidden.md", ".git/d.md"):
         (docs / name).write_text("x")
-    (tmp_path / "notes.pdf").write_text("x")
-    files, missing = walk([docs, tmp_path / "notes.pdf", docs / "a.md", tmp_path / "nope"])
+    (tmp_path / "notes.odt").write_text("x")
+    files, missing = walk([docs, tmp_path / "notes.odt", docs / "a.md", tmp_path / "nope"])
     assert [(f.source, f.content_type) for f in files] == [
         ("docs/a.md", "text/markdown"), ("docs/guides/b.HTML", "text/html"), ("docs/guides/c.txt", "text/plain"),
-        ("notes.pdf", None)]  # a file named directly is listed (and reported) even of an unsupported type
+        ("notes.odt", None)]  # a file named directly is listed (and reported) even of an unsupported type
     assert missing == [tmp_path / "nope"]
 
 

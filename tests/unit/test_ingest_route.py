@@ -40,7 +40,7 @@ def streamed(response: StreamingResponse) -> list[dict]:
 
 def test_stream_reports_progress_then_the_same_answer_as_json(gateway):
     gateway._settings = {**gateway._settings, "embed_batch_chunks": 3}
-    response = asyncio.run(gateway.add_documents("kb", body({"id": "a", "text": LONG}, stream=True), request()))
+    response = asyncio.run(gateway.ingest_body("kb", body({"id": "a", "text": LONG}, stream=True), request()))
     assert response.media_type == "application/x-ndjson"
     events = streamed(response)
     progress = [e for e in events if e["event"] == "progress"]
@@ -50,20 +50,20 @@ def test_stream_reports_progress_then_the_same_answer_as_json(gateway):
     done = events[-1]
     assert done["event"] == "done" and done["chunks"] == 7 and done["documents"] == [{"id": "a", "chunks": 7}]
     assert done["tokens"] > 0
-    again = json.loads(asyncio.run(gateway.add_documents("kb", body({"id": "a", "text": LONG}), request())).body)
+    again = json.loads(asyncio.run(gateway.ingest_body("kb", body({"id": "a", "text": LONG}), request())).body)
     assert again == {k: v for k, v in done.items() if k != "event"}
 
 
 def test_a_failed_ingest_ends_the_stream_with_its_error(gateway):
     gateway._retriever._target.store.capacity_chunks = 2
-    events = streamed(asyncio.run(gateway.add_documents("kb", body({"id": "a", "text": LONG}, stream=True), request())))
+    events = streamed(asyncio.run(gateway.ingest_body("kb", body({"id": "a", "text": LONG}, stream=True), request())))
     assert events[-1]["event"] == "error" and events[-1]["status"] == 413
     assert "capacity" in events[-1]["error"]["message"].lower()
     assert [e["stage"] for e in events[:-1]] == ["chunked", "embedding"]  # nothing was stored
 
 
 def test_html_and_markdown_uploads_are_stored_as_text(gateway):
-    answer = json.loads(asyncio.run(gateway.add_documents("kb", body(
+    answer = json.loads(asyncio.run(gateway.ingest_body("kb", body(
         {"id": "page", "text": "<title>Pumps</title><p>The <b>pump</b> hums.</p>", "content_type": "text/html"},
         {"id": "notes", "text": "# Valves\n\nThe *valve* [clicks](https://x).", "content_type": "text/markdown"},
         {"id": "raw", "text": "<p>kept as typed</p>"}), request())).body)
@@ -76,7 +76,7 @@ def test_html_and_markdown_uploads_are_stored_as_text(gateway):
 
 def test_an_unknown_content_type_is_a_validation_error_naming_the_supported_ones():
     with pytest.raises(ValidationError, match="text/plain, text/markdown, text/html"):
-        body({"id": "a", "text": "x", "content_type": "application/pdf"})
+        body({"id": "a", "text": "x", "content_type": "application/msword"})
     assert body({"id": "a", "text": "x"}).documents[0].content_type == "text/plain"
     assert body({"id": "a", "text": "x", "content_type": "Text/HTML; charset=utf-8"}).documents[0].content_type == "text/html"
 
@@ -102,7 +102,7 @@ def test_a_client_that_leaves_mid_stream_still_gets_the_whole_ingest_stored(gate
     gateway._settings = {**gateway._settings, "embed_batch_chunks": 2}
 
     async def leave_after_first_event():
-        response = await gateway.add_documents("kb", body({"id": "a", "text": LONG}, stream=True), request())
+        response = await gateway.ingest_body("kb", body({"id": "a", "text": LONG}, stream=True), request())
         events = response.body_iterator
         first = json.loads(await events.__anext__())
         await events.aclose()  # what Starlette does when the client disconnects: waits for the ingest

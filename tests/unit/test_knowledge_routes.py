@@ -117,14 +117,14 @@ def gateway(tmp_path):
 def ingest(gateway, docs, metadata=None):
     body = AddDocumentsRequest.model_validate({"documents": [{"id": i, "text": t, "metadata": (metadata or {}).get(i, {})}
                                                              for i, t in docs]})
-    return json.loads(asyncio.run(gateway.add_documents("facts", body, request())).body)
+    return json.loads(asyncio.run(gateway.ingest_body("facts", body, request())).body)
 
 
 def test_ingest_then_query_answers_with_citations(gateway):
     assert ingest(gateway, [("zorblax", "The Zorblax reactor was invented by Dr. Mira Quell.\n\nIt makes 40 MW."),
                             ("cats", "Cats sleep a lot.")]) == {
         "collection": "facts", "chunks": 3, "documents": [{"id": "zorblax", "chunks": 2}, {"id": "cats", "chunks": 1}],
-        "tokens": 26}  # the fake embedder's words, titles in front included
+        "tokens": 26, "extraction_cpu_seconds": 0.0}  # plain text: nothing extracted; the fake embedder's words, titles in front included
     body = RagQueryRequest(collection="facts", question="Who invented the Zorblax reactor?", top_k=2)
     response = asyncio.run(gateway.rag_query(body, request()))
     payload = json.loads(response.body)

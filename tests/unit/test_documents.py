@@ -1,0 +1,158 @@
+"""Extraction of real files: XHTML, declared charsets, BOMs, broken markup, PDF pages, DOCX sections,
+PPTX slides, and the worker's caps."""
+
+from __future__ import annotations
+
+import base64
+import codecs
+import time
+from pathlib import Path
+
+import pytest
+
+from rag.documents import DOCX, PDF, PPTX, UnreadableDocument
+from rag.extract import extract
+from rag.extract_worker import ExtractionFailed, ExtractionLimits, ExtractionPool
+from rag.locations import LOCATIONS_KEY, resolve
+from rag.prompt import RetrievedChunk
+from tests.unit.test_knowledge_routes import gateway, http  # noqa: F401  (fixtures)
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def test_real_xhtml_with_an_xml_declaration_extracts_as_text_and_as_bytes():
+    page = (DATA / "libxslt-general.html").read_bytes()
+    assert page.startswith(b'<?xml version="1.0" encoding="UTF-8"?>')
+    for content in (page, page.decode("utf-8")):  # the str once made lxml raise ValueError (a 500)
+        extracted = extract(content, "application/xhtml+xml")
+        assert extracted.title == "libxslt:" and "libxslt API Modules" in extracted.text
+        assert "<?xml" not in extracted.text
+
+
+def test_declared_latin1_bytes_decode_as_declared():
+    page = (DATA / "libxslt-tutorial-latin1.html").read_bytes()
+    assert b"charset=ISO-8859-1" in page and b"\xa9" in page
+    extracted = extract(page, "text/html")
+    assert "Copyright © 2001 John Fleck" in extracted.text and extracted.title == "libxslt Tutorial"
+    xhtml = extract((DATA / "exslt-intro.html").read_bytes(), "text/html")
+    assert xhtml.title == "Introduction" and "EXSLT" in xhtml.text
+
+
+def test_a_bom_and_broken_markup_still_give_the_text():
+    for bom, codec in ((codecs.BOM_UTF8, "utf-8"), (codecs.BOM_UTF16_LE, "utf-16-le")):
+        page = bom + "<html><title>Café</title><p>Crème brûlée".encode(codec)
+        extracted = extract(page, "text/html")
+        assert extracted.title == "Café" and extracted.text.endswith("Crème brûlée")
+    broken = extract("\ufeff<?xml version='1.0' encoding='utf-8'?><div><p>one<td>two</span></b><p>three", "text/html")
+    assert [w for w in broken.text.split()] == ["one", "two", "three"]
+
+
+def test_pdf_pages_are_located_and_cited():
+    extracted = extract((DATA / "shared-mime-info-spec.pdf").read_bytes(), PDF)
+    locations = extracted.locations
+    assert locations["kind"] == "page" and locations["labels"] == list(range(1, 18))
+    start = extracted.text.index("Language used in this specification")
+    assert resolve(locations, start, start + 40) == {"page": 2}
+    boundary = locations["starts"][2]
+    assert resolve(locations, boundary - 10, boundary + 10) == {"page": 2, "page_end": 3}
+
+
+def test_docx_sections_and_title_come_from_the_file():
+    extracted = extract((DATA / "handbook.docx").read_bytes(), DOCX)
+    assert extracted.title == "Reactor operations handbook"
+    start = extracted.text.index("Insert every control rod")
+    assert resolve(extracted.locations, start, start + 20) == {"section": "Shutdown procedure"}
+    assert "A7 | Coolant pressure low" in extracted.text
+    chunk = RetrievedChunk("d", "d:1", 0.9, "Insert", {"title": "t", LOCATIONS_KEY: extracted.locations},
+                           start, start + 6)
+    cited = chunk.citation()
+    assert cited["section"] == "Shutdown procedure" and cited["metadata"] == {"title": "t"}
+
+
+def test_pptx_slides_are_located():
+    extracted = extract((DATA / "review.pptx").read_bytes(), PPTX)
+    assert extracted.title == "Quarterly review"
+    start = extracted.text.index("We hired nine engineers")
+    assert resolve(extracted.locations, start, start + 10) == {"slide": 3}
+
+
+def test_files_without_text_are_refused_naming_the_reason():
+    from pypdf import PdfWriter
+    import io
+
+    blank = io.BytesIO()
+    writer = PdfWriter()
+    writer.add_blank_page(200, 200)
+    writer.write(blank)
+    with pytest.raises(UnreadableDocument, match="no text to extract.*scanned PDF needs OCR"):
+        extract(blank.getvalue(), PDF)
+    locked = io.BytesIO()
+    writer.encrypt("secret")
+    writer.write(locked)
+    with pytest.raises(UnreadableDocument, match="encrypted and needs a password"):
+        extract(locked.getvalue(), PDF)
+    with pytest.raises(UnreadableDocument, match="cannot read it as DOCX"):
+        extract(b"not a zip file", DOCX)
+    with pytest.raises(UnreadableDocument, match="must be sent as bytes"):
+        extract("text", PDF)
+
+
+@pytest.fixture
+def small_caps():
+    pool = ExtractionPool(ExtractionLimits(workers=1, cpu_seconds=1, memory_bytes=200 * 2**20, wall_seconds=30,
+                                           max_locations=100))
+    yield pool
+    pool.close()
+
+
+def test_the_worker_extracts_and_reports_its_cpu_time(small_caps):
+    result = small_caps.extract_blocking((DATA / "shared-mime-info-spec.pdf").read_bytes(), PDF)
+    assert result.extracted.locations["labels"][-1] == 17 and 0 < result.cpu_seconds < 1
+
+
+def test_a_document_over_the_cpu_cap_is_a_clear_error_quickly(small_caps):
+    started = time.monotonic()
+    with pytest.raises(ExtractionFailed, match=r"1 s CPU-time cap \(rag.extraction.cpu_seconds\)") as failed:
+        small_caps.extract_blocking("- a\n" * 400_000, "text/markdown")  # ~5 s of CPU uncapped
+    assert failed.value.status == 422 and failed.value.cpu_seconds >= 0.9  # CPU ticks: SIGXCPU comes within one of the second
+    assert time.monotonic() - started < 10
+    assert small_caps.extract_blocking(b"<p>still serving</p>", "text/html").extracted.text == "still serving"
+
+
+def test_a_document_over_the_memory_cap_is_a_413_naming_it():
+    pool = ExtractionPool(ExtractionLimits(workers=1, cpu_seconds=20, memory_bytes=150 * 2**20, wall_seconds=60,
+                                           max_locations=100))
+    try:
+        with pytest.raises(ExtractionFailed, match=r"150 MiB memory cap \(rag.extraction.memory_bytes\)") as failed:
+            pool.extract_blocking("<div>" + "x " * 20_000_000 + "</div>", "text/html")
+        assert failed.value.status == 413
+    finally:
+        pool.close()
+
+
+def test_base64_and_multipart_uploads_reach_the_same_extraction(http):
+    pdf = (DATA / "shared-mime-info-spec.pdf").read_bytes()
+    response = http.post("/v1/collections/facts/documents", json={"documents": [
+        {"id": "spec", "content_type": PDF, "data_base64": base64.b64encode(pdf).decode()}]})
+    assert response.status_code == 200, response.text
+    assert response.json()["extraction_cpu_seconds"] > 0
+    hit = http.get("/v1/collections/facts/search", params={"q": "key words MUST SHOULD RFC 2119", "top_k": 1}).json()["data"][0]
+    expected = resolve(extract(pdf, PDF).locations, hit["start"], hit["end"])
+    assert expected and {k: hit[k] for k in expected} == expected and LOCATIONS_KEY not in hit["metadata"]
+    docx = (DATA / "handbook.docx").read_bytes()
+    response = http.post("/v1/collections/facts/documents", files={"file": ("handbook.docx", docx)},
+                         data={"metadata": '{"src": "ops"}'})
+    assert response.status_code == 200, response.text
+    assert [doc["id"] for doc in response.json()["documents"]] == ["handbook.docx"]
+
+
+@pytest.mark.parametrize("document, status, message", [
+    ({"id": "x", "content_type": PDF, "text": "words"}, 422, "send its bytes as data_base64"),
+    ({"id": "x", "content_type": PDF, "data_base64": "not base64!"}, 422, "not valid base64"),
+    ({"id": "x", "content_type": PDF, "data_base64": base64.b64encode(b"%PDF-1.4 junk").decode()}, 422,
+     "cannot read it as PDF"),
+    ({"id": "x", "text": "a", "data_base64": "YQ=="}, 422, "exactly one of text and data_base64"),
+])
+def test_bad_uploads_are_4xx_naming_the_problem(http, document, status, message):
+    response = http.post("/v1/collections/facts/documents", json={"documents": [document]})
+    assert response.status_code == status and message in response.text, response.text
