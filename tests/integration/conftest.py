@@ -191,3 +191,16 @@ if __name__ == "__main__":  # start a stack for REUSE_ENV and leave it running
     dev.port = yaml.safe_load((target / "profile.yaml").read_text())["gateway"]["port"]
     dev.url = dev.origin = f"http://127.0.0.1:{dev.port}"
     print(f"healthy in {dev.start():.0f}s at {dev.url}; {REUSE_ENV}={target}")
+
+
+def all_documents(http: httpx.Client, collection: str, headers: dict | None = None) -> list[dict]:
+    """Every document of a collection, through the paged listing (bounded: 10,000 pages)."""
+    documents, after = [], None
+    for _ in range(10_000):
+        page = http.get(f"/v1/collections/{collection}/documents", headers=headers,
+                        params={"limit": 100, **({"after": after} if after else {})}).json()
+        documents += page["data"]
+        if not page["has_more"]:
+            return documents
+        after = page["last_id"]
+    raise AssertionError(f"{collection}: more than 10,000 pages")

@@ -80,7 +80,9 @@ def test_cli_ingests_a_folder_of_pdf_docx_and_real_xhtml(stack, tmp_path, admin_
     assert result.exit_code == 0 and "6 files ingested" in result.output and ", 0 failed" in result.output, result.output
     headers = {"Authorization": f"Bearer {DEMO_KEY}"}
     info = httpx.get(f"{stack.url}/v1/collections/docs-cli", headers=headers, timeout=60).json()
-    assert len(info["documents"]) == 6, info
+    assert info["document_count"] == 6, info
+    listed = httpx.get(f"{stack.url}/v1/collections/docs-cli/documents", headers=headers, timeout=60).json()
+    assert len(listed["data"]) == 6 and not listed["has_more"], listed
     hit = httpx.get(f"{stack.url}/v1/collections/docs-cli/search", headers=headers, timeout=60, params={
         "q": "We hired nine engineers", "top_k": 1}).json()["data"][0]
     assert hit["slide"] <= 3 <= hit.get("slide_end", hit["slide"]), hit  # the hiring line is on slide 3

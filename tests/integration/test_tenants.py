@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from tests.integration.conftest import ADMIN_KEY, DEMO_KEY
+from tests.integration.conftest import all_documents
 
 MODEL = "smollm2-135m-instruct"
 
@@ -54,8 +55,8 @@ def test_two_tenants_are_isolated_on_every_endpoint(stack, admin_headers):
         assert http.delete("/v1/collections/private", headers=b).status_code == 404
         # B writing a collection of the same name creates B's own, leaving A's untouched.
         http.post("/v1/collections/private/documents", headers=b, json={"documents": [{"id": "other", "text": "B's note."}]})
-        assert [d["id"] for d in http.get("/v1/collections/private", headers=a).json()["documents"]] == ["secret"]
-        assert [d["id"] for d in http.get("/v1/collections/private", headers=b).json()["documents"]] == ["other"]
+        assert [d["id"] for d in all_documents(http, "private", a)] == ["secret"]
+        assert [d["id"] for d in all_documents(http, "private", b)] == ["other"]
         cited = http.post("/v1/rag/query", headers=a, json={"collection": "private", "question": "launch code?",
                                                             "max_tokens": 8}).json()["citations"]
         assert [c["document_id"] for c in cited] == ["secret"]

@@ -18,6 +18,7 @@ import time
 import httpx
 import psutil
 import pytest
+from tests.integration.conftest import all_documents
 
 MODEL = "smollm2-135m-instruct"
 RECOVERY_TIMEOUT_S = 300
@@ -124,7 +125,7 @@ def test_killing_the_retriever_during_ingest_loses_no_acknowledged_document(stac
         worker.join(timeout=300)
         stop.set()
     with httpx.Client(base_url=stack.url, headers=demo_headers, timeout=60) as http:
-        stored = {doc["id"] for doc in http.get("/v1/collections/faults").json()["documents"]}
+        stored = {doc["id"] for doc in all_documents(http, "faults")}
     assert not server_errors, server_errors[:3]
     missing = [doc_id for doc_id in acknowledged if doc_id not in stored]
     assert not missing, f"{len(missing)} acknowledged documents lost: {missing[:5]}"

@@ -9,6 +9,7 @@ import stat
 import httpx
 
 from tests.integration.conftest import DEMO_KEY
+from tests.integration.conftest import all_documents
 
 FACT = "The Quorvex lighthouse on Brisa Island was built by Admiral Tovin Selk in 1874."
 
@@ -19,7 +20,7 @@ def test_data_revocations_and_deletions_survive_a_restart(stack, demo_headers, a
             {"id": "lighthouse", "text": FACT}, {"id": "noise", "text": "Bananas are rich in potassium."}]}).status_code == 200
         question = {"collection": "durable", "question": "Who built the Quorvex lighthouse?", "top_k": 2, "max_tokens": 40}
         before = http.post("/v1/rag/query", json=question).json()
-        info_before = http.get("/v1/collections/durable").json()
+        info_before = all_documents(http, "durable")
     with httpx.Client(base_url=stack.url, headers=admin_headers, timeout=60) as admin:
         second_key = admin.post("/admin/tenants/demo/keys").json()["api_key"]
         demo_key_id = DEMO_KEY.split("_")[1]
@@ -35,7 +36,7 @@ def test_data_revocations_and_deletions_survive_a_restart(stack, demo_headers, a
         names = [t["name"] for t in admin.get("/admin/tenants").json()["data"]]
         assert "seeded" not in names and "demo" in names
     with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {second_key}"}, timeout=120) as http:
-        assert http.get("/v1/collections/durable").json()["documents"] == info_before["documents"]
+        assert all_documents(http, "durable") == info_before
         after = http.post("/v1/rag/query", json=question).json()
     assert [c["chunk_id"] for c in after["citations"]] == [c["chunk_id"] for c in before["citations"]]
     assert after["citations"][0]["document_id"] == "lighthouse"
