@@ -58,7 +58,7 @@ def _activations(chat: ChatSpec, a: Architecture, seqs: int, k: int) -> int:
     mlp = max(a.intermediate_size if a.moe_layers < a.num_layers else 0,
               a.experts_per_token * a.moe_intermediate_size + a.shared_expert_intermediate_size)
     lin = 3 * a.lin_v_heads * a.lin_v_dim if a.linear_layers else 0
-    per_token = 2 * (4 * a.hidden_size + q + kv + 3 * mlp + lin)
+    per_token = DTYPE_BYTES.get(chat.dtype, 2) * (4 * a.hidden_size + q + kv + 3 * mlp + lin)
     logits = seqs * (1 + k) * a.vocab_size * 4 * 2
     return chat.max_num_batched_tokens * per_token + logits
 
@@ -84,8 +84,23 @@ def _kv_groups(arch: Architecture, drafter: Drafter, kvb: int) -> KVGroups:
     return kv_cache_groups(buckets)
 
 
-def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_threads: int) -> EnginePlan:
+def resolved_dtype(chat: ChatSpec, gpu: bool, cpu_native_bf16: bool) -> str:
+    """`dtype: auto`: bfloat16 on a GPU and on a CPU that computes it natively; float32 on a CPU that
+    emulates it (an AVX2 host: 4.7x faster prefill and 2.3x faster 8-stream decode in float32,
+    docs/BENCHMARKS.md section 0)."""
+    if chat.dtype != "auto":
+        return chat.dtype
+    return "bfloat16" if gpu or cpu_native_bf16 else "float32"
+
+
+def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_threads: int,
+                cpu_native_bf16: bool = True) -> EnginePlan:
     notes: list[str] = []
+    if chat.dtype == "auto":
+        chat = chat.model_copy(update={"dtype": resolved_dtype(chat, pool.gpu, cpu_native_bf16)})
+        if not pool.gpu:
+            notes.append(f"dtype auto -> {chat.dtype}: this CPU "
+                         f"{'computes bfloat16 natively' if cpu_native_bf16 else 'emulates bfloat16'}")
     arch = read_architecture(chat.model, chat.architecture)
     gpu = pool.gpu
     quant = _quantization(chat, arch, notes)

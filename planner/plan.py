@@ -195,6 +195,12 @@ def detect_total_bytes() -> int:
     return min(total, effective_limit_bytes() or total)
 
 
+def detect_cpu_native_bf16() -> bool:
+    from stackctl.cpuinfo import cpu_has_native_bf16
+
+    return cpu_has_native_bf16()
+
+
 def embedder_dimension(profile: Profile) -> int:
     """retriever.dim when set, else the embedder's hidden size: one number for the plan and the index."""
     if profile.retriever.dim:
@@ -365,8 +371,12 @@ def _split(name: str, chat, eng, home: str, unified_gpu: bool) -> tuple[dict[str
     return per_node, eng.vllm.model_copy(update=update)
 
 
-def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bool = True) -> Plan:
-    """advise=False: an overcommit raises a bare Overcommit (advice re-plans through this)."""
+def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bool = True,
+               cpu_native_bf16: bool | None = None) -> Plan:
+    """advise=False: an overcommit raises a bare Overcommit (advice re-plans through this).
+    cpu_native_bf16: whether this host's CPU computes bfloat16 (`dtype: auto` on a CPU pool); None reads it."""
+    if cpu_native_bf16 is None:
+        cpu_native_bf16 = detect_cpu_native_bf16()
     listed = _pools_for(profile, pool_total_bytes)
     pools = {spec.name: (spec, total, cpus) for spec, total, cpus in listed}
     multi = len(listed) > 1
@@ -377,7 +387,7 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
         home = _home(chat, first)
         spec, total, cpus = pools[home]
         try:
-            eng = plan_engine(chat, spec, cpus, total, other_threads)
+            eng = plan_engine(chat, spec, cpus, total, other_threads, cpu_native_bf16)
         except (EngineError, ArchitectureError) as exc:
             raise PlanError(f"{name}: {exc}" if name != "chat" else str(exc)) from exc
         engine_replicas += _engine_replicas(name, chat, eng, pools, home, order)
