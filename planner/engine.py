@@ -311,7 +311,7 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
         # 'finalize_loading'") and recompiles on every start; without AOT, Inductor's cache is reused.
         env["VLLM_USE_AOT_COMPILE"] = "0"
     if gpu and arch.is_hybrid:
-        env["VLLM_KV_CACHE_LAYOUT"] = "BLHNC"  # mixed attention/state page sizes (DESIGN 3b)
+        env["VLLM_KV_CACHE_LAYOUT"] = "BLHNC"  # mixed attention/state page sizes (docs/DESIGN-FACTS.md section 3b)
     env.update(disk_env)
     facts = {
         "vllm_kv_tokens": vllm_logged_kv_tokens(kv_cache_memory_bytes, chat.max_model_len, block, groups,

@@ -25,7 +25,7 @@ VLLM_WORKER = 925 * MB
 # concurrent streams grew the engine's three processes by 0.087 GiB (/tmp/load.py, the documented
 # load of docs/PLANNER.md), plus the fresh clone's extra file pages: the budget is a ceiling over both.
 VLLM_TRAFFIC_GROWTH = 160 * MB
-# On a GPU the worker's host-side runtime is the ~0.1 GB DESIGN measured for a standalone worker;
+# On a GPU the worker's host-side runtime is the ~0.1 GB measured for a standalone worker (docs/DESIGN-FACTS.md section 4);
 # its CUDA context and graphs are planned as their own lines. Estimate until measured on a Spark.
 VLLM_WORKER_GPU = 100 * MB
 # One CUDA context per process that touches the GPU. Measured on an H200 with vLLM 0.26 (torch 2.11+cu130,
@@ -53,7 +53,7 @@ EMBEDDER_GPU_ACT_PER_TOKEN_DIM = 72  # fp32 weights; a checkpoint in fp16/bf16 h
 CUDA_GRAPHS = 1 * GiB
 # vLLM's GPU start check (worker's request_memory) samples free memory after the driver, EngineCore,
 # worker and CUDA context already exist, then refuses util x total > free: so the engine's own
-# start-up footprint is counted twice. About 3 GB on a GB10 by public start logs (DESIGN 7).
+# start-up footprint is counted twice. About 3 GB on a GB10 by public start logs (docs/DESIGN-FACTS.md section 7).
 VLLM_GPU_START_OVERHEAD = 3 * GB
 # Start peak of one engine, on top of its steady lines; engines start one at a time, so the pool
 # budgets the largest. On CPU only the first applies (eager; measured on the embedded default: the

@@ -101,7 +101,7 @@ def component_dtypes(a: Architecture, quantization: str, model_dtype: str,
         if quantization != "none" and comp in quantized:
             dtypes[comp] = quantization
         elif comp == "ple" and quantization != "none":
-            dtypes[comp] = "fp8"  # NVFP4 checkpoints of Flash-Next ship the PLE in fp8 (DESIGN 3b)
+            dtypes[comp] = "fp8"  # NVFP4 checkpoints of Flash-Next ship the PLE in fp8 (docs/DESIGN-FACTS.md section 3b)
         else:
             dtypes[comp] = base
     for comp, dtype in overrides.items():
