@@ -1,6 +1,6 @@
 """The one place that knows which ray.serve.llm / vLLM pair is installed.
 
-Two pairs are supported (README, "Engine pairs"):
+Two pairs are supported (docs/OPERATIONS.md, "Engine pairs"):
 - vLLM 0.32 + Ray 2.60 (the `cpu` and `gpu` extras);
 - vLLM 0.26 + Ray 2.58.1 (constraints/vllm-0.26-ray-2.58.txt: NVIDIA-style containers of that
   generation, and the H200 of docs/GPU.md).
