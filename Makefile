@@ -11,7 +11,7 @@ PROFILE ?= $(or $(POOLSERVE_PROFILE),configs/cpu-tiny.yaml)
 # `make serve POOL=11GiB` runs the whole stack inside a memory cgroup of that size (root).
 POOL ?=
 
-.PHONY: setup setup-browser install models serve stop test test-unit test-integration plan bench clean
+.PHONY: setup setup-browser install models serve stop test test-fast test-unit test-integration plan bench clean
 
 setup: install models
 
@@ -48,10 +48,16 @@ plan: install
 	$(VENV)/bin/poolserve plan $(PROFILE)
 
 # The model-free unit tests first (they answer in minutes and stop at the first failure), then the
-# integration tests against the real stack; the slowest of each are printed.
+# integration and e2e tests against the real stacks, in the order of tests/conftest.py STAGES (those that
+# harm a stack after those that use it; the slow ones last); the slowest of each are printed.
 test: setup
 	$(VENV)/bin/pytest tests/unit -q -x --durations=10
-	$(VENV)/bin/pytest tests/e2e tests/integration -v -rs --durations=25
+	$(VENV)/bin/pytest tests/integration tests/e2e -v -rs --durations=25
+
+# Without the slow ones (stress smoke, float32 speculation stacks, the fresh-clone e2e).
+test-fast: setup
+	$(VENV)/bin/pytest tests/unit -q -x
+	$(VENV)/bin/pytest tests/integration -v -rs -m "not slow"
 
 test-unit: setup
 	$(VENV)/bin/pytest tests/unit -q
@@ -96,6 +102,6 @@ STRESS := PYTHONPATH=$(CURDIR) $(VENV)/bin/poolserve stress --serve-config serve
 stress: install
 	$(STRESS) $(STRESS_ARGS)
 
-# A few minutes: layers 1-6 in --quick mode (tests/integration/test_zz_stress_smoke.py runs the same).
+# A few minutes: layers 1-6 in --quick mode (tests/integration/test_stress_smoke.py runs the same).
 stress-smoke: install
 	$(STRESS) --quick --layers 1-6 $(STRESS_ARGS)

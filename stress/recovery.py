@@ -1,6 +1,6 @@
 """Layer 5 (crash recovery): under steady load, SIGKILL the engine, the embedder, the retriever and the
 gateway in turn, then stop and restart the whole stack. The failure semantics are the stack's own
-(503 + Retry-After while a replica restarts, tests/integration/test_zy_faults.py); this layer measures
+(503 + Retry-After while a replica restarts, tests/integration/test_faults.py); this layer measures
 them: time to healthy, the requests that failed, and that none hung."""
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import yaml
 from stackctl.launcher import StackLayout, down
 from stackctl.processes import stack_pids
 
-# What identifies each replica among the stack's own processes (tests/integration/test_zy_faults.py
+# What identifies each replica among the stack's own processes (tests/integration/test_faults.py
 # kills the same ones): vLLM's engine core process, and Ray Serve's replica actors.
 TARGETS = {"engine": "EngineCore", "embedder": "ServeReplica:poolserve:embedder",
            "retriever": "ServeReplica:poolserve:retriever", "gateway": "ServeReplica:poolserve:gateway"}

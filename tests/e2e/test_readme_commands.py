@@ -17,6 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+pytestmark = [pytest.mark.late("fresh clone"), pytest.mark.slow]
+
 ROOT = Path(__file__).resolve().parents[2]
 SETUP_AND_START_TIMEOUT_S = 1500
 

@@ -36,7 +36,7 @@ def write_stack_config(workdir: Path, port: int, chat_overrides: dict | None = N
     and a serve.yaml naming it."""
     profile = yaml.safe_load((ROOT / "configs" / base_profile).read_text())
     profile["state_dir"] = str(workdir / "state")
-    # The example tenants plus one seeded from the file with a generated key (deleted in test_zz_restart).
+    # The example tenants plus one seeded from the file with a generated key (deleted in test_restart).
     tenants = yaml.safe_load((ROOT / "configs" / "tenants.example.yaml").read_text())
     tenants["tenants"].append({"name": "seeded", "rpm": 100})
     (workdir / "tenants.yaml").write_text(yaml.safe_dump(tenants))

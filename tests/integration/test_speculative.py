@@ -14,6 +14,8 @@ import pytest
 
 from tests.integration.conftest import ROOT, Stack, _free_port, write_stack_config
 
+pytestmark = [pytest.mark.late("stops the stack"), pytest.mark.slow]
+
 MODEL = "smollm2-135m-instruct"
 CONTEXT = ("[1] The Velmora bridge spans the Istra river and was opened in 1962 by mayor Ana Kovač. "
            "[2] It is 412 metres long and carries two tram lines and four lanes of traffic. "

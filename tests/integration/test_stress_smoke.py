@@ -1,4 +1,4 @@
-"""Runs late (it kills replicas; after test_zz_restart, before the stacks of test_zzz_*): `poolserve stress
+"""Runs late (it kills replicas; after test_restart, before the stacks of their own): `poolserve stress
 --quick --layers 1-6`, what `make stress-smoke` runs, against the session's real stack, with real tenants
 it creates through the admin API and deletes. Every layer's verdict is asserted, not only that it ran;
 layer 7 (a whole-stack restart) runs in the full `make stress` (docs/STRESS.md), and
@@ -13,9 +13,12 @@ import sys
 import time
 
 import httpx
+import pytest
 
 from stress.thermal import find_reader
 from tests.integration.conftest import ADMIN_KEY, ROOT
+
+pytestmark = [pytest.mark.late("loads the stack"), pytest.mark.slow]
 
 SMOKE_LAYERS = "1-6"
 SMOKE_BUDGET_S = 600  # bounded; about 5 minutes on this 2-core machine while others load it

@@ -7,9 +7,12 @@ from __future__ import annotations
 import stat
 
 import httpx
+import pytest
 
 from tests.integration.conftest import DEMO_KEY
 from tests.integration.conftest import all_documents
+
+pytestmark = pytest.mark.late("restarts the stack")
 
 FACT = "The Quorvex lighthouse on Brisa Island was built by Admiral Tovin Selk in 1874."
 

@@ -17,6 +17,8 @@ import pytest
 from tests.integration.conftest import ADMIN_KEY, DEMO_KEY, Stack, _free_port, write_stack_config
 from tests.integration.test_security import assert_only_the_gateway_is_reachable
 
+pytestmark = pytest.mark.late("stops the stack")
+
 PREFIX = "/api"
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 DEMO = {"Authorization": f"Bearer {DEMO_KEY}"}

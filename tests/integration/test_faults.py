@@ -20,6 +20,8 @@ import psutil
 import pytest
 from tests.integration.conftest import all_documents
 
+pytestmark = pytest.mark.late("kills replicas")
+
 MODEL = "smollm2-135m-instruct"
 RECOVERY_TIMEOUT_S = 300
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long story about a lighthouse keeper."}],

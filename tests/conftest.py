@@ -1,0 +1,39 @@
+"""Test order by what a test does to the stack, not by file name.
+
+Integration tests share one stack per variant (tests/integration/conftest.py). Tests that harm it run
+after those that only use it, in the order of STAGES; within a stage, collection order. Mark a module
+or test with `@pytest.mark.late("<stage>")`. `@pytest.mark.slow` marks the long ones (`make test-fast`
+leaves them out; CI runs them, last, because they are late).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+STAGES = (
+    "shares the stack",     # the default: reads and writes through the session's stack
+    "kills replicas",       # the stack recovers, but its processes and timings are not the fresh ones
+    "restarts the stack",   # the whole stack stopped and started again
+    "loads the stack",      # stress: floods, kills and restarts under load
+    "stops the stack",      # its own stack variant, after stopping the session's (one engine pool at a time)
+    "fresh clone",          # a new clone, venv and models: needs the port and the cores to itself
+)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "late(stage): run after the tests of earlier stages; one of " + ", ".join(STAGES))
+    config.addinivalue_line("markers", "slow: minutes of its own (float32 speculation stacks, stress, fresh clone)")
+
+
+def stage_of(item) -> int:
+    marker = item.get_closest_marker("late")
+    if marker is None:
+        return 0
+    stage = marker.args[0]
+    if stage not in STAGES:
+        raise pytest.UsageError(f"{item.nodeid}: unknown late stage {stage!r}; one of {STAGES}")
+    return STAGES.index(stage)
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=stage_of)  # stable: collection order within a stage
