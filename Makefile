@@ -11,7 +11,7 @@ PROFILE ?= $(or $(POOLSERVE_PROFILE),configs/cpu-tiny.yaml)
 # `make serve POOL=11GiB` runs the whole stack inside a memory cgroup of that size (root).
 POOL ?=
 
-.PHONY: setup setup-browser install models serve stop test test-fast test-unit test-integration plan bench clean
+.PHONY: setup setup-browser install models serve stop lint test test-fast test-unit test-integration plan bench clean
 
 setup: install models
 
@@ -50,7 +50,7 @@ plan: install
 # The model-free unit tests first (they answer in minutes and stop at the first failure), then the
 # integration and e2e tests against the real stacks, in the order of tests/conftest.py STAGES (those that
 # harm a stack after those that use it; the slow ones last); the slowest of each are printed.
-test: setup
+test: setup lint
 	$(VENV)/bin/pytest tests/unit -q -x --durations=10
 	$(VENV)/bin/pytest tests/integration tests/e2e -v -rs --durations=25
 
@@ -58,6 +58,10 @@ test: setup
 test-fast: setup
 	$(VENV)/bin/pytest tests/unit -q -x
 	$(VENV)/bin/pytest tests/integration -v -rs -m "not slow"
+
+# The import contract (pyproject.toml [tool.importlinter]): imports only point down the floors, no circles.
+lint: install
+	PYTHONPATH=$(CURDIR) $(VENV)/bin/lint-imports
 
 test-unit: setup
 	$(VENV)/bin/pytest tests/unit -q

@@ -30,7 +30,7 @@ from bench.harness.engine import DEFAULT_PROFILE, engine_setup  # noqa: E402
 from bench.harness.procs import child_env, run_in_own_session  # noqa: E402
 from bench.harness.results import RESULTS_DIR, new_result, write_result  # noqa: E402
 from bench.harness.timing import Stopwatch  # noqa: E402
-from stackctl.cpuinfo import cpu_flags, cpu_has_native_bf16  # noqa: E402
+from system.cpuinfo import cpu_flags, cpu_has_native_bf16  # noqa: E402
 
 NAME = "cpu-dtype"
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data"

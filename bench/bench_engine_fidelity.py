@@ -11,7 +11,7 @@ speculative_config=None overridden) and measures, one after the other:
   - teacher-forced: the reference's tokens fed as the prompt, the engine's argmax at each position
     (prompt_logprobs), so near-tie flips separate from real errors without the drift after a flip;
   - speed: N tokens (EOS ignored) for 8 prompts one at a time (concurrency 1) and as one batch of 8;
-  - engine init time and the worker's process-tree PSS (deployments/process_memory.py) after init
+  - engine init time and the worker's process-tree PSS (system/process_memory.py) after init
     and after the work.
 Compiled variants start with an empty vLLM and Inductor compile cache (cold); the bf16 compiled
 engine is then started once more on the cache it filled (warm, init only).
@@ -110,7 +110,7 @@ def run_variant(profile: Path, dtype: str, eager: bool, work: str, job: dict) ->
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from deployments.process_memory import process_tree_memory
+    from system.process_memory import process_tree_memory
 
     with Stopwatch() as init:
         llm = LLM(**variant_setup(profile, dtype, eager).llm_kwargs(seed=0))

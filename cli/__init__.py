@@ -1,2 +1,2 @@
 """`poolserve` commands that talk to a running stack over HTTP: ingest, query, collections, tenants.
-Registered on planner/cli.py's app; only httpx, typer and rich (no Ray, no stack code)."""
+Registered on cli/main.py's app; only httpx, typer and rich (no Ray, no stack code)."""

@@ -1,4 +1,4 @@
-"""The client commands on the `poolserve` app: ingest, query, collections, tenants (planner/cli.py
+"""The client commands on the `poolserve` app: ingest, query, collections, tenants (cli/main.py
 registers them). Tenant keys come from $POOLSERVE_API_KEY, the admin key from $POOLSERVE_ADMIN_KEY,
 either from --key-file instead; never from the command line, where shell history would keep it."""
 

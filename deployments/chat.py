@@ -7,7 +7,7 @@ import logging
 import time
 
 from deployments.engine_compat import Batcher, ChatCompletionRequest, LLMConfig, LLMServer, adapt_engine_env
-from deployments.process_memory import process_tree_memory
+from system.process_memory import process_tree_memory
 from deployments.start_order import wait_for_predecessors
 from planner.gpu import engine_placement
 from planner.plan import ReplicaPlan

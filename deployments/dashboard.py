@@ -24,7 +24,7 @@ from dashboard import session
 from dashboard.figures import measured_by_replica, tenants_today
 from dashboard.history import MemoryHistory
 from dashboard.render import login_page, page, render_sections
-from deployments.process_memory import process_tree_memory
+from system.process_memory import process_tree_memory
 from deployments.public_paths import client_address
 from deployments.tenants import guard_of
 

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from ray import serve
 
 from deployments.embed_turns import BatchTurns, IdleCores, threads_for
-from deployments.process_memory import process_tree_memory, release_freed_heap
+from system.process_memory import process_tree_memory, release_freed_heap
 from deployments.start_order import wait_for_predecessors
 from rag.chunking import Chunk
 from rag.embedding import SentenceTransformerEmbedder

@@ -16,7 +16,7 @@ from typing import Literal
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from stackctl.cgroup import effective_limit_bytes, host_meminfo, limited_cgroup
+from system.cgroup import effective_limit_bytes, host_meminfo, limited_cgroup
 
 GuardState = Literal["ok", "shedding_ingest", "shedding_all"]
 STATE_CODES = {"ok": 0, "shedding_ingest": 1, "shedding_all": 2}

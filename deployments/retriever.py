@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ray import serve
 
-from deployments.process_memory import process_tree_memory, release_freed_heap
+from system.process_memory import process_tree_memory, release_freed_heap
 from deployments.start_order import wait_for_predecessors
 from rag.capacity import Quotas, TenantQuota
 from rag.retrieval import SearchQuery, SearchResult, retrieve

@@ -8,7 +8,7 @@ import contextvars
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 
-from deployments.process_memory import release_freed_heap
+from system.process_memory import release_freed_heap
 
 
 async def run_to_completion(coro):

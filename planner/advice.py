@@ -7,25 +7,20 @@ combination that fits (the biggest savers, added one by one) is offered when one
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from pydantic import BaseModel
 
+from planner.errors import Overcommit, PlanError
 from planner.units import gib
 
 if TYPE_CHECKING:
     from planner.engine import EnginePlan
+    from planner.plan import Plan
     from planner.profile import PoolSpec, Profile
 
 Change = dict[str, object]  # dotted profile path -> new value
-
-
-class Overcommit(ValueError):
-    """The plan needs more than the pool has; carries the figures for re-planned advice."""
-
-    def __init__(self, message: str, needed: int, free: int):
-        super().__init__(message)
-        self.needed, self.free = needed, free
+Replan = Callable[["Profile", "int | None"], "Plan"]  # build_plan(profile, total, advise=False)
 
 
 def apply(profile: "Profile", change: Change) -> "Profile":
@@ -85,14 +80,12 @@ def _move_levers(profile: "Profile", short_node: str, nodes: list[str]) -> list[
     return levers
 
 
-def _replan(profile: "Profile", total: int | None, change: Change,
+def _replan(replan: Replan, profile: "Profile", total: int | None, change: Change,
             node: str | None = None) -> tuple[int | None, str]:
     """(bytes needed, outcome) of the plan with the change applied; needed is None if it cannot be sized.
     node: a plan of several nodes, judged on that node's pool (total then overrides only the first)."""
-    from planner.plan import PlanError, build_plan
-
     try:
-        plan = build_plan(apply(profile, change), total, advise=False)
+        plan = replan(apply(profile, change), total)
     except Overcommit as exc:
         if node is not None:
             return exc.needed if f"node {node} " in str(exc) else None, f"still refused: {exc}"
@@ -106,15 +99,15 @@ def _replan(profile: "Profile", total: int | None, change: Change,
 
 
 def overcommit_message(profile: "Profile", spec: "PoolSpec", total: int, free: int, replicas,
-                       ray_breakdown: dict, page_cache: dict, eng: "EnginePlan", nodes: list[str] | None = None,
-                       override: int | None = None) -> str:
-    """nodes: the pools of a plan of several nodes (spec is the one that is short); override: the first
-    pool's size as given to build_plan."""
+                       ray_breakdown: dict, page_cache: dict, eng: "EnginePlan", replan: Replan,
+                       nodes: list[str] | None = None, override: int | None = None) -> str:
+    """replan: build_plan without advice (an overcommit raises Overcommit); nodes: the pools of a plan of
+    several nodes (spec is the one that is short); override: the first pool's size as given to build_plan."""
     needed = sum(r.pool_bytes for r in replicas) + sum(ray_breakdown.values()) + sum(page_cache.values())
     short = needed - free
     if nodes:
-        return _node_message(profile, spec, total, free, needed, replicas, ray_breakdown, page_cache, eng, nodes,
-                             override)
+        return _node_message(replan, profile, spec, total, free, needed, replicas, ray_breakdown, page_cache, eng,
+                             nodes, override)
     items = [(f"{r.name}.{k}", v) for r in replicas for k, v in r.breakdown.items()]
     items += [(f"ray.{k}", v) for k, v in ray_breakdown.items()] + list(page_cache.items())
     biggest = sorted(items, key=lambda kv: -kv[1])[:6]
@@ -127,7 +120,7 @@ def overcommit_message(profile: "Profile", spec: "PoolSpec", total: int, free: i
     ]
     rows = []
     for text, change in _levers(profile, eng):
-        after, outcome = _replan(profile, total, change)
+        after, outcome = _replan(replan, profile, total, change)
         if after is not None and after < needed:
             rows.append((needed - after, text, change, outcome))
     rows.sort(key=lambda row: -row[0])
@@ -138,7 +131,7 @@ def overcommit_message(profile: "Profile", spec: "PoolSpec", total: int, free: i
         if set(change) & set(combined):
             continue  # e.g. PLE on disk and PLE in int4 change the same setting
         combined, names = {**combined, **change}, [*names, text]
-        after, outcome = _replan(profile, total, combined)
+        after, outcome = _replan(replan, profile, total, combined)
         if outcome.endswith("[fits]"):
             if len(names) > 1:
                 lines.append(f"  - together: {' + '.join(names)}: {outcome}")
@@ -149,7 +142,7 @@ def overcommit_message(profile: "Profile", spec: "PoolSpec", total: int, free: i
     return "\n".join(lines)
 
 
-def _node_message(profile, spec, total, free, needed, replicas, ray_breakdown, page_cache, eng, nodes,
+def _node_message(replan, profile, spec, total, free, needed, replicas, ray_breakdown, page_cache, eng, nodes,
                   override) -> str:
     """A plan of several nodes: name the node that is short, its biggest items, and levers re-planned on it
     (moving a replica to another node first)."""
@@ -165,7 +158,7 @@ def _node_message(profile, spec, total, free, needed, replicas, ray_breakdown, p
              f"Ways to fit node {spec.name}, each re-planned alone:"]
     rows = []
     for text, change in [*_move_levers(profile, spec.name, nodes), *_levers(profile, eng)]:
-        after, outcome = _replan(profile, override, change, spec.name)
+        after, outcome = _replan(replan, profile, override, change, spec.name)
         # kept: it fits, it saves on this node, or it moves the shortage to another node (said so)
         if "[fits]" in outcome or (after is not None and after < needed) or (
                 after is None and outcome.startswith("still refused")):

@@ -8,6 +8,7 @@ out of the same pool. Nothing here imports ray, torch or vllm.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -16,9 +17,10 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from planner import gb10, nodes, parallel, runtime
-from planner.advice import Overcommit, overcommit_message
+from planner.advice import overcommit_message
 from planner.architecture import ArchitectureError, embedding_dimension
 from planner.engine import EngineError, plan_engine, utilization_for
+from planner.errors import Overcommit, PlanError
 from planner.gpu import gpu_fraction, split_device_lines
 from planner.outputs import ChatModelCard, EngineArgs, GatewaySettings, RayActorOptions
 from planner.profile import PoolSpec, Profile, pinned
@@ -26,10 +28,6 @@ from planner.units import gib
 from planner.weights import safetensors_bytes
 
 START_ORDER = ("chat", "embedder", "retriever", "gateway")
-
-
-class PlanError(ValueError):
-    """The profile does not fit its pool (or a pinned value cannot be kept); the message says why."""
 
 
 class ReplicaPlan(BaseModel):
@@ -187,7 +185,7 @@ def detect_gpu_bytes(index: int = 0) -> int:
 def detect_total_bytes() -> int:
     """Unified memory: the pool is the machine's MemTotal, or the limit of the memory cgroup this process
     runs in when that is smaller (`make serve POOL=...`). A discrete GPU's size is passed in."""
-    from stackctl.cgroup import effective_limit_bytes, host_meminfo
+    from system.cgroup import effective_limit_bytes, host_meminfo
 
     total = host_meminfo().get("MemTotal")
     if not total:
@@ -196,7 +194,7 @@ def detect_total_bytes() -> int:
 
 
 def detect_cpu_native_bf16() -> bool:
-    from stackctl.cpuinfo import cpu_has_native_bf16
+    from system.cpuinfo import cpu_has_native_bf16
 
     return cpu_has_native_bf16()
 
@@ -453,7 +451,7 @@ def _node_plan(profile: Profile, spec: PoolSpec, total: int, cpus: float, replic
             raise Overcommit(f"{where} {gib(needed - free)}", needed, free)
         eng = (all_engines.get("chat") or next(iter(all_engines.values())))[1]
         raise PlanError(overcommit_message(profile, spec, total, free, replicas, ray.breakdown, page_cache, eng,
-                                           nodes=[p.name for p in profile.pools] if multi else None,
+                                           replan=functools.partial(build_plan, advise=False), nodes=[p.name for p in profile.pools] if multi else None,
                                            override=override))
     want_cpus = sum(r.ray_actor_options.num_cpus * r.num_replicas for r in replicas)
     if want_cpus > cpus:

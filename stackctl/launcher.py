@@ -36,7 +36,7 @@ import yaml
 from planner.plan import Plan
 from planner.profile import Profile
 from planner.units import gib
-from stackctl.cgroup import MemoryCgroup, PoolUnavailable, create_pool, limited_cgroup, own_cgroup, remove_pool
+from system.cgroup import MemoryCgroup, PoolUnavailable, create_pool, limited_cgroup, own_cgroup, remove_pool
 from stackctl.preflight import (biggest_other_processes, can_drop_page_cache, check, drop_clean_page_cache, host_fits,
                                 read_live, read_live_gpu)
 from stackctl.processes import STACK_ENV, end_stack, stack_pids

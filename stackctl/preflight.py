@@ -18,7 +18,7 @@ import psutil
 
 from planner.plan import Plan
 from planner.units import gib
-from stackctl.cgroup import MemoryCgroup, host_meminfo
+from system.cgroup import MemoryCgroup, host_meminfo
 
 DROP_CACHES = "/proc/sys/vm/drop_caches"
 

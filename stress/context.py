@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from planner.profile import Profile, StressSpec
 from stress.client import FACTS, Admin, Gateway
+from stress.report import LayerResult
 from stress.stack import StackControl
 
 COLLECTION = "stress-kb"
@@ -63,3 +64,13 @@ class RunContext:
                     self.acknowledge(name, document["id"])
             finally:
                 gateway.close()
+
+
+def not_local(result: LayerResult, ctx: RunContext, what: str) -> bool:
+    """Layers that kill or restart replicas need the stack on this machine; elsewhere they are not run."""
+    if ctx.stack is not None:
+        return False
+    result.verdict = "not run"
+    result.notes.append(f"{what} needs the stack on this machine: pass --serve-config (and --profile, --pool as it "
+                        f"was started); against {ctx.base_url} alone it cannot run")
+    return True

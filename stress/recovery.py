@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 
-from stress.context import COLLECTION, RunContext
+from stress.context import COLLECTION, RunContext, not_local
 from stress.load import run_clients
 from stress.loaded import mixed_operation
 from stress.report import LayerResult
@@ -19,15 +19,6 @@ LOAD_CLIENTS = 4
 SETTLE_S = 5.0  # load after each recovery, before the next kill
 PAUSE_AFTER_FAILURE_S = 0.5  # a client whose request failed waits a little: no busy loop while a replica is down
 PROXY_500 = "Internal Server Error"  # Ray Serve's proxy's body when the replica it routed to died
-
-
-def not_local(result: LayerResult, ctx: RunContext, what: str) -> bool:
-    if ctx.stack is not None:
-        return False
-    result.verdict = "not run"
-    result.notes.append(f"{what} needs the stack on this machine: pass --serve-config (and --profile, --pool as it "
-                        f"was started); against {ctx.base_url} alone it cannot run")
-    return True
 
 
 def layer5(ctx: RunContext, result: LayerResult) -> None:

@@ -88,7 +88,7 @@ class StackControl:
     def start(self, admin_key: str) -> subprocess.Popen:
         """`poolserve up` with the same serve config, profile and pool, detached (it outlives this
         command: the operator's stack keeps running); output goes to state_dir/run/stress-restart.log."""
-        command = [sys.executable, "-m", "planner.cli", "up", str(self.serve_config), "--profile", str(self.profile_path)]
+        command = [sys.executable, "-m", "cli.main", "up", str(self.serve_config), "--profile", str(self.profile_path)]
         if self.pool:
             command += ["--pool", self.pool]
         env = {**os.environ, "POOLSERVE_ADMIN_KEY": admin_key}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rag.store_schema import SCHEMA_VERSION as KNOWLEDGE_SCHEMA_VERSION
 from stress.client import FACTS, QUESTIONS
-from stress.context import COLLECTION, RunContext
+from stress.context import COLLECTION, RunContext, not_local
 from stress.report import LayerResult
 from tenancy.models import SCHEMA_VERSION as TENANTS_SCHEMA_VERSION
 
@@ -57,8 +57,6 @@ def schema_versions(state_dir: Path) -> dict[str, int | None]:
 
 
 def layer7(ctx: RunContext, result: LayerResult) -> None:
-    from stress.recovery import not_local
-
     if not_local(result, ctx, "restarting the stack over its state"):
         return
     result.thresholds = {"schema versions": DATABASES, "keys": "all authenticate", "documents": "all still listed",

@@ -107,7 +107,7 @@ def poolserve_stack(base_profile: Path, workdir: Path, timeout_s: float = 400,
     env.pop("POOLSERVE_PROFILE", None)  # the --profile below decides, not the caller's shell
     poolserve = Path(sys.executable).parent / "poolserve"
     # Without an installed entry point (the GPU machine's offline bundle), the same command as a module.
-    launcher = [str(poolserve)] if poolserve.exists() else [sys.executable, "-m", "planner.cli"]
+    launcher = [str(poolserve)] if poolserve.exists() else [sys.executable, "-m", "cli.main"]
     command = [*launcher, "up", str(stack.serve_config_path), "--profile", str(stack.profile_path)]
     group = ProcessGroup.start(command, env, workdir / "serve.log")
     try:

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from planner.cli import app
+from cli.main import app
 from tests.integration.conftest import ADMIN_KEY
 
 KEY_PATTERN = re.compile(r"ps_[0-9a-f]{12}_[A-Za-z0-9_-]+")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from planner.cli import app
+from cli.main import app
 from rag.documents import DOCX, PDF
 from rag.extract import extract
 from rag.locations import resolve

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from stackctl.cgroup import own_cgroup
+from system.cgroup import own_cgroup
 
 STEP_MIB = 128
 # Allocates STEP_MIB per line read on stdin (touching every page so it is resident), answers "ok".

@@ -29,7 +29,7 @@ def test_stress_smoke_passes_every_layer_against_the_real_stack(stack, admin_hea
     env = {**os.environ, "POOLSERVE_ADMIN_KEY": ADMIN_KEY, "PYTHONPATH": str(ROOT)}
     env.pop("POOLSERVE_PROFILE", None)
     started = time.monotonic()
-    run = subprocess.run([sys.executable, "-m", "planner.cli", "stress", "--serve-config", str(stack.config_path),
+    run = subprocess.run([sys.executable, "-m", "cli.main", "stress", "--serve-config", str(stack.config_path),
                           "--pool", str(stack.pool_bytes), "--quick", "--layers", SMOKE_LAYERS, "--out", str(out)],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=SMOKE_BUDGET_S)
     seconds = time.monotonic() - started

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from stackctl import cgroup
-from stackctl.cgroup import MemoryCgroup, PoolUnavailable
+from system import cgroup
+from system.cgroup import MemoryCgroup, PoolUnavailable
 
 MiB = 2**20
 GiB = 2**30

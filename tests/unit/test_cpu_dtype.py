@@ -4,7 +4,7 @@ from pathlib import Path
 
 from planner.plan import build_plan
 from planner.profile import load_profile
-from stackctl.cpuinfo import cpu_flags, cpu_has_native_bf16
+from system.cpuinfo import cpu_flags, cpu_has_native_bf16
 
 ROOT = Path(__file__).resolve().parents[2]
 EPYC_AVX2 = "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse2 avx fma avx2\n"

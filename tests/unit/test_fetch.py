@@ -23,7 +23,7 @@ import yaml
 from rich.console import Console
 from typer.testing import CliRunner
 
-from planner.cli import app
+from cli.main import app
 from planner.plan import build_plan
 from planner.profile import load_profile
 from planner.units import gib

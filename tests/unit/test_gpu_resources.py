@@ -146,7 +146,7 @@ def test_device_follows_the_plans_gpu_share():
 @pytest.mark.parametrize("config", [*SPARKS, "cpu-tiny.yaml"])
 def test_render_shows_the_chat_deployments_as_built(config, no_ray):
     """`poolserve render` is a review copy: its chat entries carry the bundles and env the app deploys."""
-    from planner.cli import serve_config
+    from cli.main import serve_config
 
     plan, engines, _ = _built(config)
     rendered = {d["name"]: d for d in serve_config(plan, ROOT / "configs" / config)["applications"][0]["deployments"]}

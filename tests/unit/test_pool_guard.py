@@ -10,8 +10,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from deployments import pool_guard
 from deployments.pool_guard import PoolGuard, PoolReading, read_pool
-from stackctl import cgroup
-from stackctl.cgroup import MemoryCgroup
+from system import cgroup
+from system.cgroup import MemoryCgroup
 
 GiB = 2**30
 LIMIT = 1000 * 2**20  # fractions of it are exact: 800 of 1000 MiB is 0.8

@@ -7,7 +7,7 @@ import sys
 
 import psutil
 
-from deployments.process_memory import process_tree_memory, release_freed_heap
+from system.process_memory import process_tree_memory, release_freed_heap
 
 
 def test_tree_memory_counts_this_process_and_its_children():

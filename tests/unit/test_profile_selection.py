@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 from typer.testing import CliRunner
 
-from planner.cli import app, profile_from_serve_config
+from cli.main import app, profile_from_serve_config
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()

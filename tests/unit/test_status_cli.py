@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 from typer.testing import CliRunner
 
-from planner.cli import app
+from cli.main import app
 
 MiB = 2**20
 STATUS = {"replicas": [{"name": "embedder", "planned_bytes": 900 * MiB, "planned_at_rest_bytes": 800 * MiB,
