@@ -364,6 +364,9 @@ class StressSpec(_Strict):
     quick_sequential_requests: int = Field(10, ge=1, description="Layer 1 in --quick mode.")
     long_context_fractions: list[float] = Field([0.5, 0.9, 1.0], min_length=1, description="Layer 2: prompt + "
                                                 "max_tokens as fractions of max_model_len.")
+    quick_long_context_fractions: list[float] = Field([0.5, 1.0], min_length=1, description="Layer 2 in --quick "
+                                                      "mode: the half and the whole context (each prompt is prefilled "
+                                                      "twice, plain and streamed, with no cached prefix).")
     concurrency_clients: int = Field(32, ge=1, description="Layer 3: concurrent clients.")
     concurrency_seconds: float = Field(600.0, gt=0, description="Layer 3: how long the clients run.")
     quick_concurrency_seconds: float = Field(60.0, gt=0, description="Layer 3 in --quick mode.")

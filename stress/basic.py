@@ -109,7 +109,7 @@ def _plain(gw, content: str, max_tokens: int) -> dict:
 
 def layer2(ctx: RunContext, result: LayerResult) -> None:
     limit, answer_tokens = ctx.max_model_len, 32
-    fractions = ctx.spec.long_context_fractions
+    fractions = ctx.spec.quick_long_context_fractions if ctx.quick else ctx.spec.long_context_fractions
     result.thresholds = {"max_model_len": limit, "prompt + max_tokens": [f"{f:.0%}" for f in fractions],
                          "max_tokens": answer_tokens, "over the limit by one token": "400"}
     gw = ctx.gateway(ctx.tenants[0])

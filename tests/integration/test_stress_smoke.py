@@ -21,9 +21,10 @@ from tests.integration.conftest import ADMIN_KEY, ROOT
 pytestmark = [pytest.mark.late("loads the stack"), pytest.mark.slow]
 
 SMOKE_LAYERS = "1-6"
-SMOKE_BUDGET_S = 600  # bounded; about 5 minutes on this 2-core machine while others load it
+SMOKE_BUDGET_S = 1200  # bounded: layer 2 prefills 12k tokens (160-800 prompt tokens/s on 2 cores, by host)
 
 
+@pytest.mark.timeout(SMOKE_BUDGET_S + 300)
 def test_stress_smoke_passes_every_layer_against_the_real_stack(stack, admin_headers, tmp_path):
     out = tmp_path / "stress"
     env = {**os.environ, "POOLSERVE_ADMIN_KEY": ADMIN_KEY, "PYTHONPATH": str(ROOT)}
