@@ -2,7 +2,7 @@
 
 Integration tests share one stack per variant (tests/integration/conftest.py). Tests that harm it run
 after those that only use it, in the order of STAGES; within a stage, collection order. Mark a module
-or test with `@pytest.mark.late("<stage>")`. `@pytest.mark.slow` marks the long ones (`make test-fast`
+or test with `@pytest.mark.late("<stage>")` (the first stage too: it names where the test stands). `@pytest.mark.slow` marks the long ones (`make test-fast`
 leaves them out; CI runs them, last, because they are late).
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 STAGES = (
+    "measures the stack",   # memory against the plan, before other tests' inputs shape the replicas' heaps
     "shares the stack",     # the default: reads and writes through the session's stack
     "kills replicas",       # the stack recovers, but its processes and timings are not the fresh ones
     "restarts the stack",   # the whole stack stopped and started again
@@ -28,7 +29,7 @@ def pytest_configure(config):
 def stage_of(item) -> int:
     marker = item.get_closest_marker("late")
     if marker is None:
-        return 0
+        return STAGES.index("shares the stack")
     stage = marker.args[0]
     if stage not in STAGES:
         raise pytest.UsageError(f"{item.nodeid}: unknown late stage {stage!r}; one of {STAGES}")

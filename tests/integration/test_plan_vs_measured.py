@@ -6,11 +6,17 @@ from __future__ import annotations
 import re
 
 import httpx
+import pytest
 
 from planner.plan import build_plan
 from planner.profile import load_profile
 
 TOLERANCE = 0.10
+# First, on the stack as its own warm-up leaves it: the embedder's resident heap grows as it serves varied
+# inputs (one run: 404 -> 545 MiB PSS over 120 batches of 1-64 texts of 3-300 words; malloc_trim, a fixed
+# glibc mmap threshold and oneDNN's primitive cache off did not stop it; an open finding, docs/ARCHITECTURE.md),
+# so after the other tests its at-rest figure says more about them than about the plan.
+pytestmark = pytest.mark.late("measures the stack")
 
 
 def _plan(stack):
