@@ -175,7 +175,7 @@ def serve_config(result: Plan, profile_path: Path) -> dict:
         "http_options": {"host": "127.0.0.1", "port": 8000},
         "applications": [{
             "name": "poolserve", "route_prefix": "/", "import_path": "deployments.app:build_app",
-            "args": {"profile": str(profile_path), "resolved_plan": plan_json(result)},
+            "args": {"profile": str(profile_path), "plan": result.model_dump(mode="json")},
             "deployments": deployments,
         }],
     }
@@ -187,7 +187,8 @@ def render(profile: Path = profile_argument(),
            pool: str | None = typer.Option(None, "--pool", help="Pool size override.")) -> None:
     """Write the fully resolved Serve config (every number explicit) for review."""
     result, _ = _plan_or_exit(profile, pool, Console())
-    header = (f"# Resolved by `poolserve render {profile}`; review copy, every number from the plan.\n"
+    header = (f"# Resolved by `poolserve render {profile}`: every number from the plan; `serve run` of this file\n"
+              f"# deploys args.plan as it is (refused if the profile has changed since).\n"
               f"# Ray: object_store_memory={result.ray.object_store_memory} include_dashboard="
               f"{result.ray.include_dashboard} num_cpus={result.ray.num_cpus:g} memory={result.ray.memory}\n")
     output.write_text(header + yaml.safe_dump(serve_config(result, profile.resolve()), sort_keys=False))

@@ -19,17 +19,19 @@ from deployments.embedder import Embedder
 from deployments.gateway import ENDPOINTS, Gateway, make_app
 from deployments.retriever import Retriever
 from planner.gpu import torch_device
-from planner.plan import Plan, build_plan, embedder_dimension
+from planner.plan import Plan, embedder_dimension, resolved_plan
 from planner.profile import Profile, load_profile
 
 logger = logging.getLogger("poolserve.app")
 
 
 class AppArgs(BaseModel):
-    model_config = {"extra": "ignore"}  # `poolserve render` adds the resolved plan for review
+    model_config = {"extra": "forbid"}
     profile: str = Field(default_factory=lambda: os.environ.get("POOLSERVE_PROFILE", "configs/cpu-tiny.yaml"),
                          description="Profile YAML, relative to the working directory; default $POOLSERVE_PROFILE, "
                                      "else the CPU default.")
+    plan: dict | None = Field(None, description="The resolved Plan (`poolserve up` and `poolserve render` write "
+                              "it): deployed as it is, after a check that it is this profile's. None: plan at start.")
 
 
 def _options(plan, name: str) -> dict:
@@ -74,7 +76,7 @@ def embedder_deployment(profile: Profile, plan: Plan, start_after: list[tuple[st
 def build_app(args: dict) -> serve.Application:
     parsed = AppArgs.model_validate(args or {})
     profile = load_profile(os.path.abspath(parsed.profile))
-    plan = build_plan(profile)
+    plan = resolved_plan(profile, parsed.plan)
     os.umask(0o077)  # databases, keys and snapshots this process creates are the owner's only
     Path(profile.state_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
     _warn_if_ray_is_open()

@@ -9,6 +9,7 @@ out of the same pool. Nothing here imports ray, torch or vllm.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -144,6 +145,8 @@ PoolPlan.model_rebuild()
 
 class Plan(BaseModel):
     profile: str
+    profile_digest: str = Field("", description="sha256 of the profile it was made from (profile_digest()): a "
+                                "plan handed to build_app must be for the profile it runs.")
     pool: PoolPlan
     pools: list[PoolPlan] = Field(default_factory=list, description="Every node's pool (the first is `pool`).")
     replicas: list[ReplicaPlan]
@@ -191,6 +194,23 @@ def detect_total_bytes() -> int:
     if not total:
         raise PlanError("cannot read MemTotal from /proc/meminfo; set pools[0].total")
     return min(total, effective_limit_bytes() or total)
+
+
+def profile_digest(profile: Profile) -> str:
+    """The profile's identity as planned: its resolved values, not its file's bytes."""
+    return hashlib.sha256(profile.model_dump_json().encode()).hexdigest()
+
+
+def resolved_plan(profile: Profile, handed: dict | None) -> Plan:
+    """The plan a stack runs: the one `poolserve up` (or `render`) made and handed over in serve.yaml's
+    args, so the numbers preflight checked are the numbers deployed; planned here only when none was."""
+    if not handed:
+        return build_plan(profile)
+    plan = Plan.model_validate(handed)
+    if plan.profile_digest != profile_digest(profile):
+        raise PlanError(f"the plan in serve.yaml's args was made for another version of profile {profile.name}; "
+                        "run `poolserve render` again, or drop args.plan to plan at start")
+    return plan
 
 
 def detect_cpu_native_bf16() -> bool:
@@ -423,7 +443,7 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
         pool_list = [pool]
     spec, _, cpus = listed[0]
     return Plan(
-        profile=profile.name, pool=pool, pools=pool_list, replicas=deployed, shares=shares,
+        profile=profile.name, profile_digest=profile_digest(profile), pool=pool, pools=pool_list, replicas=deployed, shares=shares,
         chat=facts["chat"], engines=facts, ray=ray, admission=admission,
         threads={"cpus": int(cpus), "chat_omp": eng.facts["omp_threads"],
                  "embedder_torch": profile.embedder.torch_threads,

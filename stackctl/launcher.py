@@ -164,14 +164,17 @@ def direct_ingress_env(gateway_port: int, grpc_port: int) -> dict[str, str]:
 
 
 def resolved_serve_config(serve_config: dict, profile: Profile, profile_path: Path,
-                          proxy_port: int | None = None) -> dict:
+                          proxy_port: int | None = None, plan: Plan | None = None) -> dict:
     """serve.yaml with the gateway's address and request timeout taken from the profile (loopback unless
-    opened there). With direct ingress the proxy, which Ray still starts, gets proxy_port instead."""
+    opened there), and the plan preflight checked, which build_app then deploys as it is. With direct
+    ingress the proxy, which Ray still starts, gets proxy_port instead."""
     config = yaml.safe_load(yaml.safe_dump(serve_config))
     port = proxy_port if profile.gateway.direct_ingress and proxy_port else profile.gateway.port
     config["http_options"] = {**config.get("http_options", {}), "host": profile.gateway.host,
                               "port": port, "request_timeout_s": profile.gateway.request_timeout_s}
     config["applications"][0]["args"]["profile"] = str(profile_path.resolve())
+    if plan is not None:
+        config["applications"][0]["args"]["plan"] = plan.model_dump(mode="json")
     return config
 
 
@@ -275,7 +278,7 @@ def up(serve_config_path: Path, profile: Profile, profile_path: Path, plan: Plan
             env.update(direct_ingress_env(profile.gateway.port, grpc_port))
         gcs_address = f"127.0.0.1:{ports[0]}"
         config = resolved_serve_config(yaml.safe_load(serve_config_path.read_text()), profile, profile_path,
-                                       proxy_port)
+                                       proxy_port, plan)
         resolved_path = layout.run_dir / "serve.yaml"
         resolved_path.write_text(yaml.safe_dump(config, sort_keys=False))
         (layout.run_dir / "stack.yaml").write_text(yaml.safe_dump({
