@@ -99,8 +99,10 @@ def build_app(args: dict) -> serve.Application:
     pool = profile.pools[0]
     guard_config = {"state_dir": profile.state_dir, "tenants_file": profile.tenants_file,
                     "shed_ingest_at": pool.shed_ingest_at, "shed_all_at": pool.shed_all_at,
+                    "shed_retry_after_s": pool.shed_retry_after_s, "shed_hysteresis": pool.shed_hysteresis,
+                    "shed_sample_interval_s": pool.shed_sample_interval_s,
                     "device_pool": plan.pool.discrete, "gateway": profile.gateway.model_dump()}
-    app = make_app(guard_config, profile.gateway.max_body_bytes)
+    app = make_app(guard_config, profile.gateway.max_body_bytes, plan.gateway.unavailable_retry_after_s)
     ingress_cls = make_fastapi_ingress(Gateway, endpoint_map=ENDPOINTS, app=app)
     gateway = serve.deployment(ingress_cls, name="gateway", max_ongoing_requests=512).options(
         **_options(plan, "gateway"))

@@ -32,10 +32,9 @@ def error_body(status: int, message: str, kind: str) -> JSONResponse:
 UNAVAILABLE_MARKERS = ("EngineDeadError", "EngineCore", "ActorDiedError", "ActorUnavailableError", "RayActorError",
                        "DeploymentUnavailableError", "BackPressureError", "WorkerCrashedError", "ObjectLostError",
                        "engine is dead", "ReplicaUnavailableError")
-UNAVAILABLE_RETRY_AFTER_S = 10
 
 
-def unavailable(replica: str, detail: str, retry_after_s: int = UNAVAILABLE_RETRY_AFTER_S) -> JSONResponse:
+def unavailable(replica: str, detail: str, retry_after_s: int) -> JSONResponse:
     response = error_body(503, f"the {replica} replica is unavailable (restarting); retry after {retry_after_s}s. "
                                f"Cause: {detail.strip()[:300]}", "service_unavailable")
     response.headers["Retry-After"] = str(retry_after_s)
@@ -60,7 +59,8 @@ def context_length_message(exc: BaseException) -> str | None:
     return None
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: FastAPI, unavailable_retry_after_s: int) -> None:
+    """unavailable_retry_after_s: the plan's Retry-After of a 503 while a replica restarts."""
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError):
         status, message = _describe_validation(exc)
@@ -93,7 +93,7 @@ def install_error_handlers(app: FastAPI) -> None:
         return response
 
     async def _mapped(_: Request, exc: Exception):
-        return map_exception(exc)
+        return map_exception(exc, unavailable_retry_after_s)
 
     # Named classes go through Starlette's ExceptionMiddleware; only truly unexpected errors
     # reach the catch-all (which Starlette logs and re-raises after answering).
@@ -102,7 +102,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _mapped)
 
 
-def map_exception(exc: Exception) -> JSONResponse:
+def map_exception(exc: Exception, unavailable_retry_after_s: int) -> JSONResponse:
     # Errors raised inside other replicas arrive as RayTaskError subclasses of the cause.
     for kind, status in ((InvalidIdError, 400), (CollectionNotFound, 404), (DocumentNotFound, 404),
                          (CapacityExceeded, 413)):
@@ -119,7 +119,8 @@ def map_exception(exc: Exception) -> JSONResponse:
     text = f"{type(exc).__name__}: {exc}"
     if any(marker in text for marker in UNAVAILABLE_MARKERS):
         logger.warning("a replica is unavailable: %s", text[:500])
-        return unavailable("chat" if "Engine" in text or "LLM" in text else "backend", text.splitlines()[0])
+        return unavailable("chat" if "Engine" in text or "LLM" in text else "backend", text.splitlines()[0],
+                           unavailable_retry_after_s)
     status = getattr(exc, "status_code", None)
     if isinstance(status, int) and 400 <= status < 600:
         kind = getattr(exc, "type", None) or ("invalid_request_error" if status < 500 else "internal_error")

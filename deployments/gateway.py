@@ -357,13 +357,13 @@ ENDPOINTS = {
 }
 
 
-def make_app(guard_config: dict, max_body_bytes: int) -> FastAPI:
+def make_app(guard_config: dict, max_body_bytes: int, unavailable_retry_after_s: int) -> FastAPI:
     """The gateway's FastAPI app: error mapping, a strict body guard, and outermost tenant auth.
     No CORS middleware: cross-origin browser calls stay closed unless an operator adds it."""
     from deployments.errors import install_error_handlers
 
     app = FastAPI(title="poolserve", docs_url="/docs", redoc_url=None)
-    install_error_handlers(app)
+    install_error_handlers(app, unavailable_retry_after_s)
     # An over-long body is a JSON 413, and NaN, lone surrogates, invalid UTF-8 or absurd nesting a 400
     # naming the field, before anything parses or stores it.
     app.add_middleware(RequestBodyGuard, max_body_bytes=max_body_bytes)

@@ -159,7 +159,7 @@ class IngestRoutes:
             if work.exception() is None:
                 yield _line({"event": "done", **work.result()})
             else:
-                failed = map_exception(work.exception())
+                failed = map_exception(work.exception(), self._settings["unavailable_retry_after_s"])
                 yield _line({"event": "error", "status": failed.status_code, **json.loads(failed.body)})
         finally:
             await _wait_out(work)

@@ -70,7 +70,10 @@ class TenantGuard:
     """Everything tenant-related one gateway replica holds: store, limiter, metrics."""
 
     def __init__(self, state_dir: str, tenants_file: str | None, shed_ingest_at: float = 0.90,
-                 shed_all_at: float = 0.95, device_pool: bool = False, gateway: dict | None = None):
+                 shed_all_at: float = 0.95, device_pool: bool = False, gateway: dict | None = None,
+                 shed_retry_after_s: int = 5, shed_hysteresis: float = 0.03, shed_sample_interval_s: float = 0.25):
+        """The shed_* values come from the profile's pool (planner/profile.py PoolSpec); the defaults are
+        its defaults, for unit tests that build a guard alone."""
         os.umask(0o077)  # tenants, usage and audit databases and key files are the owner's only
         self.state_dir = Path(state_dir)
         self.store = TenantStore(self.state_dir / "tenants.sqlite3")
@@ -81,8 +84,9 @@ class TenantGuard:
         self.rejections = RejectionLog(self.state_dir / "rejections.sqlite3")  # 429s per tenant and day
         # Sheds new work with 503 before the memory pool runs out (the kernel's OOM killer never decides).
         # On a discrete GPU the pool is the device's memory (planner: unified false), read through NVML.
-        self.pool = PoolGuard(shed_ingest_at, shed_all_at, registry=self.registry,
-                              reader=read_gpu_pool if device_pool else read_pool)
+        self.pool = PoolGuard(shed_ingest_at, shed_all_at, hysteresis=shed_hysteresis,
+                              sample_interval_s=shed_sample_interval_s, retry_after_s=shed_retry_after_s,
+                              registry=self.registry, reader=read_gpu_pool if device_pool else read_pool)
         self.admin_key = os.environ.get(ADMIN_KEY_ENV) or None
         # Traffic without a valid key, per client address (planner/profile.py GatewaySpec.client_*).
         spec = GatewaySpec.model_validate(gateway or {})

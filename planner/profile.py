@@ -62,6 +62,12 @@ class PoolSpec(_Strict):
                                   "use (not reclaimable), new ingestion gets 503 + Retry-After.")
     shed_all_at: float = Field(0.95, gt=0, lt=1, description="Pool guard: above this fraction, every new "
                                "generation, embedding and ingestion gets 503 + Retry-After.")
+    shed_hysteresis: float = Field(0.03, gt=0, lt=0.5, description="Pool guard: shedding stops once use falls "
+                                   "this fraction below the mark that started it (no flapping at the mark).")
+    shed_sample_interval_s: float = Field(0.25, gt=0, description="Pool guard: the pool's use is read at most "
+                                          "this often (a cgroup or /proc/meminfo read per request otherwise).")
+    shed_retry_after_s: int = Field(5, ge=1, description="Pool guard: Retry-After of a shed request; shorter than "
+                                    "a replica's restart (gateway.unavailable_retry_after_s): memory frees in seconds.")
 
     @model_validator(mode="after")
     def _marks_in_order(self) -> "PoolSpec":

@@ -8,9 +8,11 @@ import json
 
 import pytest
 
-from deployments.errors import UNAVAILABLE_RETRY_AFTER_S, map_exception, unavailable
+from deployments.errors import map_exception, unavailable
 from deployments.gateway import run_to_completion
 from deployments.tenants import app_path
+
+RETRY_AFTER_S = 10  # the profile default (gateway.unavailable_retry_after_s)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -34,9 +36,9 @@ def _body(response) -> dict:
     (RuntimeError("wrapped: vllm.v1.engine.exceptions.EngineDeadError: engine is dead"), "chat"),
 ])
 def test_unavailable_replicas_are_503_with_retry_after(exc, replica):
-    response = map_exception(exc)
+    response = map_exception(exc, RETRY_AFTER_S)
     assert response.status_code == 503
-    assert response.headers["Retry-After"] == str(UNAVAILABLE_RETRY_AFTER_S)
+    assert response.headers["Retry-After"] == str(RETRY_AFTER_S)
     body = _body(response)
     assert body["object"] == "error" and body["message"] == body["error"]["message"]
     assert body["error"]["code"] == 503 and body["error"]["type"] == "service_unavailable"
@@ -45,7 +47,7 @@ def test_unavailable_replicas_are_503_with_retry_after(exc, replica):
 
 
 def test_an_ordinary_error_stays_a_500_without_retry_after():
-    response = map_exception(ValueError("bad things"))
+    response = map_exception(ValueError("bad things"), RETRY_AFTER_S)
     assert response.status_code == 500 and "retry-after" not in response.headers
     body = _body(response)
     assert body["error"] == {"message": "internal error: ValueError", "type": "internal_error", "code": 500}
@@ -53,12 +55,12 @@ def test_an_ordinary_error_stays_a_500_without_retry_after():
 
 
 def test_context_length_is_a_400_and_an_http_status_is_kept():
-    response = map_exception(RuntimeError("This model's maximum context length is 4096 tokens"))
+    response = map_exception(RuntimeError("This model's maximum context length is 4096 tokens"), RETRY_AFTER_S)
     assert response.status_code == 400 and _body(response)["error"]["type"] == "invalid_request_error"
 
     class Upstream(Exception):
         status_code, type, message = 429, "rate_limit_error", "slow down"
-    response = map_exception(Upstream())
+    response = map_exception(Upstream(), RETRY_AFTER_S)
     assert response.status_code == 429
     assert _body(response)["error"] == {"message": "slow down", "type": "rate_limit_error", "code": 429}
 

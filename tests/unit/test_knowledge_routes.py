@@ -176,7 +176,7 @@ def http(gateway):
     from deployments.gateway import ENDPOINTS
 
     app = FastAPI()
-    install_error_handlers(app)
+    install_error_handlers(app, 10)
     for name, route in ENDPOINTS.items():  # in the gateway's order: search must come before get_collection
         if name in ("add_documents", "search_collection", "search_collection_post", "get_collection", "rag_query",
                     "list_documents"):

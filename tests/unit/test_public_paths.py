@@ -32,7 +32,7 @@ def app(tmp_path, monkeypatch):
     umask = os.umask(0o022)
     os.umask(umask)
     gateway = GatewaySpec(client_max_concurrent=2, client_requests_per_minute=6).model_dump()
-    built = make_app({"state_dir": str(tmp_path / "state"), "tenants_file": None, "gateway": gateway}, MAX_BODY)
+    built = make_app({"state_dir": str(tmp_path / "state"), "tenants_file": None, "gateway": gateway}, MAX_BODY, 10)
     started = asyncio.Event()
     release = asyncio.Event()
 

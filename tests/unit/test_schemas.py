@@ -70,7 +70,7 @@ def test_keys_must_be_strings_and_values_json():
 
 def test_fastapi_answers_422_naming_the_document():
     app = FastAPI()
-    install_error_handlers(app)
+    install_error_handlers(app, 10)
 
     @app.post("/docs")
     async def add(body: AddDocumentsRequest):

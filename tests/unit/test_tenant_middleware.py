@@ -23,7 +23,7 @@ FROZEN = 6_000_000.0 + 1  # one second into a minute, so a TPM minute cannot rol
 
 def _app() -> FastAPI:
     app = FastAPI()
-    install_error_handlers(app)
+    install_error_handlers(app, 10)
 
     def _state(request: Request) -> dict:
         tenant, guard = tenant_of(request), guard_of(request)
