@@ -143,6 +143,8 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
         breakdown["weights.checkpoint_residual"] = residual
         notes.append(f"chat: checkpoint holds {gib(residual)} more than the component model "
                      "(tensors kept in higher precision, scales); planned as its own line")
+    if not gpu and on_disk_ckpt and DTYPE_BYTES.get(chat.dtype, 2) > DTYPE_BYTES.get(arch.config_dtype, 2):
+        breakdown["runtime.upcast_load_residue"] = int(on_disk_ckpt * runtime.CPU_UPCAST_RESIDUE_FACTOR)
 
     # --- blocks, KV, state ---------------------------------------------------------------------
     default_block = runtime.BLOCK_SIZE_GPU if gpu else (
@@ -251,6 +253,8 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
     breakdown["runtime.driver (LLMServer replica)"] = runtime.VLLM_DRIVER
     breakdown["runtime.engine_core"] = runtime.VLLM_ENGINE_CORE
     breakdown["runtime.worker"] = runtime.VLLM_WORKER_GPU if gpu else runtime.VLLM_WORKER
+    if not gpu and drafter.method == "ngram":
+        breakdown["runtime.ngram_proposer"] = runtime.CPU_NGRAM_PROPOSER
     breakdown["runtime.traffic_growth"] = runtime.VLLM_TRAFFIC_GROWTH
     if gpu:
         breakdown["cuda_context.worker"] = runtime.CUDA_CONTEXT

