@@ -5,7 +5,6 @@ either from --key-file instead; never from the command line, where shell history
 from __future__ import annotations
 
 import contextlib
-import os
 from pathlib import Path
 from urllib.parse import quote
 
@@ -16,6 +15,7 @@ from rich.table import Table
 from cli.client import ADMIN_KEY_ENV, API_KEY_ENV, DEFAULT_URL, URL_ENV, ClientError, StackClient, resolve_key
 from cli.files import walk
 from cli.ingest import ingest_files
+from system.private_files import open_private
 
 collections_app = typer.Typer(help="The tenant's collections: list (no subcommand) or remove one.",
                               invoke_without_command=True)
@@ -151,11 +151,11 @@ def _key_destination(save_key: Path | None):
         yield None
         return
     try:
-        fd = os.open(save_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        handle = open_private(save_key, exclusive=True)
     except OSError as exc:
         typer.echo(f"cannot create {save_key} for the key: {exc.strerror}; no key was created", err=True)
         raise typer.Exit(1) from None
-    destination = _KeyFile(save_key, os.fdopen(fd, "w"))
+    destination = _KeyFile(save_key, handle)
     try:
         yield destination
     finally:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 
 from pydantic import BaseModel, Field
 from ray import serve
@@ -21,6 +20,7 @@ from deployments.retriever import Retriever
 from planner.gpu import torch_device
 from planner.plan import Plan, embedder_dimension, resolved_plan
 from planner.profile import Profile, load_profile
+from system.private_files import make_private_dir
 
 logger = logging.getLogger("poolserve.app")
 
@@ -78,7 +78,7 @@ def build_app(args: dict) -> serve.Application:
     profile = load_profile(os.path.abspath(parsed.profile))
     plan = resolved_plan(profile, parsed.plan)
     os.umask(0o077)  # databases, keys and snapshots this process creates are the owner's only
-    Path(profile.state_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
+    make_private_dir(profile.state_dir)
     _warn_if_ray_is_open()
     logger.info("plan for %s: %s", profile.name, {r.name: r.planned_bytes for r in plan.replicas})
 

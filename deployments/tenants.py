@@ -26,6 +26,7 @@ from deployments.errors import error_body
 from deployments.pool_guard import PoolGuard, read_gpu_pool, read_pool
 from deployments.public_paths import is_public, refuse_unauthenticated, serve_public
 from planner.profile import GatewaySpec
+from system.private_files import make_private_dir, write_private
 from tenancy import (
     DEMO_KEY_ENV,
     ApiKeyNotFound,
@@ -108,12 +109,8 @@ class TenantGuard:
 
     def _write_key_file(self, tenant: str, key: str) -> Path:
         path = self.state_dir / "keys" / f"{tenant}.key"
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(key + "\n")
-        os.chmod(path, 0o600)
-        return path
+        make_private_dir(path.parent)
+        return write_private(path, key + "\n", exclusive=False)  # a key written before is replaced
 
     def admin_allowed(self, presented: str | None) -> bool:
         return bool(self.admin_key and presented

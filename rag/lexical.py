@@ -17,6 +17,7 @@ import hashlib
 import sqlite3
 
 from rag.lexical_query import fts5_match
+from system.sqlite import transaction
 
 # Porter stemming over unicode61: "paths" finds "path", "compressed" finds "compress". Measured
 # against plain unicode61 on the bench/bench_rag_quality.py corpus: within two questions either way
@@ -86,17 +87,12 @@ class LexicalIndex:
         stale = sorted(existing - set(wanted))
         if not built and not stale:
             return []
-        cur = db.cursor()
-        cur.execute("BEGIN IMMEDIATE")
-        try:
+        with transaction(db):
+            cur = db.cursor()
             for tenant, collection in built:
                 self.create(cur, tenant, collection)
                 cur.execute(f"INSERT INTO {self.table(tenant, collection)} (rowid, text) "
                             "SELECT id, text FROM chunks WHERE tenant=? AND collection=?", (tenant, collection))
             for name in stale:
                 cur.execute(f"DROP TABLE IF EXISTS {name}")
-            cur.execute("COMMIT")
-        except BaseException:
-            cur.execute("ROLLBACK")
-            raise
         return built

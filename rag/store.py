@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ from rag.metadata_index import matching_chunks_sql, write_metadata
 from rag.prompt import RetrievedChunk
 from rag.store_schema import create_or_migrate
 from rag.vector_index import CollectionIndex
+from system.sqlite import connect, transaction
 
 __all__ = ["CapacityExceeded", "CollectionNotFound", "DocumentNotFound", "KnowledgeStore"]
 
@@ -55,13 +55,13 @@ class KnowledgeStore:
         self.quotas = quotas or Quotas()
         # HNSW tombstones past this fraction of a collection's vectors: rebuild it from SQLite.
         self.rebuild_deleted_fraction = rebuild_deleted_fraction
-        Path(db_path).parent.mkdir(parents=True, exist_ok=True)
         self.index_dir = Path(db_path).parent / f"{Path(db_path).stem}.faiss"
-        self._db = sqlite3.connect(str(db_path), check_same_thread=False, isolation_level=None)
+        # FULL: a document the client was told is stored must survive a power loss (FAISS is rebuilt
+        # from SQLite, so SQLite is the only copy). One fsync per transaction (a whole batch of documents),
+        # small beside embedding them.
+        self._db = connect(db_path, synchronous="FULL")
         if sqlite_cache_bytes:
             self._db.execute(f"PRAGMA cache_size=-{max(1, int(sqlite_cache_bytes) // 1024)}")  # negative: KiB
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
         # An older database gains the columns it lacks (chunk offsets); its old rows keep NULL there.
         self.migrated_columns = create_or_migrate(self._db)
         # FAISS adds/removes are not thread-safe and SQLite's connection is shared: one lock.
@@ -188,10 +188,9 @@ class KnowledgeStore:
         with self._lock:
             check_capacity(self._db, tenant, collection, documents, self.quotas.of(tenant),
                            sum(index.live for index in self._indexes.values()), self.capacity_chunks)
-            cur = self._db.cursor()
-            cur.execute("BEGIN IMMEDIATE")
             changes = []
-            try:
+            with transaction(self._db):
+                cur = self._db.cursor()
                 cur.execute("INSERT OR IGNORE INTO collections VALUES (?, ?, ?)", (tenant, collection, now))
                 self.lexical.create(cur, tenant, collection)
                 for (doc_id, chunks, _, metadata, chars), array in zip(documents, arrays):
@@ -217,10 +216,6 @@ class KnowledgeStore:
                     # From the JSON as stored (keys made strings, tuples lists), as json_each would read it.
                     write_metadata(cur, tenant, collection, doc_id, json.loads(stored))
                     changes.append((old_ids, np.array(new_ids, dtype=np.int64), array))
-                cur.execute("COMMIT")
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
             key = (tenant, collection)
             if key not in self._indexes:
                 self._indexes[key] = self._new_index()
@@ -246,16 +241,11 @@ class KnowledgeStore:
     def _in_transaction(self, statements: list[tuple[str, tuple]], then=None) -> list[int]:
         """Run the statements, then `then(cursor)` if given, as one SQLite transaction; returns each
         statement's rowcount."""
-        cur = self._db.cursor()
-        cur.execute("BEGIN IMMEDIATE")
-        try:
+        with transaction(self._db):
+            cur = self._db.cursor()
             counts = [cur.execute(sql, params).rowcount for sql, params in statements]
             if then is not None:
                 then(cur)
-            cur.execute("COMMIT")
-        except BaseException:
-            cur.execute("ROLLBACK")
-            raise
         return counts
 
     def delete_document(self, tenant: str, collection: str, doc_id: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sqlite3
 
 from rag.metadata_index import fill_from_documents
+from system.sqlite import transaction
 
 SCHEMA_VERSION = 2
 SCHEMA = """
@@ -72,13 +73,8 @@ def create_or_migrate(db: sqlite3.Connection) -> list[str]:
 def _fill_metadata_index(db: sqlite3.Connection) -> None:
     """The metadata rows of a database from before version 2, in one transaction; the version is
     re-read inside it so that two processes opening the same old file fill it once."""
-    cur = db.cursor()
-    cur.execute("BEGIN IMMEDIATE")
-    try:
+    with transaction(db):
+        cur = db.cursor()
         if cur.execute("PRAGMA user_version").fetchone()[0] < 2:
             fill_from_documents(cur)
             cur.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        cur.execute("COMMIT")
-    except BaseException:
-        cur.execute("ROLLBACK")
-        raise

@@ -37,6 +37,7 @@ from planner.plan import Plan
 from planner.profile import Profile
 from planner.units import gib
 from system.cgroup import MemoryCgroup, PoolUnavailable, create_pool, limited_cgroup, own_cgroup, remove_pool
+from system.private_files import make_private_dir, tighten_private, write_private
 from stackctl.preflight import (biggest_other_processes, can_drop_page_cache, check, drop_clean_page_cache, host_fits,
                                 read_live, read_live_gpu)
 from stackctl.processes import STACK_ENV, end_stack, stack_pids
@@ -74,8 +75,7 @@ class StackLayout:
 
 def secure_state_dir(state_dir: Path) -> None:
     """var/ 0700 and everything in it owner-only, including files an older version left 0644."""
-    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    state_dir.chmod(0o700)
+    make_private_dir(state_dir).chmod(0o700)  # an existing var/ is tightened too
     for root, dirs, files in os.walk(state_dir):
         for name in dirs:
             path = os.path.join(root, name)
@@ -90,10 +90,8 @@ def secure_state_dir(state_dir: Path) -> None:
 def ensure_token(path: Path) -> str:
     """Ray's auth token, made once (Ray's own format: 32 random bytes in hex), kept 0600."""
     if not path.exists():
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(secrets.token_hex(32))
-    path.chmod(0o600)
+        write_private(path, secrets.token_hex(32), exclusive=True)
+    tighten_private(path)  # a token an older version left 0644
     return path.read_text().strip()
 
 
@@ -269,7 +267,7 @@ def up(serve_config_path: Path, profile: Profile, profile_path: Path, plan: Plan
         if stopping["signal"] is not None:
             return 0
         ensure_token(layout.token_path)
-        layout.run_dir.mkdir(exist_ok=True, mode=0o700)
+        make_private_dir(layout.run_dir)
         private_temp_dir(layout.ray_temp_dir)
         env = stack_env(layout)
         ports = free_ports(len(RAY_PORT_FLAGS) + 2)

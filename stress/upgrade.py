@@ -12,6 +12,7 @@ from rag.store_schema import SCHEMA_VERSION as KNOWLEDGE_SCHEMA_VERSION
 from stress.client import FACTS, QUESTIONS
 from stress.context import COLLECTION, RunContext, not_local
 from stress.report import LayerResult
+from system.sqlite import BUSY_TIMEOUT_SECONDS
 from tenancy.models import SCHEMA_VERSION as TENANTS_SCHEMA_VERSION
 
 DATABASES = {"tenants.sqlite3": TENANTS_SCHEMA_VERSION, "knowledge.sqlite3": KNOWLEDGE_SCHEMA_VERSION}
@@ -51,7 +52,7 @@ def schema_versions(state_dir: Path) -> dict[str, int | None]:
         if not path.exists():
             versions[name] = None
             continue
-        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10) as db:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_SECONDS) as db:
             versions[name] = db.execute("PRAGMA user_version").fetchone()[0]
     return versions
 

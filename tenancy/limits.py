@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from system.sqlite import connect
 from tenancy.models import Tenant
 from tenancy.sqlite_db import LockedSQLite
 
@@ -45,7 +46,6 @@ RejectReason = Literal["rpm", "tpm", "concurrency"]
 # When the concurrency cap is hit there is no window to wait for; ask for a short retry.
 CONCURRENCY_RETRY_AFTER_SECONDS = 1
 WINDOW_SECONDS = 60
-BUSY_TIMEOUT_SECONDS = 5.0
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS rpm_hits (tenant TEXT NOT NULL, ts REAL NOT NULL);
@@ -167,28 +167,14 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _create_private(db_path: str) -> None:
-    """Create the file owner-only before SQLite opens it; SQLite gives -wal/-shm the same mode."""
-    Path(db_path).parent.mkdir(parents=True, exist_ok=True)
-    os.close(os.open(db_path, os.O_RDWR | os.O_CREAT, 0o600))
-    os.chmod(db_path, 0o600)  # the umask could only narrow it; an older file is tightened too
-
-
 class TenantLimiter(LockedSQLite):
     def __init__(self, db_path: str | Path, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
         self._lock = threading.Lock()
-        path = str(db_path)
-        if path != ":memory:":
-            _create_private(path)
         # One connection shared by this process's threads under a lock; we issue BEGIN ourselves.
-        self._conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None,
-                                     check_same_thread=False)
+        # Counters and leases need no fsync per commit: a power loss forgives a few requests at most.
+        self._conn = connect(db_path, synchronous="NORMAL")
         with self._lock:
-            self._conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_SECONDS * 1000)}")
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            # Counters need no fsync per commit; WAL keeps the file consistent after a crash.
-            self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.executescript(_SCHEMA)
 
 

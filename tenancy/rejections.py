@@ -4,12 +4,11 @@ and is the same for every gateway replica (one SQLite file beside the tenant sto
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 from datetime import date
 from pathlib import Path
 
-from tenancy.demo_key import restrict_to_owner
+from system.sqlite import connect
 from tenancy.models import day_string
 from tenancy.sqlite_db import LockedSQLite
 
@@ -27,12 +26,9 @@ CREATE TABLE IF NOT EXISTS rejections (
 class RejectionLog(LockedSQLite):
     def __init__(self, db_path: str | Path) -> None:
         self._lock = threading.Lock()
-        if str(db_path) != ":memory:":
-            Path(db_path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            restrict_to_owner(db_path, create=True)
-        self._conn = sqlite3.connect(str(db_path), check_same_thread=False, isolation_level=None, timeout=10.0)
+        # A tally for the dashboard, written on every 429: a power loss may forget the last few.
+        self._conn = connect(db_path, synchronous="NORMAL")
         with self._lock:
-            self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.executescript(SCHEMA_SQL)
 
     def record(self, tenant: str, reason: str, day: date | str | None = None) -> None:

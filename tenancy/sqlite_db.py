@@ -8,9 +8,11 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from system.sqlite import transaction
+
 
 class LockedSQLite:
-    """Subclasses set `self._conn` (check_same_thread=False, isolation_level=None) and `self._lock`."""
+    """Subclasses set `self._conn` (from system.sqlite.connect) and `self._lock`."""
 
     _conn: sqlite3.Connection
     _lock: threading.Lock
@@ -27,13 +29,7 @@ class LockedSQLite:
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            # IMMEDIATE takes the write lock before the first read, so a read-then-write (test a limit,
-            # then record it) cannot interleave with another process sharing the file.
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._conn
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
+        # The lock keeps this process's threads out of each other's transaction on the one connection;
+        # BEGIN IMMEDIATE keeps the other processes out.
+        with self._lock, transaction(self._conn) as conn:
+            yield conn

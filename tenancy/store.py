@@ -23,7 +23,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from tenancy.demo_key import restrict_to_owner
+from system.sqlite import connect
 from tenancy.keys import (
     ApiKeyHasher,
     MalformedKey,
@@ -76,33 +76,15 @@ class TenantStore(LockedSQLite):
     def __init__(self, db_path: str | Path, hasher: ApiKeyHasher | None = None) -> None:
         self._hasher = hasher or ApiKeyHasher()  # only for legacy argon2 rows
         self._lock = threading.Lock()
-        file_path = None if str(db_path) == ":memory:" else Path(db_path)
-        if file_path is not None:
-            file_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            self._restrict_files(file_path)
-        # isolation_level=None: we issue BEGIN ourselves, so each method is one transaction.
-        self._conn = sqlite3.connect(str(db_path), check_same_thread=False, isolation_level=None,
-                                     timeout=10.0)
+        # Each method is one transaction (we issue BEGIN ourselves). FULL: a key that was handed out
+        # or revoked must stay so after a power loss.
+        self._conn = connect(db_path, synchronous="FULL")
         self._conn.row_factory = sqlite3.Row
         with self._lock:
-            self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA foreign_keys=ON")
             self._conn.executescript(SCHEMA_SQL)
         with self._transaction() as conn:
             self._migrate(conn)
-        if file_path is not None:
-            self._restrict_files(file_path)  # -wal/-shm may have been created just now
-
-    @staticmethod
-    def _restrict_files(db_path: Path) -> None:
-        """Database file 0600 (created so if missing), and its -wal/-shm if present.
-
-        SQLite gives new -wal/-shm files the database file's mode; chmod also
-        fixes ones left with a looser mode by older versions.
-        """
-        restrict_to_owner(db_path, create=True)
-        restrict_to_owner(f"{db_path}-wal")
-        restrict_to_owner(f"{db_path}-shm")
 
     @staticmethod
     def _migrate(conn: sqlite3.Connection) -> None:
