@@ -26,7 +26,9 @@ from planner.weights import _attention_params
 _TP_LAYER_WEIGHTS = ("linear_attention", "mlp", "experts", "shared_experts", "checkpoint_residual")
 _REPLICATED_LAYER_WEIGHTS = ("router", "norms")
 _RANK0_LINES = ("runtime.driver", "runtime.engine_core", "runtime.traffic_growth")
-_EVERY_RANK_LINES = ("runtime.worker", "cuda_context.worker", "cuda_graphs")
+# The ngram proposer runs in every worker; the upcast residue is planned whole on each (a ceiling).
+_EVERY_RANK_LINES = ("runtime.worker", "runtime.ngram_proposer", "runtime.upcast_load_residue", "cuda_context.worker",
+                     "cuda_graphs")
 _KV_LINES = ("kv_pool.", "recurrent_state")
 
 
