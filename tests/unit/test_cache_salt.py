@@ -28,7 +28,16 @@ def test_a_client_cannot_choose_another_tenants_namespace():
     assert _salted("beta", "mine") == _salted("beta", "mine")
 
 
-def test_salt_is_accepted_by_vllm_validation():
+def test_salt_is_accepted_by_vllm_validation_whatever_the_client_sent():
+    import pytest
     from vllm.entrypoints.generate.base.protocol import validate_cache_salt
+    from vllm.exceptions import VLLMValidationError
 
-    validate_cache_salt(_salted("alpha", "client"))
+    # vLLM refuses an empty salt, one over 128 characters, or one with '@', '/', '\\' or NUL; the salt the
+    # gateway sets is valid even when the client's own salt is none of those (it is hashed into ours).
+    with pytest.raises(VLLMValidationError):
+        validate_cache_salt("a/b")
+    for client_salt in (None, "client", "a/b@c", "x" * 500, "\x00"):
+        salt = _salted("alpha", client_salt)
+        assert isinstance(salt, str) and 0 < len(salt) <= 128
+        assert validate_cache_salt(salt) is None
