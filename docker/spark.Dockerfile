@@ -14,7 +14,7 @@ FROM nvcr.io/nvidia/vllm:${VLLM_CONTAINER_TAG}-py3
 
 # poolserve drives vLLM's and ray.serve.llm 2.60's internals (planner/gpu.py, deployments/chat.py, the
 # engine arguments of planner/engine.py), written against 0.32.0. Ray 2.60's LLM code needs vLLM >= 0.27
-# (DESIGN 8); 0.31.x is NGC's current release and pins the same torch 2.13 as 0.32. The build stops on
+# (docs/DESIGN-FACTS.md section 8); 0.31.x is NGC's current release and pins the same torch 2.13 as 0.32. The build stops on
 # any other vLLM (space-separated prefixes).
 ARG ACCEPT_VLLM="0.31. 0.32."
 # Pythons the image installs on: NGC's vLLM images ship 3.12. When pyproject's requires-python does not

@@ -25,7 +25,7 @@ needs_gpu_models = pytest.mark.skipif(not GPU_MODELS.exists(), reason="make gpu-
 
 @pytest.mark.parametrize("groups, block, state_blocks, expected", [
     # What vLLM 0.26 logged on an H200 for Qwen3.8-27B at kv_cache_memory_bytes 8 GiB, max_model_len 8192
-    # (shared/DESIGN.md section 8): 167 blocks / (11 + 3) blocks per request; DSpark k=7: 120 / (10 + 3 x 8).
+    # (docs/DESIGN-FACTS.md section 8): 167 blocks / (11 + 3) blocks per request; DSpark k=7: 120 / (10 + 3 x 8).
     ({"attention": 16, "state": 48}, 784, 1, 97_718),
     ({"attention": 21, "state": 48}, 832, 8, 28_912),
 ])
