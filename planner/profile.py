@@ -363,7 +363,8 @@ class StressSpec(_Strict):
     The defaults are for the CPU default (configs/cpu-tiny.yaml); the Spark profiles set their own."""
 
     memory_drift_fraction: float = Field(0.02, gt=0, lt=1, description="A replica's memory (PSS from /status) may "
-                                         "grow this fraction over a layer after warm-up...")
+                                         "grow over a layer after warm-up by what its plan lets it grow (budget - "
+                                         "at-rest); where the plan gives no growth, by this fraction...")
     memory_drift_bytes: Size = Field(parse_size("50MiB"), description="...or this many bytes, whichever is larger.")
     sequential_requests: int = Field(100, ge=1, description="Layer 1: sequential requests of each kind (chat, "
                                      "RAG query, embeddings).")

@@ -155,6 +155,16 @@ class Admin:
         response.raise_for_status()
         return response.json()
 
+    def replica_growth_budgets(self) -> dict[str, int]:
+        """Per replica, what its plan lets it grow by under traffic: its budget minus its at-rest bytes
+        (/status planned_bytes - planned_at_rest_bytes); replicas /status gives no plan for are left out."""
+        budgets = {}
+        for r in self.status().get("replicas", []):
+            budget, at_rest = r.get("planned_bytes"), r.get("planned_at_rest_bytes")
+            if budget and at_rest is not None:
+                budgets[r["name"]] = max(0, int(budget) - int(at_rest))
+        return budgets
+
     def replica_memory(self) -> dict[str, int]:
         """Measured PSS per replica (its whole process tree), as /status reports it."""
         return {r["name"]: int(r["measured_bytes"]) for r in self.status().get("replicas", [])

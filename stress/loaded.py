@@ -10,7 +10,7 @@ from stress.context import COLLECTION, RunContext
 from stress.load import Sampler, error_examples, run_clients, summarize
 from stress.measure import latency_summary
 from stress.prompts import PromptSizer, filler_prompt
-from stress.basic import drift_checks
+from stress.basic import drift_checks, drift_rule
 from stress.report import LayerResult
 from stress.thermal import find_reader, judge
 
@@ -60,7 +60,7 @@ def layer3(ctx: RunContext, result: LayerResult) -> None:
     warmup = min(spec.warmup_seconds, seconds / 4)
     result.thresholds = {"clients": spec.concurrency_clients, "seconds": seconds, "tenants": len(ctx.tenants),
                          "errors other than 429/503": 0, "client timeouts": f"0 (timeout {spec.client_timeout_s:g} s)",
-                         "memory drift": f"{spec.memory_drift_fraction:.0%} or {spec.memory_drift_bytes / 2**20:.0f} MiB"}
+                         "memory drift": drift_rule(spec)}
     gateways = [ctx.gateway(tenant) for tenant in ctx.tenants]
     started = time.monotonic()
     try:

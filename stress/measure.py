@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 LAYER_NAMES = {1: "single-request stability", 2: "long context", 3: "high concurrency", 4: "mixed lengths",
@@ -73,13 +73,15 @@ class Drift:
                 "allowed_mib": round(self.allowed_bytes / 2**20, 1), "ok": self.ok}
 
 
-def memory_drift(samples: Sequence[dict[str, int]], fraction: float, floor_bytes: int, window: int = 3) -> list[Drift]:
+def memory_drift(samples: Sequence[dict[str, int]], fraction: float, floor_bytes: int, window: int = 3,
+                 planned_growth: Mapping[str, int] | None = None) -> list[Drift]:
     """Growth of each replica's memory from the start to the end of a series of /status samples.
 
     Baseline and end are medians of the first and last `window` samples, so one sample taken while a
-    batch is in flight does not decide the verdict. Allowed growth: fraction of the baseline or
-    floor_bytes, whichever is larger. A replica missing from some samples (restarting) uses the
-    samples it has; one seen in fewer than 2 samples is left out."""
+    batch is in flight does not decide the verdict. Allowed growth: what the plan lets the replica grow
+    by (planned_growth: budget minus at-rest bytes) when it says more than nothing; else fraction of the
+    baseline or floor_bytes, whichever is larger. A replica missing from some samples (restarting) uses
+    the samples it has; one seen in fewer than 2 samples is left out."""
     names = sorted({name for sample in samples for name in sample})
     drifts = []
     for name in names:
@@ -89,7 +91,9 @@ def memory_drift(samples: Sequence[dict[str, int]], fraction: float, floor_bytes
         size = max(1, min(window, len(series) // 2))
         baseline = int(statistics.median(series[:size]))
         end = int(statistics.median(series[-size:]))
-        drifts.append(Drift(name, baseline, end, max(int(baseline * fraction), int(floor_bytes))))
+        planned = (planned_growth or {}).get(name)
+        allowed = planned if planned else max(int(baseline * fraction), int(floor_bytes))
+        drifts.append(Drift(name, baseline, end, allowed))
     return drifts
 
 

@@ -138,3 +138,28 @@ def test_stress_signals_the_launcher_only_while_it_is_the_parent_of_a_marked_pro
     # A stale stack.yaml: the stack is gone (nothing marked), or its pid now belongs to someone else.
     assert not launches_stack(50, [], parents.get)
     assert not launches_stack(77, [101, 102], parents.get)
+
+
+def test_memory_drift_allows_what_the_plan_lets_each_replica_grow():
+    # The plan's growth line (budget - at-rest) decides; a replica it gives no growth falls back.
+    samples = [{"chat": 4096 * MIB, "embedder": 400 * MIB, "gateway": 500 * MIB},
+               {"chat": 4240 * MIB, "embedder": 560 * MIB, "gateway": 560 * MIB}]
+    drifts = {d.replica: d for d in memory_drift(samples, 0.02, 50 * MIB, window=1,
+                                                 planned_growth={"chat": 160 * MIB, "embedder": 144 * MIB, "gateway": 0})}
+    assert drifts["chat"].allowed_bytes == 160 * MIB and drifts["chat"].ok  # +144 MiB within the plan's 160
+    assert drifts["embedder"].allowed_bytes == 144 * MIB and not drifts["embedder"].ok  # +160 over 144
+    assert drifts["gateway"].allowed_bytes == 50 * MIB and not drifts["gateway"].ok  # no planned growth: the floor
+
+
+def test_growth_budgets_come_from_status():
+    from stress.client import Admin
+
+    class FakeAdmin(Admin):
+        def __init__(self):
+            pass
+
+        def status(self):
+            return {"replicas": [{"name": "chat", "planned_bytes": 1000, "planned_at_rest_bytes": 840},
+                                 {"name": "old", "measured_bytes": 5}]}
+
+    assert FakeAdmin().replica_growth_budgets() == {"chat": 160}
