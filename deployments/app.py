@@ -94,6 +94,7 @@ def build_app(args: dict) -> serve.Application:
         profile.retriever.capacity_chunks, profile.retriever.sqlite_cache_bytes, after_engines,
         profile.retriever.model_dump(include={"tenant_max_chunks", "tenant_max_documents", "tenant_quotas",
                                               "hnsw_rebuild_deleted_fraction", "index_save_interval_s"}),
+        profile.rag.fusion.model_dump(),
     )
     settings = {**plan.gateway.as_dict(), "start_after": after_engines}
     pool = profile.pools[0]

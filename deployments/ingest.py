@@ -29,6 +29,7 @@ from fastapi import HTTPException, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from deployments.errors import map_exception
+from deployments.rag_adapters import pipeline_settings
 from deployments.rag_adapters import RayEmbedder, RayIndex
 from deployments.schemas import AddDocumentsRequest
 from deployments.tenants import record_usage
@@ -38,7 +39,7 @@ from rag.extract import Extracted
 from rag.extract_worker import ExtractionFailed, ExtractionLimits, ExtractionPool
 from deployments.work import release_heap_after_sending, run_to_completion
 from rag.ids import validate_collection, validate_document_id
-from rag.pipeline import DocumentInput, IngestProgress, PipelineSettings, ProgressCallback, RagPipeline
+from rag.pipeline import DocumentInput, IngestProgress, ProgressCallback, RagPipeline
 
 logger = logging.getLogger("poolserve.ingest")
 NDJSON = "application/x-ndjson"
@@ -107,7 +108,7 @@ class IngestRoutes:
             return result.extracted
 
         pipeline = RagPipeline(RayEmbedder(self._embedder, embed_and_count), RayIndex(self._retriever),
-                               PipelineSettings.model_validate(self._settings), extractor=extract_and_charge)
+                               pipeline_settings(self), extractor=extract_and_charge)
         started = time.perf_counter()
         counts = await pipeline.ingest(tenant, collection, inputs, on_progress)
         seconds = time.perf_counter() - started

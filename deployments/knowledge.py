@@ -16,14 +16,14 @@ from deployments.engine_compat import ChatCompletionRequest
 from deployments.errors import unavailable
 from deployments.ingest import IngestRoutes
 from deployments.no_answer import no_answer_response
-from deployments.rag_adapters import GatewayChat, RayEmbedder, RayIndex
+from deployments.rag_adapters import GatewayChat, RayEmbedder, RayIndex, pipeline_settings
 from deployments.schemas import AddDocumentsRequest, RagOptions, RagQueryRequest, SearchRequest
 from deployments.streams import rag_stream, tracked_stream
 from deployments.tenants import record_usage, reserve_tokens
 from deployments.work import without_credentials
 from rag.filters import InvalidFilter, normalize_filters
 from rag.ids import validate_collection, validate_document_id
-from rag.pipeline import Grounding, InvalidQuery, PipelineSettings, RagPipeline
+from rag.pipeline import Grounding, InvalidQuery, RagPipeline
 from rag.prompt import citations, rag_messages
 from tenancy.limits import estimate_ingest_tokens
 
@@ -39,8 +39,7 @@ class KnowledgeRoutes(IngestRoutes):
         """The pipeline for one request: its embedder charges this request's tenant."""
         chat = GatewayChat(self, request, model) if model else None
         embedder = RayEmbedder(self._embedder, lambda texts: self._embed_and_charge(request, texts))
-        return RagPipeline(embedder, RayIndex(self._retriever),
-                           PipelineSettings.model_validate(self._settings), chat=chat)
+        return RagPipeline(embedder, RayIndex(self._retriever), pipeline_settings(self), chat=chat)
 
     async def _chat_checked(self, body: ChatCompletionRequest, request: Request) -> Response:
         """The chat engine's response to a prompt the gateway has checked and charged."""

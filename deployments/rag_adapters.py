@@ -15,6 +15,7 @@ from fastapi import Request
 from deployments.engine_compat import ChatCompletionRequest
 from deployments.streams import force_stream_usage
 from rag.chunking import Chunk
+from rag.pipeline import PipelineSettings
 from rag.retrieval import SearchQuery, SearchResult
 
 
@@ -57,3 +58,13 @@ class GatewayChat:
                                      temperature=temperature, stream=stream)
         force_stream_usage(body)
         return await self._gateway._chat_checked(body, self._request)
+
+
+def pipeline_settings(gateway) -> PipelineSettings:
+    """The pipeline's settings from the gateway's (the plan's GatewaySettings), validated once per
+    settings object rather than on every request."""
+    cached = getattr(gateway, "_pipeline_settings_cache", None)
+    if cached is None or cached[0] is not gateway._settings:
+        cached = (gateway._settings, PipelineSettings.model_validate(gateway._settings))
+        gateway._pipeline_settings_cache = cached
+    return cached[1]

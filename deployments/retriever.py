@@ -11,7 +11,7 @@ from ray import serve
 from system.process_memory import process_tree_memory, release_freed_heap
 from deployments.start_order import wait_for_predecessors
 from rag.capacity import Quotas, TenantQuota
-from rag.retrieval import SearchQuery, SearchResult, retrieve
+from rag.retrieval import FusionSettings, SearchQuery, SearchResult, retrieve
 from rag.store import KnowledgeStore
 
 
@@ -19,7 +19,7 @@ from rag.store import KnowledgeStore
 class Retriever:
     async def __init__(self, state_dir: str, dim: int, index_kind: str, hnsw_m: int, hnsw_ef_search: int,
                        faiss_threads: int, capacity_chunks: int, sqlite_cache_bytes: int, start_after: list[tuple[str, str]],
-                       store_settings: dict):
+                       store_settings: dict, fusion: dict):
         """store_settings: the profile's retriever fields the store reads beyond those above (quotas,
         HNSW's rebuild threshold, the index save interval), as deployments/app.py binds them."""
         import faiss
@@ -27,6 +27,7 @@ class Retriever:
         await wait_for_predecessors("retriever", start_after, serve.get_replica_context().app_name)
         os.umask(0o077)  # the chunk store and its -wal/-shm are the owner's only
         faiss.omp_set_num_threads(faiss_threads)
+        self.fusion = FusionSettings.model_validate(fusion)  # the profile's rag.fusion
         self.store = KnowledgeStore(Path(state_dir) / "knowledge.sqlite3", dim=dim, index_kind=index_kind,
                                     hnsw_m=hnsw_m, hnsw_ef_search=hnsw_ef_search,
                                     capacity_chunks=capacity_chunks, sqlite_cache_bytes=sqlite_cache_bytes,
@@ -68,7 +69,7 @@ class Retriever:
         return self.store.list_documents(tenant, collection, limit, after)
 
     def search(self, tenant: str, collection: str, query: SearchQuery) -> SearchResult:
-        return retrieve(self.store, tenant, collection, query)
+        return retrieve(self.store, tenant, collection, query, self.fusion)
 
     def stats(self) -> dict:
         return self.store.stats()

@@ -267,10 +267,22 @@ class ExtractionSpec(_Strict):
                                "location; later ones cite as the last (bounds the map stored with the document).")
 
 
+class FusionSpec(_Strict):
+    """How hybrid retrieval merges the dense and lexical rankings (measured in docs/BENCHMARKS.md section 7)."""
+
+    method: Literal["rrf", "weighted"] = Field("rrf", description="Reciprocal-rank fusion, or min-max normalised "
+                                               "weighted scores.")
+    rrf_k: float = Field(60.0, ge=0, description="RRF's rank constant: larger flattens the head of each list.")
+    dense_weight: float = Field(1.0, ge=0, description="Weight of the dense ranking.")
+    lexical_weight: float = Field(1.0, ge=0, description="Weight of the lexical (bm25) ranking.")
+    candidates: int = Field(50, ge=1, description="Chunks taken from each index before fusing (at least top_k).")
+
+
 class RagSpec(_Strict):
     """Chunking and retrieval defaults."""
 
     extraction: ExtractionSpec = Field(default_factory=ExtractionSpec, description="Upload extraction caps.")
+    fusion: FusionSpec = Field(default_factory=FusionSpec, description="Hybrid retrieval's fusion of the rankings.")
 
     retrieval: Literal["dense", "lexical", "hybrid"] = Field(
         "hybrid", description="How RAG finds chunks: dense (embedding similarity, FAISS), lexical (SQLite FTS5 "
@@ -278,6 +290,8 @@ class RagSpec(_Strict):
         "on every metric (docs/BENCHMARKS.md section 7).")
     embed_title: bool = Field(True, description="Embed each chunk with its document's title in front (metadata "
                               "'title', else a first line of at most 120 characters); stored chunks stay as written.")
+    embed_batch_chunks: int = Field(256, ge=1, description="Chunks per embedder call during an ingest: the "
+                                    "granularity of its progress reports.")
     chunk_tokens: int = Field(200, ge=16, description="Chunk size in embedder tokens (MiniLM reads 256 at most).")
     chunk_overlap: int = Field(30, ge=0, description="Tokens shared by neighbouring chunks.")
     default_top_k: int = Field(4, ge=1, description="Chunks retrieved when the request does not say.")

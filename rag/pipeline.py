@@ -13,6 +13,7 @@ from typing import Any, Awaitable, Callable, Generic, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from planner.profile import RagSpec
 from rag.chunking import Chunk, document_title, with_title
 from rag.extract import PLAIN, Extracted, extract, normalize_content_type
 from rag.locations import LOCATIONS_KEY
@@ -27,21 +28,11 @@ class InvalidQuery(ValueError):
     """The question or its options cannot be served; the message says why (a client error)."""
 
 
-class PipelineSettings(BaseModel):
-    """The parts of the profile's `rag` section the pipeline reads (planner/profile.py RagSpec)."""
+class PipelineSettings(RagSpec):
+    """The profile's `rag` section as the pipeline reads it: one definition (planner/profile.py RagSpec),
+    given the gateway's settings, which carry more than the RAG fields."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
-
-    retrieval: RetrievalMode = Field("hybrid", description="dense, lexical or hybrid retrieval.")
-    default_top_k: int = Field(4, ge=1)
-    max_top_k: int = Field(20, ge=1)
-    answer_max_tokens: int = Field(256, ge=1)
-    max_question_chars: int = Field(8000, ge=16, description="Longest question (planner/profile.py RagSpec).")
-    embed_title: bool = Field(True, description="Embed each chunk with its document's title in front.")
-    embed_batch_chunks: int = Field(256, ge=1, description="Chunks per embedder call during an ingest: the "
-                                    "granularity of its progress reports.")
-    min_score: float = Field(0.30, ge=-1.0, le=1.0, description="Answer only when the question's best cosine "
-                             "similarity with an allowed chunk is at least this (planner/profile.py RagSpec).")
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from planner.profile import FusionSpec
 from rag.fusion import reciprocal_rank_fusion, weighted_score_fusion
 from rag.prompt import RetrievedChunk
 
@@ -25,17 +26,11 @@ RetrievalMode = Literal["dense", "lexical", "hybrid"]
 RETRIEVAL_MODES: tuple[str, ...] = ("dense", "lexical", "hybrid")
 
 
-class FusionSettings(BaseModel):
-    """How hybrid retrieval merges the two rankings (defaults measured in docs/BENCHMARKS.md section 7)."""
+class FusionSettings(FusionSpec):
+    """How hybrid retrieval merges the two rankings: the profile's `rag.fusion`, one definition
+    (planner/profile.py FusionSpec; defaults measured in docs/BENCHMARKS.md section 7)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-    method: Literal["rrf", "weighted"] = Field("rrf", description="Reciprocal-rank fusion, or min-max normalised "
-                                               "weighted scores.")
-    rrf_k: float = Field(60.0, ge=0, description="RRF's rank constant: larger flattens the head of each list.")
-    dense_weight: float = Field(1.0, ge=0, description="Weight of the dense ranking.")
-    lexical_weight: float = Field(1.0, ge=0, description="Weight of the lexical (bm25) ranking.")
-    candidates: int = Field(50, ge=1, description="Chunks taken from each index before fusing (at least top_k).")
 
 
 @dataclass(frozen=True)
