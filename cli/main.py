@@ -78,7 +78,7 @@ def _print_nodes(plan: Plan, console: Console) -> None:
         console.print(table)
         for a in p.admission:
             console.print(f"  {p.name} start {a.start_order} {a.name}: {a.check}; {gib(a.requested_bytes)} of "
-                          f"{gib(a.free_before_bytes)} free at its turn: {'ok' if a.ok else 'NO'}", highlight=False)
+                          f"{gib(a.free_before_bytes)} free at its turn", highlight=False)
     for r in [*plan.replicas, *plan.shares]:
         console.print(f"{r.name} on {r.node}: ray_actor_options {r.ray_actor_options.as_dict()}", highlight=False,
                       markup=False)
@@ -128,12 +128,11 @@ def _print_plan(plan: Plan, console: Console) -> None:
         console.print(f"{name} vLLM engine_kwargs: {json.dumps(plan.replica(name).vllm.as_dict())}", highlight=False, markup=False)
     adm = Table(title="start order and admission")
     for col in ("#", "replica", "check", "requested", "free at its turn", "start peak", "headroom starting",
-                "free if last", "ok"):
+                "free if last"):
         adm.add_column(col)
     for a in plan.admission:
         adm.add_row(str(a.start_order), a.name, a.check, gib(a.requested_bytes), gib(a.free_before_bytes),
-                    gib(a.start_peak_bytes), gib(a.start_headroom_bytes), gib(a.free_worst_bytes),
-                    "yes" if a.ok else "NO")
+                    gib(a.start_peak_bytes), gib(a.start_headroom_bytes), gib(a.free_worst_bytes))
     console.print(adm)
     console.print(f"threads: {plan.threads}; ray: object_store_memory {plan.ray.object_store_memory:,}, "
                   f"include_dashboard {plan.ray.include_dashboard}, memory {plan.ray.memory:,}", highlight=False)

@@ -137,7 +137,6 @@ class Admission(BaseModel):
     overhead_bytes: int = Field(0, description="Memory the engine's own processes hold when vLLM samples free "
                                                "memory (GPU): it is taken from free before the check.")
     check: str
-    ok: bool
 
 
 PoolPlan.model_rebuild()
@@ -592,8 +591,8 @@ def _admission(replicas: list[ReplicaPlan], total: int, spec: PoolSpec, outside:
             requested, check = r.vllm.kv_cache_memory_bytes, "kv_cache_memory_bytes <= MemAvailable"
         else:
             requested, check = r.pool_bytes, "planned bytes <= free"
-        ok = requested <= free_before - overhead
-        if not ok:
+        # A start that would be refused is a PlanError: every Admission in a Plan passes.
+        if requested > free_before - overhead:
             raise PlanError(f"{r.name} would be refused at start: {check} fails ({gib(requested)} requested, "
                             f"{gib(free_before)} free at its turn, {gib(free_before - overhead)} when vLLM looks)")
         peak = sum((starts or {}).get(r.name, {}).values())
@@ -605,7 +604,7 @@ def _admission(replicas: list[ReplicaPlan], total: int, spec: PoolSpec, outside:
         rows.append(Admission(name=r.name, start_order=r.start_order, free_before_bytes=free_before,
                               free_worst_bytes=worst, requested_bytes=requested, overhead_bytes=overhead,
                               start_peak_bytes=peak, start_headroom_bytes=free_before - r.pool_bytes - peak,
-                              check=check, ok=ok))
+                              check=check))
         started += r.pool_bytes
     return rows
 
