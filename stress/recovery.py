@@ -60,12 +60,15 @@ def layer5(ctx: RunContext, result: LayerResult) -> None:
         for gw in gateways:
             gw.close()
     outcomes = box.get("outcomes", [])
+    kill_times = [row["at"] for row in rows]
     for row in rows:
         at, back = row["at"], row["at"] + (row["healthy_s"] or spec.recovery_timeout_s)
         # In flight when the process died: the stack can only fail those (the replica is gone).
-        cut = [o for o in outcomes if o.started < at < o.started + o.seconds]
+        cut = [o for o in outcomes if in_flight_at(o, at)]
         # Sent while the replica was down: the stack promises 503 + Retry-After or an answer, never a 500.
-        down = [o for o in outcomes if at <= o.started < back]
+        # A request still running when the next replica is killed is that kill's (in flight there).
+        down = [o for o in outcomes if at <= o.started < back
+                and not any(in_flight_at(o, other) for other in kill_times if other != at)]
         if row["killed"] == "gateway":
             # The gateway is the process that answers 503s. Until Ray notices it died, Ray Serve's proxy
             # still routes requests to it and answers them with its own plain-text 500: those are cut by
@@ -103,6 +106,11 @@ def layer5(ctx: RunContext, result: LayerResult) -> None:
     lost = missing_documents(ctx)
     result.check("every acknowledged document still there", not lost,
                  f"{sum(len(v) for v in ctx.acknowledged.values())} acknowledged, {len(lost)} missing {lost[:5]}")
+
+
+def in_flight_at(outcome, moment: float) -> bool:
+    """Whether the request was running when `moment` came (a kill cut it)."""
+    return outcome.started < moment < outcome.started + outcome.seconds
 
 
 def missing_documents(ctx: RunContext) -> list[str]:

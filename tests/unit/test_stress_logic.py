@@ -163,3 +163,14 @@ def test_growth_budgets_come_from_status():
                                  {"name": "old", "measured_bytes": 5}]}
 
     assert FakeAdmin().replica_growth_budgets() == {"chat": 160}
+
+
+def test_a_request_cut_by_a_later_kill_is_that_kills_not_the_earlier_replicas():
+    from types import SimpleNamespace
+
+    from stress.recovery import in_flight_at
+
+    # Sent 2 s after the retriever was killed (t=100), still running when the gateway was killed (t=110).
+    request = SimpleNamespace(started=102.0, seconds=9.0)
+    assert in_flight_at(request, 110.0) and not in_flight_at(request, 100.0)
+    assert not in_flight_at(request, 102.0) and not in_flight_at(request, 111.0)
