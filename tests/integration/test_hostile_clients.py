@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -59,16 +60,19 @@ def _victim_round(http: httpx.Client) -> tuple[list[float], list[float], list[in
 # shared cores it stands for remote traffic, not for a local CPU hog. It floods until its stdin closes.
 ATTACKER = """
 import json, sys, threading, httpx
-url, count = sys.argv[1], int(sys.argv[2])
+url, count, log = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 body = b"[" + b"[]," * (8 * 2**20 // 3) + b"[]]"
-stop, outcomes = threading.Event(), []
+stop, lock = threading.Event(), threading.Lock()
+def record(outcome):
+    with lock, open(log, "a") as out:  # one line per answer, on disk at once: a killed attacker keeps its log
+        out.write(json.dumps(outcome) + "\\n")
 def attack():
     with httpx.Client(timeout=60) as http:
         while not stop.is_set():
             try:
-                outcomes.append(http.request("GET", url + "/healthz", content=body).status_code)
+                record(http.request("GET", url + "/healthz", content=body).status_code)
             except httpx.TransportError as exc:
-                outcomes.append(type(exc).__name__)
+                record(type(exc).__name__)
 threads = [threading.Thread(target=attack, daemon=True) for _ in range(count)]
 for t in threads:
     t.start()
@@ -76,7 +80,6 @@ sys.stdin.read()
 stop.set()
 for t in threads:
     t.join(timeout=120)
-print(json.dumps(outcomes))
 """
 
 
@@ -123,24 +126,32 @@ def test_an_over_long_question_is_a_400_naming_the_limit(victim):
     assert answer.status_code == 400 and "rag.max_question_chars" in answer.json()["error"]["message"]
 
 
+def _outcomes(log: Path) -> list:
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.exists() else []
+
+
 @pytest.fixture(scope="module")
-def healthz_flood(stack, victim) -> dict:
+def healthz_flood(stack, victim, tmp_path_factory) -> dict:
     """The victim's chat and RAG quiet, then under a keyless flood of 8 MiB bodies on /healthz (once for the
     tests below): latencies, statuses and what the attacker got. Afterwards this address is over its keyless
     minute; the fixture waits until /healthz answers it again (the modules after this one poll it)."""
     quiet_chat, quiet_rag, quiet_statuses = _victim_round(victim)
-    attacker = subprocess.Popen([sys.executable, "-c", ATTACKER, stack.url, str(ATTACKERS)], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True, preexec_fn=lambda: os.nice(19))
+    log = tmp_path_factory.mktemp("flood") / "outcomes.jsonl"
+    attacker = subprocess.Popen([sys.executable, "-c", ATTACKER, stack.url, str(ATTACKERS), str(log)],
+                                stdin=subprocess.PIPE, text=True, preexec_fn=lambda: os.nice(19))
     try:
-        time.sleep(2.0)  # the flood is under way before the victim starts
+        # The flood is under way (its first answers are in) before the victim starts: a condition, not a sleep.
+        deadline = time.monotonic() + 120
+        while len(_outcomes(log)) < ATTACKERS // 4 and time.monotonic() < deadline and attacker.poll() is None:
+            time.sleep(0.5)
         loud_chat, loud_rag, loud_statuses = _victim_round(victim)
     finally:
         try:
-            flooded, _ = attacker.communicate(input="", timeout=150)
+            attacker.communicate(input="", timeout=150)
         except subprocess.TimeoutExpired:
             attacker.kill()
-            flooded, _ = attacker.communicate()
-    outcomes = json.loads(flooded or "[]")
+            attacker.communicate()
+    outcomes = _outcomes(log)
     figures = {"chat_p95_quiet": _p95(quiet_chat), "chat_p95_attack": _p95(loud_chat),
                "rag_p95_quiet": _p95(quiet_rag), "rag_p95_attack": _p95(loud_rag),
                "attack_requests": len(outcomes), "attack_outcomes": {str(o): outcomes.count(o) for o in set(outcomes)},
