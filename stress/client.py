@@ -150,6 +150,19 @@ class Admin:
         except httpx.HTTPError:
             return False
 
+    def reachable(self, timeout_s: float = 90.0) -> bool:
+        """/healthz answers 200 within timeout_s. A 429 (this address over its keyless minute, e.g. after a
+        flood from the same host) is waited out as its Retry-After says; anything else answers at once."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                answer = self.http.get("/healthz", timeout=10.0)
+            except httpx.HTTPError:
+                return False
+            if answer.status_code != 429 or time.monotonic() >= deadline:
+                return answer.status_code == 200
+            time.sleep(min(10.0, float(answer.headers.get("retry-after", "5")), max(0.0, deadline - time.monotonic())))
+
     def status(self) -> dict:
         response = self.http.get("/status")
         response.raise_for_status()

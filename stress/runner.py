@@ -67,7 +67,7 @@ def run_stress(options: StressOptions, log=print, on_layer=None) -> StressReport
                      quick=options.quick, run_id=secrets.token_hex(3), admin=admin, stack=stack, log=log)
     results: dict[int, LayerResult] = {}
     try:
-        if not admin.healthy():
+        if not admin.reachable():
             raise RuntimeError(f"{options.base_url}/healthz is not 200: is the stack running there?")
         ctx.setup_tenants(options.profile.stress.concurrency_tenants)
         for layer in (n for n in RUN_ORDER if n in options.layers):

@@ -174,3 +174,17 @@ def test_a_request_cut_by_a_later_kill_is_that_kills_not_the_earlier_replicas():
     request = SimpleNamespace(started=102.0, seconds=9.0)
     assert in_flight_at(request, 110.0) and not in_flight_at(request, 100.0)
     assert not in_flight_at(request, 102.0) and not in_flight_at(request, 111.0)
+
+
+def test_the_stack_is_reachable_once_a_429_is_waited_out():
+    import httpx
+
+    from stress.client import Admin
+
+    answers = iter([httpx.Response(429, headers={"retry-after": "0"}), httpx.Response(429, headers={"retry-after": "0"}),
+                    httpx.Response(200)])
+    admin = Admin.__new__(Admin)
+    admin.http = httpx.Client(base_url="http://stack", transport=httpx.MockTransport(lambda request: next(answers)))
+    assert admin.reachable(timeout_s=5)
+    admin.http = httpx.Client(base_url="http://stack", transport=httpx.MockTransport(lambda request: httpx.Response(503)))
+    assert not admin.reachable(timeout_s=5)
