@@ -394,6 +394,8 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
     cpu_native_bf16: whether this host's CPU computes bfloat16 (`dtype: auto` on a CPU pool); None reads it."""
     if cpu_native_bf16 is None:
         cpu_native_bf16 = detect_cpu_native_bf16()
+    # The advice's re-plans are for this same host: /proc/cpuinfo is read once.
+    replan = functools.partial(build_plan, advise=False, cpu_native_bf16=cpu_native_bf16) if advise else None
     listed = _pools_for(profile, pool_total_bytes)
     pools = {spec.name: (spec, total, cpus) for spec, total, cpus in listed}
     multi = len(listed) > 1
@@ -430,7 +432,7 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
         mine = [r for r in replicas if node_of[r.name] == spec.name]
         mine_engines = {n: e for n, e in engines.items() if node_of[n] == spec.name}
         node_plans[spec.name] = _node_plan(profile, spec, total, cpus, mine, mine_engines, engines, head=spec.name == first,
-                                           advise=advise, multi=multi, override=pool_total_bytes)
+                                           replan=replan, multi=multi, override=pool_total_bytes)
     pool, ray, admission, page_cache, start, notes = node_plans[first]
     notes = [n for name, (_, e) in engines.items() for n in e.notes] + \
         [n for _, _, _, _, _, node_notes in node_plans.values() for n in node_notes]
@@ -454,8 +456,9 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
 
 
 def _node_plan(profile: Profile, spec: PoolSpec, total: int, cpus: float, replicas: list[ReplicaPlan],
-               engines: dict, all_engines: dict, head: bool, advise: bool, multi: bool, override: int | None):
-    """One node's pool: its replicas, Ray's processes there, its page cache, admission in start order."""
+               engines: dict, all_engines: dict, head: bool, replan, multi: bool, override: int | None):
+    """One node's pool: its replicas, Ray's processes there, its page cache, admission in start order.
+    replan: build_plan without advice, for the advice an overcommit gets; None: raise a bare Overcommit."""
     discrete = spec.gpu and not spec.unified
     free = total - spec.reserve
     ray = _ray_plan(profile, cpus, replicas, head=head)
@@ -466,11 +469,11 @@ def _node_plan(profile: Profile, spec: PoolSpec, total: int, cpus: float, replic
     needed = sum(r.pool_bytes for r in replicas) + ray_bytes + sum(page_cache.values())
     if needed > free:
         where = f"node {spec.name} is short by" if multi else "short by"
-        if not advise:
+        if replan is None:
             raise Overcommit(f"{where} {gib(needed - free)}", needed, free)
         eng = (all_engines.get("chat") or next(iter(all_engines.values())))[1]
         raise PlanError(overcommit_message(profile, spec, total, free, replicas, ray.breakdown, page_cache, eng,
-                                           replan=functools.partial(build_plan, advise=False), nodes=[p.name for p in profile.pools] if multi else None,
+                                           replan=replan, nodes=[p.name for p in profile.pools] if multi else None,
                                            override=override))
     want_cpus = sum(r.ray_actor_options.num_cpus * r.num_replicas for r in replicas)
     if want_cpus > cpus:

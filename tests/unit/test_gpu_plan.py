@@ -20,7 +20,7 @@ from planner.units import GiB
 ROOT = Path(__file__).resolve().parents[2]
 H200 = int(139.8 * GiB)
 GPU_MODELS = ROOT / "models" / "gpu" / "Qwen3.8-27B-dummy" / "config.json"
-needs_gpu_models = pytest.mark.skipif(not GPU_MODELS.exists(), reason="make gpu-models has not run")
+needs_gpu_models = pytest.mark.skipif(not GPU_MODELS.exists(), reason="models/gpu/ is missing: `make models` writes it")
 
 
 @pytest.mark.parametrize("groups, block, state_blocks, expected", [
