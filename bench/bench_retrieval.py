@@ -4,7 +4,7 @@ For N random 384-d unit vectors (MiniLM's dimension) stored as documents of 100 
   - ingest time through KnowledgeStore.upsert_document (SQLite rows + FAISS add)
   - query latency p50/p95 for top_k=4, one query at a time, each path in its own loop:
       numpy   normalized matrix @ query, argpartition (the baseline every ratio is against)
-      faiss   the store's own index alone (index.search)
+      faiss   the FAISS index the store keeps for the collection, alone (IndexIDMap2.search)
       store   KnowledgeStore.search: normalize + index search + the SQLite fetch of the chunks
   - recall@4 against the exact numpy answer, and how often the exact top-1 is the answer's top-1
 for the store's index kinds "flat" (IndexFlatIP under IndexIDMap2) and "hnsw" (IndexHNSWFlat,
@@ -68,11 +68,11 @@ def bench(n: int, kind: str, queries: dict[str, np.ndarray], data: np.ndarray, t
             rows = data[doc * PER_DOC:(doc + 1) * PER_DOC]
             store.upsert_document("bench", "c", f"d{doc}", [f"chunk {doc}-{i}" for i in range(len(rows))], rows)
     ingest = ingest_watch.seconds
-    index = store._indexes[("bench", "c")]
+    index = store._indexes[("bench", "c")].index  # the FAISS index itself (IndexIDMap2), no tombstone filter
     # SQLite ids are 1..n in insert order; keep the mapping explicit anyway.
     id_of_row = np.array([r[0] for r in store._db.execute("SELECT id FROM chunks ORDER BY id")], dtype=np.int64)
 
-    inner = faiss.downcast_index(index.index)
+    inner = faiss.downcast_index(index.index)  # IndexIDMap2's inner Flat or HNSW
     settings = [("flat", None)] if kind == "flat" else [(f"hnsw ef{ef}", ef) for ef in HNSW_EF]
     out = []
     for label, ef in settings:

@@ -226,3 +226,20 @@ def test_prompt_files_are_sharegpt_for_the_load_generator(tmp_path):
 
     rows = json.loads(write_prompts(tmp_path / "rag.json", "rag", 3).read_text())
     assert len(rows) == 3 and [turn["from"] for turn in rows[0]["conversations"]] == ["human", "gpt"]
+
+
+def test_retrieval_bench_runs_at_a_tiny_size_with_exact_recall_on_flat():
+    from bench import bench_retrieval
+
+    result = bench_retrieval.run(sizes=[200], kinds=["flat", "hnsw"], n_queries=12, seed=0)
+    flat = [r for r in result.rows if r["kind"] == "flat"]
+    assert {r["path"] for r in flat} == {"faiss", "store"} and all(r["recall"] == 1.0 for r in flat)
+    assert all(0.0 < r["recall"] <= 1.0 for r in result.rows)
+    assert "| 200 |" in bench_retrieval.tables(result)
+
+
+def test_limits_bench_runs_both_paths_for_a_few_rounds():
+    from bench import bench_limits
+
+    result = bench_limits.run(20)
+    assert [r["rounds"] for r in result.rows] == [20, 20] and all(r["median_us"] > 0 for r in result.rows)
