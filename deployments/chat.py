@@ -6,7 +6,14 @@ import asyncio
 import logging
 import time
 
-from deployments.engine_compat import Batcher, ChatCompletionRequest, LLMConfig, LLMServer, adapt_engine_env
+from deployments.engine_compat import (
+    NODE_INIT_CALLBACK,
+    Batcher,
+    ChatCompletionRequest,
+    LLMConfig,
+    LLMServer,
+    adapt_engine_env,
+)
 from system.process_memory import process_tree_memory
 from deployments.start_order import wait_for_predecessors
 from planner.gpu import engine_placement
@@ -105,4 +112,5 @@ def llm_config_from_plan(chat: ChatSpec, chat_plan: ReplicaPlan, start_after: li
         runtime_env={"env_vars": adapt_engine_env({**chat_plan.env, **gpu_env})},
         experimental_configs={"warmup_prompt": chat.warmup_prompt, "start_after": [list(p) for p in start_after]},
         log_engine_metrics=True,
+        callback_config=NODE_INIT_CALLBACK,
     )
