@@ -1,20 +1,31 @@
-"""`poolserve ingest`: one streamed ingest request per file, with a rich progress bar (files, chunks,
-chunks/s). A file that fails is reported and the rest go on; a file whose content hash the collection
-already holds under the same document id is skipped."""
+"""`poolserve ingest`: one ingest per file, with a rich progress bar (files, chunks, chunks/s). A file
+that fails is reported and the rest go on; a file whose content hash the collection already holds
+under the same document id is skipped.
+
+Files under JOB_MIN_BYTES are streamed (NDJSON progress on the open request). Larger ones go as ingest
+jobs ("async": true, deployments/ingest_jobs.py) followed by polling, so no request has to stay open
+for the whole ingest (the gateway's request timeout); Ctrl-C cancels the running job on the server."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cli.client import ClientError, StackClient
 import base64
 
+from cli.client import ClientError, StackClient
 from cli.files import CONTENT_TYPES, HASH_KEY, SENT_AS_BYTES, SOURCE_KEY, SourceFile, content_hash, document_id, unchanged
+
+
+# Larger files are sent as jobs: a 1 MiB file is thousands of chunks, minutes of embedding on a CPU.
+JOB_MIN_BYTES = 1 << 20
+JOB_POLL_S = 1.0
+JOB_WAIT_S = 6 * 3600.0  # a job still running after this is reported, not waited for forever
 
 
 @dataclass
@@ -90,9 +101,11 @@ def _ingest_one(client: StackClient, collection: str, source: SourceFile, stored
             document["text"] = data.decode("utf-8")
         except UnicodeDecodeError as exc:
             return f"not UTF-8 text (byte {exc.start})"
-    body = {"documents": [document], "stream": True}
+    path = f"/v1/collections/{quote(collection, safe='')}/documents"
+    if len(data) >= JOB_MIN_BYTES:
+        return _ingest_as_job(client, path, document, report, show)
     try:
-        for event in client.stream_lines(f"/v1/collections/{quote(collection, safe='')}/documents", body):
+        for event in client.stream_lines(path, {"documents": [document], "stream": True}):
             if event.get("event") == "progress":
                 show(event.get("chunks_embedded", 0))
             elif event.get("event") == "done":
@@ -104,3 +117,34 @@ def _ingest_one(client: StackClient, collection: str, source: SourceFile, stored
     except ClientError as exc:
         return str(exc)
     return "the stream ended without a result"
+
+
+def _ingest_as_job(client: StackClient, path: str, document: dict, report: IngestReport, show,
+                   sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> str | None:
+    """Start an ingest job and follow it to its end; Ctrl-C cancels it on the server, then stops."""
+    try:
+        job = client.request("POST", path, json={"documents": [document], "async": True})
+    except ClientError as exc:
+        return str(exc)
+    deadline = clock() + JOB_WAIT_S
+    try:
+        while job["status"] in ("in_progress", "cancelling"):
+            if clock() > deadline:
+                return f"job {job['id']} is still {job['status']} after {JOB_WAIT_S:.0f}s; GET /v1/ingest/jobs/{job['id']}"
+            show(job["counts"]["chunks_embedded"])
+            sleep(JOB_POLL_S)
+            job = client.request("GET", f"/v1/ingest/jobs/{job['id']}")
+    except KeyboardInterrupt:
+        try:
+            client.request("DELETE", f"/v1/ingest/jobs/{job['id']}")
+        except ClientError:
+            pass  # it finished (409) or the stack is gone: nothing left to cancel
+        raise
+    except ClientError as exc:
+        return f"job {job['id']}: {exc}"
+    if job["status"] == "completed":
+        report.sent += 1
+        report.chunks += job["result"]["chunks"]
+        return None
+    error = job.get("error") or {}
+    return f"job {job['id']} {job['status']}: {error.get('status', '')} {error.get('message', '')}".strip()

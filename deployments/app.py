@@ -102,6 +102,7 @@ def build_app(args: dict) -> serve.Application:
                     "shed_ingest_at": pool.shed_ingest_at, "shed_all_at": pool.shed_all_at,
                     "shed_retry_after_s": pool.shed_retry_after_s, "shed_hysteresis": pool.shed_hysteresis,
                     "shed_sample_interval_s": pool.shed_sample_interval_s,
+                    "shed_heaviest_at_least": pool.shed_heaviest_at_least,
                     "device_pool": plan.pool.discrete, "gateway": profile.gateway.model_dump()}
     app = make_app(guard_config, profile.gateway.max_body_bytes, plan.gateway.unavailable_retry_after_s)
     ingress_cls = make_fastapi_ingress(Gateway, endpoint_map=ENDPOINTS, app=app)

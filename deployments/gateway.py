@@ -31,6 +31,7 @@ from deployments.engine_compat import (
 from deployments.errors import error_body, unavailable
 from deployments.request_guard import RequestBodyGuard
 from deployments.uploads import INGEST_OPENAPI
+from deployments.ingest_jobs import JOB_ENDPOINTS
 from deployments.knowledge import KnowledgeRoutes
 from deployments.start_order import wait_for_predecessors
 from deployments.work import release_heap_after_sending, run_to_completion, without_credentials
@@ -154,12 +155,24 @@ class Gateway(KnowledgeRoutes, TenantAdminRoutes, DashboardRoutes, OpenAiIngress
     def _tenant(self, request: Request) -> str:
         return tenant_of(request).name
 
+    async def _generate(self, request: Request, model: str, call, body, cited: list[dict] | None,
+                        usage_wanted: tuple[bool, bool]) -> Response:
+        """The engine's answer to a checked and reserved request, with its usage recorded. A streamed
+        answer is charged what it used when it ends or the client leaves (tracked_stream). A non-streamed
+        one runs to the end even if the client hangs up, as an embedding or an ingest does: nothing is
+        sent before it is whole, and without its final usage the tenant would be charged nothing."""
+        async def answer() -> Response:
+            response = await self._engine(call)
+            return await self._finish(request, model, response, cited, usage_wanted, getattr(body, "n", None) or 1)
+
+        return await answer() if getattr(body, "stream", False) else await run_to_completion(answer())
+
     async def _finish(self, request: Request, model: str, response: Response, cited: list[dict] | None,
-                      usage_wanted: tuple[bool, bool]) -> Response:
+                      usage_wanted: tuple[bool, bool], choices_per_prompt: int = 1) -> Response:
         """Record usage (streams: when they end) and attach citations for chat-with-RAG."""
         if isinstance(response, StreamingResponse):
             stream = tracked_stream(response.body_iterator, request, model, cited, *usage_wanted,
-                                    on_broken=self._recheck_health)
+                                    on_broken=self._recheck_health, choices_per_prompt=choices_per_prompt)
             return StreamingResponse(stream, media_type="text/event-stream")
         if response.status_code >= 500:  # the engine failed or is restarting: the client may retry
             logger.warning("chat replica answered %s: %s", response.status_code, bytes(response.body)[:300])
@@ -271,16 +284,16 @@ class Gateway(KnowledgeRoutes, TenantAdminRoutes, DashboardRoutes, OpenAiIngress
                                                  body.max_tokens, body.stream, self._check_choices(body))
                 return await self._finish(request, model, response, cited, usage_wanted)
         await self._check_prompt_fits(body, request)
-        response = await self._engine(super().chat(body, without_credentials(request)))
-        return await self._finish(request, model, response, cited, usage_wanted)
+        return await self._generate(request, model, super().chat(body, without_credentials(request)), body, cited,
+                                    usage_wanted)
 
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
         model = await self._require_model(request, body.model)
         body.model = model
         usage_wanted = force_stream_usage(body)
         await self._check_completion_fits(body, request)
-        response = await self._engine(super().completions(body, without_credentials(request)))
-        return await self._finish(request, model, response, None, usage_wanted)
+        return await self._generate(request, model, super().completions(body, without_credentials(request)), body,
+                                    None, usage_wanted)
 
     # ---- embeddings ----------------------------------------------------------------------
     async def embeddings(self, body: EmbeddingRequest, request: Request) -> Response:
@@ -354,6 +367,7 @@ ENDPOINTS = {
     "get_collection": lambda app: app.get("/v1/collections/{collection:path}"),
     "delete_collection": lambda app: app.delete("/v1/collections/{collection:path}"),
     "rag_query": lambda app: app.post("/v1/rag/query"),
+    **JOB_ENDPOINTS,  # /v1/ingest/jobs
 }
 
 

@@ -1,13 +1,15 @@
 """The ingest route, POST /v1/collections/{c}/documents, mixed into the gateway (through
 deployments/knowledge.py): validate, run rag.pipeline.RagPipeline.ingest, answer.
 
-Two ways to answer, both atomic (all documents stored or none) and finished even if the client
+Three ways to answer, all atomic (all documents stored or none) and finished even if the client
 hangs up (the work is paid for):
 - by default one JSON body once everything is stored: per-document chunk counts, total chunks and
   the tokens embedded (what the tenant is charged);
 - with "stream": true, NDJSON (one JSON object a line) as it goes: a "progress" event after chunking
   and after each embedder call (chunks_embedded of chunks: what a progress bar needs), then "done"
-  with the same body as the JSON answer, or "error" with the status and error body it would have had.
+  with the same body as the JSON answer, or "error" with the status and error body it would have had;
+- with "async": true, 202 and an ingest job at once (deployments/ingest_jobs.py): for ingests longer
+  than a request may stay open (gateway.request_timeout_s), followed by GET and cancelled by DELETE.
 Each ingest also logs one line with its counts and speed.
 
 Bodies are JSON (a file's bytes base64 in `data_base64`) or multipart/form-data (deployments/uploads.py).
@@ -29,6 +31,7 @@ from fastapi import HTTPException, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from deployments.errors import map_exception
+from deployments.ingest_jobs import IngestJobRoutes
 from deployments.rag_adapters import pipeline_settings
 from deployments.rag_adapters import RayEmbedder, RayIndex
 from deployments.schemas import AddDocumentsRequest
@@ -46,7 +49,7 @@ NDJSON = "application/x-ndjson"
 EXTRACTION_USAGE_MODEL = "poolserve/extraction-cpu-ms"
 
 
-class IngestRoutes:
+class IngestRoutes(IngestJobRoutes):
     """Needs from the gateway: _embedder, _retriever, _settings, _embed_model_id, _tenant."""
 
     async def add_documents(self, collection: str, request: Request) -> Response:
@@ -64,6 +67,8 @@ class IngestRoutes:
                                 data=None if doc.data_base64 is None else
                                 decoded_data(i, doc.id, doc.data_base64, max_bytes))
                   for i, doc in enumerate(body.documents)]
+        if body.run_async:
+            return await self.start_ingest_job(request, tenant, collection, inputs)
         if body.stream:
             return StreamingResponse(self._ingest_events(request, tenant, collection, inputs), media_type=NDJSON,
                                      background=release_heap_after_sending())

@@ -20,7 +20,7 @@ from deployments.rag_adapters import GatewayChat, RayEmbedder, RayIndex, pipelin
 from deployments.schemas import AddDocumentsRequest, RagOptions, RagQueryRequest, SearchRequest
 from deployments.streams import rag_stream, tracked_stream
 from deployments.tenants import record_usage, reserve_tokens
-from deployments.work import without_credentials
+from deployments.work import run_to_completion, without_credentials
 from rag.filters import InvalidFilter, normalize_filters
 from rag.ids import validate_collection, validate_document_id
 from rag.pipeline import Grounding, InvalidQuery, RagPipeline
@@ -144,6 +144,12 @@ class KnowledgeRoutes(IngestRoutes):
     async def rag_query(self, body: RagQueryRequest, request: Request) -> Response:
         model = await self._require_model(request, body.model)
         validate_collection(body.collection)
+        if body.stream:
+            return await self._rag_answer(body, request, model)
+        # Non-streamed: runs to the end even if the client hangs up, so what ran is charged (gateway._generate).
+        return await run_to_completion(self._rag_answer(body, request, model))
+
+    async def _rag_answer(self, body: RagQueryRequest, request: Request, model: str) -> Response:
         try:
             result = await self._pipeline(request, model).answer(
                 self._tenant(request), body.collection, body.question, body.top_k, max_tokens=body.max_tokens,

@@ -105,17 +105,24 @@ class PoolGuard:
                 self._state_gauge.set(STATE_CODES[self._state])
             return self._state, self._last
 
-    def refusal(self, kind: Literal["ingest", "work"]) -> str | None:
-        """Why a new request of this kind is refused now, or None when it may run."""
+    def refusal(self, kind: Literal["ingest", "work"], heaviest: Callable[[], bool] | None = None) -> str | None:
+        """Why a new request of this kind is refused now, or None when it may run. Past shed_ingest_at,
+        ingestion is refused, and so is other work of the tenant `heaviest()` says has the most requests
+        in flight (asked only then); past shed_all_at, all new work."""
         state, reading = self.sample()
-        if state == "ok" or (state == "shedding_ingest" and kind == "work"):
+        if state == "ok":
             return None
+        if state == "shedding_ingest" and kind == "work":
+            if heaviest is None or not heaviest():
+                return None
+            what = "work from the tenant with the most requests in flight"
+        else:
+            what = "ingestion" if state == "shedding_ingest" else "work"
         self.shed_total += 1
         mark = self.shed_ingest_at if state == "shedding_ingest" or kind == "ingest" else self.shed_all_at
         return (f"the memory pool is {reading.fraction:.0%} in use ({reading.used_bytes / 2**30:.2f} of "
-                f"{reading.limit_bytes / 2**30:.2f} GiB, {reading.source}); new "
-                f"{'ingestion' if state == 'shedding_ingest' else 'work'} is refused until it is below "
-                f"{mark - self.hysteresis:.0%}. Retry after {self.retry_after_s}s.")
+                f"{reading.limit_bytes / 2**30:.2f} GiB, {reading.source}); new {what} is refused until it is "
+                f"below {mark - self.hysteresis:.0%}. Retry after {self.retry_after_s}s.")
 
     def describe(self) -> dict:
         state, reading = self.sample()

@@ -90,6 +90,14 @@ class AddDocumentsRequest(_Body):
     documents: list[DocumentIn] = Field(..., min_length=1)
     stream: bool = Field(False, description="Answer with NDJSON progress events (deployments/ingest.py) instead "
                          "of one JSON body at the end.")
+    run_async: bool = Field(False, alias="async", description="Answer 202 with an ingest job at once and ingest "
+                            "in the background; GET /v1/ingest/jobs/{id} tells its state (deployments/ingest_jobs.py).")
+
+    @model_validator(mode="after")
+    def _one_answer_shape(self):
+        if self.stream and self.run_async:
+            raise ValueError("stream and async are two ways to follow an ingest; ask for one")
+        return self
 
 
 _FILTER_VALUE = {"anyOf": [{"type": "string", "maxLength": MAX_VALUE_CHARS}, {"type": "number"}, {"type": "boolean"}]}

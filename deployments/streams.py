@@ -86,12 +86,50 @@ class StreamCompleteness:
         return None
 
 
+class UsageTally:
+    """The tokens a stream has used so far, from vLLM's per-chunk usage (continuous_usage_stats). Each
+    chunk's usage is its own choice's: that choice's completion tokens so far and its prompt's tokens
+    (vllm chat_completion/serving.py, completion/serving.py). A stream of n choices, or of several
+    prompts, used the sum over its choices, with each prompt counted once (choice i answers prompt
+    i // n). The final usage-only chunk, when it comes, is the engine's own total."""
+
+    def __init__(self, choices_per_prompt: int = 1) -> None:
+        self.per_prompt = max(1, choices_per_prompt)
+        self.completion: dict[int, int] = {}
+        self.prompt: dict[int, int] = {}
+        self.final: dict | None = None
+
+    def observe(self, chunk: dict) -> None:
+        usage = chunk.get("usage")
+        if not isinstance(usage, dict):
+            return
+        choices = chunk.get("choices") or []
+        if not choices:
+            self.final = usage
+            return
+        for choice in choices:
+            index = int(choice.get("index", 0))
+            self.completion[index] = max(self.completion.get(index, 0), int(usage.get("completion_tokens") or 0))
+            self.prompt[index // self.per_prompt] = int(usage.get("prompt_tokens") or 0)
+
+    def usage(self) -> dict | None:
+        if self.final is not None:
+            return self.final
+        if not self.completion:
+            return None
+        prompt, completion = sum(self.prompt.values()), sum(self.completion.values())
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
 async def tracked_stream(body_iterator, request: Request, model: str, cited: list[dict] | None,
-                         client_wants_usage: bool, client_continuous_usage: bool = False, on_broken=None):
-    """Pass OpenAI chunks through; record usage when the stream ends (or the client leaves);
-    chat-with-RAG's first chunk carries `citations`. Usage the client did not ask for is removed.
-    A stream the engine did not finish ends with an error event and no `[DONE]`."""
-    first, usage, done = True, None, False
+                         client_wants_usage: bool, client_continuous_usage: bool = False, on_broken=None,
+                         choices_per_prompt: int = 1):
+    """Pass OpenAI chunks through; record usage when the stream ends (or the client leaves: every
+    choice's tokens so far, UsageTally); chat-with-RAG's first chunk carries `citations`. Usage the
+    client did not ask for is removed. A stream the engine did not finish ends with an error event
+    and no `[DONE]`."""
+    first, done = True, False
+    tally = UsageTally(choices_per_prompt)
     seen = StreamCompleteness()
     try:
         try:
@@ -106,7 +144,7 @@ async def tracked_stream(body_iterator, request: Request, model: str, cited: lis
                         continue
                     chunk = json.loads(data)
                     seen.observe(chunk)
-                    usage = chunk.get("usage") or usage
+                    tally.observe(chunk)
                     if not chunk.get("choices"):
                         if not client_wants_usage or "error" in chunk or chunk.get("object") == "error":
                             continue  # the final usage-only chunk; an error is reported once, at the end
@@ -131,7 +169,7 @@ async def tracked_stream(body_iterator, request: Request, model: str, cited: lis
     finally:
         # A client that hangs up cancels this task; anyio's cancellation would abort the write.
         with anyio.CancelScope(shield=True):
-            await record_usage(request, model, usage)
+            await record_usage(request, model, tally.usage())
 
 
 async def rag_stream(body_iterator, cited: list[dict], retrieval: dict | None = None):

@@ -56,11 +56,20 @@ INGEST_PATH = re.compile(r"^/v1/collections/.+/documents$")
 TENANT_KEY = "poolserve.tenant"
 GUARD_KEY = "poolserve.guard"
 TOKENS_KEY = "poolserve.tokens"  # the request's TPM reservation, settled once its usage is known
+DETACHED_KEY = "poolserve.detached"  # work that outlives the response (an ingest job): see detach()
 
 
 def tenant_of(request: Request):
     """The authenticated tenant of a /v1 request (set by TenantAuthMiddleware), or None."""
     return request.scope.get(TENANT_KEY)
+
+
+def detach(request: Request, task: asyncio.Task) -> None:
+    """The request's work goes on in `task` after its response (an ingest job). Its concurrency slot is
+    given back with the response, so the tenant can follow and cancel the job (jobs have their own
+    limit, rag.max_ingest_jobs_per_tenant); its TPM reservation is held until the task ends, then
+    settled to what the work used."""
+    request.scope[DETACHED_KEY] = task
 
 
 def guard_of(request: Request) -> "TenantGuard":
@@ -72,7 +81,8 @@ class TenantGuard:
 
     def __init__(self, state_dir: str, tenants_file: str | None, shed_ingest_at: float = 0.90,
                  shed_all_at: float = 0.95, device_pool: bool = False, gateway: dict | None = None,
-                 shed_retry_after_s: int = 5, shed_hysteresis: float = 0.03, shed_sample_interval_s: float = 0.25):
+                 shed_retry_after_s: int = 5, shed_hysteresis: float = 0.03, shed_sample_interval_s: float = 0.25,
+                 shed_heaviest_at_least: int = 2):
         """The shed_* values come from the profile's pool (planner/profile.py PoolSpec); the defaults are
         its defaults, for unit tests that build a guard alone."""
         os.umask(0o077)  # tenants, usage and audit databases and key files are the owner's only
@@ -88,6 +98,7 @@ class TenantGuard:
         self.pool = PoolGuard(shed_ingest_at, shed_all_at, hysteresis=shed_hysteresis,
                               sample_interval_s=shed_sample_interval_s, retry_after_s=shed_retry_after_s,
                               registry=self.registry, reader=read_gpu_pool if device_pool else read_pool)
+        self.shed_heaviest_at_least = shed_heaviest_at_least
         self.admin_key = os.environ.get(ADMIN_KEY_ENV) or None
         # Traffic without a valid key, per client address (planner/profile.py GatewaySpec.client_*).
         spec = GatewaySpec.model_validate(gateway or {})
@@ -215,8 +226,9 @@ class TenantAuthMiddleware:
                 guard.clients, _unauthenticated("missing or invalid API key: send 'Authorization: Bearer <key>'"),
                 scope, receive, send)
         kind = _work_kind(scope["method"], path)
-        shed = guard.pool.refusal(kind) if kind else None
+        shed = await self._shed(tenant, kind) if kind else None
         if shed:  # before admission: a shed request uses none of the tenant's limits
+            guard.metrics.observe_shed(tenant.name, kind)
             return await self._reject(scope, receive, send, 503, shed, {"Retry-After": str(guard.pool.retry_after_s)},
                                       kind="service_unavailable")
         # Its own task: if the client hangs up meanwhile, the lease it takes is still given back.
@@ -237,15 +249,35 @@ class TenantAuthMiddleware:
             await self.app(scope, receive, send)
         finally:
             in_flight.dec()
-            # Its own task: a client that hangs up cancels this one, and the lease must still go back.
-            closing = asyncio.ensure_future(run_in_threadpool(self._close_request, tenant, tokens, decision.lease_id))
-            self._closing.add(closing)
-            closing.add_done_callback(self._closing.discard)
-            await asyncio.shield(closing)
+            detached = scope.get(DETACHED_KEY)
+            if detached is not None and not detached.done():  # an ingest job: settled when it ends
+                await asyncio.shield(self._closing_task(self.guard.limiter.release, tenant, decision.lease_id))
+                detached.add_done_callback(lambda _: self._closing_task(self._settle, tenant, tokens))
+            else:
+                await asyncio.shield(self._closing_task(self._close_request, tenant, tokens, decision.lease_id))
+
+    async def _shed(self, tenant, kind: str) -> str | None:
+        """The pool guard's refusal of this request, if any. Who is heaviest is a read of every replica's
+        leases (SQLite): in a thread, and only once the pool is past its first mark."""
+        guard = self.guard
+        if guard.pool.sample()[0] == "ok":
+            return None
+        return await run_in_threadpool(guard.pool.refusal, kind,
+                                       lambda: guard.limiter.is_heaviest(tenant.name, guard.shed_heaviest_at_least))
+
+    def _closing_task(self, close, *args) -> asyncio.Future:
+        # Its own task: a client that hangs up cancels the request's, and the lease must still go back.
+        closing = asyncio.ensure_future(run_in_threadpool(close, *args))
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
+        return closing
+
+    def _settle(self, tenant, tokens: RequestTokens) -> None:
+        self.guard.limiter.settle(tenant, *tokens.closing())
 
     def _close_request(self, tenant, tokens: RequestTokens, lease_id: str | None) -> None:
         try:  # what was charged beyond what ran is given back (all of it when nothing ran)
-            self.guard.limiter.settle(tenant, *tokens.closing())
+            self._settle(tenant, tokens)
         finally:
             self.guard.limiter.release(tenant, lease_id)
 

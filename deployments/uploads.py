@@ -4,7 +4,7 @@
 - multipart/form-data: one `file` part per document (its part Content-Type, or its name's suffix when
   that is application/octet-stream, says the format), optional `id` fields (one per file, in order;
   default: the file's name), an optional `metadata` field (a JSON object given to every file) and an
-  optional `stream` field ("true").
+  optional `stream` or `async` field ("true": NDJSON progress, or a job answered 202).
 """
 
 from __future__ import annotations
@@ -81,7 +81,8 @@ async def _multipart(request: Request, max_documents: int) -> dict:
         data = await part.read()
         documents.append({"id": ids[i] if ids else _id_from_name(name), "content_type": content_type,
                           "data_base64": base64.b64encode(data).decode("ascii"), "metadata": metadata})
-    return {"documents": documents, "stream": str(form.get("stream") or "").lower() == "true"}
+    return {"documents": documents, "stream": str(form.get("stream") or "").lower() == "true",
+            "async": str(form.get("async") or "").lower() == "true"}
 
 
 def _id_from_name(name: str) -> str:
@@ -96,4 +97,5 @@ INGEST_OPENAPI = {"requestBody": {"required": True, "content": {
         "file": {"type": "array", "items": {"type": "string", "format": "binary"}},
         "id": {"type": "array", "items": {"type": "string"}},
         "metadata": {"type": "string", "description": "A JSON object given to every file."},
-        "stream": {"type": "string", "enum": ["true", "false"]}}}}}}}
+        "stream": {"type": "string", "enum": ["true", "false"]},
+        "async": {"type": "string", "enum": ["true", "false"]}}}}}}}

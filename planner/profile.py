@@ -68,6 +68,9 @@ class PoolSpec(_Strict):
                                           "this often (a cgroup or /proc/meminfo read per request otherwise).")
     shed_retry_after_s: int = Field(5, ge=1, description="Pool guard: Retry-After of a shed request; shorter than "
                                     "a replica's restart (gateway.unavailable_retry_after_s): memory frees in seconds.")
+    shed_heaviest_at_least: int = Field(2, ge=1, description="Pool guard: past shed_ingest_at, new work of the "
+                                        "tenant with the most requests in flight (this many at least, and more than "
+                                        "any other tenant) is refused too: shedding starts with whoever grows the pool.")
 
     @model_validator(mode="after")
     def _marks_in_order(self) -> "PoolSpec":
@@ -301,6 +304,12 @@ class RagSpec(_Strict):
                                         "gives no `limit`.")
     documents_page_max: int = Field(100, ge=1, description="Largest `limit` of a document listing page.")
     max_document_chars: int = Field(2_000_000, ge=1, description="Characters per ingested document.")
+    max_ingest_jobs_per_tenant: int = Field(2, ge=1, description="Ingest jobs (\"async\": true) one tenant may "
+                                            "run at once; another is a 429 until one ends.")
+    ingest_job_heartbeat_s: float = Field(5.0, gt=0, description="How often a running ingest job says it is "
+                                          "alive; one silent for 6 beats (its replica died) reads as failed.")
+    ingest_job_retention_s: float = Field(86400.0, gt=0, description="How long a finished ingest job stays "
+                                          "readable.")
     max_question_chars: int = Field(8000, ge=16, description="Characters in the question of a search, a RAG "
                                     "query or chat-with-RAG (its last user message); longer ones get 400.")
     answer_max_tokens: int = Field(256, ge=1, description="Default completion budget for RAG answers.")

@@ -54,9 +54,10 @@ async def extract_here(doc: DocumentInput) -> Extracted:
 
 
 class IngestProgress(BaseModel):
-    """Where an ingest stands; reported after chunking, after each embedder call and once stored."""
+    """Where an ingest stands; reported after chunking, after each embedder call, before the store
+    step (the last point where an ingest job can still be cancelled) and once stored."""
 
-    stage: Literal["chunked", "embedding", "stored"]
+    stage: Literal["chunked", "embedding", "storing", "stored"]
     documents: int = Field(description="Documents in the ingest.")
     chunks: int = Field(description="Chunks they were cut into (known once chunked).")
     chunks_embedded: int = Field(description="Chunks embedded so far.")
@@ -139,6 +140,7 @@ class RagPipeline:
         for doc, chunks in zip(documents, chunked):
             batch.append((doc.id, chunks, vectors[start:start + len(chunks)], doc.metadata, len(doc.text)))
             start += len(chunks)
+        await _report(on_progress, progress.model_copy(update={"stage": "storing", "chunks_embedded": len(texts)}))
         counts = await self.index.upsert_documents(tenant, collection, batch)
         await _report(on_progress, progress.model_copy(update={"stage": "stored", "chunks_embedded": len(texts)}))
         return counts

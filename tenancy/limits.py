@@ -317,6 +317,16 @@ class TenantLimiter(LockedSQLite):
             return self._conn.execute("SELECT count(*) FROM leases WHERE tenant = ?",
                                       (tenant_name,)).fetchone()[0]
 
+    def is_heaviest(self, tenant_name: str, at_least: int) -> bool:
+        """Whether this tenant holds the most leases (requests in flight, every gateway replica), at least
+        `at_least` of them and more than any other tenant: the one whose work grows the pool most."""
+        with self._lock:
+            top = self._conn.execute("SELECT tenant, count(*) AS n FROM leases GROUP BY tenant "
+                                     "ORDER BY n DESC LIMIT 2").fetchall()
+        if not top or top[0][0] != tenant_name or top[0][1] < at_least:
+            return False
+        return len(top) == 1 or top[0][1] > top[1][1]
+
     def forget(self, tenant_name: str) -> None:
         """Delete every row of a tenant (e.g. once it is deleted)."""
         with self._transaction() as conn:

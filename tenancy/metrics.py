@@ -21,6 +21,9 @@ class TenantMetrics:
         self.rejections = Counter(
             "tenant_rejections", "Requests refused by a tenant limit (rpm, tpm, concurrency, model).",
             ["tenant", "reason"], namespace=namespace, registry=registry)
+        self.shed = Counter(
+            "tenant_shed_requests", "Requests the pool guard refused (503) before they ran, by tenant and kind "
+            "(ingest or work).", ["tenant", "kind"], namespace=namespace, registry=registry)
         self.in_flight = Gauge(
             "tenant_in_flight_requests", "Requests currently being served, by tenant.",
             ["tenant"], namespace=namespace, registry=registry)
@@ -38,9 +41,12 @@ class TenantMetrics:
     def observe_rejection(self, tenant: str, reason: str) -> None:
         self.rejections.labels(tenant=tenant, reason=reason).inc()
 
+    def observe_shed(self, tenant: str, kind: str) -> None:
+        self.shed.labels(tenant=tenant, kind=kind).inc()
+
     def forget_tenant(self, tenant: str) -> None:
         """Drop a deleted tenant's series so they stop being exported."""
-        for metric in (self.requests, self.tokens, self.rejections, self.in_flight):
+        for metric in (self.requests, self.tokens, self.rejections, self.shed, self.in_flight):
             metric.remove_by_labels({"tenant": tenant})
 
 def render_metrics(registry: CollectorRegistry) -> tuple[bytes, str]:

@@ -99,3 +99,53 @@ def test_save_key_writes_the_new_key_to_a_new_private_file(tmp_path, monkeypatch
     result, calls = _run_tenants(monkeypatch, ["add", "acme", "--save-key", str(target)])
     assert result.exit_code == 0 and calls == [("POST", "/admin/tenants")]
     assert target.read_text() == "sk-new-key\n" and (target.stat().st_mode & 0o777) == 0o600
+
+
+class _JobClient:
+    """A StackClient stand-in that answers the job routes from a script of GET answers."""
+
+    def __init__(self, answers: list[dict], interrupt_at: int | None = None):
+        self.answers, self.calls, self.interrupt_at = answers, [], interrupt_at
+
+    def request(self, method, path, ok_missing=False, **kwargs):
+        self.calls.append((method, path, kwargs.get("json")))
+        if method == "POST":
+            return {"id": "ingest_1", "status": "in_progress", "counts": {"chunks_embedded": 0}}
+        if method == "DELETE":
+            return {"id": "ingest_1", "status": "cancelling"}
+        if self.interrupt_at is not None and len(self.calls) > self.interrupt_at:
+            raise KeyboardInterrupt
+        return self.answers.pop(0)
+
+
+def _follow(client):
+    from cli.ingest import IngestReport, _ingest_as_job
+
+    report, shown = IngestReport(), []
+    problem = _ingest_as_job(client, "/v1/collections/kb/documents", {"id": "big"}, report, shown.append,
+                             sleep=lambda s: None)
+    return problem, report, shown
+
+
+def test_a_large_file_goes_as_a_job_and_is_followed_to_completion():
+    running = {"id": "ingest_1", "status": "in_progress", "counts": {"chunks_embedded": 300}}
+    done = {"id": "ingest_1", "status": "completed", "counts": {"chunks_embedded": 600}, "result": {"chunks": 600}}
+    client = _JobClient([running, done])
+    problem, report, shown = _follow(client)
+    assert problem is None and (report.sent, report.chunks) == (1, 600) and shown == [0, 300]
+    assert client.calls[0] == ("POST", "/v1/collections/kb/documents", {"documents": [{"id": "big"}], "async": True})
+    assert [c[:2] for c in client.calls[1:]] == [("GET", "/v1/ingest/jobs/ingest_1")] * 2
+
+
+def test_a_failed_job_is_reported_with_its_error():
+    failed = {"id": "ingest_1", "status": "failed", "counts": {"chunks_embedded": 0},
+              "error": {"status": 413, "message": "over capacity"}}
+    problem, report, _ = _follow(_JobClient([failed]))
+    assert problem == "job ingest_1 failed: 413 over capacity" and report.sent == 0
+
+
+def test_ctrl_c_cancels_the_job_on_the_server():
+    client = _JobClient([], interrupt_at=1)
+    with pytest.raises(KeyboardInterrupt):
+        _follow(client)
+    assert client.calls[-1][:2] == ("DELETE", "/v1/ingest/jobs/ingest_1")

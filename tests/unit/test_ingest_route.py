@@ -45,7 +45,7 @@ def test_stream_reports_progress_then_the_same_answer_as_json(gateway):
     events = streamed(response)
     progress = [e for e in events if e["event"] == "progress"]
     assert [(e["stage"], e["chunks_embedded"]) for e in progress] == [
-        ("chunked", 0), ("embedding", 3), ("embedding", 6), ("embedding", 7), ("stored", 7)]
+        ("chunked", 0), ("embedding", 3), ("embedding", 6), ("embedding", 7), ("storing", 7), ("stored", 7)]
     assert all(e["chunks"] == 7 and e["documents"] == 1 for e in progress)
     done = events[-1]
     assert done["event"] == "done" and done["chunks"] == 7 and done["documents"] == [{"id": "a", "chunks": 7}]
@@ -59,7 +59,7 @@ def test_a_failed_ingest_ends_the_stream_with_its_error(gateway):
     events = streamed(asyncio.run(gateway.ingest_body("kb", body({"id": "a", "text": LONG}, stream=True), request())))
     assert events[-1]["event"] == "error" and events[-1]["status"] == 413
     assert "capacity" in events[-1]["error"]["message"].lower()
-    assert [e["stage"] for e in events[:-1]] == ["chunked", "embedding"]  # nothing was stored
+    assert [e["stage"] for e in events[:-1]] == ["chunked", "embedding", "storing"]  # and never "stored"
 
 
 def test_html_and_markdown_uploads_are_stored_as_text(gateway):

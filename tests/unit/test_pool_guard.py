@@ -76,6 +76,22 @@ def test_shedding_ingest_refuses_ingest_only():
     assert _state_at(guard, reader, clock, 0.89) == "shedding_ingest"
 
 
+def test_shedding_ingest_also_refuses_the_heaviest_tenants_work_and_asks_only_then():
+    reader, clock = FakeReader(0.5), FakeClock()
+    guard = _guard(reader, clock)
+    asked = []
+
+    def heaviest(answer: bool):
+        return lambda: asked.append(answer) or answer
+
+    assert guard.refusal("work", heaviest(True)) is None and asked == []  # ok: who is heaviest is not read
+    assert _state_at(guard, reader, clock, 0.85) == "shedding_ingest"
+    refused = guard.refusal("work", heaviest(True))
+    assert refused is not None and "the tenant with the most requests in flight" in refused
+    assert guard.refusal("work", heaviest(False)) is None
+    assert asked == [True, False]
+
+
 def test_shedding_all_refuses_both():
     reader, clock = FakeReader(0.9), FakeClock()
     guard = _guard(reader, clock)

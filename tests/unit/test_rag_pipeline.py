@@ -62,7 +62,7 @@ def test_ingest_embeds_in_bounded_batches_and_keeps_vectors_with_their_documents
             np.testing.assert_array_equal(vector, bag_of_words(chunk.text))
 
 
-def test_ingest_reports_its_progress_after_chunking_each_embedder_call_and_storing():
+def test_ingest_reports_its_progress_after_chunking_each_embedder_call_before_and_after_storing():
     heard = []
 
     async def on_progress(progress):  # an async listener is awaited, a plain one just called
@@ -71,7 +71,7 @@ def test_ingest_reports_its_progress_after_chunking_each_embedder_call_and_stori
     pipeline = RagPipeline(FakeEmbedder(), RecordingIndex(), PipelineSettings(embed_batch_chunks=2))
     run(pipeline.ingest("t", "kb", DOCS, on_progress))
     assert heard == [("chunked", 3, 5, 0), ("embedding", 3, 5, 2), ("embedding", 3, 5, 4), ("embedding", 3, 5, 5),
-                     ("stored", 3, 5, 5)]
+                     ("storing", 3, 5, 5), ("stored", 3, 5, 5)]
 
 
 def test_chunks_are_embedded_with_their_documents_title_but_stored_without_it(store):

@@ -206,3 +206,39 @@ def test_a_utf8_character_split_across_pieces_is_joined():
         return [events async for events in sse_event_batches(pieces())]
 
     assert asyncio.run(collect()) == [['{"text": "naïve €"}']]
+
+
+def _usage_chunk(index: int, prompt: int, completion: int) -> dict:
+    return {"object": "chat.completion.chunk", "choices": [_choice(index, "x")],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion}}
+
+
+def test_a_stream_of_n_choices_cut_before_its_final_usage_is_charged_every_choice():
+    from deployments.streams import UsageTally
+
+    tally = UsageTally(choices_per_prompt=3)
+    for chunk in (_usage_chunk(0, 10, 0), _usage_chunk(1, 10, 0), _usage_chunk(2, 10, 0),
+                  _usage_chunk(0, 10, 4), _usage_chunk(1, 10, 7), _usage_chunk(2, 10, 2), _usage_chunk(0, 10, 5)):
+        tally.observe(chunk)
+    assert tally.usage() == {"prompt_tokens": 10, "completion_tokens": 5 + 7 + 2, "total_tokens": 24}
+    tally.observe(USAGE)  # the engine's own total, once it comes, is the answer
+    assert tally.usage() == USAGE["usage"]
+
+
+def test_a_list_of_prompts_counts_each_prompt_once_and_every_choice():
+    from deployments.streams import UsageTally
+
+    tally = UsageTally(choices_per_prompt=2)  # 2 prompts x n=2: choices 0,1 answer prompt 0; 2,3 prompt 1
+    for chunk in (_usage_chunk(0, 8, 3), _usage_chunk(1, 8, 1), _usage_chunk(2, 20, 6), _usage_chunk(3, 20, 2)):
+        tally.observe(chunk)
+    assert tally.usage() == {"prompt_tokens": 28, "completion_tokens": 12, "total_tokens": 40}
+    assert UsageTally().usage() is None  # nothing seen: nothing to charge
+
+
+def test_a_hung_up_n2_stream_records_both_choices():
+    guard, tenant = _FakeGuard(), SimpleNamespace(name="acme")
+    tokens = RequestTokens(TokenReservation(minute=1, tokens=100))
+    request = SimpleNamespace(scope={TENANT_KEY: tenant, GUARD_KEY: guard, "poolserve.tokens": tokens})
+    source = _aiter_then_raise(_chunks(_usage_chunk(0, 10, 6), _usage_chunk(1, 10, 9)), RuntimeError("client gone"))
+    _payloads(_collect(tracked_stream(source, request, "m", None, False, choices_per_prompt=2)))
+    assert ("usage", "acme", "m", 10, 15) in guard.recorded

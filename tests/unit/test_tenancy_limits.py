@@ -291,3 +291,17 @@ def test_parallel_admissions_do_not_keep_an_oversized_estimate_out_of_an_unused_
     outcomes = [limiter.reserve_more(tenant, a.reservation, 50_000).allowed for a in admitted]
     assert outcomes == [True, False, False, False]  # one runs (capped to the TPM), the rest get 429
     assert not limiter.admit(tenant, 1, reserve=False).allowed  # and the spent minute refuses the next
+
+
+def test_the_heaviest_tenant_holds_the_most_leases_and_more_than_any_other(limiter):
+    big, small = Tenant(name="big"), Tenant(name="small")
+    assert not limiter.is_heaviest("big", at_least=2)  # nobody in flight
+    limiter.try_acquire(big)
+    assert not limiter.is_heaviest("big", at_least=2)  # one request is nobody's flood
+    limiter.try_acquire(big)
+    assert limiter.is_heaviest("big", at_least=2) and not limiter.is_heaviest("small", at_least=2)
+    limiter.try_acquire(small)
+    limiter.try_acquire(small)
+    assert not limiter.is_heaviest("big", at_least=2)  # a tie: no one is heaviest
+    limiter.try_acquire(small)
+    assert limiter.is_heaviest("small", at_least=2) and not limiter.is_heaviest("big", at_least=2)

@@ -4,7 +4,9 @@ concurrency lease and token reservation always go back."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 
 import pytest
 from fastapi import FastAPI, Request
@@ -12,7 +14,7 @@ from starlette.responses import StreamingResponse
 from starlette.testclient import TestClient
 
 from deployments.errors import install_error_handlers
-from deployments.tenants import (ADMIN_KEY_ENV, RESEED_ENV, TenantAuthMiddleware, guard_of, record_usage,
+from deployments.tenants import (ADMIN_KEY_ENV, RESEED_ENV, TenantAuthMiddleware, detach, guard_of, record_usage,
                                  reserve_tokens, tenant_of)
 from tenancy import DEMO_KEY_ENV, parse_api_key
 
@@ -40,6 +42,23 @@ def _app() -> FastAPI:
         if used:
             await record_usage(request, "m", {"prompt_tokens": used, "completion_tokens": 0})
         return _state(request)
+
+    @app.post("/v1/job")
+    async def job(request: Request):
+        """Answers at once; its work (reserved 100 tokens, uses 30) goes on until /v1/finish."""
+        await reserve_tokens(request, 100)
+
+        async def work():
+            await app.state.finish.wait()
+            await record_usage(request, "m", {"prompt_tokens": 30, "completion_tokens": 0})
+        app.state.finish = asyncio.Event()
+        detach(request, asyncio.get_running_loop().create_task(work()))
+        return _state(request)
+
+    @app.get("/v1/finish")
+    async def finish(request: Request):
+        app.state.finish.set()
+        return {}
 
     @app.get("/v1/boom")
     async def boom(request: Request):
@@ -214,3 +233,41 @@ def test_a_held_lease_refuses_the_next_request_with_429(make_mw):
     finally:
         mw.guard.limiter.release(tenant, held.lease_id)
     assert mw.guard.limiter.in_flight("acme") == 0
+
+
+def test_detached_work_gives_its_slot_back_with_the_response_and_holds_its_reservation(make_mw):
+    mw = make_mw()
+    _freeze(mw)
+    tenant, key = mw.guard.store.create_tenant("acme", tpm=1000, max_concurrency=1)
+    with _client(mw) as client:
+        started = client.post("/api/v1/job", headers=_auth(key))
+        assert started.status_code == 200 and started.json()["in_flight"] == 1
+        assert mw.guard.limiter.in_flight("acme") == 0, "the slot goes back: the tenant can follow its job"
+        assert mw.guard.limiter.tokens_remaining(tenant) == 900, "the reservation stays with the work"
+        assert client.get("/api/v1/finish", headers=_auth(key)).status_code == 200
+        for _ in range(200):  # the settlement runs in a thread after the work's task ends
+            if mw.guard.limiter.tokens_remaining(tenant) == 970:
+                break
+            time.sleep(0.01)
+        assert mw.guard.limiter.tokens_remaining(tenant) == 970, "settled to what the work used"
+
+
+def test_past_the_ingest_mark_the_heaviest_tenant_is_shed_first_and_counted(make_mw):
+    from deployments.pool_guard import PoolGuard, PoolReading
+
+    mw = make_mw()
+    mw.guard.pool = PoolGuard(0.8, 0.9, reader=lambda: PoolReading(85, 100, "test pool"), registry=None)
+    heavy, heavy_key = mw.guard.store.create_tenant("heavy")
+    _, light_key = mw.guard.store.create_tenant("light")
+    held = [mw.guard.limiter.try_acquire(heavy) for _ in range(2)]  # two of its requests still running
+    try:
+        with _client(mw) as client:
+            shed = client.post("/api/v1/gen", params={"estimate": 1}, headers=_auth(heavy_key))
+            assert shed.status_code == 503 and shed.headers["Retry-After"] == "5"
+            assert "most requests in flight" in shed.json()["error"]["message"]
+            assert client.post("/api/v1/gen", params={"estimate": 1}, headers=_auth(light_key)).status_code == 200
+        assert mw.guard.metrics.shed.labels(tenant="heavy", kind="work")._value.get() == 1
+        assert mw.guard.metrics.shed.labels(tenant="light", kind="work")._value.get() == 0
+    finally:
+        for lease in held:
+            mw.guard.limiter.release(heavy, lease.lease_id)

@@ -1,0 +1,72 @@
+"""Gateway._generate without Ray: a non-streamed answer runs to its end and is charged even when the
+client hangs up; a streamed one is handed to tracked_stream with its number of choices."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+from starlette.responses import JSONResponse, StreamingResponse
+
+from deployments import gateway as gateway_module
+from deployments.gateway import Gateway
+
+
+@pytest.fixture
+def gateway(monkeypatch):
+    recorded = []
+
+    async def record_usage(request, model, usage, status=200):
+        recorded.append((model, usage, status))
+
+    monkeypatch.setattr(gateway_module, "record_usage", record_usage)
+    gw = object.__new__(Gateway)  # no Ray: only what _generate and _finish read
+    gw._settings = {"unavailable_retry_after_s": 10}
+    gw._healthy_until = 0.0
+    gw.recorded = recorded
+    return gw
+
+
+def test_a_non_streamed_answer_is_finished_and_charged_after_the_client_hangs_up(gateway):
+    release = asyncio.Event()
+    usage = {"prompt_tokens": 12, "completion_tokens": 30, "total_tokens": 42}
+
+    async def engine():
+        await release.wait()
+        return JSONResponse({"choices": [{"message": {"content": "done"}}], "usage": usage})
+
+    async def scenario():
+        request = SimpleNamespace(scope={})
+        task = asyncio.ensure_future(gateway._generate(request, "m", engine(), SimpleNamespace(stream=False, n=1),
+                                                       None, (True, False)))
+        await asyncio.sleep(0.01)
+        task.cancel()  # what the server does when the client hangs up
+        await asyncio.sleep(0.01)
+        assert not task.done(), "the cancellation waits for the answer"
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, timeout=10)
+
+    asyncio.run(scenario())
+    assert gateway.recorded == [("m", usage, 200)]
+
+
+def test_a_streamed_answer_is_tracked_with_its_choices(gateway, monkeypatch):
+    seen = {}
+
+    def tracked(body_iterator, request, model, cited, *wanted, on_broken=None, choices_per_prompt=1):
+        seen.update(model=model, choices_per_prompt=choices_per_prompt)
+        return body_iterator
+
+    monkeypatch.setattr(gateway_module, "tracked_stream", tracked)
+
+    async def parts():
+        yield "data: [DONE]\n\n"
+
+    async def engine():
+        return StreamingResponse(parts(), media_type="text/event-stream")
+
+    response = asyncio.run(gateway._generate(SimpleNamespace(scope={}), "m", engine(),
+                                             SimpleNamespace(stream=True, n=3), None, (False, False)))
+    assert isinstance(response, StreamingResponse) and seen == {"model": "m", "choices_per_prompt": 3}
