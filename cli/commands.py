@@ -15,6 +15,7 @@ from rich.table import Table
 from cli.client import ADMIN_KEY_ENV, API_KEY_ENV, DEFAULT_URL, URL_ENV, ClientError, StackClient, resolve_key
 from cli.files import walk
 from cli.ingest import ingest_files
+from cli.sync import sync_once, watch
 from system.private_files import open_private
 
 collections_app = typer.Typer(help="The tenant's collections: list (no subcommand) or remove one.",
@@ -43,10 +44,16 @@ def _fail(exc: ClientError) -> typer.Exit:
 
 def ingest(paths: list[Path] = typer.Argument(..., help="Files and folders (walked recursively)."),
            collection: str = typer.Option(..., "--collection", "-c", help="The collection to load into."),
+           sync: bool = typer.Option(False, "--sync", help="Make the collection equal to the folders: also delete "
+                                     "documents whose files are gone. Shows what it would do; --yes does it."),
+           yes: bool = typer.Option(False, "--yes", "-y", help="With --sync: carry the sync out."),
            base_url: str = _url(), key_file: Path | None = _key_file(False)) -> None:
-    """Load plain text, Markdown and HTML files into a collection, with progress. Unchanged files (same
-    content hash in the stored document's metadata) are skipped; a failing file is reported and the rest go on."""
+    """Load text, Markdown, HTML, XHTML, PDF, DOCX and PPTX files into a collection, with progress. Unchanged
+    files (same content hash in the stored document's metadata) are skipped; a failing file is reported and the
+    rest go on. Files of 1 MiB and more go as ingest jobs."""
     console = Console(stderr=True)
+    if sync:
+        return _sync(paths, collection, yes, base_url, key_file, console)
     files, missing = walk(paths)
     for path in missing:
         console.print(f"[red]failed[/red] {path}: no such file or folder")
@@ -58,6 +65,53 @@ def ingest(paths: list[Path] = typer.Argument(..., help="Files and folders (walk
     typer.echo(f"{report.sent} files ingested ({report.chunks} chunks, {report.chunks_per_s:.1f} chunks/s), "
                f"{report.skipped} unchanged and skipped, {len(report.failed) + len(missing)} failed")
     if report.failed or missing:
+        raise typer.Exit(1)
+
+
+def _sync(paths: list[Path], collection: str, yes: bool, base_url: str, key_file: Path | None,
+          console: Console) -> None:
+    missing = [p for p in paths if not p.exists()]
+    if missing:  # a folder that is not there would delete everything it held
+        for path in missing:
+            console.print(f"[red]failed[/red] {path}: no such file or folder")
+        raise typer.Exit(1)
+    try:
+        with _client(base_url, key_file, admin=False) as client:
+            plan, report = sync_once(client, collection, paths, console, apply=yes)
+    except ClientError as exc:
+        raise _fail(exc) from None
+    if report is None:
+        typer.echo(f"{collection}: {plan.summary()}" + ("" if not plan.changes or yes else
+                                                         "; nothing changed: run again with --yes to sync"))
+        for doc_id in plan.delete:
+            typer.echo(f"  would delete {doc_id}")
+        return
+    typer.echo(f"{collection}: {report.ingest.sent} ingested ({report.ingest.chunks} chunks), {report.deleted} "
+               f"deleted, {plan.unchanged} unchanged, {len(report.failed)} failed")
+    if report.failed:
+        raise typer.Exit(1)
+
+
+def watch_folder(paths: list[Path] = typer.Argument(..., help="Folders (and files) to keep the collection equal to."),
+                 collection: str = typer.Option(..., "--collection", "-c", help="The collection to keep in sync."),
+                 interval: float = typer.Option(5.0, "--interval", min=0.5, help="Seconds between looks at the files."),
+                 cycles: int = typer.Option(0, "--cycles", min=0, help="Stop after this many passes (0: until Ctrl-C)."),
+                 base_url: str = _url(), key_file: Path | None = _key_file(False)) -> None:
+    """Keep a collection equal to folders: sync now (adds, replacements and deletions, as `ingest --sync --yes`),
+    then again whenever a file is added, changed or removed. Unchanged files are not read again."""
+    console = Console(stderr=True)
+    missing = [p for p in paths if not p.exists()]
+    if missing:
+        console.print(f"[red]error:[/red] no such file or folder: {', '.join(map(str, missing))}")
+        raise typer.Exit(1)
+    try:
+        with _client(base_url, key_file, admin=False) as client:
+            failures = watch(client, collection, paths, console, interval, cycles)
+    except ClientError as exc:
+        raise _fail(exc) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    if failures:
         raise typer.Exit(1)
 
 
@@ -278,6 +332,7 @@ def tenants_keys(ctx: typer.Context, name: str = typer.Argument(...),
 
 def register(app: typer.Typer) -> None:
     app.command()(ingest)
+    app.command("watch")(watch_folder)
     app.command()(query)
     app.add_typer(collections_app, name="collections")
     app.add_typer(tenants_app, name="tenants")

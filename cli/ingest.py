@@ -55,8 +55,11 @@ def stored_metadata(client: StackClient, collection: str) -> dict[str, dict]:
         params = {"after": page["last_id"]}
 
 
-def ingest_files(client: StackClient, collection: str, files: list[SourceFile], console: Console) -> IngestReport:
-    stored = stored_metadata(client, collection)  # also a 400 for a malformed name, before any file
+def ingest_files(client: StackClient, collection: str, files: list[SourceFile], console: Console,
+                 stored: dict[str, dict] | None = None) -> IngestReport:
+    """Send each file (skipping those `stored`, the collection's documents, holds unchanged)."""
+    if stored is None:
+        stored = stored_metadata(client, collection)  # also a 400 for a malformed name, before any file
     report, started = IngestReport(), time.perf_counter()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("files"),
                TextColumn("{task.fields[chunks]} chunks"), TextColumn("{task.fields[rate]:.1f} chunks/s"),

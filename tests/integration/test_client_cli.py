@@ -89,6 +89,37 @@ def test_ingest_a_folder_skip_unchanged_query_and_remove(cli, tenant, tmp_path, 
     assert "400" in refused.output and "collection name" in refused.output
 
 
+def test_sync_makes_the_collection_equal_to_the_folder_and_watch_follows_it(cli, tenant, tmp_path, stack):
+    name, key_file = tenant
+    docs, _ = _folder(tmp_path)
+    key = ("--key-file", str(key_file))
+    cli("ingest", str(docs), "--collection", "synced", *key)
+    (docs / "policies" / "laptops.txt").unlink()
+    (docs / "leave.md").write_text("# Leave\n\nAnnual leave is 30 days a year.\n")
+    (docs / "parking.md").write_text("# Parking\n\nVisitor parking is behind building C.\n")
+
+    dry = cli("ingest", str(docs), "--collection", "synced", "--sync", *key)
+    assert "1 to add, 1 to replace, 1 to delete, 1 unchanged" in dry.output and "--yes" in dry.output
+    assert "would delete docs:policies:laptops.txt" in dry.output
+    done = cli("ingest", str(docs), "--collection", "synced", "--sync", "--yes", *key)
+    assert "2 ingested" in done.output and "1 deleted" in done.output and "0 failed" in done.output
+
+    def stored() -> dict:
+        with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {key_file.read_text().strip()}"},
+                          timeout=60) as http:
+            return {d["id"]: d["metadata"] for d in http.get("/v1/collections/synced/documents").json()["data"]}
+    assert set(stored()) == {"docs:leave.md", "docs:parking.md", "docs:policies:travel.html"}
+    again = cli("ingest", str(docs), "--collection", "synced", "--sync", "--yes", *key)
+    assert "0 to add, 0 to replace, 0 to delete, 3 unchanged" in again.output
+
+    (docs / "parking.md").unlink()
+    watched = cli("watch", str(docs), "--collection", "synced", "--cycles", "1", "--interval", "0.5", *key)
+    assert "1 deleted" in watched.output
+    assert set(stored()) == {"docs:leave.md", "docs:policies:travel.html"}
+    missing = cli("ingest", str(tmp_path / "nope"), "--collection", "synced", "--sync", "--yes", *key, check=1)
+    assert "no such file or folder" in missing.output and len(stored()) == 2  # nothing deleted for a typo
+
+
 def test_tenants_list_usage_keys_and_rm(cli, tenant, stack):
     name, key_file = tenant
     assert name in cli("tenants", "list").output

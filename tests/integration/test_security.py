@@ -166,6 +166,50 @@ def test_a_client_that_hangs_up_still_pays_and_holds_its_slot(stack, admin_heade
     assert sum(r["prompt_tokens"] for r in usage) > 384 * 200, "the abandoned work was charged"
 
 
+def _charged(stack, admin_headers, name: str) -> tuple[int, int]:
+    usage = httpx.get(f"{stack.url}/admin/tenants/{name}/usage", headers=admin_headers, timeout=30).json()["usage"]
+    return sum(r["prompt_tokens"] for r in usage), sum(r["completion_tokens"] for r in usage)
+
+
+def _until_charged(stack, admin_headers, name: str, completion_at_least: int) -> tuple[int, int]:
+    deadline, charged = time.monotonic() + 120, (0, 0)
+    while time.monotonic() < deadline:
+        charged = _charged(stack, admin_headers, name)
+        if charged[1] >= completion_at_least:
+            return charged
+        time.sleep(0.5)
+    pytest.fail(f"charged {charged} (prompt, completion) after 120 s; expected {completion_at_least}+ completion")
+
+
+def test_a_non_streamed_chat_whose_client_hangs_up_runs_on_and_is_charged(stack, admin_headers):
+    name, headers = _new_tenant(stack, admin_headers)
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Count from one to one hundred."}],
+            "max_tokens": 48, "temperature": 0, "ignore_eos": True}
+    with httpx.Client(base_url=stack.url, headers=headers) as http:
+        with pytest.raises(httpx.TimeoutException):
+            http.post("/v1/chat/completions", json=chat, timeout=0.5)
+    prompt, completion = _until_charged(stack, admin_headers, name, 48)
+    assert prompt > 0 and completion == 48, "what ran was charged: the whole answer"
+
+
+def test_a_cut_stream_of_n_choices_is_charged_every_choice(stack, admin_headers):
+    name, headers = _new_tenant(stack, admin_headers)
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Tell a long story."}], "n": 3,
+            "max_tokens": 64, "temperature": 0.8, "ignore_eos": True, "stream": True}
+    received = {}
+    with httpx.Client(base_url=stack.url, headers=headers, timeout=60) as http:
+        with http.stream("POST", "/v1/chat/completions", json=chat) as response:
+            assert response.status_code == 200
+            for line in response.iter_lines():  # leave once every choice has sent 8 pieces
+                if line.startswith("data: {"):
+                    for choice in json.loads(line[6:]).get("choices", []):
+                        received[choice["index"]] = received.get(choice["index"], 0) + 1
+                if len(received) == 3 and min(received.values()) >= 8:
+                    break
+    _, completion = _until_charged(stack, admin_headers, name, 3 * 6)
+    assert completion >= 3 * 6, f"every choice's tokens so far were charged, not one choice's: {completion}"
+
+
 def test_each_tenant_gets_its_own_prefix_cache_namespace(client):
     # vLLM accepts the salt the gateway sets (and one the client adds, which only splits its own namespace).
     for salt in (None, "client-salt"):
