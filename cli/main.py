@@ -275,7 +275,8 @@ def status(url: str | None = typer.Option(None, "--url", help="Gateway base URL;
         table.add_column(col, justify="right" if col != "replica" else "left")
     for r in data.get("replicas", []):
         planned, measured = int(r.get("planned_bytes") or 0), int(r.get("measured_bytes") or 0)
-        at_rest = int(r.get("planned_at_rest_bytes") or planned)
+        # the retriever's: for what it holds now (its index and SQLite cache as filled), from /status
+        at_rest = int(r.get("planned_for_contents_bytes") or r.get("planned_at_rest_bytes") or planned)
         error = f"{(measured - at_rest) / at_rest * 100:+.1f}%" if at_rest else "n/a"
         table.add_row(str(r.get("name")), gib(planned), gib(at_rest), gib(measured), error,
                       gib(int(r.get("anon_bytes") or 0)), gib(int(r.get("file_bytes") or 0)),

@@ -64,6 +64,11 @@ def render_pool(status: dict) -> str:
 </section>"""
 
 
+def _at_rest(replica: dict):
+    """The plan at rest; for the retriever, for what it holds now (its index and cache as they are filled)."""
+    return replica.get("planned_for_contents_bytes") or replica.get("planned_at_rest_bytes")
+
+
 def render_replicas(status: dict) -> str:
     rows = []
     for r in status["replicas"]:
@@ -71,7 +76,7 @@ def render_replicas(status: dict) -> str:
         share = f"{measured / planned:.0%}" if planned and measured is not None else "n/a"
         rows.append(f'<tr data-replica="{_attr(r["name"])}" data-planned-bytes="{_attr(planned)}" '
                     f'data-measured-bytes="{_attr(measured)}"><td>{escape(r["name"])}</td><td>{mib(planned)}</td>'
-                    f'<td>{mib(r.get("planned_at_rest_bytes"))}</td><td>{mib(measured)}</td><td>{share}</td>'
+                    f'<td>{mib(_at_rest(r))}</td><td>{mib(measured)}</td><td>{share}</td>'
                     f'<td>{escape(r.get("error", ""))}</td></tr>')
     return ('<section id="replicas"><h2>Replicas: planned against measured (PSS)</h2><table><thead><tr>'
             '<th>replica</th><th>planned</th><th>planned at rest</th><th>measured</th><th>of plan</th><th></th>'

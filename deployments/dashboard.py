@@ -23,6 +23,7 @@ import dashboard
 from dashboard import session
 from dashboard.figures import measured_by_replica, tenants_today
 from dashboard.history import MemoryHistory
+from planner.outputs import ContentsPlan
 from dashboard.render import login_page, page, render_sections
 from system.process_memory import process_tree_memory
 from deployments.public_paths import client_address
@@ -78,6 +79,13 @@ class DashboardRoutes:
 
     async def _status_body(self, request: Request) -> dict:
         replicas, stats = await asyncio.gather(self._measure_replicas(), self._retriever.stats.remote())
+        contents = self._settings.get("planned_contents", {})
+        for replica in replicas:  # the retriever's plan for what it holds now, not only for an empty store
+            plan = contents.get(replica["name"])
+            if plan is not None and replica.get("planned_at_rest_bytes") is not None:
+                plan = ContentsPlan.model_validate(plan)
+                replica["planned_for_contents_bytes"] = replica["planned_at_rest_bytes"] + plan.bytes_for(
+                    stats.get("vectors", 0), stats.get("database_bytes", 0))
         return {"replicas": replicas, "retriever": stats, "pool": guard_of(request).pool.describe()}
 
     async def status(self, request: Request) -> Response:

@@ -69,6 +69,22 @@ class ChatModelCard(_Output):
     replica: str = Field(description="The engine's replica name in the plan.")
 
 
+class ContentsPlan(_Output):
+    """The retriever's growth lines for what it holds now: each stored chunk's index bytes, and SQLite's
+    page cache, which fills up to its size with the database as it is read. Measured: flat 1,624 and
+    HNSW (M=32) 1,802 bytes per 384-d chunk against 1,592 and 1,848 planned; the 64 MiB cache held
+    0.77-0.94 of a database under it, and its whole size above it (bench/bench_retriever_memory.py,
+    docs/BENCHMARKS.md "The retriever's memory and its contents")."""
+
+    per_chunk_bytes: int = Field(description="Index bytes one stored chunk adds (vector, graph links, id map).")
+    cache_bytes: int = Field(description="SQLite's page cache at most (retriever.sqlite_cache_bytes).")
+    capacity_chunks: int = Field(description="Chunks the index is planned for (retriever.capacity_chunks).")
+
+    def bytes_for(self, chunks: int, database_bytes: int) -> int:
+        """The growth lines' bytes for `chunks` stored in a database of `database_bytes`."""
+        return min(chunks, self.capacity_chunks) * self.per_chunk_bytes + min(self.cache_bytes, database_bytes)
+
+
 class GatewaySettings(RagSpec):
     """Everything the gateway reads, from the profile and its plan (the RAG section's fields included)."""
 
@@ -77,6 +93,9 @@ class GatewaySettings(RagSpec):
     embed_model_id: str = Field(description="The embedder's id for /v1/embeddings.")
     planned_bytes: dict[str, int] = Field(description="Each replica's budget (ceiling), for /status and the guard.")
     planned_at_rest_bytes: dict[str, int] = Field(description="Each replica's planned resident memory at rest.")
+    planned_contents: dict[str, ContentsPlan] = Field(default_factory=dict, description="Replicas whose plan "
+                                                      "grows with what they hold (the retriever): /status adds "
+                                                      "it to the at-rest plan for the current contents.")
     max_choices: int = Field(description="Largest n / best_of.")
     max_prompts: int = Field(description="Most prompts in one completions request.")
     max_embedding_inputs: int = Field(description="Most inputs in one embeddings request.")

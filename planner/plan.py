@@ -23,7 +23,7 @@ from planner.architecture import ArchitectureError, embedding_dimension
 from planner.engine import EngineError, plan_engine, utilization_for
 from planner.errors import Overcommit, PlanError
 from planner.gpu import gpu_fraction, split_device_lines
-from planner.outputs import ChatModelCard, EngineArgs, GatewaySettings, RayActorOptions
+from planner.outputs import ChatModelCard, ContentsPlan, EngineArgs, GatewaySettings, RayActorOptions
 from planner.profile import PoolSpec, Profile, pinned
 from planner.units import gib
 from planner.weights import safetensors_bytes
@@ -48,6 +48,8 @@ class ReplicaPlan(BaseModel):
     host_bytes: int = Field(0, description="Discrete GPU: the replica's host memory, outside the GPU pool "
                                            "(planned_bytes and breakdown are then its device memory).")
     host_breakdown: dict[str, int] = Field(default_factory=dict, description="Discrete GPU: the host lines.")
+    contents: ContentsPlan | None = Field(None, description="Retriever: its growth lines for the contents it "
+                                          "holds, so /status can compare against the plan for what is stored.")
 
     def serve_options(self) -> dict:
         """Ray Serve deployment options for this replica; the app and `poolserve render` both use this."""
@@ -268,18 +270,20 @@ def _side_replicas(profile: Profile, gpu: bool, dim: int, first_order: int = 1,
     gw_lines.update({"extraction.workers": ext.workers * runtime.EXTRACTION_WORKER,
                      "extraction.documents (memory cap)": extraction_growth})
 
-    def replica(name, lines, spec, threads, order, growth=0, gpus=0.0, copies=1):
+    def replica(name, lines, spec, threads, order, growth=0, gpus=0.0, copies=1, contents=None):
         env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
         total = sum(lines.values())
         opts = RayActorOptions(num_cpus=spec.num_cpus, memory=total, num_gpus=gpus or None)
         return ReplicaPlan(name=name, kind=name, planned_bytes=total, breakdown=lines, growth_bytes=growth,
-                           ray_actor_options=opts, env=env, start_order=order, num_replicas=copies)
+                           ray_actor_options=opts, env=env, start_order=order, num_replicas=copies, contents=contents)
 
     return [
         replica("embedder", emb_lines, emb, emb.torch_threads, first_order, growth=0 if gpu else emb_act,
                 gpus=gpu_fraction(sum(emb_lines.values()), pool_bytes) if gpu else 0.0),
         replica("retriever", ret_lines, ret, ret.faiss_threads, first_order + 1,
-                growth=index + n * 56 + ret.sqlite_cache_bytes),
+                growth=index + n * 56 + ret.sqlite_cache_bytes,
+                contents=ContentsPlan(per_chunk_bytes=index // n + 56, cache_bytes=ret.sqlite_cache_bytes,
+                                      capacity_chunks=n)),
         replica("gateway", gw_lines, gw, 1, first_order + 2, growth=2 * gw.max_body_bytes + runtime.GATEWAY_TRAFFIC_GROWTH + extraction_growth,
                 copies=gw.replicas),
     ]
@@ -535,7 +539,8 @@ def _gateway_settings(profile: Profile, replicas: list[ReplicaPlan]) -> GatewayS
         embed_model_id=profile.embedder.model_id, embed_max_seq_tokens=profile.embedder.max_seq_tokens,
         state_dir=profile.state_dir,
         planned_bytes={r.name: r.planned_bytes for r in replicas},
-        planned_at_rest_bytes={r.name: r.planned_bytes - r.growth_bytes for r in replicas})
+        planned_at_rest_bytes={r.name: r.planned_bytes - r.growth_bytes for r in replicas},
+        planned_contents={r.name: r.contents for r in replicas if r.contents is not None})
 
 
 def _start_lines(name: str, chat, eng, spec: PoolSpec) -> dict[str, int]:

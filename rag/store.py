@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -55,6 +56,7 @@ class KnowledgeStore:
         self.quotas = quotas or Quotas()
         # HNSW tombstones past this fraction of a collection's vectors: rebuild it from SQLite.
         self.rebuild_deleted_fraction = rebuild_deleted_fraction
+        self.db_path = Path(db_path)
         self.index_dir = Path(db_path).parent / f"{Path(db_path).stem}.faiss"
         # FULL: a document the client was told is stored must survive a power loss (FAISS is rebuilt
         # from SQLite, so SQLite is the only copy). One fsync per transaction (a whole batch of documents),
@@ -396,7 +398,18 @@ class KnowledgeStore:
         with self._lock:
             vectors = sum(index.live for index in self._indexes.values())
             return {"collections": len(self._indexes), "vectors": vectors,
-                    "index_bytes_estimate": sum(index.index.ntotal for index in self._indexes.values()) * self.dim * 4}
+                    "index_bytes_estimate": sum(index.index.ntotal for index in self._indexes.values()) * self.dim * 4,
+                    "database_bytes": self._database_bytes()}
+
+    def _database_bytes(self) -> int:
+        """The database file and its WAL: what SQLite's page cache can fill with."""
+        total = 0
+        for suffix in ("", "-wal"):
+            try:
+                total += os.stat(f"{self.db_path}{suffix}").st_size
+            except OSError:
+                pass
+        return total
 
     def close(self) -> None:
         """Save the changed indexes (the next start loads them) and close the database."""

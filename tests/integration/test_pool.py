@@ -98,3 +98,15 @@ def test_the_guard_sheds_load_before_the_pool_runs_out_and_recovers(stack, clien
     assert client.post("/v1/collections/squeeze/documents",
                        json={"documents": [{"id": "d", "text": "stored once the pool recovered"}]}).status_code == 200
     print(f"squeeze: guard states {states}")
+
+
+def test_status_plans_the_retriever_for_what_it_holds(stack, client, admin_headers):
+    posted = client.post("/v1/collections/contents-plan/documents", json={"documents": [
+        {"id": f"c{i}", "text": f"Contents plan passage {i}. " * 40} for i in range(20)]})
+    assert posted.status_code == 200, posted.text
+    status = httpx.get(f"{stack.url}/status", headers=admin_headers, timeout=60).json()
+    retriever = next(r for r in status["replicas"] if r["name"] == "retriever")
+    assert status["retriever"]["vectors"] >= posted.json()["chunks"] and status["retriever"]["database_bytes"] > 0
+    assert retriever["planned_at_rest_bytes"] < retriever["planned_for_contents_bytes"] <= retriever["planned_bytes"]
+    assert retriever["measured_bytes"] <= retriever["planned_bytes"]
+    assert all("planned_for_contents_bytes" not in r for r in status["replicas"] if r["name"] != "retriever")
