@@ -105,7 +105,7 @@ def build_app(args: dict) -> serve.Application:
                     "device_pool": plan.pool.discrete, "gateway": profile.gateway.model_dump()}
     app = make_app(guard_config, profile.gateway.max_body_bytes, plan.gateway.unavailable_retry_after_s)
     ingress_cls = make_fastapi_ingress(Gateway, endpoint_map=ENDPOINTS, app=app)
-    gateway = serve.deployment(ingress_cls, name="gateway", max_ongoing_requests=512).options(
+    gateway = serve.deployment(ingress_cls, name="gateway").options(
         **_options(plan, "gateway"))
     return gateway.bind(
         llm_deployments=llm_deployments, model_cards=model_cards,
