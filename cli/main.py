@@ -162,7 +162,7 @@ def _chat_deployment(r) -> dict:
     merged = {"GPU": 0, **bundle, "CPU": bundle["CPU"] + actor["num_cpus"], "memory": actor["memory"]}
     return {"name": f"PoolserveLLMServer:{r.name}", "num_replicas": r.num_replicas,
             "ray_actor_options": {**actor, "runtime_env": {"env_vars": {**r.env, **env}}},
-            "placement_group_bundles": [merged], "placement_group_strategy": "PACK"}
+            "placement_group_bundles": [merged], "placement_group_strategy": "PACK", **r.serve.model_dump()}
 
 
 def serve_config(result: Plan, profile_path: Path) -> dict:

@@ -96,7 +96,6 @@ def build_app(args: dict) -> serve.Application:
                                               "hnsw_rebuild_deleted_fraction", "index_save_interval_s"}),
         profile.rag.fusion.model_dump(),
     )
-    settings = {**plan.gateway.as_dict(), "start_after": after_engines}
     pool = profile.pools[0]
     guard_config = {"state_dir": profile.state_dir, "tenants_file": profile.tenants_file,
                     "shed_ingest_at": pool.shed_ingest_at, "shed_all_at": pool.shed_all_at,
@@ -106,9 +105,9 @@ def build_app(args: dict) -> serve.Application:
                     "device_pool": plan.pool.discrete, "gateway": profile.gateway.model_dump()}
     app = make_app(guard_config, profile.gateway.max_body_bytes, plan.gateway.unavailable_retry_after_s)
     ingress_cls = make_fastapi_ingress(Gateway, endpoint_map=ENDPOINTS, app=app)
-    gateway = serve.deployment(ingress_cls, name="gateway", max_ongoing_requests=512).options(
+    gateway = serve.deployment(ingress_cls, name="gateway").options(
         **_options(plan, "gateway"))
     return gateway.bind(
         llm_deployments=llm_deployments, model_cards=model_cards,
-        embedder=embedder, retriever=retriever, settings=settings,
+        embedder=embedder, retriever=retriever, settings=plan.gateway, start_after=after_engines,
     )

@@ -103,10 +103,8 @@ def llm_config_from_plan(chat: ChatSpec, chat_plan: ReplicaPlan, start_after: li
         deployment_config={
             "name": chat_plan.name,
             "num_replicas": 1,
-            "max_ongoing_requests": 256,
+            **chat_plan.serve.model_dump(),
             "ray_actor_options": actor_options,
-            "health_check_period_s": 10,
-            "health_check_timeout_s": 60,
         },
         placement_group_config={"bundles": [bundle], "strategy": "PACK"},
         runtime_env={"env_vars": adapt_engine_env({**chat_plan.env, **gpu_env})},

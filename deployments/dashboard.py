@@ -23,7 +23,6 @@ import dashboard
 from dashboard import session
 from dashboard.figures import measured_by_replica, tenants_today
 from dashboard.history import MemoryHistory
-from planner.outputs import ContentsPlan
 from dashboard.render import login_page, page, render_sections
 from system.process_memory import process_tree_memory
 from deployments.public_paths import client_address
@@ -69,8 +68,8 @@ class DashboardRoutes:
         replicas = [{"name": n, **(m if isinstance(m, dict) else {"error": str(m)})} for n, m in zip(names, measured)]
         # smaps reads take tens of ms per process: in a thread, not on the gateway's event loop
         replicas.append({"name": "gateway", **await asyncio.to_thread(process_tree_memory)})
-        planned = self._settings.get("planned_bytes", {})
-        at_rest = self._settings.get("planned_at_rest_bytes", {})
+        planned = self._settings.planned_bytes
+        at_rest = self._settings.planned_at_rest_bytes
         for replica in replicas:
             replica["planned_bytes"] = planned.get(replica["name"])
             replica["planned_at_rest_bytes"] = at_rest.get(replica["name"])
@@ -79,11 +78,9 @@ class DashboardRoutes:
 
     async def _status_body(self, request: Request) -> dict:
         replicas, stats = await asyncio.gather(self._measure_replicas(), self._retriever.stats.remote())
-        contents = self._settings.get("planned_contents", {})
         for replica in replicas:  # the retriever's plan for what it holds now, not only for an empty store
-            plan = contents.get(replica["name"])
+            plan = self._settings.planned_contents.get(replica["name"])
             if plan is not None and replica.get("planned_at_rest_bytes") is not None:
-                plan = ContentsPlan.model_validate(plan)
                 replica["planned_for_contents_bytes"] = replica["planned_at_rest_bytes"] + plan.bytes_for(
                     stats.get("vectors", 0), stats.get("database_bytes", 0))
         return {"replicas": replicas, "retriever": stats, "pool": guard_of(request).pool.describe()}
@@ -144,8 +141,8 @@ class DashboardRoutes:
         return response
 
     def _cookie_secure(self, request: Request) -> bool:
-        return session.cookie_secure(self._settings["cookie_secure"], request.url.scheme,
-                                     request.headers.get("x-forwarded-proto"), self._settings["trust_forwarded_proto"])
+        return session.cookie_secure(self._settings.cookie_secure, request.url.scheme,
+                                     request.headers.get("x-forwarded-proto"), self._settings.trust_forwarded_proto)
 
     async def dashboard_static(self, name: str) -> Response:
         path = STATIC_DIR / name

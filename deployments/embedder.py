@@ -15,7 +15,7 @@ from rag.chunking import Chunk
 from rag.embedding import SentenceTransformerEmbedder
 
 
-@serve.deployment(name="embedder", max_ongoing_requests=64)
+@serve.deployment(name="embedder")  # its options: the plan's (deployments/app.py)
 class Embedder:
     async def __init__(self, model_path: str, model_id: str, batch_size: int, chunk_tokens: int,
                        chunk_overlap: int, torch_threads: int, start_after: list[tuple[str, str]],

@@ -39,6 +39,7 @@ from deployments.streams import force_stream_usage, tracked_stream
 from deployments.schemas import RagOptions
 from deployments.tenants import (ADMIN_ENDPOINTS, TenantAdminRoutes, TenantAuthMiddleware, record_usage,
                                  guard_of, reserve_tokens, tenant_of)
+from planner.outputs import GatewaySettings
 from tenancy.limits import estimate_text_tokens
 
 logger = logging.getLogger("poolserve.gateway")
@@ -51,26 +52,27 @@ HEALTHY_TTL_S = 2.0
 
 
 class Gateway(KnowledgeRoutes, TenantAdminRoutes, DashboardRoutes, OpenAiIngress):
-    async def __init__(self, llm_deployments, model_cards, *, embedder, retriever, settings: dict):
+    async def __init__(self, llm_deployments, model_cards, *, embedder, retriever, settings: GatewaySettings,
+                       start_after: list[tuple[str, str]]):
         from ray import serve
         from transformers import AutoTokenizer
 
-        await wait_for_predecessors("gateway", settings["start_after"], serve.get_replica_context().app_name)
+        await wait_for_predecessors("gateway", start_after, serve.get_replica_context().app_name)
         super().__init__(llm_deployments, model_cards)
 
         self._embedder = embedder
         self._retriever = retriever
         self._settings = settings
-        self._chat_model_id = settings["chat_model_id"]
-        self._embed_model_id = settings["embed_model_id"]
+        self._chat_model_id = settings.chat_model_id
+        self._embed_model_id = settings.embed_model_id
         # Each engine's tokenizer lets the gateway refuse an over-long prompt with a 400 before the engine.
         tokenizers = {}
         self._engines = {}
-        for model_id, engine in settings["chat_models"].items():
-            if engine["path"] not in tokenizers:
-                tokenizers[engine["path"]] = AutoTokenizer.from_pretrained(engine["path"])
-            self._engines[model_id] = SimpleNamespace(tokenizer=tokenizers[engine["path"]], replica=engine["replica"],
-                                                      max_model_len=engine["max_model_len"])
+        for model_id, engine in settings.chat_models.items():
+            if engine.path not in tokenizers:
+                tokenizers[engine.path] = AutoTokenizer.from_pretrained(engine.path)
+            self._engines[model_id] = SimpleNamespace(tokenizer=tokenizers[engine.path], replica=engine.replica,
+                                                      max_model_len=engine.max_model_len)
         self._healthy_until = 0.0
         self._start_memory_history()  # the dashboard's last hour of measured memory
 
@@ -95,7 +97,7 @@ class Gateway(KnowledgeRoutes, TenantAdminRoutes, DashboardRoutes, OpenAiIngress
                 body["replicas"] = replicas
                 body["pool"] = _public_pool_state(request)
                 return JSONResponse(body, status_code=503,
-                                    headers={"Retry-After": str(self._settings["unavailable_retry_after_s"])})
+                                    headers={"Retry-After": str(self._settings.unavailable_retry_after_s)})
             self._healthy_until = time.monotonic() + HEALTHY_TTL_S
         names = [engine.replica for engine in self._engines.values()] + ["embedder", "retriever", "gateway"]
         return JSONResponse({"status": "ok", "replicas": {n: "ok" for n in names}, "pool": _public_pool_state(request)})
@@ -178,7 +180,7 @@ class Gateway(KnowledgeRoutes, TenantAdminRoutes, DashboardRoutes, OpenAiIngress
             logger.warning("chat replica answered %s: %s", response.status_code, bytes(response.body)[:300])
             self._healthy_until = 0.0  # /healthz checks again instead of trusting its last answer
             return unavailable("chat", bytes(response.body).decode(errors="replace")[:300],
-                               self._settings["unavailable_retry_after_s"])
+                               self._settings.unavailable_retry_after_s)
         payload = json.loads(response.body)
         await record_usage(request, model, payload.get("usage"), response.status_code)
         if cited is None:
@@ -209,7 +211,7 @@ class Gateway(KnowledgeRoutes, TenantAdminRoutes, DashboardRoutes, OpenAiIngress
 
     def _check_choices(self, body) -> int:
         """`n` (and `best_of`) multiply the work of one request: bounded, and part of the estimate."""
-        limit = self._settings["max_choices"]
+        limit = self._settings.max_choices
         choices = max(getattr(body, "n", None) or 1, getattr(body, "best_of", None) or 1)
         if choices > limit:
             field = "n" if (getattr(body, "n", None) or 1) >= (getattr(body, "best_of", None) or 1) else "best_of"
@@ -240,9 +242,9 @@ class Gateway(KnowledgeRoutes, TenantAdminRoutes, DashboardRoutes, OpenAiIngress
         prompts = body.prompt if isinstance(body.prompt, list) else [body.prompt]
         if prompts and all(isinstance(p, int) for p in prompts):
             prompts = [prompts]  # one prompt given as token ids
-        if len(prompts) > self._settings["max_prompts"]:
+        if len(prompts) > self._settings.max_prompts:
             raise HTTPException(400, f"prompt is a list of {len(prompts)} prompts; the limit is "
-                                     f"{self._settings['max_prompts']} (gateway.max_prompts)")
+                                     f"{self._settings.max_prompts} (gateway.max_prompts)")
         estimate = 0
         for prompt in prompts:
             if isinstance(prompt, str):
@@ -306,13 +308,13 @@ class Gateway(KnowledgeRoutes, TenantAdminRoutes, DashboardRoutes, OpenAiIngress
             texts = [texts]
         if not texts or not all(isinstance(t, str) for t in texts):
             raise HTTPException(400, "input must be a non-empty string or list of strings (token ids are not accepted)")
-        if len(texts) > self._settings["max_embedding_inputs"]:
-            raise HTTPException(400, f"input has {len(texts)} items; the limit is {self._settings['max_embedding_inputs']} "
+        if len(texts) > self._settings.max_embedding_inputs:
+            raise HTTPException(400, f"input has {len(texts)} items; the limit is {self._settings.max_embedding_inputs} "
                                      "(gateway.max_embedding_inputs)")
         if getattr(body, "dimensions", None):
             raise HTTPException(400, f"dimensions is not supported: {self._embed_model_id} has one output size")
         # Reserved before it runs (a 429 when the tenant's minute cannot hold it), settled to the real count.
-        await reserve_tokens(request, estimate_text_tokens(texts, self._settings["embed_max_seq_tokens"]),
+        await reserve_tokens(request, estimate_text_tokens(texts, self._settings.embed_max_seq_tokens),
                              "characters / 4 of each input, at most embed_max_seq_tokens each")
         # Runs to the end even if the client hangs up: the work is paid for, and the tenant's
         # concurrency slot stays held until the embedder is done with it.

@@ -55,7 +55,7 @@ class IngestRoutes(IngestJobRoutes):
     async def add_documents(self, collection: str, request: Request) -> Response:
         tenant = self._tenant(request)
         validate_collection(collection)
-        body = await read_ingest_body(request, self._settings["max_documents_per_request"])
+        body = await read_ingest_body(request, self._settings.max_documents_per_request)
         return await self.ingest_body(collection, body, request)
 
     async def ingest_body(self, collection: str, body: AddDocumentsRequest, request: Request) -> Response:
@@ -77,14 +77,14 @@ class IngestRoutes(IngestJobRoutes):
         return JSONResponse(result, background=release_heap_after_sending())
 
     def _check_ingest_limits(self, body: AddDocumentsRequest) -> None:
-        limit = self._settings["max_documents_per_request"]
+        limit = self._settings.max_documents_per_request
         if len(body.documents) > limit:
             raise HTTPException(400, f"documents has {len(body.documents)} items; the limit is {limit} per request "
                                      "(rag.max_documents_per_request)")
         ids = [validate_document_id(doc.id) for doc in body.documents]
         if len(set(ids)) != len(ids):
             raise HTTPException(400, "documents[].id repeats within the request; each id may appear once")
-        max_chars = self._settings["max_document_chars"]
+        max_chars = self._settings.max_document_chars
         for i, doc in enumerate(body.documents):
             if doc.text is not None and len(doc.text) > max_chars:
                 raise HTTPException(413, f"documents[{i}].text (id {doc.id!r}) has {len(doc.text)} characters; the "
@@ -126,7 +126,7 @@ class IngestRoutes(IngestJobRoutes):
                 "extraction_cpu_seconds": round(extraction["cpu_seconds"], 3)}
 
     def _extraction_spec(self) -> ExtractionSpec:
-        return ExtractionSpec.model_validate(self._settings.get("extraction") or {})
+        return self._settings.extraction
 
     def _extraction_pool(self) -> ExtractionPool:
         """The gateway's extraction workers, started at its first upload that needs one."""
@@ -165,7 +165,7 @@ class IngestRoutes(IngestJobRoutes):
             if work.exception() is None:
                 yield _line({"event": "done", **work.result()})
             else:
-                failed = map_exception(work.exception(), self._settings["unavailable_retry_after_s"])
+                failed = map_exception(work.exception(), self._settings.unavailable_retry_after_s)
                 yield _line({"event": "error", "status": failed.status_code, **json.loads(failed.body)})
         finally:
             await _wait_out(work)

@@ -41,9 +41,9 @@ class IngestJobRoutes:
         store = getattr(self, "_ingest_job_store", None)
         if store is None:
             store = self._ingest_job_store = IngestJobStore(
-                f"{self._settings['state_dir']}/ingest_jobs.sqlite3",
-                heartbeat_s=self._settings["ingest_job_heartbeat_s"],
-                retention_s=self._settings["ingest_job_retention_s"])
+                f"{self._settings.state_dir}/ingest_jobs.sqlite3",
+                heartbeat_s=self._settings.ingest_job_heartbeat_s,
+                retention_s=self._settings.ingest_job_retention_s)
         return store
 
     async def start_ingest_job(self, request: Request, tenant: str, collection: str,
@@ -51,9 +51,9 @@ class IngestJobRoutes:
         jobs = self._ingest_jobs()
         try:
             job = await run_in_threadpool(jobs.create, tenant, collection, len(inputs),
-                                          self._settings["max_ingest_jobs_per_tenant"])
+                                          self._settings.max_ingest_jobs_per_tenant)
         except TooManyJobs as exc:
-            raise HTTPException(429, str(exc), headers={"Retry-After": str(self._settings["ingest_job_heartbeat_s"])})
+            raise HTTPException(429, str(exc), headers={"Retry-After": str(self._settings.ingest_job_heartbeat_s)})
         # A fresh context: Ray Serve cancels the replica calls of a request whose client has gone,
         # and this request's response is sent at once.
         task = asyncio.get_running_loop().create_task(
@@ -76,7 +76,7 @@ class IngestJobRoutes:
         except JobCancelled:
             outcome = ("cancelled", None, {"message": "cancelled (DELETE); nothing was stored", "type": "cancelled"})
         except Exception as exc:  # the job's error, as the synchronous ingest would have answered it
-            failed = map_exception(exc, self._settings["unavailable_retry_after_s"])
+            failed = map_exception(exc, self._settings.unavailable_retry_after_s)
             outcome = ("failed", None, {"status": failed.status_code, **json.loads(failed.body)["error"]})
             logger.warning("ingest job %s failed: %r", job_id, exc)
         else:
@@ -99,10 +99,10 @@ class IngestJobRoutes:
                                                           "most rag.documents_page_max)."),
         before: str | None = Query(None, max_length=64, description="The last id of the previous page."),
     ) -> Response:
-        most = self._settings["documents_page_max"]
+        most = self._settings.documents_page_max
         if limit is not None and limit > most:
             raise HTTPException(400, f"limit {limit} is above the largest page of {most} (rag.documents_page_max)")
-        limit = limit or self._settings["documents_page_default"]
+        limit = limit or self._settings.documents_page_default
         listed = await run_in_threadpool(self._ingest_jobs().list, self._tenant(request), limit + 1, before)
         page = listed[:limit]
         return JSONResponse({"object": "list", "data": [job.public() for job in page],

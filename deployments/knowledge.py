@@ -53,8 +53,8 @@ class KnowledgeRoutes(IngestRoutes):
         start on a budget of one token. The reservation is held until the ingest ends, covering its
         embedder calls (record_usage), and settled to what they read. Files (PDF, DOCX, PPTX) have no
         text before extraction: they are charged as their extracted text is embedded, not reserved."""
-        estimate = estimate_ingest_tokens([doc.text or "" for doc in body.documents], self._settings["chunk_tokens"],
-                                          self._settings["chunk_overlap"])
+        estimate = estimate_ingest_tokens([doc.text or "" for doc in body.documents], self._settings.chunk_tokens,
+                                          self._settings.chunk_overlap)
         await reserve_tokens(request, estimate, "characters / 4 of the documents, with the chunks' overlap")
         return await super().ingest_body(collection, body, request)
 
@@ -76,13 +76,13 @@ class KnowledgeRoutes(IngestRoutes):
     ) -> Response:
         """One page of the collection's documents in id order, with has_more and first_id/last_id."""
         validate_collection(collection)
-        most = self._settings["documents_page_max"]
+        most = self._settings.documents_page_max
         if limit is not None and limit > most:
             raise HTTPException(400, f"limit {limit} is above the largest page of {most} (rag.documents_page_max)")
         if after is not None:
             validate_document_id(after)
         page = await self._retriever.list_documents.remote(
-            self._tenant(request), collection, limit or self._settings["documents_page_default"], after)
+            self._tenant(request), collection, limit or self._settings.documents_page_default, after)
         return JSONResponse(page)
 
     async def delete_document(self, collection: str, document_id: str, request: Request) -> Response:
@@ -121,7 +121,7 @@ class KnowledgeRoutes(IngestRoutes):
         except InvalidQuery as exc:
             raise HTTPException(400, str(exc)) from None
         return JSONResponse({"object": "list", "collection": collection, "query": text,
-                             "retrieval": self._settings["retrieval"], "best_similarity": result.best_similarity,
+                             "retrieval": self._settings.retrieval, "best_similarity": result.best_similarity,
                              "data": citations(result.hits)})
 
     async def _augment_chat(self, request: Request, options: RagOptions,
@@ -159,7 +159,7 @@ class KnowledgeRoutes(IngestRoutes):
         response, cited, grounding = result.reply, result.citations, result.grounding
         if response is None:
             response = await self._no_answer(request, model, rag_messages(body.question, []),
-                                             body.max_tokens or self._settings["answer_max_tokens"], body.stream)
+                                             body.max_tokens or self._settings.answer_max_tokens, body.stream)
         retrieval = {"refused": not grounding.answerable, "best_similarity": grounding.best_similarity}
         if isinstance(response, StreamingResponse):
             tracked = tracked_stream(response.body_iterator, request, model, None, True, False,
@@ -168,7 +168,7 @@ class KnowledgeRoutes(IngestRoutes):
         if response.status_code >= 500:
             self._healthy_until = 0.0
             return unavailable("chat", bytes(response.body).decode(errors="replace")[:300],
-                               self._settings["unavailable_retry_after_s"])
+                               self._settings.unavailable_retry_after_s)
         payload = json.loads(response.body)
         await record_usage(request, model, payload.get("usage"))
         if response.status_code >= 400 or not payload.get("choices"):

@@ -61,10 +61,11 @@ class GatewayChat:
 
 
 def pipeline_settings(gateway) -> PipelineSettings:
-    """The pipeline's settings from the gateway's (the plan's GatewaySettings), validated once per
-    settings object rather than on every request."""
+    """The pipeline's settings from the gateway's (the plan's GatewaySettings, a RagSpec with more), made
+    once per settings object rather than on every request."""
     cached = getattr(gateway, "_pipeline_settings_cache", None)
     if cached is None or cached[0] is not gateway._settings:
-        cached = (gateway._settings, PipelineSettings.model_validate(gateway._settings))
+        rag_fields = gateway._settings.model_dump(include=set(PipelineSettings.model_fields))
+        cached = (gateway._settings, PipelineSettings.model_validate(rag_fields))
         gateway._pipeline_settings_cache = cached
     return cached[1]

@@ -15,7 +15,7 @@ from rag.retrieval import FusionSettings, SearchQuery, SearchResult, retrieve
 from rag.store import KnowledgeStore
 
 
-@serve.deployment(name="retriever", max_ongoing_requests=64)
+@serve.deployment(name="retriever")  # its options: the plan's (deployments/app.py)
 class Retriever:
     async def __init__(self, state_dir: str, dim: int, index_kind: str, hnsw_m: int, hnsw_ef_search: int,
                        faiss_threads: int, capacity_chunks: int, sqlite_cache_bytes: int, start_after: list[tuple[str, str]],

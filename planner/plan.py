@@ -24,7 +24,7 @@ from planner.engine import EngineError, plan_engine, utilization_for
 from planner.errors import Overcommit, PlanError
 from planner.gpu import gpu_fraction, split_device_lines
 from planner.outputs import ChatModelCard, ContentsPlan, EngineArgs, GatewaySettings, RayActorOptions
-from planner.profile import PoolSpec, Profile, pinned
+from planner.profile import PoolSpec, Profile, ServeSpec, pinned
 from planner.units import gib
 from planner.weights import safetensors_bytes
 
@@ -50,11 +50,12 @@ class ReplicaPlan(BaseModel):
     host_breakdown: dict[str, int] = Field(default_factory=dict, description="Discrete GPU: the host lines.")
     contents: ContentsPlan | None = Field(None, description="Retriever: its growth lines for the contents it "
                                           "holds, so /status can compare against the plan for what is stored.")
+    serve: ServeSpec = Field(description="Ray Serve options: the replica section's `serve`.")
 
     def serve_options(self) -> dict:
         """Ray Serve deployment options for this replica; the app and `poolserve render` both use this."""
         actor = {**self.ray_actor_options.as_dict(), "runtime_env": {"env_vars": dict(self.env)}}
-        return {"num_replicas": self.num_replicas, "ray_actor_options": actor}
+        return {"num_replicas": self.num_replicas, "ray_actor_options": actor, **self.serve.model_dump()}
 
     @property
     def pool_bytes(self) -> int:
@@ -275,7 +276,8 @@ def _side_replicas(profile: Profile, gpu: bool, dim: int, first_order: int = 1,
         total = sum(lines.values())
         opts = RayActorOptions(num_cpus=spec.num_cpus, memory=total, num_gpus=gpus or None)
         return ReplicaPlan(name=name, kind=name, planned_bytes=total, breakdown=lines, growth_bytes=growth,
-                           ray_actor_options=opts, env=env, start_order=order, num_replicas=copies, contents=contents)
+                           ray_actor_options=opts, env=env, start_order=order, num_replicas=copies, contents=contents,
+                           serve=spec.serve)
 
     return [
         replica("embedder", emb_lines, emb, emb.torch_threads, first_order, growth=0 if gpu else emb_act,
@@ -358,7 +360,8 @@ def _engine_replicas(name: str, chat, eng, pools: dict, home: str, order: int) -
         replicas.append(ReplicaPlan(name=name if node == home else f"{name}@{node}", kind="chat",
                                     node=node if len(pools) > 1 else "local", planned_bytes=chat_bytes,
                                     breakdown=device, host_bytes=host_bytes, host_breakdown=host, vllm=engine_args,
-                                    ray_actor_options=opts, env=eng.env, start_order=order, growth_bytes=growth))
+                                    ray_actor_options=opts, env=eng.env, start_order=order, growth_bytes=growth,
+                                    serve=chat.serve))
     return replicas
 
 

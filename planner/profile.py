@@ -46,6 +46,22 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
 
+class ServeSpec(_Strict):
+    """A replica's Ray Serve deployment options (the plan copies them into every deployment)."""
+
+    max_ongoing_requests: int = Field(ge=1, description="Requests one replica takes at once; Serve queues the "
+                                      "rest at the caller (the gateway's are all of the stack's HTTP requests).")
+    health_check_period_s: float = Field(10.0, gt=0, description="How often Serve checks the replica.")
+    health_check_timeout_s: float = Field(30.0, gt=0, description="A check that takes longer fails; a replica that "
+                                          "fails is restarted.")
+
+
+def _serve(max_ongoing_requests: int, health_check_timeout_s: float = 30.0):
+    return Field(default_factory=lambda: ServeSpec(max_ongoing_requests=max_ongoing_requests,
+                                                   health_check_timeout_s=health_check_timeout_s),
+                 description="Ray Serve options of this replica.")
+
+
 class PoolSpec(_Strict):
     """One node's memory pool (unified memory: CPU and GPU share it)."""
 
@@ -152,6 +168,8 @@ class ChatSpec(_Strict):
     expected_tokens_per_seq: int = Field(1024, ge=16, description="Typical prompt + answer length, for max_num_seqs.")
     enable_prefix_caching: bool = Field(True, description="Reuse KV of shared prompt prefixes (RAG system prompts).")
     num_cpus: float = Field(0.5, gt=0, description="Ray CPUs for the engine (fractional on small machines).")
+    # 60 s: an engine busy with a long prefill answers its health check late, not never.
+    serve: ServeSpec = _serve(256, health_check_timeout_s=60.0)
     omp_threads: int | None = Field(None, ge=1, description="OpenMP threads for the vLLM CPU worker; None = planner decides.")
     speculative: SpeculativeSpec = Field(default_factory=SpeculativeSpec, description="Speculative decoding.")
     warmup_prompt: str = Field("Say OK.", description="Sent once before the replica reports ready.")
@@ -199,6 +217,7 @@ class EmbedderSpec(_Strict):
                                   "from; None = the folder is provided locally.")
     batch_size: int = Field(32, ge=1, le=1024, description="Texts embedded per forward pass.")
     num_cpus: float = Field(0.3, gt=0, description="Ray CPUs for the embedder.")
+    serve: ServeSpec = _serve(64)
     torch_threads: int = Field(1, ge=1, description="torch intra-op threads (questions, and every batch while the "
                                "rest of the machine keeps the other cores busy); the chat engine's OMP threads are "
                                "planned around them.")
@@ -244,6 +263,7 @@ class RetrieverSpec(_Strict):
                                 "exact top 10 at 100k chunks (64: 83%) and 77% at 1M (64: 62%) for 0.4 ms a "
                                 "question (docs/BENCHMARKS.md section 2).")
     num_cpus: float = Field(0.1, gt=0, description="Ray CPUs for the retriever.")
+    serve: ServeSpec = _serve(64)
     faiss_threads: int = Field(1, ge=1, description="FAISS OpenMP threads.")
     dim: int | None = Field(None, ge=1, description="Vector dimension; None = the embedder's hidden_size.")
     sqlite_cache_bytes: Size = Field(parse_size("64MiB"), description="SQLite page cache (PRAGMA cache_size) of the chunk store.")
@@ -327,6 +347,7 @@ class GatewaySpec(_Strict):
     """The FastAPI ingress."""
 
     num_cpus: float = Field(0.2, gt=0, description="Ray CPUs for the gateway (ingress).")
+    serve: ServeSpec = _serve(512)
     max_body_bytes: Size = Field(parse_size("8MiB"), description="Larger request bodies get 413 (a larger "
                                  "Content-Length before any byte of the body is read).")
     login_form_max_bytes: int = Field(1024, ge=64, le=65536, description="Largest body of POST /dashboard/login "

@@ -14,6 +14,7 @@ from deployments.dashboard import DASHBOARD_ENDPOINTS, DashboardRoutes
 from deployments.gateway import make_app
 from rag.store import KnowledgeStore
 from tests.unit.test_knowledge_routes import Handle
+from tests.unit.gateway_settings import gateway_settings
 
 ADMIN = "unit-admin-key-0123456789"
 MIB = 2**20
@@ -45,8 +46,8 @@ class Gateway(DashboardRoutes):
         self._default_serve_handles = {"chat-model": Handle(Replica(900 * MIB))}
         self._embedder = Handle(Replica(400 * MIB))
         self._retriever = Handle(RetrieverReplica(store))
-        self._settings = {"planned_bytes": {"chat": 1000 * MIB, "embedder": 500 * MIB, "retriever": 350 * MIB},
-                          "cookie_secure": "auto", "trust_forwarded_proto": False}
+        self._settings = gateway_settings(planned_bytes={"chat": 1000 * MIB, "embedder": 500 * MIB,
+                                                         "retriever": 350 * MIB})
         self._memory_history = MemoryHistory()  # the sampler task is the replica's; not started here
 
 
@@ -120,7 +121,7 @@ def test_behind_a_tls_proxy_the_login_cookie_is_secure(tmp_path, monkeypatch):
     store = KnowledgeStore(tmp_path / "knowledge.sqlite3", dim=4)
     app = make_app({"state_dir": str(tmp_path / "state"), "tenants_file": None}, max_body_bytes=1 << 20, unavailable_retry_after_s=10)
     gateway = Gateway(store)
-    gateway._settings = {**gateway._settings, "trust_forwarded_proto": True}
+    gateway._settings = gateway._settings.model_copy(update={"trust_forwarded_proto": True})
     for name, route in DASHBOARD_ENDPOINTS.items():
         route(app)(getattr(gateway, name))
     with TestClient(app, follow_redirects=False) as client:

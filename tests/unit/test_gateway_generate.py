@@ -11,6 +11,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 
 from deployments import gateway as gateway_module
 from deployments.gateway import Gateway
+from tests.unit.gateway_settings import gateway_settings
 
 
 @pytest.fixture
@@ -22,7 +23,7 @@ def gateway(monkeypatch):
 
     monkeypatch.setattr(gateway_module, "record_usage", record_usage)
     gw = object.__new__(Gateway)  # no Ray: only what _generate and _finish read
-    gw._settings = {"unavailable_retry_after_s": 10}
+    gw._settings = gateway_settings()
     gw._healthy_until = 0.0
     gw.recorded = recorded
     return gw

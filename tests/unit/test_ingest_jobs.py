@@ -104,7 +104,7 @@ def test_listing_pages_newest_first(jobs):
 def gateway(tmp_path):
     store = KnowledgeStore(tmp_path / "k.sqlite3", dim=DIM)
     gw = Gateway(store)
-    gw._settings = {**gw._settings, "state_dir": str(tmp_path / "state"), "embed_batch_chunks": 3}
+    gw._settings = gw._settings.model_copy(update={"state_dir": str(tmp_path / "state"), "embed_batch_chunks": 3})
     yield gw
     if getattr(gw, "_ingest_job_store", None):
         gw._ingest_job_store.close()

@@ -39,7 +39,7 @@ def streamed(response: StreamingResponse) -> list[dict]:
 
 
 def test_stream_reports_progress_then_the_same_answer_as_json(gateway):
-    gateway._settings = {**gateway._settings, "embed_batch_chunks": 3}
+    gateway._settings = gateway._settings.model_copy(update={"embed_batch_chunks": 3})
     response = asyncio.run(gateway.ingest_body("kb", body({"id": "a", "text": LONG}, stream=True), request()))
     assert response.media_type == "application/x-ndjson"
     events = streamed(response)
@@ -99,7 +99,7 @@ class SlowHandle:
 
 def test_a_client_that_leaves_mid_stream_still_gets_the_whole_ingest_stored(gateway):
     gateway._embedder = SlowHandle(gateway._embedder)
-    gateway._settings = {**gateway._settings, "embed_batch_chunks": 2}
+    gateway._settings = gateway._settings.model_copy(update={"embed_batch_chunks": 2})
 
     async def leave_after_first_event():
         response = await gateway.ingest_body("kb", body({"id": "a", "text": LONG}, stream=True), request())

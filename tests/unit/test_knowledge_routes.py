@@ -18,6 +18,7 @@ from planner.profile import RagSpec
 from rag.retrieval import retrieve
 from rag.store import KnowledgeStore
 from tests.unit.rag_fakes import DIM, bag_of_words, paragraph_chunks
+from tests.unit.gateway_settings import gateway_settings
 
 
 class Handle:
@@ -76,8 +77,7 @@ class Gateway(KnowledgeRoutes, ChatIngress):
     def __init__(self, store):
         self._embedder = Handle(EmbedderReplica())
         self._retriever = Handle(RetrieverReplica(store))
-        self._settings = {**RagSpec(max_top_k=5, min_score=0.25).model_dump(), "unavailable_retry_after_s": 10,
-                          "max_choices": 4}
+        self._settings = gateway_settings(max_top_k=5, min_score=0.25, max_choices=4)
         self._embed_model_id = "embedder"
         self.prompts, self.checked, self.length_checked = [], [], []
 

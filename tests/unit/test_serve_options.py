@@ -1,0 +1,29 @@
+"""Ray Serve's options of every replica come from the profile through the plan: none typed in deployments/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from deployments.chat import llm_config_from_plan
+from planner.plan import build_plan
+from planner.profile import ServeSpec, load_profile
+
+
+def test_each_replica_gets_its_sections_serve_options_and_render_writes_them():
+    profile = load_profile("configs/cpu-tiny.yaml")
+    profile.gateway.serve = ServeSpec(max_ongoing_requests=100, health_check_timeout_s=45)
+    profile.embedder.serve = ServeSpec(max_ongoing_requests=8)
+    plan = build_plan(profile)
+    gateway, embedder, chat = plan.replica("gateway"), plan.replica("embedder"), plan.replica("chat")
+    assert gateway.serve_options()["max_ongoing_requests"] == 100
+    assert gateway.serve_options()["health_check_timeout_s"] == 45 and gateway.serve_options()["health_check_period_s"] == 10
+    assert embedder.serve_options()["max_ongoing_requests"] == 8
+    assert plan.replica("retriever").serve_options()["max_ongoing_requests"] == 64  # the default
+    config = llm_config_from_plan(profile.chat, chat, [])
+    assert config.deployment_config["max_ongoing_requests"] == 256
+    assert config.deployment_config["health_check_timeout_s"] == 60  # an engine in a long prefill answers late
+
+    from cli.main import serve_config
+    rendered = {d["name"]: d for d in serve_config(plan, Path("configs/cpu-tiny.yaml"))["applications"][0]["deployments"]}
+    assert rendered["gateway"]["max_ongoing_requests"] == 100
+    assert rendered["PoolserveLLMServer:chat"]["health_check_timeout_s"] == 60
