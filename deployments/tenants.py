@@ -142,20 +142,9 @@ class TenantGuard:
         self.rejections.record(tenant, reason)
 
     def admit(self, tenant):
-        """A concurrency lease and an RPM slot (a spent TPM minute refuses; the estimate is reserved
-        later, by reserve_tokens), or the refusal."""
-        lease = self.limiter.try_acquire(tenant)
-        if not lease.allowed:
-            return lease, None
-        try:
-            admission = self.limiter.admit(tenant, estimated_tokens=1, reserve=False)
-        except BaseException:
-            self.limiter.release(tenant, lease.lease_id)
-            raise
-        if not admission.allowed:
-            self.limiter.release(tenant, lease.lease_id)
-            return admission.decision, None
-        return lease, admission.reservation
+        """A concurrency lease and an RPM slot in one transaction (a spent TPM minute refuses; the estimate
+        is reserved later, by reserve_tokens), or the refusal."""
+        return self.limiter.acquire_and_admit(tenant, estimated_tokens=1, reserve=False)
 
 
 def _work_kind(method: str, path: str) -> str | None:
@@ -276,10 +265,13 @@ class TenantAuthMiddleware:
         self.guard.limiter.settle(tenant, *tokens.closing())
 
     def _close_request(self, tenant, tokens: RequestTokens, lease_id: str | None) -> None:
-        try:  # what was charged beyond what ran is given back (all of it when nothing ran)
-            self._settle(tenant, tokens)
-        finally:
+        # What was charged beyond what ran is given back (all of it when nothing ran), and the lease
+        # released, in one transaction; if settling fails, the lease still goes back.
+        try:
+            self.guard.limiter.settle_and_release(tenant, *tokens.closing(), lease_id)
+        except Exception:
             self.guard.limiter.release(tenant, lease_id)
+            raise
 
     def _release_abandoned(self, tenant):
         """Done-callback for an admission whose request was cancelled: hand back what it took."""

@@ -204,30 +204,60 @@ class TenantLimiter(LockedSQLite):
         cannot keep an estimate capped to the whole TPM out of an otherwise unused minute.
         """
         now = self._clock()
-        minute = math.floor(now / WINDOW_SECONDS)
         if tenant.rpm is None and tenant.tpm is None:
-            return Admission(LimitDecision.allow(), TokenReservation(minute, 0))
+            return Admission(LimitDecision.allow(), TokenReservation(math.floor(now / WINDOW_SECONDS), 0))
+        with self._transaction() as conn:
+            return self._admit_in(conn, tenant, now, estimated_tokens, reserve)
+
+    def _admit_in(self, conn: sqlite3.Connection, tenant: Tenant, now: float, estimated_tokens: int,
+                  reserve: bool) -> Admission:
+        """admit's tests and writes, inside the caller's transaction."""
+        minute = math.floor(now / WINDOW_SECONDS)
         needed = 0 if tenant.tpm is None else min(max(estimated_tokens, 1), tenant.tpm)
         reserve = needed if reserve else 0
-        with self._transaction() as conn:
-            if tenant.tpm is not None:
-                conn.execute("DELETE FROM tpm_minutes WHERE tenant = ? AND minute < ?",
-                             (tenant.name, minute))
-                if self._used_tokens(conn, tenant.name, minute) + needed > tenant.tpm:
-                    return Admission(LimitDecision.reject(
-                        "tpm", (minute + 1) * WINDOW_SECONDS - now))
-            if tenant.rpm is not None:
-                conn.execute("DELETE FROM rpm_hits WHERE tenant = ? AND ts <= ?",
-                             (tenant.name, now - WINDOW_SECONDS))
-                hits, oldest = conn.execute("SELECT count(*), min(ts) FROM rpm_hits WHERE tenant = ?",
-                                            (tenant.name,)).fetchone()
-                if hits >= tenant.rpm:
-                    # The next slot frees when the oldest hit leaves the window.
-                    return Admission(LimitDecision.reject("rpm", oldest + WINDOW_SECONDS - now))
-                conn.execute("INSERT INTO rpm_hits (tenant, ts) VALUES (?, ?)", (tenant.name, now))
-            if reserve:
-                self._add_tokens(conn, tenant.name, minute, reserve)
+        if tenant.tpm is not None:
+            conn.execute("DELETE FROM tpm_minutes WHERE tenant = ? AND minute < ?", (tenant.name, minute))
+            if self._used_tokens(conn, tenant.name, minute) + needed > tenant.tpm:
+                return Admission(LimitDecision.reject("tpm", (minute + 1) * WINDOW_SECONDS - now))
+        if tenant.rpm is not None:
+            conn.execute("DELETE FROM rpm_hits WHERE tenant = ? AND ts <= ?", (tenant.name, now - WINDOW_SECONDS))
+            hits, oldest = conn.execute("SELECT count(*), min(ts) FROM rpm_hits WHERE tenant = ?",
+                                        (tenant.name,)).fetchone()
+            if hits >= tenant.rpm:
+                # The next slot frees when the oldest hit leaves the window.
+                return Admission(LimitDecision.reject("rpm", oldest + WINDOW_SECONDS - now))
+            conn.execute("INSERT INTO rpm_hits (tenant, ts) VALUES (?, ?)", (tenant.name, now))
+        if reserve:
+            self._add_tokens(conn, tenant.name, minute, reserve)
         return Admission(LimitDecision.allow(), TokenReservation(minute, reserve))
+
+    def acquire_and_admit(self, tenant: Tenant, estimated_tokens: int = 1,
+                          reserve: bool = False) -> tuple[LimitDecision, TokenReservation | None]:
+        """try_acquire and admit in one transaction (one write lock and one commit per request instead
+        of two): the lease's decision and the reservation, or the first refusal (nothing written then)."""
+        now = self._clock()
+        with self._transaction() as conn:
+            refused = self._concurrency_refusal(conn, tenant)
+            if refused is not None:
+                return refused, None
+            admission = Admission(LimitDecision.allow(), TokenReservation(math.floor(now / WINDOW_SECONDS), 0))
+            if tenant.rpm is not None or tenant.tpm is not None:
+                admission = self._admit_in(conn, tenant, now, estimated_tokens, reserve)
+            if not admission.allowed:
+                return admission.decision, None
+            return LimitDecision.allow(self._insert_lease(conn, tenant)), admission.reservation
+
+    def settle_and_release(self, tenant: Tenant, reservation: TokenReservation | None, actual_tokens: int,
+                           lease_id: str | None) -> None:
+        """settle and release in one transaction: a request's close."""
+        delta, minute = self._settlement(tenant, reservation, actual_tokens)
+        if not delta and lease_id is None:
+            return
+        with self._transaction() as conn:
+            if delta:
+                self._add_tokens(conn, tenant.name, minute, delta)
+            if lease_id is not None:
+                conn.execute("DELETE FROM leases WHERE tenant = ? AND lease_id = ?", (tenant.name, lease_id))
 
     def reserve_more(self, tenant: Tenant, reservation: TokenReservation | None,
                      estimated_tokens: int) -> Admission:
@@ -257,14 +287,21 @@ class TenantLimiter(LockedSQLite):
         below 0) is applied to that minute. Once that minute has ended a refund is pointless
         and is dropped, while an excess is charged to the current minute so it is not lost.
         """
-        if tenant.tpm is None or reservation is None:
-            return
-        delta = max(actual_tokens, 0) - reservation.tokens
+        delta, minute = self._settlement(tenant, reservation, actual_tokens)
+        if delta:
+            with self._transaction() as conn:
+                self._add_tokens(conn, tenant.name, minute, delta)
+
+    def _settlement(self, tenant: Tenant, reservation: TokenReservation | None,
+                    actual_tokens: int) -> tuple[int, int]:
+        """(tokens to add, minute) that settle a reservation; (0, minute) when nothing is to be written."""
         minute = math.floor(self._clock() / WINDOW_SECONDS)
-        if delta == 0 or (delta < 0 and reservation.minute != minute):
-            return
-        with self._transaction() as conn:
-            self._add_tokens(conn, tenant.name, minute, delta)
+        if tenant.tpm is None or reservation is None:
+            return 0, minute
+        delta = max(actual_tokens, 0) - reservation.tokens
+        if delta < 0 and reservation.minute != minute:
+            return 0, minute
+        return delta, minute
 
     def charge_tokens(self, tenant: Tenant, tokens: int) -> None:
         """Charge tokens with no reservation (work whose count is only known afterwards)."""
@@ -288,21 +325,28 @@ class TenantLimiter(LockedSQLite):
     def try_acquire(self, tenant: Tenant) -> LimitDecision:
         """Take an in-flight slot; when allowed, pass ``decision.lease_id`` to ``release`` once."""
         with self._transaction() as conn:
-            pids = [row[0] for row in conn.execute(
-                "SELECT DISTINCT holder_pid FROM leases WHERE tenant = ?", (tenant.name,))]
-            for pid in pids:
-                if not _pid_alive(pid):  # its gateway died without releasing
-                    conn.execute("DELETE FROM leases WHERE tenant = ? AND holder_pid = ?",
-                                 (tenant.name, pid))
-            if tenant.max_concurrency is not None:
-                (held,) = conn.execute("SELECT count(*) FROM leases WHERE tenant = ?",
-                                       (tenant.name,)).fetchone()
-                if held >= tenant.max_concurrency:
-                    return LimitDecision.reject("concurrency", CONCURRENCY_RETRY_AFTER_SECONDS)
-            lease_id = uuid.uuid4().hex
-            conn.execute("INSERT INTO leases (lease_id, tenant, holder_pid, created_at) "
-                         "VALUES (?, ?, ?, ?)", (lease_id, tenant.name, os.getpid(), self._clock()))
-        return LimitDecision.allow(lease_id)
+            refused = self._concurrency_refusal(conn, tenant)
+            return refused if refused is not None else LimitDecision.allow(self._insert_lease(conn, tenant))
+
+    def _concurrency_refusal(self, conn: sqlite3.Connection, tenant: Tenant) -> LimitDecision | None:
+        """Inside the caller's transaction: reclaim dead gateways' leases, then refuse if the tenant holds
+        max_concurrency already."""
+        pids = [row[0] for row in conn.execute("SELECT DISTINCT holder_pid FROM leases WHERE tenant = ?",
+                                               (tenant.name,))]
+        for pid in pids:
+            if not _pid_alive(pid):  # its gateway died without releasing
+                conn.execute("DELETE FROM leases WHERE tenant = ? AND holder_pid = ?", (tenant.name, pid))
+        if tenant.max_concurrency is not None:
+            (held,) = conn.execute("SELECT count(*) FROM leases WHERE tenant = ?", (tenant.name,)).fetchone()
+            if held >= tenant.max_concurrency:
+                return LimitDecision.reject("concurrency", CONCURRENCY_RETRY_AFTER_SECONDS)
+        return None
+
+    def _insert_lease(self, conn: sqlite3.Connection, tenant: Tenant) -> str:
+        lease_id = uuid.uuid4().hex
+        conn.execute("INSERT INTO leases (lease_id, tenant, holder_pid, created_at) VALUES (?, ?, ?, ?)",
+                     (lease_id, tenant.name, os.getpid(), self._clock()))
+        return lease_id
 
     def release(self, tenant: Tenant, lease_id: str | None) -> None:
         """Free exactly this lease; releasing it again (or None) does nothing."""

@@ -165,8 +165,8 @@ def test_report_replaces_only_marked_tables_with_results():
             "<!-- bench-report:serving -->\nstale\n<!-- /bench-report:serving -->\ntail\n")
     updated, missing = render_docs(text, {"smoke/limits": (limits, Path("limits.json"))})
     assert missing == ["serving"]
-    assert "old\n" not in updated and "| 10 | median 80.0 µs, p99 900.0 µs | median 4.0 µs, p99 9.0 µs | 20.0x |\n" \
-        "<!-- /bench-report:smoke/limits -->" in updated
+    assert "\nold\n" not in updated and "| 10 | median 80.0 µs, p99 900.0 µs | n/a | median 4.0 µs, p99 9.0 µs | " \
+        "nanx | 20.0x |\n<!-- /bench-report:smoke/limits -->" in updated  # a result from before the 4-step row
     assert updated.startswith("# x\nkept\n") and "stale" in updated and updated.endswith("tail\n")
     assert render_docs(updated, {"smoke/limits": (limits, Path("limits.json"))})[0] == updated
 
@@ -242,4 +242,5 @@ def test_limits_bench_runs_both_paths_for_a_few_rounds():
     from bench import bench_limits
 
     result = bench_limits.run(20)
-    assert [r["rounds"] for r in result.rows] == [20, 20] and all(r["median_us"] > 0 for r in result.rows)
+    assert [r["rounds"] for r in result.rows] == [20, 20, 20] and all(r["median_us"] > 0 for r in result.rows)
+    assert "| 20 |" in bench_limits.tables(result)

@@ -305,3 +305,28 @@ def test_the_heaviest_tenant_holds_the_most_leases_and_more_than_any_other(limit
     assert not limiter.is_heaviest("big", at_least=2)  # a tie: no one is heaviest
     limiter.try_acquire(small)
     assert limiter.is_heaviest("small", at_least=2) and not limiter.is_heaviest("big", at_least=2)
+
+
+def test_acquire_and_admit_is_one_transaction_that_writes_nothing_when_refused(limiter, clock):
+    tenant = Tenant(name="acme", rpm=2, tpm=100, max_concurrency=1)
+    decision, reservation = limiter.acquire_and_admit(tenant)
+    assert decision.allowed and decision.lease_id and reservation.tokens == 0 and limiter.in_flight("acme") == 1
+    refused, none = limiter.acquire_and_admit(tenant)
+    assert (refused.allowed, refused.reason, none) == (False, "concurrency", None)
+    limiter.settle_and_release(tenant, reservation, 0, decision.lease_id)
+    assert limiter.in_flight("acme") == 0
+    second, _ = limiter.acquire_and_admit(tenant)
+    limiter.settle_and_release(tenant, None, 0, second.lease_id)
+    over_rpm, _ = limiter.acquire_and_admit(tenant)  # the third request of the minute
+    assert (over_rpm.allowed, over_rpm.reason) == (False, "rpm")
+    assert limiter.in_flight("acme") == 0, "a refused admission leaves no lease behind"
+
+
+def test_settle_and_release_settles_the_reservation_and_frees_the_lease(limiter):
+    tenant = Tenant(name="acme", tpm=1000)
+    decision, reservation = limiter.acquire_and_admit(tenant)
+    more = limiter.reserve_more(tenant, reservation, 300)
+    assert limiter.tokens_remaining(tenant) == 700
+    limiter.settle_and_release(tenant, more.reservation, 120, decision.lease_id)
+    assert limiter.tokens_remaining(tenant) == 880 and limiter.in_flight("acme") == 0
+    limiter.settle_and_release(tenant, None, 0, None)  # nothing to write: no transaction at all
