@@ -41,13 +41,13 @@ def test_idle_cores_count_everyone_but_this_process():
 
 def test_one_batch_at_a_time_and_a_waiting_question_goes_first():
     turns, order = BatchTurns(), []
-    inside = threading.Event()
+    inside, release = threading.Event(), threading.Event()
 
     def document(name, hold):
         with turns.turn(question=False):
             if hold:
                 inside.set()
-                time.sleep(0.3)
+                release.wait(5)  # batch 1 runs until both others are waiting
             order.append(name)
 
     def question():
@@ -56,12 +56,16 @@ def test_one_batch_at_a_time_and_a_waiting_question_goes_first():
 
     first = threading.Thread(target=document, args=("batch 1", True))
     first.start()
-    inside.wait(5)
-    waiting = [threading.Thread(target=document, args=("batch 2", False))]
-    waiting[0].start()
-    time.sleep(0.05)  # batch 2 waits first, the question after it
-    waiting.append(threading.Thread(target=question))
-    waiting[1].start()
+    assert inside.wait(5)
+    waiting = [threading.Thread(target=document, args=("batch 2", False)), threading.Thread(target=question)]
+    for thread in waiting:  # batch 2 asks first, the question after it
+        thread.start()
+    for _ in range(500):  # until the question is counted as waiting (a condition, bounded at 5 s)
+        if turns._questions_waiting == 1:
+            break
+        time.sleep(0.01)
+    assert turns._questions_waiting == 1
+    release.set()
     for thread in [first, *waiting]:
         thread.join(5)
     assert order == ["batch 1", "question", "batch 2"]

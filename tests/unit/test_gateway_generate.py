@@ -30,10 +30,11 @@ def gateway(monkeypatch):
 
 
 def test_a_non_streamed_answer_is_finished_and_charged_after_the_client_hangs_up(gateway):
-    release = asyncio.Event()
+    started, release = asyncio.Event(), asyncio.Event()
     usage = {"prompt_tokens": 12, "completion_tokens": 30, "total_tokens": 42}
 
     async def engine():
+        started.set()
         await release.wait()
         return JSONResponse({"choices": [{"message": {"content": "done"}}], "usage": usage})
 
@@ -41,10 +42,10 @@ def test_a_non_streamed_answer_is_finished_and_charged_after_the_client_hangs_up
         request = SimpleNamespace(scope={})
         task = asyncio.ensure_future(gateway._generate(request, "m", engine(), SimpleNamespace(stream=False, n=1),
                                                        None, (True, False)))
-        await asyncio.sleep(0.01)
+        await asyncio.wait_for(started.wait(), timeout=10)
         task.cancel()  # what the server does when the client hangs up
-        await asyncio.sleep(0.01)
-        assert not task.done(), "the cancellation waits for the answer"
+        await asyncio.sleep(0)
+        assert not task.done(), "the cancellation waits for the answer (it cannot end before release)"
         release.set()
         with pytest.raises(asyncio.CancelledError):
             await asyncio.wait_for(task, timeout=10)
