@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse, Response
 
 from deployments.errors import map_exception
 from deployments.tenants import detach
-from rag.ingest_jobs import IngestJobStore, JobCancelled, NotCancellable, TooManyJobs
+from rag.ingest_jobs import IngestJobStore, JobCancelled, NotCancellable, TooManyJobs, is_job_id
 from rag.pipeline import DocumentInput, IngestProgress
 
 logger = logging.getLogger("poolserve.ingest")
@@ -88,6 +88,8 @@ class IngestJobRoutes:
 
     # ---- routes ------------------------------------------------------------------------------
     async def get_ingest_job(self, job_id: str, request: Request) -> Response:
+        if not is_job_id(job_id):
+            raise _not_found(job_id)
         job = await run_in_threadpool(self._ingest_jobs().get, self._tenant(request), job_id)
         if job is None:
             raise _not_found(job_id)
@@ -100,6 +102,9 @@ class IngestJobRoutes:
         before: str | None = Query(None, max_length=64, description="The last id of the previous page."),
     ) -> Response:
         most = self._settings.documents_page_max
+        if before is not None and not is_job_id(before):
+            raise HTTPException(400, f"before {before[:80]!r} is not a job id (ingest_ and 24 hex digits): "
+                                     "pass the last id of the previous page")
         if limit is not None and limit > most:
             raise HTTPException(400, f"limit {limit} is above the largest page of {most} (rag.documents_page_max)")
         limit = limit or self._settings.documents_page_default
@@ -109,6 +114,8 @@ class IngestJobRoutes:
                              "has_more": len(listed) > limit, "last_id": page[-1].id if page else None})
 
     async def cancel_ingest_job(self, job_id: str, request: Request) -> Response:
+        if not is_job_id(job_id):
+            raise _not_found(job_id)
         try:
             job = await run_in_threadpool(self._ingest_jobs().request_cancel, self._tenant(request), job_id)
         except NotCancellable as exc:
@@ -129,7 +136,7 @@ async def _beat(jobs: IngestJobStore, job_id: str) -> None:
 
 
 def _not_found(job_id: str) -> HTTPException:
-    return HTTPException(404, f"no ingest job {job_id!r} for this tenant")
+    return HTTPException(404, f"no ingest job {job_id[:80]!r} for this tenant")
 
 
 JOB_ENDPOINTS = {

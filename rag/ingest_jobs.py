@@ -17,6 +17,7 @@ then read as a lost job; the documents themselves live in the knowledge store, s
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import threading
 import time
@@ -29,6 +30,11 @@ RUNNING = ("in_progress", "cancelling")
 FINISHED = ("completed", "failed", "cancelled")
 # A job whose heartbeat is older than this many heartbeat intervals lost its replica.
 LOST_AFTER_HEARTBEATS = 6
+JOB_ID = re.compile(r"ingest_[0-9a-f]{24}")  # what create() makes: anything else names no job
+
+
+def is_job_id(text: str) -> bool:
+    return JOB_ID.fullmatch(text) is not None
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS ingest_jobs (
@@ -105,7 +111,7 @@ class IngestJobStore:
         """A new in-progress job, or TooManyJobs when the tenant already runs `limit` of them. Finished
         jobs older than the retention are forgotten here."""
         now = time.time() if now is None else now
-        job_id = "ingest_" + secrets.token_hex(12)
+        job_id = "ingest_" + secrets.token_hex(12)  # JOB_ID
         with self._lock, transaction(self._db):
             self._db.execute("DELETE FROM ingest_jobs WHERE finished_at IS NOT NULL AND finished_at < ?",
                              (now - self.retention_s,))

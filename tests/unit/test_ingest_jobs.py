@@ -170,9 +170,11 @@ def test_a_failed_job_keeps_the_error_the_request_would_have_had(gateway):
 
 
 def test_unknown_and_finished_jobs_answer_404_and_409(gateway):
-    with pytest.raises(HTTPException) as missing:
-        asyncio.run(gateway.get_ingest_job("ingest_nope", request()))
-    assert missing.value.status_code == 404
+    for unknown in ("ingest_nope", "ingest_" + "0" * 24, "\x00" * 5000, "ingest_" + "é" * 24):
+        for route in (gateway.get_ingest_job, gateway.cancel_ingest_job):
+            with pytest.raises(HTTPException) as missing:
+                asyncio.run(route(unknown, request()))
+            assert missing.value.status_code == 404 and len(missing.value.detail) < 400  # the id, cut short
     job = gateway._ingest_jobs().create("tenant-a", "kb", 1, limit=2)
     gateway._ingest_jobs().finish(job.id, "completed", result={})
     with pytest.raises(HTTPException) as finished:
@@ -184,5 +186,8 @@ def test_the_listing_refuses_a_page_above_the_limit(gateway):
     with pytest.raises(HTTPException) as refused:
         asyncio.run(gateway.list_ingest_jobs(request(), limit=10_000, before=None))
     assert refused.value.status_code == 400 and "documents_page_max" in refused.value.detail
+    with pytest.raises(HTTPException) as malformed:
+        asyncio.run(gateway.list_ingest_jobs(request(), limit=None, before="not-a-job"))
+    assert malformed.value.status_code == 400 and "not a job id" in malformed.value.detail
     listed = json.loads(asyncio.run(gateway.list_ingest_jobs(request(), limit=None, before=None)).body)
     assert listed == {"object": "list", "data": [], "has_more": False, "last_id": None}
