@@ -56,8 +56,9 @@ def stored_metadata(client: StackClient, collection: str) -> dict[str, dict]:
 
 
 def ingest_files(client: StackClient, collection: str, files: list[SourceFile], console: Console,
-                 stored: dict[str, dict] | None = None) -> IngestReport:
-    """Send each file (skipping those `stored`, the collection's documents, holds unchanged)."""
+                 stored: dict[str, dict] | None = None, job_min_bytes: int = JOB_MIN_BYTES) -> IngestReport:
+    """Send each file (skipping those `stored`, the collection's documents, holds unchanged); files of
+    `job_min_bytes` and more as ingest jobs."""
     if stored is None:
         stored = stored_metadata(client, collection)  # also a 400 for a malformed name, before any file
     report, started = IngestReport(), time.perf_counter()
@@ -72,7 +73,7 @@ def ingest_files(client: StackClient, collection: str, files: list[SourceFile], 
             progress.update(task, chunks=done, rate=done / max(1e-9, time.perf_counter() - started))
 
         for source in files:
-            problem = _ingest_one(client, collection, source, stored, report, show)
+            problem = _ingest_one(client, collection, source, stored, report, show, job_min_bytes)
             if problem:
                 report.failed.append((source.source, problem))
                 progress.console.print(f"[red]failed[/red] {source.source}: {problem}")
@@ -83,7 +84,7 @@ def ingest_files(client: StackClient, collection: str, files: list[SourceFile], 
 
 
 def _ingest_one(client: StackClient, collection: str, source: SourceFile, stored: dict, report: IngestReport,
-                show) -> str | None:
+                show, job_min_bytes: int = JOB_MIN_BYTES) -> str | None:
     """Send one file; None when it was stored or skipped, else why it failed."""
     if source.content_type is None:
         return f"unsupported file type {source.path.suffix or '(none)'!r}; supported: {', '.join(sorted(CONTENT_TYPES))}"
@@ -105,7 +106,7 @@ def _ingest_one(client: StackClient, collection: str, source: SourceFile, stored
         except UnicodeDecodeError as exc:
             return f"not UTF-8 text (byte {exc.start})"
     path = f"/v1/collections/{quote(collection, safe='')}/documents"
-    if len(data) >= JOB_MIN_BYTES:
+    if len(data) >= job_min_bytes:
         return _ingest_as_job(client, path, document, report, show)
     try:
         for event in client.stream_lines(path, {"documents": [document], "stream": True}):

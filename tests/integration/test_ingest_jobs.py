@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from pathlib import Path
 
 import httpx
 import pytest
@@ -79,24 +80,27 @@ def test_a_job_cancelled_by_delete_stores_nothing_and_other_tenants_cannot_touch
     assert again.status_code == 409 and "cancelled" in again.json()["error"]["message"]
 
 
-def test_the_cli_follows_a_large_file_as_a_job(stack, tmp_path, monkeypatch):
+def test_the_cli_follows_large_files_as_jobs(stack, tmp_path):
+    from rich.console import Console
+
     from cli.client import StackClient
     from cli.files import walk
     from cli.ingest import JOB_MIN_BYTES, ingest_files
-    from rich.console import Console
-
     from tests.integration.conftest import DEMO_KEY
 
-    # The CLI's threshold is 1 MiB (minutes of embedding here); a smaller one sends this file the same way.
-    monkeypatch.setattr("cli.ingest.JOB_MIN_BYTES", 32 * 1024)
-    big = tmp_path / "manual.md"
-    big.write_text("# Quillmark manual\n\n" + _manual(400))
-    assert big.stat().st_size >= 32 * 1024 and JOB_MIN_BYTES == 1 << 20
-    files, missing = walk([big])
-    assert not missing
+    # Real documents (a freedesktop.org PDF spec, libxslt's HTML pages) with the job threshold at 4 KiB,
+    # so all but the smallest go as jobs; the default threshold (1 MiB) is minutes of embedding here.
+    data = Path(__file__).resolve().parents[1] / "data"
+    real = [data / "shared-mime-info-spec.pdf", data / "libxslt-tutorial-latin1.html", data / "exslt-intro.html",
+            data / "libxslt-general.html"]
+    files, missing = walk(real)
+    assert not missing and JOB_MIN_BYTES == 1 << 20
     with StackClient(stack.url, DEMO_KEY) as http:
-        report = ingest_files(http, "jobs-cli", files, Console(file=open(tmp_path / "out.txt", "w")))
-    assert report.failed == [] and report.sent == 1 and report.chunks > 10
-    with StackClient(stack.url, DEMO_KEY) as http:
+        report = ingest_files(http, "jobs-cli", files, Console(file=open(tmp_path / "out.txt", "w")),
+                              job_min_bytes=4096)
         jobs = http.request("GET", "/v1/ingest/jobs", params={"limit": 100})["data"]
-    assert any(j["collection"] == "jobs-cli" and j["status"] == "completed" for j in jobs)
+        answer = http.request("POST", "/v1/rag/query", json={"collection": "jobs-cli", "top_k": 3,
+                                                              "question": "What is the shared MIME-info database?"})
+    assert report.failed == [] and report.sent == 4 and report.chunks > 20
+    assert sum(j["collection"] == "jobs-cli" and j["status"] == "completed" for j in jobs) == 3  # the 3.4 KB one streamed
+    assert any(c["document_id"] == "data:shared-mime-info-spec.pdf" for c in answer["citations"])
