@@ -40,7 +40,7 @@ from deployments.uploads import decoded_data, read_ingest_body
 from planner.profile import ExtractionSpec
 from rag.extract import Extracted
 from rag.extract_worker import ExtractionFailed, ExtractionLimits, ExtractionPool
-from deployments.work import release_heap_after_sending, run_to_completion
+from deployments.work import release_heap_after_sending, run_to_completion, wait_out
 from rag.ids import validate_collection, validate_document_id
 from rag.pipeline import DocumentInput, IngestProgress, ProgressCallback, RagPipeline
 
@@ -168,19 +168,10 @@ class IngestRoutes(IngestJobRoutes):
                 failed = map_exception(work.exception(), self._settings.unavailable_retry_after_s)
                 yield _line({"event": "error", "status": failed.status_code, **json.loads(failed.body)})
         finally:
-            await _wait_out(work)
+            await wait_out(work)
             if not work.cancelled() and work.exception() is not None:  # also when nobody was left to tell
                 logger.warning("ingest %s/%s failed: %r", tenant, collection, work.exception())
 
 
 def _line(event: dict) -> bytes:
     return json.dumps(event, separators=(",", ":")).encode() + b"\n"
-
-
-async def _wait_out(task: asyncio.Task) -> None:
-    """Wait until `task` is done, through any number of cancellations of the waiter."""
-    while not task.done():
-        try:
-            await asyncio.wait([task])
-        except asyncio.CancelledError:
-            continue

@@ -27,6 +27,7 @@ from starlette.responses import JSONResponse, Response
 
 from deployments.errors import map_exception
 from deployments.tenants import detach
+from deployments.work import page_limit
 from rag.ingest_jobs import IngestJobStore, JobCancelled, NotCancellable, TooManyJobs, is_job_id
 from rag.pipeline import DocumentInput, IngestProgress
 
@@ -101,13 +102,10 @@ class IngestJobRoutes:
                                                           "most rag.documents_page_max)."),
         before: str | None = Query(None, max_length=64, description="The last id of the previous page."),
     ) -> Response:
-        most = self._settings.documents_page_max
         if before is not None and not is_job_id(before):
             raise HTTPException(400, f"before {before[:80]!r} is not a job id (ingest_ and 24 hex digits): "
                                      "pass the last id of the previous page")
-        if limit is not None and limit > most:
-            raise HTTPException(400, f"limit {limit} is above the largest page of {most} (rag.documents_page_max)")
-        limit = limit or self._settings.documents_page_default
+        limit = page_limit(limit, self._settings)
         listed = await run_in_threadpool(self._ingest_jobs().list, self._tenant(request), limit + 1, before)
         page = listed[:limit]
         return JSONResponse({"object": "list", "data": [job.public() for job in page],

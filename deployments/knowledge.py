@@ -20,7 +20,7 @@ from deployments.rag_adapters import GatewayChat, RayEmbedder, RayIndex, pipelin
 from deployments.schemas import AddDocumentsRequest, RagOptions, RagQueryRequest, SearchRequest
 from deployments.streams import rag_stream, tracked_stream
 from deployments.tenants import record_usage, reserve_tokens
-from deployments.work import run_to_completion, without_credentials
+from deployments.work import page_limit, run_to_completion, without_credentials
 from rag.filters import InvalidFilter, normalize_filters
 from rag.ids import validate_collection, validate_document_id
 from rag.pipeline import Grounding, InvalidQuery, RagPipeline
@@ -76,13 +76,10 @@ class KnowledgeRoutes(IngestRoutes):
     ) -> Response:
         """One page of the collection's documents in id order, with has_more and first_id/last_id."""
         validate_collection(collection)
-        most = self._settings.documents_page_max
-        if limit is not None and limit > most:
-            raise HTTPException(400, f"limit {limit} is above the largest page of {most} (rag.documents_page_max)")
+        size = page_limit(limit, self._settings)
         if after is not None:
             validate_document_id(after)
-        page = await self._retriever.list_documents.remote(
-            self._tenant(request), collection, limit or self._settings.documents_page_default, after)
+        page = await self._retriever.list_documents.remote(self._tenant(request), collection, size, after)
         return JSONResponse(page)
 
     async def delete_document(self, collection: str, document_id: str, request: Request) -> Response:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 
+from fastapi import HTTPException
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 
@@ -21,12 +22,26 @@ async def run_to_completion(coro):
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
-        while not task.done():
-            try:
-                await asyncio.wait([task])
-            except asyncio.CancelledError:
-                continue
+        await wait_out(task)
         raise
+
+
+def page_limit(limit: int | None, settings) -> int:
+    """A listing's page size: the request's `limit`, at most rag.documents_page_max (a 400 above it), or
+    rag.documents_page_default when it gives none."""
+    if limit is not None and limit > settings.documents_page_max:
+        raise HTTPException(400, f"limit {limit} is above the largest page of {settings.documents_page_max} "
+                                 "(rag.documents_page_max)")
+    return limit or settings.documents_page_default
+
+
+async def wait_out(task: asyncio.Task) -> None:
+    """Wait until `task` is done, through any number of cancellations of the waiter."""
+    while not task.done():
+        try:
+            await asyncio.wait([task])
+        except asyncio.CancelledError:
+            continue
 
 
 def release_heap_after_sending() -> BackgroundTask:
