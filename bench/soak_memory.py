@@ -26,7 +26,7 @@ from stackctl.processes import stack_pids
 
 MIB = 1024 * 1024
 # Which replica a process belongs to, from its command line (Ray's actor titles, vLLM's process names).
-LABELS = (("EngineCore", "chat:EngineCore"), ("VllmWorker", "chat:Worker"), ("ServeReplica:poolserve:chat", "chat:actor"),
+LABELS = (("EngineCore", "chat:EngineCore"), ("VLLM::Worker", "chat:Worker"), ("PoolserveLLMServer", "chat:actor"),
           ("ServeReplica:poolserve:embedder", "embedder"), ("ServeReplica:poolserve:retriever", "retriever"),
           ("ServeReplica:poolserve:gateway", "gateway"), ("ServeController", "serve-controller"),
           ("ProxyActor", "serve-proxy"), ("raylet", "raylet"), ("gcs_server", "gcs"), ("dashboard", "ray-dashboard"))
@@ -82,6 +82,10 @@ def summarize(path: Path, warmup_s: float) -> list[dict]:
     warm-up, their difference, and the peak; all in MiB."""
     samples = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     samples = [s for s in samples if s["t"] >= warmup_s]
+    for s in samples:  # a series recorded before a label was known is labelled again from its command name
+        for p in s["processes"]:
+            if p["label"].startswith("other:"):
+                p["label"] = label_of(p["label"].removeprefix("other:"))
     if len(samples) < 4:
         raise SystemExit(f"{path}: {len(samples)} samples after {warmup_s:g} s of warm-up; need 4 or more")
     labels = sorted({p["label"] for s in samples for p in s["processes"]})
