@@ -85,6 +85,12 @@ class ContentsPlan(_Output):
         return min(chunks, self.capacity_chunks) * self.per_chunk_bytes + min(self.cache_bytes, database_bytes)
 
 
+# The GatewaySpec fields GatewaySettings copies as they are.
+FROM_GATEWAY_SPEC = ("max_choices", "max_prompts", "max_embedding_inputs", "unavailable_retry_after_s", "cookie_secure",
+                     "trust_forwarded_proto", "health_timeout_s", "healthy_ttl_s", "dashboard_refresh_s",
+                     "dashboard_history_sample_s", "dashboard_measure_timeout_s")
+
+
 class GatewaySettings(RagSpec):
     """Everything the gateway reads, from the profile and its plan (the RAG section's fields included)."""
 
@@ -100,6 +106,11 @@ class GatewaySettings(RagSpec):
     max_prompts: int = Field(description="Most prompts in one completions request.")
     max_embedding_inputs: int = Field(description="Most inputs in one embeddings request.")
     unavailable_retry_after_s: int = Field(description="Retry-After of a 503 while a replica is down.")
+    health_timeout_s: float = Field(description="/healthz's wait for each replica (GatewaySpec).")
+    healthy_ttl_s: float = Field(description="How long a passed /healthz is trusted (GatewaySpec).")
+    dashboard_refresh_s: float = Field(description="The dashboard page's reload period (GatewaySpec).")
+    dashboard_history_sample_s: float = Field(description="Period of the dashboard's memory history (GatewaySpec).")
+    dashboard_measure_timeout_s: float = Field(description="Longest wait for a replica's memory (GatewaySpec).")
     cookie_secure: bool | Literal["auto"] = Field(description="The dashboard cookie's Secure flag (GatewaySpec).")
     trust_forwarded_proto: bool = Field(description="Whether X-Forwarded-Proto decides an auto Secure flag.")
     embed_max_seq_tokens: int = Field(description="Most tokens the embedder reads of one input: caps the TPM "

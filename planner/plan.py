@@ -23,7 +23,8 @@ from planner.architecture import ArchitectureError, embedding_dimension
 from planner.engine import EngineError, plan_engine, utilization_for
 from planner.errors import Overcommit, PlanError
 from planner.gpu import gpu_fraction, split_device_lines
-from planner.outputs import ChatModelCard, ContentsPlan, EngineArgs, GatewaySettings, RayActorOptions
+from planner.outputs import (FROM_GATEWAY_SPEC, ChatModelCard, ContentsPlan, EngineArgs, GatewaySettings,
+                             RayActorOptions)
 from planner.profile import PoolSpec, Profile, ServeSpec, pinned
 from planner.units import gib
 from planner.weights import safetensors_bytes
@@ -55,7 +56,7 @@ class ReplicaPlan(BaseModel):
     def serve_options(self) -> dict:
         """Ray Serve deployment options for this replica; the app and `poolserve render` both use this."""
         actor = {**self.ray_actor_options.as_dict(), "runtime_env": {"env_vars": dict(self.env)}}
-        return {"num_replicas": self.num_replicas, "ray_actor_options": actor, **self.serve.model_dump()}
+        return {"num_replicas": self.num_replicas, "ray_actor_options": actor, **self.serve.deployment_options()}
 
     @property
     def pool_bytes(self) -> int:
@@ -534,9 +535,7 @@ def _gateway_settings(profile: Profile, replicas: list[ReplicaPlan]) -> GatewayS
     by_name = {r.name: r for r in replicas}
     cards = {spec.model_id: ChatModelCard(path=spec.model, max_model_len=by_name[name].vllm.max_model_len,
                                           replica=name) for name, spec in profile.chat_engines()}
-    limits = profile.gateway.model_dump(include={"max_choices", "max_prompts", "max_embedding_inputs",
-                                                 "unavailable_retry_after_s", "cookie_secure",
-                                                 "trust_forwarded_proto"})
+    limits = profile.gateway.model_dump(include=set(FROM_GATEWAY_SPEC))
     return GatewaySettings(
         **profile.rag.model_dump(), **limits, chat_model_id=profile.chat.model_id, chat_models=cards,
         embed_model_id=profile.embedder.model_id, embed_max_seq_tokens=profile.embedder.max_seq_tokens,

@@ -54,6 +54,13 @@ class ServeSpec(_Strict):
     health_check_period_s: float = Field(10.0, gt=0, description="How often Serve checks the replica.")
     health_check_timeout_s: float = Field(30.0, gt=0, description="A check that takes longer fails; a replica that "
                                           "fails is restarted.")
+    start_wait_timeout_s: float = Field(1800.0, gt=0, description="How long the replica's constructor waits for the "
+                                        "replicas before it in the start order (serve/start_order.py): an engine's "
+                                        "start takes 45-110 s on 2 cores, a GB10 loading 100 GB more.")
+
+    def deployment_options(self) -> dict:
+        """The options Ray Serve's deployment takes (the start wait is poolserve's own)."""
+        return self.model_dump(exclude={"start_wait_timeout_s"})
 
 
 def _serve(max_ongoing_requests: int, health_check_timeout_s: float = 30.0):
@@ -381,6 +388,16 @@ class GatewaySpec(_Strict):
     unavailable_retry_after_s: int = Field(10, ge=1, description="Retry-After sent with a 503 while a replica "
                                            "restarts.")
     request_timeout_s: float = Field(300.0, gt=0, description="Seconds before a request is abandoned.")
+    health_timeout_s: float = Field(5.0, gt=0, description="/healthz waits this long for each replica's answer; a "
+                                    "replica silent for longer reads as down.")
+    healthy_ttl_s: float = Field(2.0, ge=0, description="A passed /healthz is trusted this long (a failed request "
+                                 "resets it): a replica that died shows within seconds, while a load balancer "
+                                 "polling /healthz costs little.")
+    dashboard_refresh_s: float = Field(5.0, gt=0, description="How often the dashboard page reloads itself.")
+    dashboard_history_sample_s: float = Field(60.0, gt=0, description="How often the gateway records every "
+                                              "replica's memory for the dashboard's last-hour chart.")
+    dashboard_measure_timeout_s: float = Field(30.0, gt=0, description="The longest the dashboard waits for a "
+                                               "replica's memory reading.")
     direct_ingress: bool = Field(False, description="Clients reach the gateway replica's own HTTP server "
                                  "(Ray Serve direct ingress) instead of going through Ray Serve's proxy actor: "
                                  "one process hop less per request and per streamed batch. One replica only; "

@@ -1,6 +1,6 @@
 """What the RAG pipeline needs from the outside world, as small protocols.
 
-The gateway implements them over Ray handles (deployments/rag_adapters.py), the benchmark
+The gateway implements them over Ray handles (gateway/rag_adapters.py), the benchmark
 in-process (rag/local.py), the unit tests with fakes. Everything is async because the gateway's
 implementations are remote calls.
 """

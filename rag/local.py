@@ -1,7 +1,7 @@
 """In-process implementations of the pipeline's protocols, over the real embedder and store.
 
 For the benchmark and tools that run the pipeline without Ray; the stack itself uses
-deployments/rag_adapters.py.
+gateway/rag_adapters.py.
 """
 
 from __future__ import annotations

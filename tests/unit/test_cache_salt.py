@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from deployments.gateway import Gateway
-from deployments.tenants import TENANT_KEY
+from serve.gateway import Gateway
+from gateway.tenants import TENANT_KEY
 
 
 def _salted(tenant: str, client_salt: str | None = None) -> str:

@@ -10,8 +10,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from dashboard.history import MemoryHistory
-from deployments.dashboard import DASHBOARD_ENDPOINTS, DashboardRoutes
-from deployments.gateway import make_app
+from gateway.dashboard import DASHBOARD_ENDPOINTS, DashboardRoutes
+from gateway.http_app import make_app
 from rag.store import KnowledgeStore
 from tests.unit.test_knowledge_routes import Handle
 from tests.unit.gateway_settings import gateway_settings

@@ -1,11 +1,11 @@
-"""deployments/embed_turns.py: one batch at a time with questions first, and borrowed idle cores."""
+"""rag/embed_turns.py: one batch at a time with questions first, and borrowed idle cores."""
 
 import threading
 import time
 
 import pytest
 
-from deployments.embed_turns import BatchTurns, IdleCores, threads_for
+from rag.embed_turns import BatchTurns, IdleCores, threads_for
 
 
 @pytest.mark.parametrize("idle, least, most, expected", [

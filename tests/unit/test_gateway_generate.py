@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 from starlette.responses import JSONResponse, StreamingResponse
 
-from deployments import gateway as gateway_module
-from deployments.gateway import Gateway
+from gateway import openai_routes as gateway_module
+from serve.gateway import Gateway
 from tests.unit.gateway_settings import gateway_settings
 
 

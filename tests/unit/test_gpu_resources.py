@@ -39,7 +39,7 @@ def no_ray():
 
 
 def _built(config: str, pool_total_bytes: int | None = None):
-    from deployments.app import embedder_deployment, engine_deployments
+    from serve.app import embedder_deployment, engine_deployments
 
     profile = load_profile(ROOT / "configs" / config)
     plan = build_plan(profile, pool_total_bytes)

@@ -1,4 +1,4 @@
-"""Ingest jobs: the SQLite job store (rag/ingest_jobs.py) and the routes (deployments/ingest_jobs.py) on
+"""Ingest jobs: the SQLite job store (rag/ingest_jobs.py) and the routes (gateway/ingest_jobs.py) on
 the gateway stand-in of test_knowledge_routes: 202 then completed with the synchronous answer, cancel
 before storing stores nothing, a job that is storing or finished is not cancellable, a silent job
 reads as lost, tenants see only their own jobs."""
@@ -11,8 +11,8 @@ import json
 import pytest
 from fastapi import HTTPException
 
-from deployments.schemas import AddDocumentsRequest
-from deployments.tenants import DETACHED_KEY
+from gateway.schemas import AddDocumentsRequest
+from gateway.tenants import DETACHED_KEY
 from rag.ingest_jobs import LOST_AFTER_HEARTBEATS, IngestJobStore, JobCancelled, NotCancellable, TooManyJobs
 from rag.store import CollectionNotFound, KnowledgeStore
 from tests.unit.rag_fakes import DIM

@@ -1,4 +1,4 @@
-"""The ingest route (deployments/ingest.py) without Ray: JSON and NDJSON answers, content types,
+"""The ingest route (gateway/ingest.py) without Ray: JSON and NDJSON answers, content types,
 failures reported in the stream; the gateway stand-in of test_knowledge_routes."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 from starlette.responses import StreamingResponse
 
-from deployments.schemas import AddDocumentsRequest
+from gateway.schemas import AddDocumentsRequest
 from rag.store import KnowledgeStore
 from tests.unit.rag_fakes import DIM
 from tests.unit.test_knowledge_routes import Gateway, request

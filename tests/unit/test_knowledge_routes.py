@@ -12,8 +12,8 @@ from fastapi import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from deployments.knowledge import KnowledgeRoutes
-from deployments.schemas import AddDocumentsRequest, RagOptions, RagQueryRequest
+from gateway.knowledge import KnowledgeRoutes
+from gateway.schemas import AddDocumentsRequest, RagOptions, RagQueryRequest
 from planner.profile import RagSpec
 from rag.retrieval import retrieve
 from rag.store import KnowledgeStore
@@ -172,8 +172,8 @@ def http(gateway):
     from fastapi import FastAPI
     from starlette.testclient import TestClient
 
-    from deployments.errors import install_error_handlers
-    from deployments.gateway import ENDPOINTS
+    from gateway.errors import install_error_handlers
+    from gateway.http_app import ENDPOINTS
 
     app = FastAPI()
     install_error_handlers(app, 10)
@@ -294,7 +294,7 @@ def test_a_question_over_the_profiles_limit_is_a_400_naming_it(http, route):
 class ChatGateway(Gateway):
     """The fake gateway with the real Gateway.chat (its refusal path never reaches the chat ingress)."""
 
-    from deployments.gateway import Gateway as _Real
+    from serve.gateway import Gateway as _Real
 
     chat = _Real.chat
     _finish = _Real._finish

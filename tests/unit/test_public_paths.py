@@ -13,9 +13,9 @@ import pytest
 from fastapi import Request
 from starlette.responses import JSONResponse
 
-from deployments.gateway import make_app
-from deployments.public_paths import body_limit, body_refusal
-from deployments.tenants import ADMIN_KEY_ENV, RESEED_ENV, guard_of
+from gateway.http_app import make_app
+from gateway.public_paths import body_limit, body_refusal
+from gateway.tenants import ADMIN_KEY_ENV, RESEED_ENV, guard_of
 from planner.profile import GatewaySpec
 from tenancy import DEMO_KEY_ENV
 

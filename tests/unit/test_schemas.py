@@ -7,8 +7,8 @@ from fastapi import FastAPI
 from pydantic import ValidationError
 from starlette.testclient import TestClient
 
-from deployments.errors import install_error_handlers
-from deployments.schemas import (
+from gateway.errors import install_error_handlers
+from gateway.schemas import (
     METADATA_MAX_BYTES,
     METADATA_MAX_DEPTH,
     METADATA_MAX_KEYS,

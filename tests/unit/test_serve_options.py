@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from deployments.chat import llm_config_from_plan
+from serve.chat import llm_config_from_plan
 from planner.plan import build_plan
 from planner.profile import ServeSpec, load_profile
 

@@ -7,8 +7,8 @@ import asyncio
 import json
 from types import SimpleNamespace
 
-from deployments.streams import rag_stream, sse_event_batches, tracked_stream
-from deployments.tenants import GUARD_KEY, TENANT_KEY
+from gateway.streams import rag_stream, sse_event_batches, tracked_stream
+from gateway.tenants import GUARD_KEY, TENANT_KEY
 from tenancy.limits import RequestTokens, TokenReservation
 
 
@@ -193,7 +193,7 @@ def test_usage_is_recorded_when_the_source_raises():
 def test_a_utf8_character_split_across_pieces_is_joined():
     import asyncio
 
-    from deployments.streams import sse_event_batches
+    from gateway.streams import sse_event_batches
 
     payload = 'data: {"text": "naïve €"}\n\n'.encode()
     cut = payload.index("€".encode()) + 1  # inside the three bytes of the euro sign
@@ -214,7 +214,7 @@ def _usage_chunk(index: int, prompt: int, completion: int) -> dict:
 
 
 def test_a_stream_of_n_choices_cut_before_its_final_usage_is_charged_every_choice():
-    from deployments.streams import UsageTally
+    from gateway.streams import UsageTally
 
     tally = UsageTally(choices_per_prompt=3)
     for chunk in (_usage_chunk(0, 10, 0), _usage_chunk(1, 10, 0), _usage_chunk(2, 10, 0),
@@ -226,7 +226,7 @@ def test_a_stream_of_n_choices_cut_before_its_final_usage_is_charged_every_choic
 
 
 def test_a_list_of_prompts_counts_each_prompt_once_and_every_choice():
-    from deployments.streams import UsageTally
+    from gateway.streams import UsageTally
 
     tally = UsageTally(choices_per_prompt=2)  # 2 prompts x n=2: choices 0,1 answer prompt 0; 2,3 prompt 1
     for chunk in (_usage_chunk(0, 8, 3), _usage_chunk(1, 8, 1), _usage_chunk(2, 20, 6), _usage_chunk(3, 20, 2)):

@@ -11,14 +11,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 
 logger = logging.getLogger("ray.serve")  # configured in every replica, so the order shows in the log
-# An engine's start (weights, KV cache, warm-up) takes 45-110 s on 2 cores; a GB10 loading 100 GB more.
-WAIT_TIMEOUT_S = 1800.0
+
+
+@dataclass(frozen=True)
+class StartOrder:
+    """What one replica waits for before it starts: (deployment, method) pairs, each for at most
+    timeout_s (its plan's ServeSpec.start_wait_timeout_s)."""
+
+    after: list[tuple[str, str]]
+    timeout_s: float
+
+    async def wait(self, me: str, app_name: str) -> None:
+        await wait_for_predecessors(me, self.after, app_name, self.timeout_s)
 
 
 async def wait_for_predecessors(me: str, predecessors: list[tuple[str, str]], app_name: str,
-                                timeout_s: float = WAIT_TIMEOUT_S) -> None:
+                                timeout_s: float) -> None:
     """Block until each (deployment, method) answers; a call is routed only to a running replica,
     so an answer means that deployment finished its constructor (for an engine: KV cache allocated)."""
     from ray import serve

@@ -1,7 +1,10 @@
-"""Gateway: ray.serve.llm's OpenAI ingress, extended with embeddings, knowledge bases and RAG.
+"""The OpenAI routes as poolserve serves them: ray.serve.llm's ingress (the class this mixin is combined
+with in serve/gateway.py) parses and streams; these methods add what poolserve owns around it: the
+tenant's model rights, prompt-length and choice bounds, TPM reservations and usage, per-tenant
+prefix-cache salts, embeddings through the sentence-transformers replica, and /healthz.
 
-The OpenAI protocol (parsing, SSE) stays with ray.serve.llm and vLLM; this class adds the
-routes poolserve owns and routes embeddings to the sentence-transformers replica.
+The replica handles (`self._embedder`, `self._retriever`, the engines' `_default_serve_handles`) are
+whatever the Ray binding hands in; nothing here imports Ray Serve.
 """
 
 from __future__ import annotations
@@ -12,69 +15,30 @@ import hashlib
 import json
 import logging
 import time
-from types import SimpleNamespace
 
 import numpy as np
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from deployments.dashboard import DASHBOARD_ENDPOINTS, DashboardRoutes
-from deployments.engine_compat import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    EmbeddingRequest,
-    ModelCard,
-    ModelList,
-    OpenAiIngress,
-)
-from deployments.errors import error_body, unavailable
-from deployments.request_guard import RequestBodyGuard
-from deployments.uploads import INGEST_OPENAPI
-from deployments.ingest_jobs import JOB_ENDPOINTS
-from deployments.knowledge import KnowledgeRoutes
-from deployments.start_order import wait_for_predecessors
-from deployments.work import release_heap_after_sending, run_to_completion, without_credentials
-from deployments.streams import force_stream_usage, tracked_stream
-from deployments.schemas import RagOptions
-from deployments.tenants import (ADMIN_ENDPOINTS, TenantAdminRoutes, TenantAuthMiddleware, record_usage,
-                                 guard_of, reserve_tokens, tenant_of)
-from planner.outputs import GatewaySettings
+from enginepair.compat import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ModelCard, ModelList
+from gateway.errors import error_body, unavailable
+from gateway.schemas import RagOptions
+from gateway.streams import force_stream_usage, tracked_stream
+from gateway.tenants import guard_of, record_usage, reserve_tokens, tenant_of
+from gateway.work import release_heap_after_sending, run_to_completion, without_credentials
 from tenancy.limits import estimate_text_tokens
 
 logger = logging.getLogger("poolserve.gateway")
-HEALTH_TIMEOUT_S = 5.0
-# vLLM's default max_tokens for /v1/completions (OpenAI's too), used in the TPM estimate.
+# vLLM's default max_tokens for /v1/completions (OpenAI's too), used in the TPM estimate: vLLM's
+# number, not a poolserve setting.
 VLLM_COMPLETION_MAX_TOKENS = 16
-# A passed health check is trusted this long (a failed request resets it), so /healthz notices a
-# replica that died within seconds while a load balancer polling it costs little.
-HEALTHY_TTL_S = 2.0
 
 
-class Gateway(KnowledgeRoutes, TenantAdminRoutes, DashboardRoutes, OpenAiIngress):
-    async def __init__(self, llm_deployments, model_cards, *, embedder, retriever, settings: GatewaySettings,
-                       start_after: list[tuple[str, str]]):
-        from ray import serve
-        from transformers import AutoTokenizer
-
-        await wait_for_predecessors("gateway", start_after, serve.get_replica_context().app_name)
-        super().__init__(llm_deployments, model_cards)
-
-        self._embedder = embedder
-        self._retriever = retriever
-        self._settings = settings
-        self._chat_model_id = settings.chat_model_id
-        self._embed_model_id = settings.embed_model_id
-        # Each engine's tokenizer lets the gateway refuse an over-long prompt with a 400 before the engine.
-        tokenizers = {}
-        self._engines = {}
-        for model_id, engine in settings.chat_models.items():
-            if engine.path not in tokenizers:
-                tokenizers[engine.path] = AutoTokenizer.from_pretrained(engine.path)
-            self._engines[model_id] = SimpleNamespace(tokenizer=tokenizers[engine.path], replica=engine.replica,
-                                                      max_model_len=engine.max_model_len)
-        self._healthy_until = 0.0
-        self._start_memory_history()  # the dashboard's last hour of measured memory
+class OpenAIRoutes:
+    """Mixed in before ray.serve.llm's OpenAiIngress; needs the attributes serve/gateway.py's
+    constructor sets (_embedder, _retriever, _settings, _chat_model_id, _embed_model_id, _engines,
+    _healthy_until)."""
 
     # ---- health and models -------------------------------------------------------------
     async def healthz(self, request: Request) -> Response:
@@ -83,11 +47,11 @@ class Gateway(KnowledgeRoutes, TenantAdminRoutes, DashboardRoutes, OpenAiIngress
                      **{engine.replica: self._default_serve_handles[model].check_health.remote()
                         for model, engine in self._engines.items()}}
             checks = [asyncio.ensure_future(self._ready_check(call)) for call in calls.values()]
-            done, pending = await asyncio.wait(checks, timeout=HEALTH_TIMEOUT_S)
+            done, pending = await asyncio.wait(checks, timeout=self._settings.health_timeout_s)
             for task in pending:
                 task.cancel()
             replicas = {name: ("ok" if task in done and task.result() is None else
-                               f"down: {task.result() if task in done else 'no answer in %gs' % HEALTH_TIMEOUT_S}")
+                               f"down: {task.result() if task in done else 'no answer in %gs' % self._settings.health_timeout_s}")
                         for name, task in zip(calls, checks)}
             replicas["gateway"] = "ok"
             down = sorted(name for name, state in replicas.items() if state != "ok")
@@ -98,7 +62,7 @@ class Gateway(KnowledgeRoutes, TenantAdminRoutes, DashboardRoutes, OpenAiIngress
                 body["pool"] = _public_pool_state(request)
                 return JSONResponse(body, status_code=503,
                                     headers={"Retry-After": str(self._settings.unavailable_retry_after_s)})
-            self._healthy_until = time.monotonic() + HEALTHY_TTL_S
+            self._healthy_until = time.monotonic() + self._settings.healthy_ttl_s
         names = [engine.replica for engine in self._engines.values()] + ["embedder", "retriever", "gateway"]
         return JSONResponse({"status": "ok", "replicas": {n: "ok" for n in names}, "pool": _public_pool_state(request)})
 
@@ -327,6 +291,7 @@ class Gateway(KnowledgeRoutes, TenantAdminRoutes, DashboardRoutes, OpenAiIngress
         return Response(content, media_type="application/json", background=release_heap_after_sending())
 
 
+
 def _public_pool_state(request: Request) -> dict:
     """Whether the pool guard sheds: all /healthz tells anyone. Its bytes and the cgroup's path are on
     /status (admin key)."""
@@ -347,43 +312,3 @@ def _text_of(content) -> str:
     if isinstance(content, list):
         return "\n".join(part.get("text", "") for part in content if isinstance(part, dict))
     return content or ""
-
-
-ENDPOINTS = {
-    "models": lambda app: app.get("/v1/models", response_model=ModelList),
-    "model_data": lambda app: app.get("/v1/models/{model:path}", response_model=ModelCard),
-    "completions": lambda app: app.post("/v1/completions"),
-    "chat": lambda app: app.post("/v1/chat/completions"),
-    "embeddings": lambda app: app.post("/v1/embeddings"),
-    "healthz": lambda app: app.get("/healthz"),
-    **ADMIN_ENDPOINTS,
-    **DASHBOARD_ENDPOINTS,  # /status, /admin/collections, /dashboard
-    # `:path` lets a name with '/' reach validation and get a 400 instead of a routing 404.
-    "add_documents": lambda app: app.post("/v1/collections/{collection:path}/documents", openapi_extra=INGEST_OPENAPI),
-    "list_collections": lambda app: app.get("/v1/collections"),
-    "delete_document": lambda app: app.delete("/v1/collections/{collection:path}/documents/{document_id:path}"),
-    "list_documents": lambda app: app.get("/v1/collections/{collection:path}/documents"),
-    # Before get_collection, whose `:path` would otherwise take "{c}/search" for a collection name.
-    "search_collection": lambda app: app.get("/v1/collections/{collection:path}/search"),
-    "search_collection_post": lambda app: app.post("/v1/collections/{collection:path}/search"),
-    "get_collection": lambda app: app.get("/v1/collections/{collection:path}"),
-    "delete_collection": lambda app: app.delete("/v1/collections/{collection:path}"),
-    "rag_query": lambda app: app.post("/v1/rag/query"),
-    **JOB_ENDPOINTS,  # /v1/ingest/jobs
-}
-
-
-def make_app(guard_config: dict, max_body_bytes: int, unavailable_retry_after_s: int) -> FastAPI:
-    """The gateway's FastAPI app: error mapping, a strict body guard, and outermost tenant auth.
-    No CORS middleware: cross-origin browser calls stay closed unless an operator adds it."""
-    from deployments.errors import install_error_handlers
-
-    app = FastAPI(title="poolserve", docs_url="/docs", redoc_url=None)
-    install_error_handlers(app, unavailable_retry_after_s)
-    # An over-long body is a JSON 413, and NaN, lone surrogates, invalid UTF-8 or absurd nesting a 400
-    # naming the field, before anything parses or stores it.
-    app.add_middleware(RequestBodyGuard, max_body_bytes=max_body_bytes)
-    # Outermost (added last): a request without a valid key, or one the pool guard sheds, is answered
-    # before its body is even read, so unauthenticated clients cannot make the gateway buffer and parse.
-    app.add_middleware(TenantAuthMiddleware, guard_config=guard_config)
-    return app

@@ -9,7 +9,7 @@
   ingest stores all its documents in one transaction at the end); once it is storing, 409.
 
 A job is the request that started it, carried on: it keeps that request's concurrency slot and TPM
-reservation until it ends (the tenant middleware settles them then, deployments/tenants.py
+reservation until it ends (the tenant middleware settles them then, gateway/tenants.py
 `detach`), and each embedder call is charged to the tenant as it runs. The state lives in SQLite
 (rag/ingest_jobs.py), so any gateway replica answers GET and DELETE.
 """
@@ -25,9 +25,9 @@ from fastapi import HTTPException, Query, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
-from deployments.errors import map_exception
-from deployments.tenants import detach
-from deployments.work import page_limit
+from gateway.errors import map_exception
+from gateway.tenants import detach
+from gateway.work import page_limit
 from rag.ingest_jobs import IngestJobStore, JobCancelled, NotCancellable, TooManyJobs, is_job_id
 from rag.pipeline import DocumentInput, IngestProgress
 

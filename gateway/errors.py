@@ -11,7 +11,7 @@ from ray.exceptions import RayTaskError
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
-from deployments.engine_compat import VLLM_CLIENT_ERRORS, OpenAIHTTPException
+from enginepair.compat import VLLM_CLIENT_ERRORS, OpenAIHTTPException
 from rag.ids import InvalidIdError
 from rag.store import CapacityExceeded, CollectionNotFound, DocumentNotFound
 

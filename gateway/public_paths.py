@@ -2,15 +2,15 @@
 one), every such request counts against its client address's limits (tenancy/client_limits.py), and
 all of it is decided from the headers, before a byte of the body is read.
 
-Called by TenantAuthMiddleware (deployments/tenants.py), which runs before the body guard.
+Called by TenantAuthMiddleware (gateway/tenants.py), which runs before the body guard.
 """
 
 from __future__ import annotations
 
 from starlette.responses import Response
 
-from deployments.dashboard_auth import LOGIN, STATIC
-from deployments.errors import error_body
+from gateway.dashboard_auth import LOGIN, STATIC
+from gateway.errors import error_body
 from tenancy.client_limits import ClientLimiter, ClientRefusal
 
 # The only routes served without a key; every other path needs the tenant key (fail closed).

@@ -12,8 +12,8 @@ from typing import Awaitable, Callable
 import numpy as np
 from fastapi import Request
 
-from deployments.engine_compat import ChatCompletionRequest
-from deployments.streams import force_stream_usage
+from enginepair.compat import ChatCompletionRequest
+from gateway.streams import force_stream_usage
 from rag.chunking import Chunk
 from rag.pipeline import PipelineSettings
 from rag.retrieval import SearchQuery, SearchResult

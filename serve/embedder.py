@@ -8,19 +8,19 @@ from contextlib import contextmanager
 
 from ray import serve
 
-from deployments.embed_turns import BatchTurns, IdleCores, threads_for
+from rag.embed_turns import BatchTurns, IdleCores, threads_for
 from system.process_memory import process_tree_memory, release_freed_heap
-from deployments.start_order import wait_for_predecessors
+from serve.start_order import StartOrder
 from rag.chunking import Chunk
 from rag.embedding import SentenceTransformerEmbedder
 
 
-@serve.deployment(name="embedder")  # its options: the plan's (deployments/app.py)
+@serve.deployment(name="embedder")  # its options: the plan's (serve/app.py)
 class Embedder:
     async def __init__(self, model_path: str, model_id: str, batch_size: int, chunk_tokens: int,
-                       chunk_overlap: int, torch_threads: int, start_after: list[tuple[str, str]],
+                       chunk_overlap: int, torch_threads: int, start: StartOrder,
                        device: str, ingest_threads: int | None = None, query_prefix: str = ""):
-        await wait_for_predecessors("embedder", start_after, serve.get_replica_context().app_name)
+        await start.wait("embedder", serve.get_replica_context().app_name)
 
         self.model_id = model_id
         self._torch_threads = torch_threads

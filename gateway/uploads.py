@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from deployments.schemas import AddDocumentsRequest
+from gateway.schemas import AddDocumentsRequest
 from rag.documents import DOCX, PDF, PPTX
 
 MULTIPART = "multipart/form-data"

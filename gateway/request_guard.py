@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from deployments.errors import error_body
+from gateway.errors import error_body
 
 # Hints from the raw bytes (a match only means "look closer"): a lone surrogate needs a
 # \uD800-\uDFFF escape (UTF-8 cannot carry one); an overflowing float needs 200+ digits or a

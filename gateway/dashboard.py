@@ -1,7 +1,7 @@
 """Operator routes mixed into the gateway: GET /status, GET /admin/collections and the dashboard at
 /dashboard (login form, the page, its JSON refresh and its static files).
 
-Access is checked before any of these run (TenantAuthMiddleware; deployments/dashboard_auth.py). The
+Access is checked before any of these run (TenantAuthMiddleware; gateway/dashboard_auth.py). The
 pure parts (session tokens, the memory ring, the HTML) live in dashboard/.
 """
 
@@ -25,14 +25,10 @@ from dashboard.figures import measured_by_replica, tenants_today
 from dashboard.history import MemoryHistory
 from dashboard.render import login_page, page, render_sections
 from system.process_memory import process_tree_memory
-from deployments.public_paths import client_address
-from deployments.tenants import guard_of
+from gateway.public_paths import client_address
+from gateway.tenants import guard_of
 
 logger = logging.getLogger("poolserve.dashboard")
-# The history's own sampling; the dashboard's refreshes and /status calls add points between samples.
-HISTORY_SAMPLE_S = 60.0
-MEASURE_TIMEOUT_S = 30.0
-REFRESH_S = 5.0
 STATIC_DIR = Path(dashboard.__file__).parent / "static"
 STATIC_TYPES = {".js": "text/javascript", ".css": "text/css"}
 STATIC_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,80}")
@@ -43,27 +39,28 @@ PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; script-src 'self
 
 
 class DashboardRoutes:
-    """Needs from the gateway: _engines, _default_serve_handles, _embedder, _retriever."""
+    """Needs from the gateway: _engines, _default_serve_handles, _embedder, _retriever, _settings."""
 
     def _start_memory_history(self) -> None:
         self._memory_history = MemoryHistory()
         self._history_task = asyncio.get_running_loop().create_task(self._sample_memory())
 
     async def _sample_memory(self) -> None:
-        """Lives as long as the replica (its event loop ends it); one bounded measurement a minute."""
+        """Lives as long as the replica (its event loop ends it); one bounded measurement per period. The
+        dashboard's refreshes and /status calls add points between samples."""
         while True:
             try:
                 await self._measure_replicas()
             except Exception as exc:  # a replica restarting: the next sample tries again
                 logger.debug("memory sample failed: %r", exc)
-            await asyncio.sleep(HISTORY_SAMPLE_S)
+            await asyncio.sleep(self._settings.dashboard_history_sample_s)
 
     async def _measure_replicas(self) -> list[dict]:
         """Every replica's measured memory beside its plan; each measurement is also a history point."""
         calls = [self._default_serve_handles[model].memory.remote() for model in self._engines]
         measured = await asyncio.wait_for(asyncio.gather(
             *calls, self._embedder.memory.remote(), self._retriever.memory.remote(), return_exceptions=True),
-            MEASURE_TIMEOUT_S)
+            self._settings.dashboard_measure_timeout_s)
         names = [engine.replica for engine in self._engines.values()] + ["embedder", "retriever"]
         replicas = [{"name": n, **(m if isinstance(m, dict) else {"error": str(m)})} for n, m in zip(names, measured)]
         # smaps reads take tens of ms per process: in a thread, not on the gateway's event loop
@@ -104,7 +101,7 @@ class DashboardRoutes:
                 "collections": collections}
 
     async def dashboard(self, request: Request) -> Response:
-        return HTMLResponse(page(await self._snapshot(request), REFRESH_S), headers=PAGE_HEADERS)
+        return HTMLResponse(page(await self._snapshot(request), self._settings.dashboard_refresh_s), headers=PAGE_HEADERS)
 
     async def dashboard_data(self, request: Request) -> Response:
         """The refresh: the snapshot, its sections as HTML (one renderer, the server's) and the history."""

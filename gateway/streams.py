@@ -9,8 +9,8 @@ import logging
 import anyio
 from fastapi import Request
 
-from deployments.engine_compat import StreamOptions
-from deployments.tenants import record_usage
+from enginepair.compat import StreamOptions
+from gateway.tenants import record_usage
 
 logger = logging.getLogger("poolserve.streams")
 

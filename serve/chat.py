@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 
-from deployments.engine_compat import (
+from enginepair.compat import (
     NODE_INIT_CALLBACK,
     Batcher,
     ChatCompletionRequest,
@@ -15,7 +15,7 @@ from deployments.engine_compat import (
     adapt_engine_env,
 )
 from system.process_memory import process_tree_memory
-from deployments.start_order import wait_for_predecessors
+from serve.start_order import wait_for_predecessors
 from planner.gpu import engine_placement
 from planner.plan import ReplicaPlan
 from planner.profile import ChatSpec
@@ -72,8 +72,10 @@ class PoolserveLLMServer(LLMServer):
         # Engines start one at a time: each after the one before has allocated its KV cache.
         from ray import serve
 
-        start_after = [tuple(p) for p in self._llm_config.experimental_configs.get("start_after", [])]
-        await wait_for_predecessors(self._llm_config.model_id, start_after, serve.get_replica_context().app_name)
+        configs = self._llm_config.experimental_configs
+        start_after = [tuple(p) for p in configs.get("start_after", [])]
+        await wait_for_predecessors(self._llm_config.model_id, start_after, serve.get_replica_context().app_name,
+                                    configs["start_wait_timeout_s"])
         await super().start()
         await self._warm_up()
 
@@ -103,12 +105,13 @@ def llm_config_from_plan(chat: ChatSpec, chat_plan: ReplicaPlan, start_after: li
         deployment_config={
             "name": chat_plan.name,
             "num_replicas": 1,
-            **chat_plan.serve.model_dump(),
+            **chat_plan.serve.deployment_options(),
             "ray_actor_options": actor_options,
         },
         placement_group_config={"bundles": [bundle], "strategy": "PACK"},
         runtime_env={"env_vars": adapt_engine_env({**chat_plan.env, **gpu_env})},
-        experimental_configs={"warmup_prompt": chat.warmup_prompt, "start_after": [list(p) for p in start_after]},
+        experimental_configs={"warmup_prompt": chat.warmup_prompt, "start_after": [list(p) for p in start_after],
+                              "start_wait_timeout_s": chat_plan.serve.start_wait_timeout_s},
         log_engine_metrics=True,
         callback_config=NODE_INIT_CALLBACK,
     )

@@ -9,22 +9,22 @@ from pathlib import Path
 from ray import serve
 
 from system.process_memory import process_tree_memory, release_freed_heap
-from deployments.start_order import wait_for_predecessors
+from serve.start_order import StartOrder
 from rag.capacity import Quotas, TenantQuota
 from rag.retrieval import FusionSettings, SearchQuery, SearchResult, retrieve
 from rag.store import KnowledgeStore
 
 
-@serve.deployment(name="retriever")  # its options: the plan's (deployments/app.py)
+@serve.deployment(name="retriever")  # its options: the plan's (serve/app.py)
 class Retriever:
     async def __init__(self, state_dir: str, dim: int, index_kind: str, hnsw_m: int, hnsw_ef_search: int,
-                       faiss_threads: int, capacity_chunks: int, sqlite_cache_bytes: int, start_after: list[tuple[str, str]],
+                       faiss_threads: int, capacity_chunks: int, sqlite_cache_bytes: int, start: StartOrder,
                        store_settings: dict, fusion: dict):
         """store_settings: the profile's retriever fields the store reads beyond those above (quotas,
-        HNSW's rebuild threshold, the index save interval), as deployments/app.py binds them."""
+        HNSW's rebuild threshold, the index save interval), as serve/app.py binds them."""
         import faiss
 
-        await wait_for_predecessors("retriever", start_after, serve.get_replica_context().app_name)
+        await start.wait("retriever", serve.get_replica_context().app_name)
         os.umask(0o077)  # the chunk store and its -wal/-shm are the owner's only
         faiss.omp_set_num_threads(faiss_threads)
         self.fusion = FusionSettings.model_validate(fusion)  # the profile's rag.fusion

@@ -12,14 +12,16 @@ import os
 from pydantic import BaseModel, Field
 from ray import serve
 
-from deployments.chat import PoolserveLLMServer, llm_config_from_plan
-from deployments.engine_compat import build_llm_deployment, make_fastapi_ingress, to_model_metadata
-from deployments.embedder import Embedder
-from deployments.gateway import ENDPOINTS, Gateway, make_app
-from deployments.retriever import Retriever
+from enginepair.compat import build_llm_deployment, make_fastapi_ingress, to_model_metadata
+from gateway.http_app import ENDPOINTS, make_app
 from planner.gpu import torch_device
 from planner.plan import Plan, embedder_dimension, resolved_plan
 from planner.profile import Profile, load_profile
+from serve.chat import PoolserveLLMServer, llm_config_from_plan
+from serve.embedder import Embedder
+from serve.gateway import Gateway
+from serve.retriever import Retriever
+from serve.start_order import StartOrder
 from system.private_files import make_private_dir
 
 logger = logging.getLogger("poolserve.app")
@@ -63,12 +65,16 @@ def engine_deployments(profile: Profile, plan: Plan) -> tuple[dict, dict, list[t
     return llm_deployments, model_cards, after
 
 
+def _start_order(plan: Plan, name: str, after: list[tuple[str, str]]) -> StartOrder:
+    return StartOrder(after, plan.replica(name).serve.start_wait_timeout_s)
+
+
 def embedder_deployment(profile: Profile, plan: Plan, start_after: list[tuple[str, str]]) -> serve.Application:
     """The embedder bound as its plan says: resources, and the device that goes with them."""
     emb = profile.embedder
     return Embedder.options(**_options(plan, "embedder")).bind(
         emb.model, emb.model_id, emb.batch_size, profile.rag.chunk_tokens, profile.rag.chunk_overlap,
-        emb.torch_threads, start_after, device=torch_device(plan.replica("embedder").ray_actor_options.num_gpus),
+        emb.torch_threads, _start_order(plan, "embedder", start_after), device=torch_device(plan.replica("embedder").ray_actor_options.num_gpus),
         ingest_threads=plan.threads["embedder_ingest_most"], query_prefix=emb.query_prefix,
     )
 
@@ -91,7 +97,8 @@ def build_app(args: dict) -> serve.Application:
     retriever = Retriever.options(**_options(plan, "retriever")).bind(
         profile.state_dir, embedder_dimension(profile), profile.retriever.index,
         profile.retriever.hnsw_m, profile.retriever.hnsw_ef_search, profile.retriever.faiss_threads,
-        profile.retriever.capacity_chunks, profile.retriever.sqlite_cache_bytes, after_engines,
+        profile.retriever.capacity_chunks, profile.retriever.sqlite_cache_bytes,
+        _start_order(plan, "retriever", after_engines),
         profile.retriever.model_dump(include={"tenant_max_chunks", "tenant_max_documents", "tenant_quotas",
                                               "hnsw_rebuild_deleted_fraction", "index_save_interval_s"}),
         profile.rag.fusion.model_dump(),
@@ -109,5 +116,6 @@ def build_app(args: dict) -> serve.Application:
         **_options(plan, "gateway"))
     return gateway.bind(
         llm_deployments=llm_deployments, model_cards=model_cards,
-        embedder=embedder, retriever=retriever, settings=plan.gateway, start_after=after_engines,
+        embedder=embedder, retriever=retriever, settings=plan.gateway,
+        start=_start_order(plan, "gateway", after_engines),
     )

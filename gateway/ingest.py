@@ -1,5 +1,5 @@
 """The ingest route, POST /v1/collections/{c}/documents, mixed into the gateway (through
-deployments/knowledge.py): validate, run rag.pipeline.RagPipeline.ingest, answer.
+gateway/knowledge.py): validate, run rag.pipeline.RagPipeline.ingest, answer.
 
 Three ways to answer, all atomic (all documents stored or none) and finished even if the client
 hangs up (the work is paid for):
@@ -8,11 +8,11 @@ hangs up (the work is paid for):
 - with "stream": true, NDJSON (one JSON object a line) as it goes: a "progress" event after chunking
   and after each embedder call (chunks_embedded of chunks: what a progress bar needs), then "done"
   with the same body as the JSON answer, or "error" with the status and error body it would have had;
-- with "async": true, 202 and an ingest job at once (deployments/ingest_jobs.py): for ingests longer
+- with "async": true, 202 and an ingest job at once (gateway/ingest_jobs.py): for ingests longer
   than a request may stay open (gateway.request_timeout_s), followed by GET and cancelled by DELETE.
 Each ingest also logs one line with its counts and speed.
 
-Bodies are JSON (a file's bytes base64 in `data_base64`) or multipart/form-data (deployments/uploads.py).
+Bodies are JSON (a file's bytes base64 in `data_base64`) or multipart/form-data (gateway/uploads.py).
 Markdown, HTML, PDF, DOCX and PPTX are extracted in the gateway's capped worker processes
 (rag/extract_worker.py); the CPU seconds each document took are charged to the tenant as usage of the
 model EXTRACTION_USAGE_MODEL, in milliseconds as prompt tokens (so they count against its TPM too).
@@ -30,17 +30,17 @@ from typing import AsyncIterator
 from fastapi import HTTPException, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from deployments.errors import map_exception
-from deployments.ingest_jobs import IngestJobRoutes
-from deployments.rag_adapters import pipeline_settings
-from deployments.rag_adapters import RayEmbedder, RayIndex
-from deployments.schemas import AddDocumentsRequest
-from deployments.tenants import record_usage
-from deployments.uploads import decoded_data, read_ingest_body
+from gateway.errors import map_exception
+from gateway.ingest_jobs import IngestJobRoutes
+from gateway.rag_adapters import pipeline_settings
+from gateway.rag_adapters import RayEmbedder, RayIndex
+from gateway.schemas import AddDocumentsRequest
+from gateway.tenants import record_usage
+from gateway.uploads import decoded_data, read_ingest_body
 from planner.profile import ExtractionSpec
 from rag.extract import Extracted
 from rag.extract_worker import ExtractionFailed, ExtractionLimits, ExtractionPool
-from deployments.work import release_heap_after_sending, run_to_completion, wait_out
+from gateway.work import release_heap_after_sending, run_to_completion, wait_out
 from rag.ids import validate_collection, validate_document_id
 from rag.pipeline import DocumentInput, IngestProgress, ProgressCallback, RagPipeline
 
@@ -59,7 +59,7 @@ class IngestRoutes(IngestJobRoutes):
         return await self.ingest_body(collection, body, request)
 
     async def ingest_body(self, collection: str, body: AddDocumentsRequest, request: Request) -> Response:
-        """The ingest of a parsed body (JSON or multipart, deployments/uploads.py)."""
+        """The ingest of a parsed body (JSON or multipart, gateway/uploads.py)."""
         tenant = self._tenant(request)
         self._check_ingest_limits(body)
         max_bytes = self._extraction_spec().max_document_bytes

@@ -1,8 +1,8 @@
-"""Knowledge-base and RAG routes, mixed into the gateway: ingest (deployments/ingest.py),
+"""Knowledge-base and RAG routes, mixed into the gateway: ingest (gateway/ingest.py),
 collections, and RAG queries with citations.
 
 The RAG logic itself is rag.pipeline.RagPipeline; these routes validate the request, adapt the
-gateway's Ray handles to the pipeline (deployments/rag_adapters.py) and shape its results as HTTP.
+gateway's Ray handles to the pipeline (gateway/rag_adapters.py) and shape its results as HTTP.
 """
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ import json
 from fastapi import HTTPException, Query, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from deployments.engine_compat import ChatCompletionRequest
-from deployments.errors import unavailable
-from deployments.ingest import IngestRoutes
-from deployments.no_answer import no_answer_response
-from deployments.rag_adapters import GatewayChat, RayEmbedder, RayIndex, pipeline_settings
-from deployments.schemas import AddDocumentsRequest, RagOptions, RagQueryRequest, SearchRequest
-from deployments.streams import rag_stream, tracked_stream
-from deployments.tenants import record_usage, reserve_tokens
-from deployments.work import page_limit, run_to_completion, without_credentials
+from enginepair.compat import ChatCompletionRequest
+from gateway.errors import unavailable
+from gateway.ingest import IngestRoutes
+from gateway.no_answer import no_answer_response
+from gateway.rag_adapters import GatewayChat, RayEmbedder, RayIndex, pipeline_settings
+from gateway.schemas import AddDocumentsRequest, RagOptions, RagQueryRequest, SearchRequest
+from gateway.streams import rag_stream, tracked_stream
+from gateway.tenants import record_usage, reserve_tokens
+from gateway.work import page_limit, run_to_completion, without_credentials
 from rag.filters import InvalidFilter, normalize_filters
 from rag.ids import validate_collection, validate_document_id
 from rag.pipeline import Grounding, InvalidQuery, RagPipeline
@@ -46,7 +46,7 @@ class KnowledgeRoutes(IngestRoutes):
         await self._check_prompt_fits(body, request)
         return await self._engine(super().chat(body, without_credentials(request)))
 
-    # ---- knowledge bases (ingest: deployments/ingest.py) ------------------------------------
+    # ---- knowledge bases (ingest: gateway/ingest.py) ------------------------------------
     async def ingest_body(self, collection: str, body: AddDocumentsRequest, request: Request) -> Response:
         """The ingest (IngestRoutes.ingest_body, JSON or multipart), after its estimated embedding tokens
         are reserved: a 429 when the tenant's minute cannot hold them, so parallel ingests cannot each

@@ -21,10 +21,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
-from deployments.dashboard_auth import dashboard_gate, is_dashboard_path
-from deployments.errors import error_body
-from deployments.pool_guard import PoolGuard, read_gpu_pool, read_pool
-from deployments.public_paths import is_public, refuse_unauthenticated, serve_public
+from gateway.dashboard_auth import dashboard_gate, is_dashboard_path
+from gateway.errors import error_body
+from gateway.pool_guard import PoolGuard, read_gpu_pool, read_pool
+from gateway.public_paths import is_public, refuse_unauthenticated, serve_public
 from planner.profile import GatewaySpec
 from system.private_files import make_private_dir, write_private
 from tenancy import (

@@ -88,10 +88,10 @@ class DocumentIn(_Body):
 
 class AddDocumentsRequest(_Body):
     documents: list[DocumentIn] = Field(..., min_length=1)
-    stream: bool = Field(False, description="Answer with NDJSON progress events (deployments/ingest.py) instead "
+    stream: bool = Field(False, description="Answer with NDJSON progress events (gateway/ingest.py) instead "
                          "of one JSON body at the end.")
     run_async: bool = Field(False, alias="async", description="Answer 202 with an ingest job at once and ingest "
-                            "in the background; GET /v1/ingest/jobs/{id} tells its state (deployments/ingest_jobs.py).")
+                            "in the background; GET /v1/ingest/jobs/{id} tells its state (gateway/ingest_jobs.py).")
 
     @model_validator(mode="after")
     def _one_answer_shape(self):

@@ -1,0 +1,50 @@
+"""The gateway's FastAPI app and its route map: which method answers which path."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from enginepair.compat import ModelCard, ModelList
+from gateway.dashboard import DASHBOARD_ENDPOINTS
+from gateway.errors import install_error_handlers
+from gateway.ingest_jobs import JOB_ENDPOINTS
+from gateway.request_guard import RequestBodyGuard
+from gateway.tenants import ADMIN_ENDPOINTS, TenantAuthMiddleware
+from gateway.uploads import INGEST_OPENAPI
+
+ENDPOINTS = {
+    "models": lambda app: app.get("/v1/models", response_model=ModelList),
+    "model_data": lambda app: app.get("/v1/models/{model:path}", response_model=ModelCard),
+    "completions": lambda app: app.post("/v1/completions"),
+    "chat": lambda app: app.post("/v1/chat/completions"),
+    "embeddings": lambda app: app.post("/v1/embeddings"),
+    "healthz": lambda app: app.get("/healthz"),
+    **ADMIN_ENDPOINTS,
+    **DASHBOARD_ENDPOINTS,  # /status, /admin/collections, /dashboard
+    # `:path` lets a name with '/' reach validation and get a 400 instead of a routing 404.
+    "add_documents": lambda app: app.post("/v1/collections/{collection:path}/documents", openapi_extra=INGEST_OPENAPI),
+    "list_collections": lambda app: app.get("/v1/collections"),
+    "delete_document": lambda app: app.delete("/v1/collections/{collection:path}/documents/{document_id:path}"),
+    "list_documents": lambda app: app.get("/v1/collections/{collection:path}/documents"),
+    # Before get_collection, whose `:path` would otherwise take "{c}/search" for a collection name.
+    "search_collection": lambda app: app.get("/v1/collections/{collection:path}/search"),
+    "search_collection_post": lambda app: app.post("/v1/collections/{collection:path}/search"),
+    "get_collection": lambda app: app.get("/v1/collections/{collection:path}"),
+    "delete_collection": lambda app: app.delete("/v1/collections/{collection:path}"),
+    "rag_query": lambda app: app.post("/v1/rag/query"),
+    **JOB_ENDPOINTS,  # /v1/ingest/jobs
+}
+
+
+def make_app(guard_config: dict, max_body_bytes: int, unavailable_retry_after_s: int) -> FastAPI:
+    """The gateway's FastAPI app: error mapping, a strict body guard, and outermost tenant auth.
+    No CORS middleware: cross-origin browser calls stay closed unless an operator adds it."""
+    app = FastAPI(title="poolserve", docs_url="/docs", redoc_url=None)
+    install_error_handlers(app, unavailable_retry_after_s)
+    # An over-long body is a JSON 413, and NaN, lone surrogates, invalid UTF-8 or absurd nesting a 400
+    # naming the field, before anything parses or stores it.
+    app.add_middleware(RequestBodyGuard, max_body_bytes=max_body_bytes)
+    # Outermost (added last): a request without a valid key, or one the pool guard sheds, is answered
+    # before its body is even read, so unauthenticated clients cannot make the gateway buffer and parse.
+    app.add_middleware(TenantAuthMiddleware, guard_config=guard_config)
+    return app
