@@ -25,6 +25,16 @@ included (lexical needs no embedding).
     flock /tmp/poolserve-heavy.lock .venv/bin/python bench/bench_rag_quality.py
     # the chunking comparison (one ingest per chunking, about 2-3 minutes each on 2 cores):
     flock /tmp/poolserve-heavy.lock .venv/bin/python bench/bench_rag_quality.py --chunkings all
+    # another corpus (bench/make_outside_corpora.py) and its questions; no refusal table unless
+    # --unanswerable names questions that corpus does not answer:
+    flock /tmp/poolserve-heavy.lock .venv/bin/python bench/bench_rag_quality.py \
+        --corpus bench/data/sqlite-doc.jsonl.gz --questions bench/data/sqlite-doc-questions.json \
+        --out bench/results/rag-quality-sqlite-doc.json
+
+Beside the stack's modes: "bm25-pages", BM25 over whole pages (one FTS5 row per document, the
+stack's tokenizer and query rule), the baseline a chunk retriever has to beat; and a title-boost
+table, lexical retrieval with the document title as a weighted FTS5 field, alone and fused with the
+dense candidates (bench/rag_baselines.py).
 """
 
 from __future__ import annotations
@@ -47,6 +57,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.rag_baselines import chunk_index, compare_title_boosts, evaluate_pages, page_index  # noqa: E402
 from rag.chunking import word_windows  # noqa: E402
 from rag.embedding import SentenceTransformerEmbedder  # noqa: E402
 from rag.local import LocalEmbedder, LocalIndex  # noqa: E402
@@ -86,17 +97,19 @@ FUSIONS = MappingProxyType({
 })
 
 
-def load_corpus() -> list[DocumentInput]:
-    with gzip.open(CORPUS, "rt", encoding="utf-8") as lines:
-        return [DocumentInput(id=d["id"], text=d["text"]) for d in map(json.loads, lines)]
+def load_corpus(path: Path = CORPUS) -> list[DocumentInput]:
+    """One document per line: id, text, and optionally title (then the document's metadata title)."""
+    with gzip.open(path, "rt", encoding="utf-8") as lines:
+        return [DocumentInput(id=d["id"], text=d["text"], metadata={"title": d["title"]} if d.get("title") else {})
+                for d in map(json.loads, lines)]
 
 
-def load_questions() -> list[dict]:
-    return json.loads(QUESTIONS.read_text())["questions"]
+def load_questions(path: Path = QUESTIONS) -> list[dict]:
+    return json.loads(Path(path).read_text())["questions"]
 
 
-def load_unanswerable() -> list[dict]:
-    return json.loads(UNANSWERABLE.read_text())["questions"]
+def load_unanswerable(path: Path = UNANSWERABLE) -> list[dict]:
+    return json.loads(Path(path).read_text())["questions"]
 
 
 def check_questions(corpus: list[DocumentInput], questions: list[dict]) -> list[str]:
@@ -150,12 +163,16 @@ async def evaluate(pipeline: RagPipeline, questions: list[dict], mode: str) -> d
             "by_kind": by_kind, "missed_top5": missed}
 
 
-def compare_fusions(store: KnowledgeStore, embedder: SentenceTransformerEmbedder, questions: list[dict]) -> dict:
-    """Each fusion setting over the same dense and lexical candidates (rag.retrieval.fuse)."""
+def candidates_of(store: KnowledgeStore, embedder: SentenceTransformerEmbedder, questions: list[dict]) -> list:
+    """Each question's dense and lexical candidates from the store, as hybrid retrieval fetches them."""
     depth = FusionSettings().candidates
     vectors = embedder.embed([embedder.query_prefix + q["question"] for q in questions])["vectors"]
-    candidates = [(store.search(TENANT, COLLECTION, v, depth), store.search_lexical(TENANT, COLLECTION, q["question"], depth))
-                  for v, q in zip(vectors, questions)]
+    return [(store.search(TENANT, COLLECTION, v, depth), store.search_lexical(TENANT, COLLECTION, q["question"], depth))
+            for v, q in zip(vectors, questions)]
+
+
+def compare_fusions(candidates: list, questions: list[dict]) -> dict:
+    """Each fusion setting over the same dense and lexical candidates (rag.retrieval.fuse)."""
     return {name: metrics([rank_of(fuse(dense, lexical, DEPTH, settings), set(q["documents"]))
                            for (dense, lexical), q in zip(candidates, questions)])
             for name, settings in FUSIONS.items()}
@@ -192,7 +209,9 @@ async def measure_refusals(pipeline: RagPipeline, questions: list[dict], unanswe
 
 
 async def run_chunking(name: str, embedder: SentenceTransformerEmbedder, corpus, questions, fusion: FusionSettings,
-                       workdir: Path, unanswerable: list[dict]) -> dict:
+                       workdir: Path, unanswerable: list[dict], pages=None) -> dict:
+    """One ingest with the named chunking, every mode measured on it; with `pages` (a page index) the
+    title-boost comparison too; with unanswerable questions, the refusal rates."""
     store = KnowledgeStore(workdir / f"{name}.sqlite3", dim=embedder.dimension)
     local = LocalEmbedder(embedder, chunker_for(name, embedder))
     settings = PipelineSettings(max_top_k=DEPTH, embed_title=CHUNKINGS[name][3])
@@ -203,11 +222,18 @@ async def run_chunking(name: str, embedder: SentenceTransformerEmbedder, corpus,
         counts += await pipeline.ingest(TENANT, COLLECTION, corpus[i:i + 16])
     ingest_s = time.perf_counter() - start
     await pipeline.retrieve(TENANT, COLLECTION, "warm up", top_k=DEPTH, mode="hybrid")
+    candidates = candidates_of(store, embedder, questions)
     result = {"chunking": name, "chunks": sum(counts), "ingest_s": round(ingest_s, 1),
               "ingest_chunks_per_s": round(sum(counts) / ingest_s, 1), "embedded_tokens": local.tokens,
               "modes": {mode: await evaluate(pipeline, questions, mode) for mode in RETRIEVAL_MODES},
-              "fusions": compare_fusions(store, embedder, questions),
-              "refusals": await measure_refusals(pipeline, questions, unanswerable)}
+              "fusions": compare_fusions(candidates, questions)}
+    if pages is not None:
+        chunks = chunk_index(corpus, chunker_for(name, embedder))
+        result["title_boosts"] = compare_title_boosts(pages, chunks, [dense for dense, _ in candidates], questions,
+                                                      DEPTH, FusionSettings().candidates, fusion, fuse, metrics)
+        chunks.close()
+    if unanswerable:
+        result["refusals"] = await measure_refusals(pipeline, questions, unanswerable)
     store.close()
     return result
 
@@ -219,7 +245,19 @@ def fusion_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def title_boost_table(result: dict) -> str:
+    kinds = sorted(next(iter(result["title_boosts"].values()))["recall@5_by_kind"])
+    lines = [f"| title boost ({result['chunking']}) | recall@1 | recall@5 | MRR | " + " | ".join(f"{k} r@5" for k in kinds)
+             + " |", "|---|---:|---:|---:|" + "---:|" * len(kinds)]
+    lines += [f"| {name} | {m['recall@1']:.3f} | {m['recall@5']:.3f} | {m['mrr']:.3f} | "
+              + " | ".join(f"{m['recall@5_by_kind'][k]:.3f}" for k in kinds) + " |"
+              for name, m in result["title_boosts"].items()]
+    return "\n".join(lines)
+
+
 def refusal_table(result: dict) -> str:
+    if "refusals" not in result:
+        return "(no unanswerable questions: no refusal table)"
     lines = [f"| min_score ({result['chunking']}) | correct refusals (40 unanswerable) | off-topic | near-miss "
              f"| false refusals ({len(result['refusals']['answerable'])} answerable) | exact | paraphrase |",
              "|---:|---:|---:|---:|---:|---:|---:|"]
@@ -229,16 +267,25 @@ def refusal_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def table(results: list[dict]) -> str:
+def table(results: list[dict], baselines: dict | None = None, documents: int = 0) -> str:
+    """The modes per chunking; `baselines` (bm25-pages) as rows of their own: one entry per document."""
     lines = ["| chunking | chunks | ingest chunks/s | mode | recall@1 | recall@5 | MRR | exact r@5 | paraphrase r@5 "
              "| query p50 ms |", "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+
+    def row(chunking, chunks, rate, mode, m):
+        kinds = m["by_kind"]
+        r5 = {k: f"{kinds[k]['recall@5']:.3f}" if k in kinds else "-" for k in ("exact", "paraphrase")}
+        return (f"| {chunking} | {chunks} | {rate} | {mode} | {m['recall@1']:.3f} | {m['recall@5']:.3f} | {m['mrr']:.3f} "
+                f"| {r5['exact']} | {r5['paraphrase']} | {m['query_p50_ms']} |")
+
     for r in results:
-        for mode, m in r["modes"].items():
-            kinds = m["by_kind"]
-            lines.append(f"| {r['chunking']} | {r['chunks']} | {r['ingest_chunks_per_s']} | {mode} | {m['recall@1']:.3f} "
-                         f"| {m['recall@5']:.3f} | {m['mrr']:.3f} | {kinds['exact']['recall@5']:.3f} "
-                         f"| {kinds['paraphrase']['recall@5']:.3f} | {m['query_p50_ms']} |")
+        lines += [row(r["chunking"], r["chunks"], r["ingest_chunks_per_s"], mode, m) for mode, m in r["modes"].items()]
+    lines += [row("whole pages", documents, "-", name, m) for name, m in (baselines or {}).items()]
     return "\n".join(lines)
+
+
+def extra_tables(result: dict) -> str:
+    return "\n\n".join(([title_boost_table(result)] if "title_boosts" in result else []) + [refusal_table(result)])
 
 
 async def main() -> None:
@@ -250,13 +297,20 @@ async def main() -> None:
     parser.add_argument("--query-prefix", default="", help="put in front of every question (the profile's "
                         "embedder.query_prefix; bge-*-en-v1.5: 'Represent this sentence for searching relevant "
                         "passages: ')")
+    parser.add_argument("--corpus", default=str(CORPUS), help="a jsonl.gz of documents (id, text, optional title)")
+    parser.add_argument("--questions", default=str(QUESTIONS), help="the questions over --corpus")
+    parser.add_argument("--unanswerable", default=None, help="questions --corpus does not answer, for the refusal "
+                        f"table (default: {UNANSWERABLE.name} with the default corpus, none otherwise)")
+    parser.add_argument("--no-baselines", action="store_true", help="skip bm25-pages and the title-boost table")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "rag-quality.json"))
     parser.add_argument("--check-questions", action="store_true", help="only check the question set")
     parser.add_argument("--documents", type=int, default=None,
                         help="smoke test: the first N documents and the questions they answer")
     args = parser.parse_args()
 
-    corpus, questions, unanswerable = load_corpus(), load_questions(), load_unanswerable()
+    unanswerable_path = args.unanswerable or (UNANSWERABLE if Path(args.corpus).resolve() == CORPUS else None)
+    corpus, questions = load_corpus(Path(args.corpus)), load_questions(Path(args.questions))
+    unanswerable = load_unanswerable(Path(unanswerable_path)) if unanswerable_path else []
     problems = check_questions(corpus, questions)
     if problems or args.check_questions:
         print("\n".join(problems) or f"{len(questions)} questions, all answer documents contain their evidence")
@@ -277,29 +331,32 @@ async def main() -> None:
     embedder_memory = {"weights_bytes": sum(f.stat().st_size for f in Path(args.embedder).rglob("*.safetensors")),
                        "load_rss_delta_bytes": psutil.Process().memory_info().rss - rss_before}
     fusion = FusionSettings()
+    pages = None if args.no_baselines else page_index(corpus)
+    baselines = {} if pages is None else {"bm25-pages": evaluate_pages(pages, questions, DEPTH, metrics)}
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
-            results.append(await run_chunking(name, embedder, corpus, questions, fusion, Path(tmp), unanswerable))
-            print(table(results[-1:]) + "\n\n" + fusion_table(results[-1]) + "\n\n" + refusal_table(results[-1]) + "\n",
-                  flush=True)
+            results.append(await run_chunking(name, embedder, corpus, questions, fusion, Path(tmp), unanswerable, pages))
+            print(table(results[-1:], baselines, len(corpus)) + "\n\n" + fusion_table(results[-1]) + "\n\n"
+                  + extra_tables(results[-1]) + "\n", flush=True)
     report = {
         "machine": {"python": platform.python_version(), "cpus": __import__("os").cpu_count(),
                     "torch_threads": args.torch_threads},
-        "corpus": {"documents": len(corpus), "characters": sum(len(d.text) for d in corpus)},
+        "corpus": {"path": str(args.corpus), "questions_path": str(args.questions),
+                   "documents": len(corpus), "characters": sum(len(d.text) for d in corpus)},
+        "load_average": __import__("os").getloadavg(),
         "questions": {"total": len(questions), "exact": sum(q["kind"] == "exact" for q in questions),
                       "paraphrase": sum(q["kind"] == "paraphrase" for q in questions),
                       "unanswerable": len(unanswerable)},
         "embedder": {"path": args.embedder, "query_prefix": args.query_prefix, "dimension": embedder.dimension,
                      "max_seq_length": embedder.max_seq_length, **embedder_memory},
-        "fusion": fusion.model_dump(), "depth": DEPTH, "results": results,
+        "fusion": fusion.model_dump(), "depth": DEPTH, "baselines": baselines, "results": results,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
-    print(table(results))
+    print(table(results, baselines, len(corpus)))
     for result in results:
-        print("\n" + fusion_table(result))
-        print("\n" + refusal_table(result))
+        print("\n" + fusion_table(result) + "\n\n" + extra_tables(result))
     print(f"-> {args.out}")
 
 

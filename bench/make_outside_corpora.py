@@ -1,0 +1,143 @@
+"""Generate the two "outside" corpora of `bench/bench_rag_quality.py` (issue 24's paraphrase-recall study):
+documentation nobody on the team wrote, taken from Debian packages and turned into text by the
+stack's own extraction (rag.extract.extract: inscriptis for HTML, rag/documents.py's pypdf path for
+PDF), so each document's text is what the stack would store.
+
+- bench/data/sqlite-doc.jsonl.gz: the SQLite manual as shipped in Debian 12's `sqlite3-doc`
+  3.40.1-2+deb12u2 (/usr/share/doc/sqlite3/*.html). The top-level pages only (c3ref/, session/,
+  releaselog/ and syntax/ are one-function API stubs, release notes and diagram fragments), less
+  the generated pages that are not reference prose: cross-reference and keyword indexes, site map
+  and document lists, release history and news, the one-page copy of the C API (capi3ref.html, the
+  same text as c3ref/) and of the file format (fileformat.html = fileformat2.html), the 951 k
+  requirements list, and pages under MIN_CHARS. One document per page: id = the file name without
+  .html, title = the page's <title> as rag.extract reads it.
+- bench/data/texlive-pdf.jsonl.gz: PDF_FILES, user manuals of LaTeX packages (tables, floats and
+  captions, fonts, colour, code listings, line numbers and spacing, page layout, languages,
+  maths, slides and letters, hooks and key-value parsing, footnotes, indexes and citations) as
+  shipped in Debian 12's `texlive-latex-recommended-doc` 2022.20230122-3
+  (/usr/share/doc/texlive-doc/...). One document per PDF, its text as rag/documents.py extracts
+  it (pages joined, pypdf's layout as it comes); id = the file name without .pdf, title = the
+  PDF's /Title metadata when it has one, else the id.
+
+Each line of the output: {"id", "title", "text"} (bench_rag_quality.py passes the title as the
+document's metadata title, which rag.pipeline embeds in front of each chunk). The outputs are
+committed; this script documents and repeats how they were made:
+
+    .venv/bin/python bench/make_outside_corpora.py                # apt-get download into a temp dir
+    .venv/bin/python bench/make_outside_corpora.py --debs DIR     # the two .deb files already there
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import io
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from rag.extract import HTML, extract  # noqa: E402
+from rag.documents import PDF  # noqa: E402
+
+DATA = ROOT / "bench" / "data"
+HTML_PACKAGE = ("sqlite3-doc", "3.40.1-2+deb12u2")
+PDF_PACKAGE = ("texlive-latex-recommended-doc", "2022.20230122-3")
+HTML_DIR = "usr/share/doc/sqlite3"
+PDF_DIR = "usr/share/doc/texlive-doc"
+MIN_CHARS = 1_500
+# Top-level SQLite pages that are generated lists, duplicates or news rather than reference prose.
+HTML_SKIPPED = {
+    "doc_backlink_crossref", "doc_keyword_crossref", "doc_pagelink_crossref", "doc_target_crossref",
+    "keyword_index", "sitemap", "doclist", "docs", "toc", "index", "hp1", "sqlite", "syntax", "syntaxdiagrams",
+    "requirements", "capi3ref", "fileformat", "changes", "chronology", "news", "oldnews", "mingw",
+}
+# Package manuals (not their implementation listings, examples or tests), below ~1 MB each.
+PDF_FILES = """
+latex/attachfile2/attachfile2.pdf latex/booktabs/booktabs.pdf latex/breqn/breqn.pdf
+latex/caption/caption.pdf latex/caption/subcaption.pdf latex/caption/bicaption.pdf latex/caption/ltcaption.pdf
+latex/cite/cite.pdf latex/cite/chapterbib.pdf latex/crop/crop.pdf latex/ctable/ctable.pdf
+latex/eso-pic/eso-pic.pdf latex/etoolbox/etoolbox.pdf latex/euler/euler.pdf latex/everysel/everysel.pdf
+latex/extsizes/extsizes.pdf latex/fancybox/fancybox-doc.pdf latex/fancyref/fancyref.pdf
+latex/fancyvrb/fancyvrb-doc.pdf latex/filehook/filehook.pdf latex/float/float.pdf latex/fontspec/fontspec.pdf
+latex/footnotehyper/footnotehyper.pdf latex/fp/documentation.pdf latex/grffile/grffile.pdf
+latex/index/index.pdf latex/latexbug/latexbug.pdf latex/lineno/lineno.pdf latex/listings/listings.pdf
+latex/mathtools/mathtools.pdf latex/mathtools/empheq.pdf latex/mdwtools/mdwlist.pdf latex/mdwtools/mdwtab.pdf
+latex/mdwtools/footnote.pdf latex/metalogo/metalogo.pdf latex/ms/multitoc.pdf latex/newfloat/newfloat.pdf
+latex/ntgclass/ntgclass.pdf latex/ntgclass/brief.pdf latex/parskip/parskip.pdf latex/pdflscape/pdflscape.pdf
+latex/pdfpages/pdfpages.pdf latex/polyglossia/polyglossia.pdf latex/psfrag/pfgguide.pdf
+latex/ragged2e/ragged2e.pdf latex/rcs/rcs-user.pdf latex/sansmath/sansmath.pdf latex/section/section-doc.pdf
+latex/seminar/seminar-doc.pdf latex/sepnum/sepnum-doc.pdf latex/setspace/setspace-doc.pdf
+latex/subfig/subfig.pdf latex/textcase/textcase.pdf latex/translator/translator.pdf
+latex/typehtml/typehtml.pdf latex/underscore/underscore.pdf latex/unicode-math/unicode-math.pdf
+latex/xcolor/xcolor.pdf latex/xkeyval/xkeyval.pdf xelatex/xltxtra/xltxtra.pdf xelatex/mathspec/mathspec.pdf
+""".split()
+
+
+def unpack(debs: Path, package: tuple[str, str], into: Path) -> Path:
+    """The package's files under `into` (from DEBS/name_version_all.deb, downloaded when missing)."""
+    name, version = package
+    deb = debs / f"{name}_{version.replace(':', '%3a')}_all.deb"
+    if not deb.exists():
+        subprocess.run(["apt-get", "download", f"{name}={version}"], cwd=debs, check=True)
+    target = into / name
+    target.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(target)], check=True)
+    return target
+
+
+def html_documents(root: Path) -> list[dict]:
+    documents = []
+    for page in sorted((root / HTML_DIR).glob("*.html")):
+        if page.stem in HTML_SKIPPED:
+            continue
+        extracted = extract(page.read_bytes(), HTML)
+        if len(extracted.text) >= MIN_CHARS:
+            documents.append({"id": page.stem, "title": extracted.title or page.stem, "text": extracted.text})
+    return documents
+
+
+def pdf_documents(root: Path) -> list[dict]:
+    documents = []
+    for name in PDF_FILES:
+        start = time.perf_counter()
+        extracted = extract((root / PDF_DIR / name).read_bytes(), PDF)
+        doc_id = Path(name).stem
+        documents.append({"id": doc_id, "title": extracted.title or doc_id, "text": extracted.text})
+        print(f"  {name}: {len(extracted.text):,} characters ({time.perf_counter() - start:.1f} s)", flush=True)
+    return documents
+
+
+def write(documents: list[dict], out: Path, package: tuple[str, str]) -> None:
+    ids = [d["id"] for d in documents]
+    assert len(ids) == len(set(ids)), "document ids must be unique"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.GzipFile(out, "wb", mtime=0) as raw, io.TextIOWrapper(raw, encoding="utf-8") as lines:
+        for doc in documents:
+            lines.write(json.dumps(doc, ensure_ascii=False) + "\n")
+    chars = sum(len(d["text"]) for d in documents)
+    print(f"{len(documents)} documents, {chars:,} characters ({min(len(d['text']) for d in documents):,}-"
+          f"{max(len(d['text']) for d in documents):,} each) from {package[0]} {package[1]} -> {out} "
+          f"({out.stat().st_size:,} bytes)", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--debs", default=None, help="a folder with the .deb files (else apt-get download into a temp dir)")
+    parser.add_argument("--only", choices=("html", "pdf"), default=None, help="build one corpus only")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        debs = Path(args.debs) if args.debs else Path(tmp)
+        if args.only != "pdf":
+            write(html_documents(unpack(debs, HTML_PACKAGE, Path(tmp))), DATA / "sqlite-doc.jsonl.gz", HTML_PACKAGE)
+        if args.only != "html":
+            write(pdf_documents(unpack(debs, PDF_PACKAGE, Path(tmp))), DATA / "texlive-pdf.jsonl.gz", PDF_PACKAGE)
+
+
+if __name__ == "__main__":
+    main()
