@@ -1,4 +1,4 @@
-"""Ray Serve's options of every replica come from the profile through the plan: none typed in deployments/."""
+"""Ray Serve's options of every replica come from the profile through the plan: none typed in serve/."""
 
 from __future__ import annotations
 
@@ -27,3 +27,21 @@ def test_each_replica_gets_its_sections_serve_options_and_render_writes_them():
     rendered = {d["name"]: d for d in serve_config(plan, Path("configs/cpu-tiny.yaml"))["applications"][0]["deployments"]}
     assert rendered["gateway"]["max_ongoing_requests"] == 100
     assert rendered["PoolserveLLMServer:chat"]["health_check_timeout_s"] == 60
+
+
+def test_start_wait_and_gateway_timeouts_come_from_the_profile_not_the_code():
+    profile = load_profile("configs/cpu-tiny.yaml")
+    profile.chat.serve = ServeSpec(max_ongoing_requests=256, start_wait_timeout_s=600)
+    profile.gateway.health_timeout_s, profile.gateway.healthy_ttl_s = 7.5, 0.5
+    profile.gateway.dashboard_refresh_s, profile.gateway.dashboard_history_sample_s = 9, 30
+    plan = build_plan(profile)
+    settings = plan.gateway
+    assert (settings.health_timeout_s, settings.healthy_ttl_s) == (7.5, 0.5)
+    assert (settings.dashboard_refresh_s, settings.dashboard_history_sample_s) == (9, 30)
+    assert settings.dashboard_measure_timeout_s == profile.gateway.dashboard_measure_timeout_s
+    config = llm_config_from_plan(profile.chat, plan.replica("chat"), [("before", "check_health")])
+    assert config.experimental_configs["start_wait_timeout_s"] == 600
+    assert config.experimental_configs["start_after"] == [["before", "check_health"]]
+    # poolserve's own wait is not a Ray Serve option: Ray would refuse an unknown deployment field
+    assert "start_wait_timeout_s" not in config.deployment_config
+    assert "start_wait_timeout_s" not in plan.replica("embedder").serve_options()
