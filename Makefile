@@ -11,7 +11,7 @@ PROFILE ?= $(or $(POOLSERVE_PROFILE),configs/cpu-tiny.yaml)
 # `make serve POOL=11GiB` runs the whole stack inside a memory cgroup of that size (root).
 POOL ?=
 
-.PHONY: setup setup-browser install models serve stop lint test test-fast test-unit test-integration plan bench clean
+.PHONY: setup setup-browser install models serve stop lint test test-fast test-unit test-integration test-cluster plan bench clean
 
 setup: install models
 
@@ -62,6 +62,10 @@ test-fast: setup
 # The import contract (pyproject.toml [tool.importlinter]): imports only point down the floors, no circles.
 lint: install
 	PYTHONPATH=$(CURDIR) $(VENV)/bin/lint-imports
+
+# Two Ray nodes on this machine, each in its own memory cgroup (tests/cluster/; root, several minutes).
+test-cluster: setup
+	$(VENV)/bin/pytest tests/cluster -v -rs -s --durations=10
 
 test-unit: setup
 	$(VENV)/bin/pytest tests/unit -q

@@ -207,15 +207,34 @@ def profile_from_serve_config(serve_config_path: Path, chosen: Path | None = Non
 def up(serve_config: Path = typer.Argument(Path("serve.yaml"), help="The Serve config (serve.yaml)."),
        profile: Path | None = profile_option(),
        pool: str | None = typer.Option(None, help="Run inside a memory cgroup of this size, e.g. 6GiB "
-                                        "(the plan is made for it).")) -> None:
-    """Run the stack in the foreground: a private loopback Ray head with token auth, then `serve run`.
-    Ctrl-C or SIGTERM stops it and every process it started (and no other)."""
-    from stackctl.launcher import up as run_stack
+                                        "(the plan is made for it)."),
+       join: str | None = typer.Option(None, "--join", help="HEAD:PORT of a running head: start this machine as "
+                                       "one more node of the profile's cluster (its pools: entry --node)."),
+       node: str | None = typer.Option(None, "--node", help="With --join: which of the profile's pools this "
+                                       "machine is (default: the second)."),
+       token_file: Path | None = typer.Option(None, "--token-file", help="With --join: the head's Ray token, "
+                                              "copied here (default: <state_dir>/ray-auth-token)."),
+       state_dir: Path | None = typer.Option(None, "--state-dir", help="With --join: this node's state dir "
+                                             "(default: the profile's); two nodes on one machine need two.")) -> None:
+    """Run the stack in the foreground: a private Ray head with token auth, then `serve run`; with --join,
+    one more node of a profile of several pools. Ctrl-C or SIGTERM stops it and every process it started
+    (and no other)."""
+    from stackctl.launcher import StackLayout, up as run_stack
 
     profile_path = profile_from_serve_config(serve_config, profile)
     result, prof = _plan_or_exit(profile_path, pool, Console(stderr=True))
+    log = lambda m: typer.echo(f"poolserve: {m}", err=True)  # noqa: E731
+    if join is not None:
+        from stackctl.join import join as join_cluster
+
+        if len(prof.pools) < 2:
+            log(f"--join needs a profile of several pools; {profile_path} has one")
+            raise typer.Exit(2)
+        layout = StackLayout(state_dir or Path(prof.state_dir))
+        raise typer.Exit(join_cluster(prof, result, node or prof.pools[1].name, join,
+                                      token_file or layout.token_path, layout, log=log))
     raise typer.Exit(run_stack(serve_config, prof, profile_path, result, pool_bytes=parse_size(pool) if pool else None,
-                               log=lambda m: typer.echo(f"poolserve: {m}", err=True)))
+                               log=log))
 
 
 @app.command()
@@ -236,12 +255,14 @@ def preflight(profile: Path = profile_argument(),
 
 @app.command()
 def down(serve_config: Path = typer.Argument(Path("serve.yaml"), help="The Serve config (serve.yaml)."),
-         profile: Path | None = profile_option()) -> None:
-    """Stop the stack of the profile's state dir: only the processes it started, found by their marker."""
+         profile: Path | None = profile_option(),
+         state_dir: Path | None = typer.Option(None, "--state-dir", help="A node's state dir when it is not the "
+                                               "profile's (`up --join --state-dir`).")) -> None:
+    """Stop the stack (or this node) of the state dir: only the processes it started, found by their marker."""
     from stackctl.launcher import StackLayout, down as stop_stack
 
     prof = load_profile(profile_from_serve_config(serve_config, profile))
-    stop_stack(StackLayout(Path(prof.state_dir)), log=lambda m: typer.echo(f"poolserve: {m}", err=True))
+    stop_stack(StackLayout(state_dir or Path(prof.state_dir)), log=lambda m: typer.echo(f"poolserve: {m}", err=True))
 
 
 @app.command()

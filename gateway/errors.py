@@ -28,8 +28,12 @@ def error_body(status: int, message: str, kind: str) -> JSONResponse:
     )
 
 
+class EngineNotRunning(RuntimeError):
+    """A chat engine's deployment has no running replica: the call would wait in Ray Serve's queue."""
+
+
 # A replica that died or is being restarted by Ray Serve: the request may be retried shortly.
-UNAVAILABLE_MARKERS = ("EngineDeadError", "EngineCore", "ActorDiedError", "ActorUnavailableError", "RayActorError",
+UNAVAILABLE_MARKERS = ("EngineNotRunning", "EngineDeadError", "EngineCore", "ActorDiedError", "ActorUnavailableError", "RayActorError",
                        "DeploymentUnavailableError", "BackPressureError", "WorkerCrashedError", "ObjectLostError",
                        "engine is dead", "ReplicaUnavailableError")
 

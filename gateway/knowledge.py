@@ -44,7 +44,7 @@ class KnowledgeRoutes(IngestRoutes):
     async def _chat_checked(self, body: ChatCompletionRequest, request: Request) -> Response:
         """The chat engine's response to a prompt the gateway has checked and charged."""
         await self._check_prompt_fits(body, request)
-        return await self._engine(super().chat(body, without_credentials(request)))
+        return await self._engine(super().chat(body, without_credentials(request)), body.model or self._chat_model_id)
 
     # ---- knowledge bases (ingest: gateway/ingest.py) ------------------------------------
     async def ingest_body(self, collection: str, body: AddDocumentsRequest, request: Request) -> Response:

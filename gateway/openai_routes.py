@@ -22,7 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from enginepair.compat import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ModelCard, ModelList
-from gateway.errors import error_body, unavailable
+from gateway.errors import EngineNotRunning, error_body, unavailable
 from gateway.schemas import RagOptions
 from gateway.streams import force_stream_usage, tracked_stream
 from gateway.tenants import guard_of, record_usage, reserve_tokens, tenant_of
@@ -66,13 +66,33 @@ class OpenAIRoutes:
         names = [engine.replica for engine in self._engines.values()] + ["embedder", "retriever", "gateway"]
         return JSONResponse({"status": "ok", "replicas": {n: "ok" for n in names}, "pool": _public_pool_state(request)})
 
-    async def _engine(self, call):
-        """A call to the chat replica; when it fails, /healthz re-checks (the error is mapped to 503)."""
+    async def _engine(self, call, model: str):
+        """A call to the chat replica; when it fails, /healthz re-checks (the error is mapped to 503).
+        Ray Serve queues a call while its deployment has no running replica (its node is lost, it is being
+        replaced) and would hold it until one is back: a call that has not answered within
+        gateway.health_timeout_s asks the controller whether the engine has a running replica, and is
+        answered 503 + Retry-After at once when it has none. A slow but running engine is left alone."""
+        task = asyncio.ensure_future(call)
         try:
-            return await call
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=self._settings.health_timeout_s)
+                if done:
+                    return task.result()
+                if await self._engine_running(model) is False:
+                    task.cancel()
+                    raise EngineNotRunning(f"chat engine {model!r} has no running replica (its node is lost or "
+                                           "it is being replaced)")
         except Exception:
             self._recheck_health()
             raise
+        finally:
+            if not task.done():  # the client left: the call does not run on unseen
+                task.cancel()
+
+    async def _engine_running(self, model: str) -> bool | None:
+        """Whether the engine's deployment has a running replica; None when unknown. The Ray binding
+        (serve/gateway.py) answers it from the Serve controller."""
+        return None
 
     def _recheck_health(self) -> None:
         """A replica just failed a request: /healthz asks every replica again instead of its cache."""
@@ -128,7 +148,7 @@ class OpenAIRoutes:
         one runs to the end even if the client hangs up, as an embedding or an ingest does: nothing is
         sent before it is whole, and without its final usage the tenant would be charged nothing."""
         async def answer() -> Response:
-            response = await self._engine(call)
+            response = await self._engine(call, model)
             return await self._finish(request, model, response, cited, usage_wanted, getattr(body, "n", None) or 1)
 
         return await answer() if getattr(body, "stream", False) else await run_to_completion(answer())

@@ -69,10 +69,46 @@ def _serve(max_ongoing_requests: int, health_check_timeout_s: float = 30.0):
                  description="Ray Serve options of this replica.")
 
 
+class RayPortsSpec(_Strict):
+    """The ports one node's Ray processes listen on when the profile has several nodes: fixed, so that the
+    firewall between the nodes can name them (docs/SPARK.md "Two Sparks"). One node picks free loopback ports."""
+
+    gcs: int = Field(6379, ge=1, le=65535, description="The head's GCS (`ray start --port`): where nodes join.")
+    ray_client_server: int = Field(10001, ge=1, le=65535, description="Head only: Ray's client server.")
+    dashboard: int = Field(8265, ge=1, le=65535, description="Head only: the dashboard head (bound to loopback).")
+    dashboard_agent_listen: int = Field(52365, ge=1, le=65535, description="Every node: the dashboard agent's HTTP.")
+    dashboard_agent_grpc: int = Field(52366, ge=1, le=65535, description="Every node: the dashboard agent's gRPC.")
+    metrics_export: int = Field(52367, ge=1, le=65535, description="Every node: the metrics agent.")
+    runtime_env_agent: int = Field(52368, ge=1, le=65535, description="Every node: the runtime-env agent.")
+    node_manager: int = Field(52369, ge=1, le=65535, description="Every node: its raylet.")
+    object_manager: int = Field(52370, ge=1, le=65535, description="Every node: its object manager.")
+    min_worker: int = Field(52400, ge=1, le=65535, description="Every node: the first port of its worker processes.")
+    max_worker: int = Field(52599, ge=1, le=65535, description="Every node: the last port of its worker processes.")
+
+    @model_validator(mode="after")
+    def _worker_range(self) -> "RayPortsSpec":
+        if self.min_worker > self.max_worker:
+            raise ValueError(f"ray_ports: min_worker {self.min_worker} is above max_worker {self.max_worker}")
+        return self
+
+    def listening(self, head: bool) -> set[int]:
+        """Every port this node listens on (a range counts each port)."""
+        single = {self.dashboard_agent_listen, self.dashboard_agent_grpc, self.metrics_export, self.runtime_env_agent,
+                  self.node_manager, self.object_manager}
+        if head:
+            single |= {self.gcs, self.ray_client_server, self.dashboard}
+        return single | set(range(self.min_worker, self.max_worker + 1))
+
+
 class PoolSpec(_Strict):
     """One node's memory pool (unified memory: CPU and GPU share it)."""
 
     name: str = Field("local", description="Node name; replicas are placed per node.")
+    address: str = Field("127.0.0.1", description="Several nodes: this node's address on the link between them "
+                         "(a Spark's QSFP port), which Ray registers the node under; not 127.0.0.1, which Ray "
+                         "swaps for the machine's address. One node: ignored (loopback, always).")
+    ray_ports: RayPortsSpec = Field(default_factory=RayPortsSpec, description="Several nodes: this node's fixed Ray "
+                                    "ports (the first pool is the head). Two nodes on one address need disjoint ones.")
     total: SizeOrAuto = Field("auto", description="Pool size: bytes, '186GB', or 'auto' (MemTotal, or the GPU's memory).")
     reserve: Size = Field(parse_size("3GiB"), description="Kept free for the OS, page cache and runtimes outside the plan.")
     cpus: float | Literal["auto"] = Field("auto", description="CPU cores the plan may hand out; 'auto' = os.cpu_count().")
@@ -492,6 +528,26 @@ class Profile(_Strict):
         if repeated:
             raise ValueError(f"model_id {', '.join(repeated)} is used twice; every engine and the embedder "
                              "need their own name")
+        return self
+
+    @model_validator(mode="after")
+    def _nodes_do_not_share_ports(self) -> "Profile":
+        names = [p.name for p in self.pools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"pools {names} name a node twice")
+        for i, pool in enumerate(self.pools):
+            if len(self.pools) > 1 and pool.address in ("127.0.0.1", "localhost", "::1"):
+                raise ValueError(f"node {pool.name}: address {pool.address} is where Ray, once nodes may join, puts "
+                                 "this machine's own address instead (ray/_private/services.py "
+                                 "resolve_ip_for_localhost); give the node's link address, or another loopback "
+                                 "address such as 127.0.0.3 for nodes on one machine")
+            for other in self.pools[i + 1:]:
+                if pool.address != other.address:
+                    continue
+                shared = pool.ray_ports.listening(i == 0) & other.ray_ports.listening(False)
+                if shared:
+                    raise ValueError(f"nodes {pool.name} and {other.name} share address {pool.address} and Ray ports "
+                                     f"{sorted(shared)[:5]}: give one of them other ray_ports (or another address)")
         return self
 
     def chat_engines(self) -> list[tuple[str, ChatSpec]]:

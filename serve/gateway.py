@@ -42,3 +42,18 @@ class Gateway(OpenAIRoutes, KnowledgeRoutes, TenantAdminRoutes, DashboardRoutes,
                                                       max_model_len=engine.max_model_len)
         self._healthy_until = 0.0
         self._start_memory_history()  # the dashboard's last hour of measured memory
+
+    async def _engine_running(self, model: str) -> bool | None:
+        """Whether the engine's deployment has a RUNNING replica, as the Serve controller sees it (a replica
+        whose node is lost is STARTING again, or pending, until a node with its resource is back)."""
+        import asyncio
+
+        from ray import serve
+
+        deployment = f"PoolserveLLMServer:{self._engines[model].replica}"
+        try:
+            status = await asyncio.to_thread(serve.status)
+            app = status.applications[serve.get_replica_context().app_name]
+            return app.deployments[deployment].replica_states.get("RUNNING", 0) > 0
+        except Exception:  # the controller is busy or moving: unknown, the call keeps waiting
+            return None

@@ -38,6 +38,7 @@ from planner.profile import Profile
 from planner.units import gib
 from system.cgroup import MemoryCgroup, PoolUnavailable, create_pool, limited_cgroup, own_cgroup, remove_pool
 from system.private_files import make_private_dir, tighten_private, write_private
+from stackctl.cluster import gcs_address as cluster_gcs_address, is_cluster, node_plan, ray_port_flags, split_refusal
 from stackctl.preflight import (biggest_other_processes, can_drop_page_cache, check, drop_clean_page_cache, host_fits,
                                 read_live, read_live_gpu)
 from stackctl.processes import STACK_ENV, end_stack, stack_pids
@@ -109,13 +110,16 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
-def stack_env(layout: StackLayout, base: dict | None = None) -> dict:
+def stack_env(layout: StackLayout, base: dict | None = None, cluster: bool = False) -> dict:
+    """The environment of every process of the stack. `cluster`: a node of several, whose Ray binds the
+    pool's `address` (given explicitly) and lets other nodes join."""
     env = dict(os.environ if base is None else base)
     env.update({
         STACK_ENV: layout.stack_id,
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN_PATH": str(layout.token_path),
-        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # keep 127.0.0.1 as the node address (one machine)
+        # "0": one machine, 127.0.0.1 as the node address and no node may join; "1" for a node of several.
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1" if cluster else "0",
         "RAY_USAGE_STATS_ENABLED": "0",
         # Ray's memory monitor kills workers above 95% of the node's memory by default, a loading engine
         # included. The pool guard sheds load at 90/95% of the pool first; Ray acts only past 98%.
@@ -136,6 +140,16 @@ def ray_start_command(ray_bin: str, plan: Plan, layout: StackLayout, ports: list
                "--disable-usage-stats"]
     command += [f"{flag}={port}" for flag, port in zip(RAY_PORT_FLAGS, ports)]
     return command
+
+
+def head_start_command(ray_bin: str, plan: Plan, profile: Profile, layout: StackLayout) -> list[str]:
+    """The head of several nodes: on its pool's link address and fixed ports (a firewall rule can name
+    them), advertising its placement resource. The dashboard stays on loopback."""
+    head = profile.pools[0]
+    return ([ray_bin, "start", "--head", f"--node-ip-address={head.address}", f"--temp-dir={layout.ray_temp_dir}",
+             f"--num-cpus={plan.pool.cpus:g}", f"--object-store-memory={plan.ray.object_store_memory}",
+             f"--include-dashboard={'true' if plan.ray.include_dashboard else 'false'}", "--dashboard-host=127.0.0.1",
+             "--disable-usage-stats"] + ray_port_flags(head, head=True) + node_resources_flag(plan, head.name))
 
 
 def node_resources_flag(plan: Plan, node: str) -> list[str]:
@@ -239,6 +253,9 @@ def up(serve_config_path: Path, profile: Profile, profile_path: Path, plan: Plan
         log(f"a stack using {layout.state_dir} is already running; `poolserve down` ends it")
         return 1
     spec = profile.pools[0]
+    if (refusal := split_refusal(profile)) is not None:
+        log(refusal)
+        return 2
     if pool_bytes is None and spec.cgroup:
         if spec.total == "auto":
             log("pools[0].cgroup needs a size: set pools[0].total, or pass --pool / POOL=")
@@ -262,19 +279,22 @@ def up(serve_config_path: Path, profile: Profile, profile_path: Path, plan: Plan
             except PoolUnavailable as exc:
                 log(f"cannot make the memory pool: {exc}")
                 return 2
-        if not run_preflight(plan, pool, log):
+        if not run_preflight(node_plan(plan, spec.name), pool, log):
             return 2
         if stopping["signal"] is not None:
             return 0
         ensure_token(layout.token_path)
         make_private_dir(layout.run_dir)
         private_temp_dir(layout.ray_temp_dir)
-        env = stack_env(layout)
+        env = stack_env(layout, cluster=is_cluster(profile))
         ports = free_ports(len(RAY_PORT_FLAGS) + 2)
         proxy_port, grpc_port = ports.pop(), ports.pop()
         if profile.gateway.direct_ingress:
             env.update(direct_ingress_env(profile.gateway.port, grpc_port))
-        gcs_address = f"127.0.0.1:{ports[0]}"
+        cluster = is_cluster(profile)
+        gcs_address = cluster_gcs_address(profile) if cluster else f"127.0.0.1:{ports[0]}"
+        metrics_port = (spec.ray_ports.metrics_export if cluster
+                        else ports[RAY_PORT_FLAGS.index('--metrics-export-port')])
         config = resolved_serve_config(yaml.safe_load(serve_config_path.read_text()), profile, profile_path,
                                        proxy_port, plan)
         resolved_path = layout.run_dir / "serve.yaml"
@@ -283,14 +303,17 @@ def up(serve_config_path: Path, profile: Profile, profile_path: Path, plan: Plan
             "stack_id": layout.stack_id, "gcs_address": gcs_address, "ray_temp_dir": str(layout.ray_temp_dir),
             "gateway": f"http://{profile.gateway.host}:{profile.gateway.port}", "launcher_pid": os.getpid(),
             # Ray's metrics agent (loopback): the engines' vLLM counters, exported as ray_vllm_*.
-            "ray_metrics": f"http://127.0.0.1:{ports[RAY_PORT_FLAGS.index('--metrics-export-port')]}/metrics"}))
-        started = subprocess.run(ray_start_command(_bin("ray"), plan, layout, ports), env=env,
+            "ray_metrics": f"http://{spec.address if cluster else '127.0.0.1'}:{metrics_port}/metrics"}))
+        command = (head_start_command(_bin("ray"), plan, profile, layout) if cluster
+                   else ray_start_command(_bin("ray"), plan, layout, ports))
+        started = subprocess.run(command, env=env,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=180)
         if started.returncode != 0:
             log(f"ray start failed ({started.returncode}): {started.stderr[-2000:]}")
             return 1
         layout.ray_temp_dir.chmod(0o700)
-        log(f"ray head on {gcs_address} (loopback only, token auth; token {layout.token_path}); "
+        log(f"ray head on {gcs_address} ({'nodes join there' if cluster else 'loopback only'}, token auth; "
+            f"token {layout.token_path}); "
             f"gateway on http://{profile.gateway.host}:{profile.gateway.port}")
         serve = subprocess.Popen([_bin("serve"), "run", "--address", gcs_address, str(resolved_path)], env=env)
         if stopping["signal"] is not None:

@@ -1,7 +1,7 @@
 """Hostile and careless clients against the real stack (issue 23): while one attacks, another tenant's
 chat and RAG query are served as fast as when it is quiet (p95 within 2x) and nothing is refused to it;
 the attacker is refused (4xx) or charged. The figures are printed (pytest -s) and in docs/SECURITY.md.
-The flood runs last: it leaves this address over its keyless minute, which the test waits out."""
+The flood runs last, from an address of its own, which it leaves over its keyless minute."""
 
 from __future__ import annotations
 
@@ -63,14 +63,14 @@ def _victim_round(http: httpx.Client) -> tuple[list[float], list[float], list[in
 # shared cores it stands for remote traffic, not for a local CPU hog. It floods until its stdin closes.
 ATTACKER = """
 import json, sys, threading, httpx
-url, count, log = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+url, count, log, address = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 body = b"[" + b"[]," * (8 * 2**20 // 3) + b"[]]"
 stop, lock = threading.Event(), threading.Lock()
 def record(outcome):
     with lock, open(log, "a") as out:  # one line per answer, on disk at once: a killed attacker keeps its log
         out.write(json.dumps(outcome) + "\\n")
 def attack():
-    with httpx.Client(timeout=60) as http:
+    with httpx.Client(timeout=60, transport=httpx.HTTPTransport(local_address=address)) as http:
         while not stop.is_set():
             try:
                 record(http.request("GET", url + "/healthz", content=body).status_code)
@@ -140,11 +140,14 @@ def _outcomes(log: Path) -> list:
 @pytest.fixture(scope="module")
 def healthz_flood(stack, victim, tmp_path_factory) -> dict:
     """The victim's chat and RAG quiet, then under a keyless flood of 8 MiB bodies on /healthz (once for the
-    tests below): latencies, statuses and what the attacker got. Afterwards this address is over its keyless
-    minute; the fixture waits until /healthz answers it again (the modules after this one poll it)."""
+    tests below): latencies, statuses and what the attacker got. The attacker's address ends over its keyless
+    minute; this one (127.0.0.1) must still be answered."""
     quiet_chat, quiet_rag, quiet_statuses = _victim_round(victim)
     log = tmp_path_factory.mktemp("flood") / "outcomes.jsonl"
-    attacker = subprocess.Popen([sys.executable, "-c", ATTACKER, stack.url, str(ATTACKERS), str(log)],
+    # From an address of its own (any 127.x reaches loopback), as an attacker elsewhere would be: the keyless
+    # minute it exhausts is its own, not that of the modules after this one, which poll /healthz from 127.0.0.1.
+    attacker_address = f"127.0.0.{random.randint(2, 250)}"
+    attacker = subprocess.Popen([sys.executable, "-c", ATTACKER, stack.url, str(ATTACKERS), str(log), attacker_address],
                                 stdin=subprocess.PIPE, text=True, preexec_fn=lambda: os.nice(19))
     try:
         # The flood is under way (its first answers are in) before the victim starts: a condition, not a sleep.
@@ -164,10 +167,7 @@ def healthz_flood(stack, victim, tmp_path_factory) -> dict:
                "attack_requests": len(outcomes), "attack_outcomes": {str(o): outcomes.count(o) for o in set(outcomes)},
                "quiet_statuses": quiet_statuses, "loud_statuses": loud_statuses, "outcomes": outcomes}
     print(f"\nhealthz flood: { {k: v for k, v in figures.items() if k != 'outcomes'} }")
-    deadline = time.monotonic() + 90
-    while (health := httpx.get(f"{stack.url}/healthz", timeout=30)).status_code == 429 and time.monotonic() < deadline:
-        time.sleep(min(10, int(health.headers.get("retry-after", "5"))))
-    figures["healthz_after"] = health.status_code
+    figures["healthz_after"] = httpx.get(f"{stack.url}/healthz", timeout=30).status_code
     return figures
 
 

@@ -72,3 +72,64 @@ def test_a_streamed_answer_is_tracked_with_its_choices(gateway, monkeypatch):
     response = asyncio.run(gateway._generate(SimpleNamespace(scope={}), "m", engine(),
                                              SimpleNamespace(stream=True, n=3), None, (False, False)))
     assert isinstance(response, StreamingResponse) and seen == {"model": "m", "choices_per_prompt": 3}
+
+
+def _slow_engine(release: asyncio.Event):
+    async def engine():
+        await release.wait()
+        return "answered"
+    return engine()
+
+
+@pytest.mark.parametrize("running", [True, None])
+def test_a_slow_call_to_a_running_or_unknown_engine_is_left_to_finish(gateway, running):
+    gateway._settings = gateway._settings.model_copy(update={"health_timeout_s": 0.01})
+    asked = []
+
+    async def engine_running(model):
+        asked.append(model)
+        return running
+
+    gateway._engine_running = engine_running
+
+    async def scenario():
+        release = asyncio.Event()
+        task = asyncio.ensure_future(gateway._engine(_slow_engine(release), "m"))
+        while len(asked) < 3:  # it asked several times and kept waiting
+            await asyncio.sleep(0.01)
+        release.set()
+        return await asyncio.wait_for(task, timeout=10)
+
+    assert asyncio.run(scenario()) == "answered"
+    assert set(asked) == {"m"}
+
+
+def test_a_call_to_an_engine_without_a_running_replica_is_refused_and_cancelled(gateway):
+    from gateway.errors import EngineNotRunning, map_exception
+
+    gateway._settings = gateway._settings.model_copy(update={"health_timeout_s": 0.01})
+    gateway._healthy_until = 1e12
+    cancelled = asyncio.Event()
+
+    async def engine_running(model):
+        return False
+
+    async def queued_forever():
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    gateway._engine_running = engine_running
+
+    async def scenario():
+        with pytest.raises(EngineNotRunning) as refused:
+            await asyncio.wait_for(gateway._engine(queued_forever(), "m"), timeout=10)
+        await asyncio.wait_for(cancelled.wait(), timeout=10)
+        return refused.value
+
+    error = asyncio.run(scenario())
+    response = map_exception(error, 7)
+    assert response.status_code == 503 and response.headers["Retry-After"] == "7"
+    assert gateway._healthy_until == 0.0  # /healthz asks every replica again

@@ -96,7 +96,7 @@ class Gateway(KnowledgeRoutes, ChatIngress):
             raise HTTPException(400, "prompt is longer than the model's context")
         return 1
 
-    async def _engine(self, call):
+    async def _engine(self, call, model=None):
         return await call
 
     def _recheck_health(self):

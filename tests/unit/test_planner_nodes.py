@@ -19,12 +19,12 @@ from planner.profile import load_profile
 from stackctl.launcher import node_resources_flag
 
 ROOT = Path(__file__).resolve().parents[2]
-TWO = ROOT / "configs" / "cpu-two-nodes.yaml"
+TWO = ROOT / "configs" / "cpu-two-nodes-split.yaml"
 GiB = 2**30
 
 
 def _two_nodes(tmp_path: Path, **changes) -> Path:
-    """configs/cpu-two-nodes.yaml with top-level sections changed (dotted keys), saved beside configs/."""
+    """configs/cpu-two-nodes-split.yaml with top-level sections changed (dotted keys), saved beside configs/."""
     data = yaml.safe_load(TWO.read_text())
     for dotted, value in changes.items():
         *parents, leaf = dotted.split(".")
