@@ -53,7 +53,6 @@ class IngestRoutes(IngestJobRoutes):
     """Needs from the gateway: _embedder, _retriever, _settings, _embed_model_id, _tenant."""
 
     async def add_documents(self, collection: str, request: Request) -> Response:
-        tenant = self._tenant(request)
         validate_collection(collection)
         body = await read_ingest_body(request, self._settings.max_documents_per_request)
         return await self.ingest_body(collection, body, request)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rag.charset import decode_html, strip_declaration
-from rag.documents import BINARY_TYPES, DOCX, PDF, PPTX, UnreadableDocument, extract_binary
+from rag.documents import BINARY_TYPES, PDF, UnreadableDocument, extract_binary
 
 PLAIN, MARKDOWN, HTML = "text/plain", "text/markdown", "text/html"
 TEXT_TYPES = (PLAIN, MARKDOWN, HTML)

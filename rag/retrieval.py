@@ -6,8 +6,9 @@ Metadata filters (rag/filters.py) are applied by the store inside both searches.
 
 Besides the hits, a search reports `best_similarity`: the highest cosine similarity between the
 question and any chunk the filters allow (the dense list's first score). It is what the pipeline's
-no-answer threshold reads: a hybrid hit's score is a reciprocal-rank fusion (about 0.01-0.03 for
-any question), which says how a chunk ranked, not whether anything in the collection is related.
+no-answer threshold reads: a hybrid hit's score is a fusion of normalised scores or of ranks
+(rag.fusion), which says how a chunk ranked among the candidates, not whether anything in the
+collection is related.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict
 
 from planner.profile import FusionSpec
 from rag.fusion import reciprocal_rank_fusion, weighted_score_fusion

@@ -56,7 +56,7 @@ def chunk(doc: str, score: float) -> RetrievedChunk:
 def test_fuse_keeps_rows_and_replaces_scores():
     dense = [chunk("a", 0.9), chunk("b", 0.8)]
     lexical = [chunk("b", 12.0), chunk("c", 3.0)]
-    fused = fuse(dense, lexical, top_k=2, fusion=FusionSettings(rrf_k=60))
+    fused = fuse(dense, lexical, top_k=2, fusion=FusionSettings(method="rrf", rrf_k=60, dense_weight=1, lexical_weight=1))
     assert [c.chunk_id for c in fused] == ["b#0", "a#0"]
     assert fused[0].score == pytest.approx(1 / 62 + 1 / 61) and fused[0].text == "text of b"
     weighted = fuse([*dense, chunk("x", 0.1)], lexical, top_k=3,
@@ -90,15 +90,17 @@ def test_retrieve_dispatches_on_the_mode_and_fuses_deeper_candidates():
     assert ids(retrieve(store, "t", "c", SearchQuery(mode="dense", **query))) == ["a"]
     assert ids(retrieve(store, "t", "c", SearchQuery(mode="lexical", **query))) == ["c"]
     store.asked.clear()
-    hybrid = retrieve(store, "t", "c", SearchQuery(mode="hybrid", **query), FusionSettings(candidates=7))
-    assert ids(hybrid) == ["b"]  # second in both lists beats first in one
+    rrf = FusionSettings(method="rrf", dense_weight=1, lexical_weight=1, candidates=7)
+    hybrid = retrieve(store, "t", "c", SearchQuery(mode="hybrid", **query), rrf)
+    assert ids(hybrid) == ["b"]  # with RRF, second in both lists beats first in one
     assert store.asked == [("dense", 7, None), ("lexical", 7, None)]
 
 
 def test_best_similarity_is_the_dense_lists_first_score_whatever_the_fused_order():
     store = TwoLists([chunk("a", 0.9), chunk("b", 0.5)], [chunk("c", 5.0), chunk("b", 4.0)])
     query = dict(text="q", top_k=1, vector=[1.0])
-    assert retrieve(store, "t", "c", SearchQuery(mode="hybrid", **query)).best_similarity == 0.9  # though b is first
+    rrf = FusionSettings(method="rrf", dense_weight=1, lexical_weight=1)
+    assert retrieve(store, "t", "c", SearchQuery(mode="hybrid", **query), rrf).best_similarity == 0.9  # b is first
     assert retrieve(store, "t", "c", SearchQuery(mode="dense", **query)).best_similarity == 0.9
     assert retrieve(store, "t", "c", SearchQuery(mode="lexical", **query)).best_similarity is None
     assert retrieve(TwoLists([], []), "t", "c", SearchQuery(mode="hybrid", **query)).best_similarity is None
@@ -118,3 +120,12 @@ def test_retrieve_refuses_what_it_cannot_do():
     with pytest.raises(ValueError, match="mode"):
         retrieve(store, "t", "c", SearchQuery(text="q", top_k=1, mode="fuzzy"))  # type: ignore[arg-type]
     assert retrieve(store, "t", "c", SearchQuery(text="q", top_k=1, mode="lexical")).hits == []
+
+
+def test_the_default_fusion_is_weighted_dense_first():
+    # docs/BENCHMARKS.md 7 and 7c: at or near the best recall on pydoc, the SQLite manual and LaTeX PDFs.
+    default = FusionSettings()
+    assert (default.method, default.dense_weight, default.lexical_weight) == ("weighted", 0.7, 0.3)
+    store = TwoLists([chunk("a", 0.9), chunk("b", 0.5)], [chunk("c", 5.0), chunk("b", 4.0)])
+    hits = retrieve(store, "t", "c", SearchQuery(mode="hybrid", text="q", top_k=3, vector=[1.0])).hits
+    assert [h.document_id for h in hits] == ["a", "c", "b"]  # 0.7, 0.3, 0: dense's first leads
