@@ -239,12 +239,17 @@ def up(serve_config: Path = typer.Argument(Path("serve.yaml"), help="The Serve c
 
 @app.command()
 def preflight(profile: Path = profile_argument(),
-              pool: str | None = typer.Option(None, "--pool", help="Pool size override (the cgroup to be made).")) -> None:
+              pool: str | None = typer.Option(None, "--pool", help="Pool size override (the cgroup to be made)."),
+              node: str | None = typer.Option(None, "--node", help="A profile of several pools: the node this "
+                                              "machine is (default: the first, the head).")) -> None:
     """Compare the live pool (MemAvailable, page cache, a cgroup's use) with the plan, step by start
-    step. `poolserve up` runs it before every start. Exits 2 when the plan does not fit now."""
+    step (with several pools, this node's replicas only). `poolserve up` runs it before every start.
+    Exits 2 when the plan does not fit now."""
+    from stackctl.cluster import node_plan
     from stackctl.preflight import biggest_other_processes, check, read_live
 
-    result, _ = _plan_or_exit(profile, pool, Console(stderr=True))
+    result, prof = _plan_or_exit(profile, pool, Console(stderr=True))
+    result = node_plan(result, node or prof.pools[0].name)
     outcome = check(result, read_live(None))
     if not outcome.ok:
         outcome = check(result, read_live(None), biggest_other_processes(set()))
