@@ -213,7 +213,7 @@ def test_losing_node_b_is_503_for_chat_while_rag_search_works_and_chat_recovers(
         assert health.status_code == 503 and health.json()["replicas"]["chat"] != "ok", health.text
         search = http.get("/v1/collections/two-nodes/search", params={"q": "vacation days", "top_k": 1})
         assert search.status_code == 200, search.text
-        assert search.json()["results"][0]["document_id"] == "leave"
+        assert search.json()["data"][0]["document_id"] == "leave"
         # node-b comes back: chat is placed there again and answers.
         node_b.stop()
         node_b.start()
