@@ -80,7 +80,12 @@ class RayPortsSpec(_Strict):
     dashboard_agent_grpc: int = Field(52366, ge=1, le=65535, description="Every node: the dashboard agent's gRPC.")
     metrics_export: int = Field(52367, ge=1, le=65535, description="Every node: the metrics agent.")
     runtime_env_agent: int = Field(52368, ge=1, le=65535, description="Every node: the runtime-env agent.")
-    node_manager: int = Field(52369, ge=1, le=65535, description="Every node: its raylet.")
+    node_manager: int = Field(52369, ge=1, le=65535, description="Every node: its raylet (a joining node: the first "
+                              "port of node_manager_span).")
+    node_manager_span: int = Field(4, ge=1, le=64, description="A joining node's raylet takes the next port of "
+                                   "node_manager .. node_manager + span - 1 each time it joins: the head's gRPC "
+                                   "channel to the node's previous raylet, in reconnect back-off, is then never "
+                                   "reused (seen here: a node back on the same port got no placement for minutes).")
     object_manager: int = Field(52370, ge=1, le=65535, description="Every node: its object manager.")
     min_worker: int = Field(52400, ge=1, le=65535, description="Every node: the first port of its worker processes.")
     max_worker: int = Field(52599, ge=1, le=65535, description="Every node: the last port of its worker processes.")
@@ -94,7 +99,7 @@ class RayPortsSpec(_Strict):
     def listening(self, head: bool) -> set[int]:
         """Every port this node listens on (a range counts each port)."""
         single = {self.dashboard_agent_listen, self.dashboard_agent_grpc, self.metrics_export, self.runtime_env_agent,
-                  self.node_manager, self.object_manager}
+                  self.object_manager, *range(self.node_manager, self.node_manager + self.node_manager_span)}
         if head:
             single |= {self.gcs, self.ray_client_server, self.dashboard}
         return single | set(range(self.min_worker, self.max_worker + 1))

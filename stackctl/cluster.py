@@ -75,7 +75,18 @@ def split_refusal(profile: Profile) -> str | None:
             "node (`node:`) instead (docs/PLANNER.md \"Several nodes\")")
 
 
-def join_command(ray_bin: str, plan: Plan, spec: PoolSpec, head_address: str) -> list[str]:
+def next_node_manager_port(spec: PoolSpec, last: int | None) -> int:
+    """The raylet port of a node's next join: the one after `last` in its span (wrapping), the first when
+    it never joined. A raylet back on its previous port meets the head's channel to the dead one, still in
+    gRPC reconnect back-off: the head then failed to place bundles there and did not retry for minutes."""
+    ports = spec.ray_ports
+    if last is None or not ports.node_manager <= last < ports.node_manager + ports.node_manager_span:
+        return ports.node_manager
+    return ports.node_manager + (last - ports.node_manager + 1) % ports.node_manager_span
+
+
+def join_command(ray_bin: str, plan: Plan, spec: PoolSpec, head_address: str,
+                 node_manager_port: int | None = None) -> list[str]:
     """`ray start` for a node that joins the head: its address, CPUs, object store, placement resource and
     fixed ports. No dashboard, client server or GCS of its own (those are the head's)."""
     pool = next(p for p in plan.pools if p.name == spec.name)
@@ -84,4 +95,8 @@ def join_command(ray_bin: str, plan: Plan, spec: PoolSpec, head_address: str) ->
                "--disable-usage-stats"]
     if pool.ray_resources:
         command.append(f"--resources={json.dumps(pool.ray_resources, sort_keys=True)}")
-    return command + ray_port_flags(spec, head=False)
+    flags = ray_port_flags(spec, head=False)
+    if node_manager_port is not None:
+        flags = [f"--node-manager-port={node_manager_port}" if f.startswith("--node-manager-port=") else f
+                 for f in flags]
+    return command + flags

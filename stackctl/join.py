@@ -17,7 +17,7 @@ from planner.profile import Profile
 from planner.units import gib
 from system.cgroup import PoolUnavailable, remove_pool
 from system.private_files import make_private_dir
-from stackctl.cluster import join_command, node_plan, pool_spec
+from stackctl.cluster import join_command, next_node_manager_port, node_plan, pool_spec
 from stackctl.launcher import StackLayout, _bin, down, enter_pool, run_preflight, secure_state_dir, stack_env
 from stackctl.processes import stack_pids
 
@@ -66,8 +66,12 @@ def join(profile: Profile, plan: Plan, node: str, head_address: str, token_file:
         make_private_dir(layout.run_dir)
         env = stack_env(layout, cluster=True)
         env["RAY_AUTH_TOKEN_PATH"] = str(token_file.resolve())
+        last_port = layout.run_dir / "node-manager-port"
         for attempt in range(1, JOIN_ATTEMPTS + 1):
-            started = subprocess.run(join_command(ray_bin or _bin("ray"), plan, spec, head_address), env=env,
+            previous_port = int(last_port.read_text()) if last_port.exists() else None
+            port = next_node_manager_port(spec, previous_port)
+            last_port.write_text(str(port))
+            started = subprocess.run(join_command(ray_bin or _bin("ray"), plan, spec, head_address, port), env=env,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=180)
             if started.returncode == 0 or stopping["signal"] is not None:
                 break
@@ -76,7 +80,7 @@ def join(profile: Profile, plan: Plan, node: str, head_address: str, token_file:
             down(layout, log)  # what the failed start left (its agents) before trying again
         if started.returncode != 0:
             return 1
-        log(f"node {node} joined {head_address} at {spec.address} (pool {gib(spec.total) if spec.total != 'auto' else 'auto'}, "
+        log(f"node {node} joined {head_address} at {spec.address}, raylet port {port} (pool {gib(spec.total) if spec.total != 'auto' else 'auto'}, "
             f"resource {next(p for p in plan.pools if p.name == node).ray_resources})")
         own = {os.getpid()}
         while stopping["signal"] is None:

@@ -45,7 +45,7 @@ def test_a_joining_node_asks_for_no_head_port_and_advertises_its_own_resource():
     assert "--head" not in command and "--port" not in flags and "--dashboard-port" not in flags
     assert flags["--address"] == "127.0.0.1:6379" and flags["--node-ip-address"] == "127.0.0.2"
     assert flags["--resources"] == '{"poolserve_node_node-b": 1.0}'
-    assert flags["--node-manager-port"] == "52469" and flags["--max-worker-port"] == "52799"
+    assert flags["--node-manager-port"] == "52469" and flags["--max-worker-port"] == "52799"  # no port given: the first
     assert flags["--num-cpus"] == "1"
     assert len(ray_port_flags(profile.pools[1], head=False)) == 8
 
@@ -94,3 +94,19 @@ def test_an_engine_split_over_nodes_is_planned_but_up_refuses_it_and_says_why():
     message = split_refusal(load_profile(SPLIT))
     assert message and "chat" in message and "does not support ray" in message
     build_plan(load_profile(SPLIT))  # still planned per node
+
+
+def test_a_node_joins_on_the_next_raylet_port_of_its_span_each_time():
+    from stackctl.cluster import next_node_manager_port
+
+    spec = load_profile(TWO).pools[1]
+    first = spec.ray_ports.node_manager
+    span = spec.ray_ports.node_manager_span
+    ports = [next_node_manager_port(spec, None)]
+    for _ in range(span):
+        ports.append(next_node_manager_port(spec, ports[-1]))
+    assert ports[:span] == list(range(first, first + span)) and ports[span] == first  # wraps around
+    assert next_node_manager_port(spec, 1234) == first  # a port outside the span (the profile changed)
+    command = join_command("ray", build_plan(load_profile(TWO)), spec, "127.0.0.3:6379", first + 2)
+    assert _flags(command)["--node-manager-port"] == str(first + 2)
+    assert sum(part.startswith("--node-manager-port") for part in command) == 1
