@@ -22,8 +22,9 @@ from stackctl.launcher import StackLayout, _bin, down, enter_pool, run_preflight
 from stackctl.processes import stack_pids
 
 # A raylet that starts while its agents are slow to (a loaded machine) can die before it registers
-# (seen here at load 7 on two cores); a second start then joins.
-JOIN_ATTEMPTS = 3
+# (seen here at load 7 on two cores; `ray start` gives it 30 s, ray/_private/node.py); a later start joins.
+JOIN_ATTEMPTS = 4
+JOIN_RETRY_PAUSE_S = 5.0
 # How often a joined node checks that its raylet is still there (it exits when the head is gone for good).
 NODE_POLL_S = 1.0
 
@@ -78,6 +79,7 @@ def join(profile: Profile, plan: Plan, node: str, head_address: str, token_file:
             log(f"ray start --address={head_address} failed ({started.returncode}, attempt {attempt} of "
                 f"{JOIN_ATTEMPTS}): {started.stderr[-1500:]}")
             down(layout, log)  # what the failed start left (its agents) before trying again
+            time.sleep(JOIN_RETRY_PAUSE_S * attempt)  # a loaded machine gets a moment before the next start
         if started.returncode != 0:
             return 1
         log(f"node {node} joined {head_address} at {spec.address}, raylet port {port} (pool {gib(spec.total) if spec.total != 'auto' else 'auto'}, "
