@@ -15,10 +15,11 @@ from pathlib import Path
 from planner.plan import Plan
 from planner.profile import Profile
 from planner.units import gib
-from system.cgroup import PoolUnavailable, remove_pool
+from system.cgroup import PoolUnavailable
 from system.private_files import make_private_dir
 from stackctl.cluster import join_command, next_node_manager_port, node_plan, pool_spec
-from stackctl.launcher import StackLayout, _bin, down, enter_pool, run_preflight, secure_state_dir, stack_env
+from stackctl.launcher import (StackLayout, _bin, down, enter_pool, run_preflight, secure_state_dir, stack_env,
+                               wind_down)
 from stackctl.processes import stack_pids
 
 # A raylet that starts while its agents are slow to (a loaded machine) can die before it registers
@@ -92,10 +93,4 @@ def join(profile: Profile, plan: Plan, node: str, head_address: str, token_file:
                 return 1
         return 0
     finally:
-        for sig in previous:
-            signal.signal(sig, signal.SIG_IGN)
-        down(layout, log)
-        if pool is not None:
-            remove_pool(pool, origin, log)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        wind_down(layout, pool, origin, previous, log)

@@ -334,14 +334,20 @@ def up(serve_config_path: Path, profile: Profile, profile_path: Path, plan: Plan
         log(str(exc))
         return 1
     finally:
-        # A second Ctrl-C while the stack winds down must not cut the cleanup short.
-        for sig in previous:
-            signal.signal(sig, signal.SIG_IGN)
-        down(layout, log)
-        if pool is not None:
-            remove_pool(pool, origin, log)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        wind_down(layout, pool, origin, previous, log)
+
+
+def wind_down(layout: StackLayout, pool: MemoryCgroup | None, origin: MemoryCgroup | None, previous: dict,
+              log=print) -> None:
+    """End this stack's (or node's) processes and remove its pool, then give the signals back their
+    handlers. A second Ctrl-C while it winds down must not cut the cleanup short."""
+    for sig in previous:
+        signal.signal(sig, signal.SIG_IGN)
+    down(layout, log)
+    if pool is not None:
+        remove_pool(pool, origin, log)
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
 
 
 def down(layout: StackLayout, log=print) -> int:
