@@ -30,6 +30,8 @@ RUNNING = ("in_progress", "cancelling")
 FINISHED = ("completed", "failed", "cancelled")
 # A job whose heartbeat is older than this many heartbeat intervals lost its replica.
 LOST_AFTER_HEARTBEATS = 6
+LOST_ERROR = {"message": "lost: the gateway replica running this job stopped before it finished; nothing was stored",
+              "type": "job_lost"}
 JOB_ID = re.compile(r"ingest_[0-9a-f]{24}")  # what create() makes: anything else names no job
 
 
@@ -123,20 +125,19 @@ class IngestJobStore:
             self._db.execute(
                 "INSERT INTO ingest_jobs (id, tenant, collection, status, stage, documents, created_at, heartbeat_at)"
                 " VALUES (?, ?, ?, 'in_progress', 'queued', ?, ?, ?)", (job_id, tenant, collection, documents, now, now))
-        return self.get(tenant, job_id)
+        return self.get(tenant, job_id, now)
 
     def get(self, tenant: str, job_id: str, now: float | None = None) -> Job | None:
-        """The tenant's job, or None (another tenant's job is not found either)."""
-        with self._lock, transaction(self._db):
-            self._mark_lost(time.time() if now is None else now, tenant)
+        """The tenant's job, or None (another tenant's job is not found either). A read writes nothing:
+        a lost job is shown failed here and marked so by the tenant's next create()."""
+        with self._lock:
             row = self._db.execute(f"SELECT {', '.join(_COLUMNS)} FROM ingest_jobs WHERE id = ? AND tenant = ?",
                                    (job_id, tenant)).fetchone()
-        return _job(row) if row else None
+        return self._job(row, now) if row else None
 
     def list(self, tenant: str, limit: int, before: str | None = None, now: float | None = None) -> list[Job]:
         """The tenant's jobs, newest first; `before` is the id that ended the previous page."""
-        with self._lock, transaction(self._db):
-            self._mark_lost(time.time() if now is None else now, tenant)
+        with self._lock:
             if before is None:
                 rows = self._db.execute(f"SELECT {', '.join(_COLUMNS)} FROM ingest_jobs WHERE tenant = ? "
                                         "ORDER BY created_at DESC, id DESC LIMIT ?", (tenant, limit)).fetchall()
@@ -145,7 +146,7 @@ class IngestJobStore:
                     f"SELECT {', '.join(_COLUMNS)} FROM ingest_jobs WHERE tenant = ? AND (created_at, id) < "
                     "(SELECT created_at, id FROM ingest_jobs WHERE id = ? AND tenant = ?) "
                     "ORDER BY created_at DESC, id DESC LIMIT ?", (tenant, before, tenant, limit)).fetchall()
-        return [_job(row) for row in rows]
+        return [self._job(row, now) for row in rows]
 
     def request_cancel(self, tenant: str, job_id: str) -> Job | None:
         """Ask a running job to stop (it does at its next step, storing nothing). None if not found;
@@ -191,19 +192,25 @@ class IngestJobStore:
             self._db.close()
 
     # ---- internals -------------------------------------------------------------------------
+    @property
+    def _lost_after_s(self) -> float:
+        return LOST_AFTER_HEARTBEATS * self.heartbeat_s
+
     def _mark_lost(self, now: float, tenant: str) -> None:
-        """Running jobs of `tenant` whose replica stopped beating: failed, with the reason (inside the
-        caller's transaction)."""
-        error = json.dumps({"message": "lost: the gateway replica running this job stopped before it finished; "
-                                       "nothing was stored", "type": "job_lost"})
+        """Running jobs of `tenant` whose replica stopped beating: failed, with the reason, finished at
+        the moment they were lost (inside the caller's transaction)."""
         self._db.execute(
-            f"UPDATE ingest_jobs SET status = 'failed', stage = 'failed', finished_at = ?, error = ? "
+            f"UPDATE ingest_jobs SET status = 'failed', stage = 'failed', finished_at = heartbeat_at + ?, error = ? "
             f"WHERE tenant = ? AND status IN {RUNNING} AND heartbeat_at < ?",
-            (now, error, tenant, now - LOST_AFTER_HEARTBEATS * self.heartbeat_s))
+            (self._lost_after_s, json.dumps(LOST_ERROR), tenant, now - self._lost_after_s))
 
-
-def _job(row) -> Job:
-    values = dict(zip(_COLUMNS, row))
-    for key in ("result", "error"):
-        values[key] = None if values[key] is None else json.loads(values[key])
-    return Job(**values)
+    def _job(self, row, now: float | None) -> Job:
+        """A row as a Job; a running one whose heartbeat stopped reads as what _mark_lost will make it."""
+        values = dict(zip(_COLUMNS, row))
+        for key in ("result", "error"):
+            values[key] = None if values[key] is None else json.loads(values[key])
+        now = time.time() if now is None else now
+        if values["status"] in RUNNING and values["heartbeat_at"] < now - self._lost_after_s:
+            values.update(status="failed", stage="failed", finished_at=values["heartbeat_at"] + self._lost_after_s,
+                          error=LOST_ERROR)
+        return Job(**values)

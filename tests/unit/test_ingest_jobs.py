@@ -82,6 +82,18 @@ def test_a_job_whose_heartbeat_stopped_reads_as_lost_and_frees_its_place(jobs):
     jobs.create("acme", "kb", documents=1, limit=1, now=later)
 
 
+def test_reading_a_lost_job_writes_nothing(jobs):
+    job = jobs.create("acme", "kb", documents=1, limit=2, now=1000.0)
+    later = 1000.0 + LOST_AFTER_HEARTBEATS * jobs.heartbeat_s + 1
+    changes_before = jobs._db.total_changes
+    assert jobs.get("acme", job.id, now=later).status == "failed"
+    assert [j.status for j in jobs.list("acme", 5, now=later)] == ["failed"]
+    assert jobs._db.total_changes == changes_before  # a GET is a read
+    assert jobs.get("acme", job.id, now=1001.0).status == "in_progress"  # not yet lost: still running
+    jobs.create("acme", "kb", documents=1, limit=2, now=later)  # the next create marks it for good
+    assert jobs.get("acme", job.id, now=1001.0).status == "failed"
+
+
 def test_finished_jobs_are_forgotten_after_the_retention(jobs):
     old = jobs.create("acme", "kb", documents=1, limit=5)
     jobs.finish(old.id, "completed", result={})
