@@ -204,8 +204,8 @@ class TenantLimiter(LockedSQLite):
         cannot keep an estimate capped to the whole TPM out of an otherwise unused minute.
         """
         now = self._clock()
-        if tenant.rpm is None and tenant.tpm is None:
-            return Admission(LimitDecision.allow(), TokenReservation(math.floor(now / WINDOW_SECONDS), 0))
+        if _unlimited(tenant):
+            return _free_admission(now)
         with self._transaction() as conn:
             return self._admit_in(conn, tenant, now, estimated_tokens, reserve)
 
@@ -240,9 +240,8 @@ class TenantLimiter(LockedSQLite):
             refused = self._concurrency_refusal(conn, tenant)
             if refused is not None:
                 return refused, None
-            admission = Admission(LimitDecision.allow(), TokenReservation(math.floor(now / WINDOW_SECONDS), 0))
-            if tenant.rpm is not None or tenant.tpm is not None:
-                admission = self._admit_in(conn, tenant, now, estimated_tokens, reserve)
+            admission = (_free_admission(now) if _unlimited(tenant)
+                         else self._admit_in(conn, tenant, now, estimated_tokens, reserve))
             if not admission.allowed:
                 return admission.decision, None
             return LimitDecision.allow(self._insert_lease(conn, tenant)), admission.reservation
@@ -376,3 +375,12 @@ class TenantLimiter(LockedSQLite):
         with self._transaction() as conn:
             for table in ("rpm_hits", "tpm_minutes", "leases"):
                 conn.execute(f"DELETE FROM {table} WHERE tenant = ?", (tenant_name,))
+
+
+def _unlimited(tenant: Tenant) -> bool:
+    return tenant.rpm is None and tenant.tpm is None
+
+
+def _free_admission(now: float) -> Admission:
+    """An admission that counts nothing: the tenant has neither an RPM nor a TPM limit."""
+    return Admission(LimitDecision.allow(), TokenReservation(math.floor(now / WINDOW_SECONDS), 0))
