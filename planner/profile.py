@@ -221,6 +221,10 @@ class ChatSpec(_Strict):
     omp_threads: int | None = Field(None, ge=1, description="OpenMP threads for the vLLM CPU worker; None = planner decides.")
     speculative: SpeculativeSpec = Field(default_factory=SpeculativeSpec, description="Speculative decoding.")
     warmup_prompt: str = Field("Say OK.", description="Sent once before the replica reports ready.")
+    heap_trim_interval_s: float = Field(60.0, ge=0, description="How often the chat replica hands the freed heap "
+                                        "of its vLLM Worker processes back to the pool (glibc malloc_trim through "
+                                        "collective_rpc); 0 = never. Without it the Worker keeps ~200-400 MiB of "
+                                        "freed heap under load (docs/STRESS.md, 'What grows in the vLLM Worker').")
     load_format: Literal["auto", "dummy"] = Field("auto", description="'dummy': random weights of the real "
                                                   "architecture (vLLM's load_format), for plan validation and "
                                                   "benchmarks on a machine without the checkpoint; never for "
@@ -474,12 +478,12 @@ class StressSpec(_Strict):
     memory_drift_bytes: Size = Field(parse_size("50MiB"), description="...or this many bytes, whichever is larger.")
     sequential_requests: int = Field(100, ge=1, description="Layer 1: sequential requests of each kind (chat, "
                                      "RAG query, embeddings).")
-    quick_sequential_requests: int = Field(10, ge=1, description="Layer 1 in --quick mode.")
+    quick_sequential_requests: int = Field(5, ge=1, description="Layer 1 in --quick mode.")
     long_context_fractions: list[float] = Field([0.5, 0.9, 1.0], min_length=1, description="Layer 2: prompt + "
                                                 "max_tokens as fractions of max_model_len.")
-    quick_long_context_fractions: list[float] = Field([0.5, 1.0], min_length=1, description="Layer 2 in --quick "
-                                                      "mode: the half and the whole context (each prompt is prefilled "
-                                                      "twice, plain and streamed, with no cached prefix).")
+    quick_long_context_fractions: list[float] = Field([1.0], min_length=1, description="Layer 2 in --quick "
+                                                      "mode: the whole context, the boundary the one-over check "
+                                                      "tests (prefilled twice, plain and streamed, no cached prefix).")
     concurrency_clients: int = Field(32, ge=1, description="Layer 3: concurrent clients.")
     concurrency_seconds: float = Field(600.0, gt=0, description="Layer 3: how long the clients run.")
     quick_concurrency_seconds: float = Field(60.0, gt=0, description="Layer 3 in --quick mode.")
@@ -489,7 +493,8 @@ class StressSpec(_Strict):
     mixed_concurrency: int = Field(8, ge=1, description="Layer 4: fixed concurrency of the mixed-length load.")
     quick_mixed_concurrency: int = Field(4, ge=1, description="Layer 4's concurrency in --quick mode.")
     mixed_requests: int = Field(100, ge=1, description="Layer 4: requests (30% short, 50% medium, 20% long).")
-    quick_mixed_requests: int = Field(24, ge=1, description="Layer 4 in --quick mode.")
+    quick_mixed_requests: int = Field(10, ge=1, description="Layer 4 in --quick mode: one whole mix (3 short, "
+                                      "5 medium, 2 long).")
     short_prompt_tokens: int = Field(200, ge=1, lt=512, description="Layer 4: a short prompt's tokens.")
     medium_prompt_tokens: int = Field(1000, ge=512, description="Layer 4: a medium prompt's tokens.")
     long_prompt_tokens: int = Field(3000, ge=1, description="Layer 4: a long prompt's tokens (kept inside "

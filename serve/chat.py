@@ -13,8 +13,9 @@ from enginepair.compat import (
     LLMConfig,
     LLMServer,
     adapt_engine_env,
+    engine_client,
 )
-from system.process_memory import process_tree_memory
+from system.process_memory import process_tree_memory, release_worker_heap
 from serve.start_order import wait_for_predecessors
 from planner.gpu import engine_placement
 from planner.plan import ReplicaPlan
@@ -61,9 +62,13 @@ class FirstOutputBatcher(Batcher):
         return [first_item.result()] if first_item.done() and not first_item.cancelled() else []
 
 
+WORKER_TRIM_TIMEOUT_S = 30.0  # a Worker busy with one long prefill answers the RPC after it
+
+
 class PoolserveLLMServer(LLMServer):
-    """LLMServer that answers one short request before Serve marks the replica ready, and sends each
-    stream's first output without waiting for the batching interval."""
+    """LLMServer that answers one short request before Serve marks the replica ready, sends each
+    stream's first output without waiting for the batching interval, and hands its vLLM Workers'
+    freed heap back to the pool every `heap_trim_interval_s`."""
 
     def _batch_output_stream(self, generator):
         return FirstOutputBatcher(generator, interval_ms=self._get_batch_interval_ms()).stream()
@@ -78,6 +83,10 @@ class PoolserveLLMServer(LLMServer):
                                     configs["start_wait_timeout_s"])
         await super().start()
         await self._warm_up()
+        self._last_worker_trim: dict = {}
+        interval = float(configs.get("heap_trim_interval_s", 0))
+        if interval > 0:
+            self._trim_task = asyncio.get_running_loop().create_task(self._trim_workers_every(interval))
 
     async def _warm_up(self) -> None:
         prompt = self._llm_config.experimental_configs.get("warmup_prompt", "Say OK.")
@@ -90,9 +99,27 @@ class PoolserveLLMServer(LLMServer):
             pass
         logger.info("chat warm-up answered in %.1fs", time.monotonic() - started)
 
+    async def _trim_workers_every(self, interval_s: float) -> None:
+        """glibc keeps what the Worker frees under load as free heap it never returns (mallinfo2's
+        fordblks: +150 MiB in 7 minutes, docs/STRESS.md); malloc_trim(0) returns all of it. The RPC runs
+        between two engine steps."""
+        while True:
+            await asyncio.sleep(interval_s)
+            client = engine_client(self)
+            if client is None:
+                continue
+            started = time.monotonic()
+            try:
+                await client.collective_rpc(release_worker_heap, timeout=WORKER_TRIM_TIMEOUT_S)
+            except Exception:  # an engine that cannot run it (or died: its health check reports that)
+                logger.warning("trimming the vLLM Workers' heap failed; not trying again", exc_info=True)
+                return
+            self._last_worker_trim = {"at": time.time(), "seconds": round(time.monotonic() - started, 4)}
+
     async def memory(self) -> dict:
         # smaps reads of the engine's process tree: in a thread, not on the loop that streams tokens
-        return await asyncio.to_thread(process_tree_memory)
+        measured = await asyncio.to_thread(process_tree_memory)
+        return {**measured, "worker_heap_trim": getattr(self, "_last_worker_trim", {})}
 
 
 def llm_config_from_plan(chat: ChatSpec, chat_plan: ReplicaPlan, start_after: list[tuple[str, str]]) -> LLMConfig:
@@ -111,7 +138,8 @@ def llm_config_from_plan(chat: ChatSpec, chat_plan: ReplicaPlan, start_after: li
         placement_group_config={"bundles": [bundle], "strategy": "PACK"},
         runtime_env={"env_vars": adapt_engine_env({**chat_plan.env, **gpu_env})},
         experimental_configs={"warmup_prompt": chat.warmup_prompt, "start_after": [list(p) for p in start_after],
-                              "start_wait_timeout_s": chat_plan.serve.start_wait_timeout_s},
+                              "start_wait_timeout_s": chat_plan.serve.start_wait_timeout_s,
+                              "heap_trim_interval_s": chat.heap_trim_interval_s},
         log_engine_metrics=True,
         callback_config=NODE_INIT_CALLBACK,
     )

@@ -33,6 +33,12 @@ def release_freed_heap(collect: bool = True) -> None:
         trim(0)
 
 
+def release_worker_heap(_worker=None) -> None:
+    """release_freed_heap inside a vLLM Worker: vLLM's collective_rpc calls it with the worker object.
+    No gc pass: the Worker's objects are its model's, and a full collection would stall its steps."""
+    release_freed_heap(collect=False)
+
+
 def process_tree_memory(pid: int | None = None) -> dict:
     """Unique memory (PSS) of this process (after releasing its freed heap) and of every process it
     started, split into anonymous, file-backed and shared-memory pages, with the tree's RSS."""

@@ -1,0 +1,87 @@
+"""The chat replica's periodic trim of its vLLM Workers' freed heap: the interval comes from the
+profile, the RPC carries release_worker_heap, and an engine that cannot run it stops the loop with a
+logged warning instead of retrying every interval. The engine client is a fake (no vLLM here)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from planner.plan import build_plan
+from planner.profile import load_profile
+from serve.chat import PoolserveLLMServer, llm_config_from_plan
+from system.process_memory import release_worker_heap
+
+
+class FakeEngineClient:
+    def __init__(self, fail_after: int | None = None):
+        self.calls, self.fail_after = [], fail_after
+
+    async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        if self.fail_after is not None and len(self.calls) >= self.fail_after:
+            raise RuntimeError("this engine runs no callables")
+        self.calls.append((method, timeout))
+        return [method(object())]  # what a Worker does with it: call it with itself
+
+
+class FakeEngine:
+    def __init__(self, client):
+        self._engine_client = client
+
+
+def server_with(client) -> PoolserveLLMServer:
+    server = PoolserveLLMServer.__new__(PoolserveLLMServer)  # no Serve replica, no engine start
+    server.engine = FakeEngine(client)
+    server._last_worker_trim = {}
+    return server
+
+
+def test_the_interval_comes_from_the_profile():
+    profile = load_profile("configs/cpu-tiny.yaml")
+    profile.chat.heap_trim_interval_s = 12.5
+    config = llm_config_from_plan(profile.chat, build_plan(profile).replica("chat"), [])
+    assert config.experimental_configs["heap_trim_interval_s"] == 12.5
+
+
+def test_release_worker_heap_runs_here_as_a_worker_would_call_it():
+    assert release_worker_heap(object()) is None
+
+
+def test_each_interval_trims_every_worker_and_records_how_long_it_took():
+    client = FakeEngineClient()
+    server = server_with(client)
+
+    async def run():
+        task = asyncio.create_task(server._trim_workers_every(0.01))
+        for _ in range(200):  # bounded: at most 2 s
+            if len(client.calls) >= 3:
+                break
+            await asyncio.sleep(0.01)
+        task.cancel()
+
+    asyncio.run(run())
+    assert len(client.calls) >= 3
+    assert all(method is release_worker_heap and timeout == 30.0 for method, timeout in client.calls)
+    assert server._last_worker_trim["seconds"] >= 0 and server._last_worker_trim["at"] > 0
+
+
+def test_an_engine_that_cannot_run_it_stops_the_loop_with_a_warning(caplog):
+    client = FakeEngineClient(fail_after=1)
+    server = server_with(client)
+    with caplog.at_level(logging.WARNING, logger="poolserve.chat"):
+        asyncio.run(asyncio.wait_for(server._trim_workers_every(0.01), timeout=5))  # returns: no retry loop
+    assert len(client.calls) == 1
+    assert any("not trying again" in r.getMessage() and r.exc_info for r in caplog.records)
+
+
+def test_no_engine_yet_is_skipped_not_an_error():
+    server = server_with(None)
+
+    async def run():
+        task = asyncio.create_task(server._trim_workers_every(0.01))
+        await asyncio.sleep(0.05)
+        assert not task.done()
+        task.cancel()
+
+    asyncio.run(run())
+    assert server._last_worker_trim == {}
