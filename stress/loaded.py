@@ -95,8 +95,9 @@ def layer4(ctx: RunContext, result: LayerResult) -> None:
     try:
         sizer = PromptSizer(gw.http, gw.chat_model)
         units = {bucket: sizer.estimate_units(tokens) for bucket, tokens in sizes.items()}
-        order = MIX * (total // len(MIX) + 1)
-        random.Random(14).shuffle(order)
+        # Each run of ten is the whole mix, shuffled: any prefix of whole tens keeps the 3:5:2 shares.
+        rng = random.Random(14)
+        order = [bucket for _ in range(total // len(MIX) + 1) for bucket in rng.sample(MIX, len(MIX))]
 
         def operation(_client: int, n: int):
             bucket = order[n]
