@@ -15,7 +15,7 @@ from enginepair.compat import (
     adapt_engine_env,
     engine_client,
 )
-from system.process_memory import process_tree_memory, release_worker_heap
+from system.process_memory import WORKER_EXTENSION, WORKER_TRIM_METHOD, process_tree_memory
 from serve.start_order import wait_for_predecessors
 from planner.gpu import engine_placement
 from planner.plan import ReplicaPlan
@@ -110,7 +110,7 @@ class PoolserveLLMServer(LLMServer):
                 continue
             started = time.monotonic()
             try:
-                await client.collective_rpc(release_worker_heap, timeout=WORKER_TRIM_TIMEOUT_S)
+                await client.collective_rpc(WORKER_TRIM_METHOD, timeout=WORKER_TRIM_TIMEOUT_S)
             except Exception:  # an engine that cannot run it (or died: its health check reports that)
                 logger.warning("trimming the vLLM Workers' heap failed; not trying again", exc_info=True)
                 return
@@ -128,7 +128,9 @@ def llm_config_from_plan(chat: ChatSpec, chat_plan: ReplicaPlan, start_after: li
     actor_options, bundle, gpu_env = engine_placement(chat_plan.ray_actor_options)
     return LLMConfig(
         model_loading_config={"model_id": chat.model_id, "model_source": chat.model},
-        engine_kwargs=chat_plan.vllm.as_dict(),
+        # The Workers get the heap-trim method the replica calls every heap_trim_interval_s.
+        engine_kwargs={**chat_plan.vllm.as_dict(),
+                       **({"worker_extension_cls": WORKER_EXTENSION} if chat.heap_trim_interval_s > 0 else {})},
         deployment_config={
             "name": chat_plan.name,
             "num_replicas": 1,

@@ -33,10 +33,18 @@ def release_freed_heap(collect: bool = True) -> None:
         trim(0)
 
 
-def release_worker_heap(_worker=None) -> None:
-    """release_freed_heap inside a vLLM Worker: vLLM's collective_rpc calls it with the worker object.
-    No gc pass: the Worker's objects are its model's, and a full collection would stall its steps."""
-    release_freed_heap(collect=False)
+class HeapTrimWorkerExtension:
+    """Mixed into vLLM's Worker class (engine argument `worker_extension_cls`), so the chat replica can
+    run release_freed_heap inside its Workers by name through collective_rpc: vLLM's IPC refuses to
+    carry a function unless pickle is allowed (VLLM_ALLOW_INSECURE_SERIALIZATION), which stays off."""
+
+    def poolserve_release_heap(self) -> None:
+        # No gc pass: the Worker's objects are its model's, and a full collection would stall its steps.
+        release_freed_heap(collect=False)
+
+
+WORKER_EXTENSION = f"{__name__}.{HeapTrimWorkerExtension.__qualname__}"
+WORKER_TRIM_METHOD = "poolserve_release_heap"
 
 
 def process_tree_memory(pid: int | None = None) -> dict:

@@ -1,6 +1,7 @@
 """The chat replica's periodic trim of its vLLM Workers' freed heap: the interval comes from the
-profile, the RPC carries release_worker_heap, and an engine that cannot run it stops the loop with a
-logged warning instead of retrying every interval. The engine client is a fake (no vLLM here)."""
+profile, the Workers get the extension whose method the RPC names (a name: vLLM's IPC carries no
+function), and an engine that cannot run it stops the loop with a logged warning instead of retrying
+every interval. The engine client is a fake (no vLLM here); the method itself runs for real."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import logging
 from planner.plan import build_plan
 from planner.profile import load_profile
 from serve.chat import PoolserveLLMServer, llm_config_from_plan
-from system.process_memory import release_worker_heap
+from system.process_memory import WORKER_EXTENSION, WORKER_TRIM_METHOD, HeapTrimWorkerExtension
 
 
 class FakeEngineClient:
@@ -20,8 +21,9 @@ class FakeEngineClient:
     async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
         if self.fail_after is not None and len(self.calls) >= self.fail_after:
             raise RuntimeError("this engine runs no callables")
+        assert isinstance(method, str), "vLLM's msgspec IPC refuses a function"
         self.calls.append((method, timeout))
-        return [method(object())]  # what a Worker does with it: call it with itself
+        return [getattr(HeapTrimWorkerExtension(), method)()]  # what vLLM's run_method does in the Worker
 
 
 class FakeEngine:
@@ -36,15 +38,23 @@ def server_with(client) -> PoolserveLLMServer:
     return server
 
 
-def test_the_interval_comes_from_the_profile():
+def test_the_interval_comes_from_the_profile_and_the_workers_get_the_extension():
     profile = load_profile("configs/cpu-tiny.yaml")
     profile.chat.heap_trim_interval_s = 12.5
     config = llm_config_from_plan(profile.chat, build_plan(profile).replica("chat"), [])
     assert config.experimental_configs["heap_trim_interval_s"] == 12.5
+    assert config.engine_kwargs["worker_extension_cls"] == "system.process_memory.HeapTrimWorkerExtension"
+    profile.chat.heap_trim_interval_s = 0
+    off = llm_config_from_plan(profile.chat, build_plan(profile).replica("chat"), [])
+    assert "worker_extension_cls" not in off.engine_kwargs
 
 
-def test_release_worker_heap_runs_here_as_a_worker_would_call_it():
-    assert release_worker_heap(object()) is None
+def test_the_extension_is_importable_by_the_name_vllm_is_given():
+    import importlib
+
+    module, name = WORKER_EXTENSION.rsplit(".", 1)
+    assert getattr(importlib.import_module(module), name) is HeapTrimWorkerExtension
+    assert getattr(HeapTrimWorkerExtension(), WORKER_TRIM_METHOD)() is None
 
 
 def test_each_interval_trims_every_worker_and_records_how_long_it_took():
@@ -61,7 +71,7 @@ def test_each_interval_trims_every_worker_and_records_how_long_it_took():
 
     asyncio.run(run())
     assert len(client.calls) >= 3
-    assert all(method is release_worker_heap and timeout == 30.0 for method, timeout in client.calls)
+    assert all(method == WORKER_TRIM_METHOD and timeout == 30.0 for method, timeout in client.calls)
     assert server._last_worker_trim["seconds"] >= 0 and server._last_worker_trim["at"] > 0
 
 
