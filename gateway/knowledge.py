@@ -32,14 +32,19 @@ FILTERS_PARAM_MAX_CHARS = 4096
 
 
 class KnowledgeRoutes(IngestRoutes):
-    """Needs from the gateway: _embedder, _retriever, _settings, _embed_model_id, _tenant,
+    """Needs from the gateway: _embedder, _retriever, _settings, _embed_model_id, _engines, _tenant,
     _require_model, _check_prompt_fits, _check_prompt_length, _engine, _recheck_health."""
 
-    def _pipeline(self, request: Request, model: str | None = None) -> RagPipeline:
-        """The pipeline for one request: its embedder charges this request's tenant."""
+    def _pipeline(self, request: Request, model: str | None = None, prompt_model: str | None = None) -> RagPipeline:
+        """The pipeline for one request: its embedder charges this request's tenant; with a chat model
+        (`model` asks it, `prompt_model` only prompts it) the context budget counts that model's tokens."""
         chat = GatewayChat(self, request, model) if model else None
         embedder = RayEmbedder(self._embedder, lambda texts: self._embed_and_charge(request, texts))
-        return RagPipeline(embedder, RayIndex(self._retriever), pipeline_settings(self), chat=chat)
+        pipeline = RagPipeline(embedder, RayIndex(self._retriever), pipeline_settings(self), chat=chat)
+        if model or prompt_model:
+            tokenizer = self._engines[model or prompt_model].tokenizer
+            pipeline.count_tokens = lambda text: len(tokenizer.encode(text, add_special_tokens=False))
+        return pipeline
 
     async def _chat_checked(self, body: ChatCompletionRequest, request: Request) -> Response:
         """The chat engine's response to a prompt the gateway has checked and charged."""
@@ -121,13 +126,14 @@ class KnowledgeRoutes(IngestRoutes):
                              "retrieval": self._settings.retrieval, "best_similarity": result.best_similarity,
                              "data": citations(result.hits)})
 
-    async def _augment_chat(self, request: Request, options: RagOptions,
-                            messages: list[dict]) -> tuple[list[dict], Grounding]:
+    async def _augment_chat(self, request: Request, options: RagOptions, messages: list[dict],
+                            model: str | None = None) -> tuple[list[dict], Grounding]:
         """Chat-with-RAG: the messages with the retrieved context prepended, and the grounding."""
         validate_collection(options.collection)
         try:
-            return await self._pipeline(request).augment_chat(self._tenant(request), options.collection, messages,
-                                                              options.top_k, options.filters, options.min_score)
+            return await self._pipeline(request, prompt_model=model).augment_chat(
+                self._tenant(request), options.collection, messages, options.top_k, options.filters,
+                options.min_score, options.context_tokens)
         except InvalidQuery as exc:
             raise HTTPException(400, str(exc)) from None
 
@@ -150,7 +156,8 @@ class KnowledgeRoutes(IngestRoutes):
         try:
             result = await self._pipeline(request, model).answer(
                 self._tenant(request), body.collection, body.question, body.top_k, max_tokens=body.max_tokens,
-                temperature=body.temperature, stream=body.stream, filters=body.filters, min_score=body.min_score)
+                temperature=body.temperature, stream=body.stream, filters=body.filters, min_score=body.min_score,
+                context_tokens=body.context_tokens)
         except InvalidQuery as exc:
             raise HTTPException(400, str(exc)) from None
         response, cited, grounding = result.reply, result.citations, result.grounding

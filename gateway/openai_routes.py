@@ -263,7 +263,8 @@ class OpenAIRoutes:
         cited = None
         if rag is not None:
             options = RagOptions.model_validate(rag)
-            body.messages, grounding = await self._augment_chat(request, options, [dict(m) for m in body.messages])
+            body.messages, grounding = await self._augment_chat(request, options, [dict(m) for m in body.messages],
+                                                                model)
             cited = grounding.citations
             if not grounding.answerable:  # nothing related in the knowledge base: the fixed reply, no generation
                 response = await self._no_answer(request, model, body.messages, body.max_completion_tokens or

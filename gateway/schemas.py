@@ -127,6 +127,11 @@ MinScore = Annotated[float | None, Field(
     "without generating. Default: the profile's rag.min_score; -1 answers whenever anything was retrieved.")]
 
 
+ContextTokens = Annotated[int | None, Field(
+    None, ge=1, description="Most tokens of retrieved passages in the prompt, best first (at most the "
+    "profile's rag.context_tokens; default that). Fewer passages answer sooner on a CPU.")]
+
+
 class RagOptions(_Body):
     """The `rag` field accepted on /v1/chat/completions (OpenAI clients send it in extra_body)."""
 
@@ -136,6 +141,7 @@ class RagOptions(_Body):
     top_k: int | None = Field(None, ge=1)
     filters: MetadataFilters = None
     min_score: MinScore = None
+    context_tokens: ContextTokens = None
 
 
 class RagQueryRequest(_Body):
@@ -148,6 +154,7 @@ class RagQueryRequest(_Body):
     temperature: float | None = Field(0.0, ge=0.0, le=2.0)
     filters: MetadataFilters = None
     min_score: MinScore = None
+    context_tokens: ContextTokens = None
 
 
 class SearchRequest(_Body):

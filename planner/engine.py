@@ -7,6 +7,7 @@ reported in the plan's notes.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 
 from planner import runtime
@@ -310,7 +311,8 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
         omp = min(omp, 4)
     env = {"OMP_NUM_THREADS": str(omp), "MKL_NUM_THREADS": str(omp), "TOKENIZERS_PARALLELISM": "false"}
     if not gpu:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = chat.omp_bind
+        one_rank = chat.tensor_parallel_size * chat.pipeline_parallel_size == 1
+        env["VLLM_CPU_OMP_THREADS_BIND"] = omp_bind(chat.omp_bind, omp) if one_rank else chat.omp_bind
         # vllm-cpu 0.32 cannot reload its own AOT artifact ("'function' object has no attribute
         # 'finalize_loading'") and recompiles on every start; without AOT, Inductor's cache is reused.
         env["VLLM_USE_AOT_COMPILE"] = "0"
@@ -326,13 +328,31 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
         "state_bytes_per_sequence": state_seq, "kv_pool_tokens": kv_tokens, "block_size": block,
         "num_blocks": num_blocks, "max_num_seqs": seqs, "kv_cache_memory_bytes": kv_cache_memory_bytes,
         "weight_bytes": sum(v for k, v in breakdown.items() if k.startswith("weights.")),
-        "drafter_weight_bytes": drafter.weight_bytes, "omp_threads": omp, "quantization": quant,
+        "drafter_weight_bytes": drafter.weight_bytes, "omp_threads": omp,
+        "omp_bind": env.get("VLLM_CPU_OMP_THREADS_BIND"), "quantization": quant,
         "speculative_method": drafter.method, "kv_group_size": groups.group_size,
         "kv_group_layers": [f"{g.kind}:{g.layers}" for g in groups.groups],
         "state_pool_bytes_per_sequence": groups.slots("state") * block * arch.kv_bytes_per_token_per_layer(kvb)
         if state_seq else 0,
     }
     return EnginePlan(arch, breakdown, EngineArgs(**args), env, facts, comp, disk, page_cache, drafter, notes)
+
+
+def omp_bind(setting: str, threads: int, allowed_cpus: list[int] | None = None) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for a CPU worker of `threads` OpenMP threads.
+
+    vLLM's 'auto' binds the worker to one core per rank and sets OMP_NUM_THREADS to match, whatever the
+    plan asked (vllm/utils/ompmultiprocessing.py keeps the others for its EngineCore); so more than one
+    thread needs an explicit core list: the first `threads` CPUs this process may run on. On 2 cores, an
+    800-token prefill of SmolLM2 takes 2.0 s bound to both against 3.7 s under 'auto' (docs/BENCHMARKS.md
+    section 2d)."""
+    if setting != "auto" or threads <= 1:
+        return setting
+    cpus = sorted(allowed_cpus if allowed_cpus is not None else os.sched_getaffinity(0))
+    if len(cpus) < threads:
+        raise EngineError(f"chat: {threads} OpenMP threads planned but this host lets the process run on "
+                          f"{len(cpus)} CPUs; lower chat.omp_threads or set chat.omp_bind")
+    return ",".join(str(c) for c in cpus[:threads])
 
 
 def vllm_logged_kv_tokens(kv_cache_memory_bytes: int, max_model_len: int, block: int, groups: KVGroups,

@@ -208,7 +208,8 @@ class ChatSpec(_Strict):
     activation_bytes: SizeOrAuto = Field("auto", description="Activations for max_num_batched_tokens; auto = estimated.")
     expected_concurrency: int | None = Field(None, ge=1, description="Concurrent chat streams the profile is sized "
                                              "for (documentation; the plan checks max_num_seqs covers it).")
-    omp_bind: str = Field("auto", description="VLLM_CPU_OMP_THREADS_BIND for the CPU engine ('auto' or a core list).")
+    omp_bind: str = Field("auto", description="VLLM_CPU_OMP_THREADS_BIND for the CPU engine: 'auto' (one core; with "
+                          "omp_threads > 1, the first omp_threads CPUs the host allows), 'nobind' or a core list.")
     max_model_len: int = Field(4096, ge=64, description="Longest prompt + completion, in tokens.")
     max_num_seqs: int = Field(8, ge=1, description="Cap on sequences decoded together.")
     max_num_batched_tokens: int = Field(2048, ge=64, description="Chunked-prefill token budget per step (drives activations).")
@@ -375,6 +376,9 @@ class RagSpec(_Strict):
     chunk_overlap: int = Field(30, ge=0, description="Tokens shared by neighbouring chunks.")
     default_top_k: int = Field(4, ge=1, description="Chunks retrieved when the request does not say.")
     max_top_k: int = Field(20, ge=1, description="Largest top_k a request may ask for.")
+    context_tokens: int | None = Field(None, ge=16, description="Most chat-model tokens of retrieved passages in a "
+                                       "RAG prompt (best first; a request may ask for fewer); None = all top_k. The "
+                                       "prompt's prefill is most of a CPU answer's time (docs/BENCHMARKS.md 2d).")
     max_documents_per_request: int = Field(256, ge=1, description="Documents per ingest request.")
     documents_page_default: int = Field(20, ge=1, description="Documents a listing page holds when the request "
                                         "gives no `limit`.")

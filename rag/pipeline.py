@@ -20,7 +20,7 @@ from rag.locations import LOCATIONS_KEY
 from rag.filters import InvalidFilter, normalize_filters
 from rag.interfaces import ChatEngine, Embedder, KnowledgeIndex, Reply
 from rag.no_answer import is_answerable
-from rag.prompt import RetrievedChunk, augment_chat, citations, last_user_text, rag_messages
+from rag.prompt import RetrievedChunk, augment_chat, citations, estimate_tokens, fit_context, last_user_text, rag_messages
 from rag.retrieval import RetrievalMode, SearchQuery, SearchResult
 
 
@@ -118,8 +118,10 @@ def as_plain_text(doc: DocumentInput, extracted: Extracted) -> DocumentInput:
 
 class RagPipeline:
     def __init__(self, embedder: Embedder, index: KnowledgeIndex, settings: PipelineSettings,
-                 chat: ChatEngine | None = None, extractor: Extractor = extract_here):
+                 chat: ChatEngine | None = None, extractor: Extractor = extract_here,
+                 count_tokens: Callable[[str], int] = estimate_tokens):
         self.extractor = extractor
+        self.count_tokens = count_tokens  # the chat model's tokenizer, for the context budget
         self.embedder = embedder
         self.index = index
         self.settings = settings
@@ -198,22 +200,35 @@ class RagPipeline:
         return (await self.search(tenant, collection, question, top_k, mode, filters)).hits
 
     async def ground(self, tenant: str, collection: str, question: str, top_k: int | None = None,
-                     filters: dict | None = None, min_score: float | None = None) -> Grounding:
-        """Retrieve, then decide whether the passages are related enough to answer from."""
+                     filters: dict | None = None, min_score: float | None = None,
+                     context_tokens: int | None = None) -> Grounding:
+        """Retrieve, then decide whether the passages are related enough to answer from; the passages
+        kept are those that fit the context budget (rag.context_tokens, or the request's smaller one)."""
         threshold = self.settings.min_score if min_score is None else min_score
+        budget = self._context_tokens(context_tokens)
         result = await self.search(tenant, collection, question, top_k, filters=filters)
         answerable = is_answerable(result, threshold)
-        return Grounding(hits=result.hits if answerable else [], best_similarity=result.best_similarity,
-                         min_score=threshold, answerable=answerable)
+        hits = fit_context(result.hits, budget, self.count_tokens) if answerable else []
+        return Grounding(hits=hits, best_similarity=result.best_similarity, min_score=threshold,
+                         answerable=answerable)
+
+    def _context_tokens(self, asked: int | None) -> int | None:
+        limit = self.settings.context_tokens
+        if asked is None:
+            return limit
+        if limit is not None and asked > limit:
+            raise InvalidQuery(f"context_tokens {asked} is above the limit of {limit} (rag.context_tokens)")
+        return asked
 
     async def answer(self, tenant: str, collection: str, question: str, top_k: int | None = None,
                      max_tokens: int | None = None, temperature: float | None = 0.0,
-                     stream: bool = False, filters: dict | None = None, min_score: float | None = None) -> RagAnswer:
+                     stream: bool = False, filters: dict | None = None, min_score: float | None = None,
+                     context_tokens: int | None = None) -> RagAnswer:
         """Retrieve, build the numbered-context prompt, and ask the chat engine; when nothing related
         was found, return without asking it (reply None)."""
         if self.chat is None:
             raise RuntimeError("this pipeline has no chat engine")
-        grounding = await self.ground(tenant, collection, question, top_k, filters, min_score)
+        grounding = await self.ground(tenant, collection, question, top_k, filters, min_score, context_tokens)
         if not grounding.answerable:
             return RagAnswer(grounding=grounding, reply=None)
         reply = await self.chat.complete(rag_messages(question, grounding.hits),
@@ -221,8 +236,10 @@ class RagPipeline:
         return RagAnswer(grounding=grounding, reply=reply)
 
     async def augment_chat(self, tenant: str, collection: str, messages: list[dict], top_k: int | None = None,
-                           filters: dict | None = None, min_score: float | None = None) -> tuple[list[dict], Grounding]:
+                           filters: dict | None = None, min_score: float | None = None,
+                           context_tokens: int | None = None) -> tuple[list[dict], Grounding]:
         """Chat-with-RAG: the client's messages with the context for its last user turn prepended
         (unchanged when the grounding is not answerable), and the grounding."""
-        grounding = await self.ground(tenant, collection, last_user_text(messages), top_k, filters, min_score)
+        grounding = await self.ground(tenant, collection, last_user_text(messages), top_k, filters, min_score,
+                                      context_tokens)
         return (augment_chat(messages, grounding.hits) if grounding.answerable else messages), grounding

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Callable
 
 from rag.locations import LOCATIONS_KEY, resolve
 
@@ -40,6 +41,51 @@ class RetrievedChunk:
             **where,
             "metadata": metadata,
         }
+
+
+def estimate_tokens(text: str) -> int:
+    """About four characters a token in English; used where no tokenizer is at hand."""
+    return (len(text) + 3) // 4
+
+
+def fit_context(chunks: list[RetrievedChunk], budget: int | None,
+                count_tokens: Callable[[str], int] = estimate_tokens) -> list[RetrievedChunk]:
+    """The best-ranked passages whose text fits `budget` tokens together, in rank order.
+
+    The prompt's prefill is most of a CPU RAG answer's time (about 2.7-4.8 ms a token for SmolLM2 on
+    this machine's cores, docs/BENCHMARKS.md section 2d), so the context is budgeted in the chat model's
+    tokens, not counted in chunks. A passage that does not fit ends the context (a lower-ranked
+    shorter one is not pulled in ahead of it); the first passage is always kept, cut to the budget
+    if it alone is longer (its `end` offset then marks where the cut fell)."""
+    if budget is None or not chunks:
+        return list(chunks)
+    kept, used = [], 0
+    for chunk in chunks:
+        tokens = count_tokens(chunk.text.strip())
+        if used + tokens > budget:
+            if not kept:
+                kept.append(_cut(chunk, budget, tokens, count_tokens))
+            break
+        kept.append(chunk)
+        used += tokens
+    return kept
+
+
+def _cut(chunk: RetrievedChunk, budget: int, tokens: int, count_tokens: Callable[[str], int]) -> RetrievedChunk:
+    """The chunk's longest prefix, ended at a word boundary, that counts at most `budget` tokens
+    (shrunk by the measured ratio: a few tokenizer calls at most)."""
+    text = chunk.text
+    for _ in range(8):
+        if tokens <= budget:
+            break
+        keep = max(1, len(text) * budget // max(tokens, 1) - 1)
+        text = text[:keep]
+        if " " in text.strip():
+            text = text[:text.rstrip().rindex(" ")]
+        text = text.rstrip()
+        tokens = count_tokens(text)
+    end = chunk.start + len(text) if chunk.start is not None else chunk.end
+    return replace(chunk, text=text, end=end)
 
 
 def context_block(chunks: list[RetrievedChunk]) -> str:

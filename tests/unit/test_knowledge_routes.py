@@ -73,12 +73,20 @@ class ChatIngress:
                              "choices": [{"message": {"role": "assistant", "content": "Mira Quell"}}]})
 
 
+class WordTokenizer:
+    """A word per token: the context budget's arithmetic, readable."""
+
+    def encode(self, text, add_special_tokens=True):
+        return text.split()
+
+
 class Gateway(KnowledgeRoutes, ChatIngress):
     def __init__(self, store):
         self._embedder = Handle(EmbedderReplica())
         self._retriever = Handle(RetrieverReplica(store))
         self._settings = gateway_settings(max_top_k=5, min_score=0.25, max_choices=4)
         self._embed_model_id = "embedder"
+        self._engines = {"chat-model": SimpleNamespace(tokenizer=WordTokenizer())}
         self.prompts, self.checked, self.length_checked = [], [], []
 
     def _tenant(self, request):
@@ -156,6 +164,24 @@ def test_chat_with_rag_augments_the_messages(gateway):
     assert [h.document_id for h in grounding.hits] == ["bread"]
     assert augmented[0]["role"] == "system" and "Sourdough uses wild yeast." in augmented[0]["content"]
     assert augmented[1:] == messages
+
+
+def test_context_tokens_bound_the_passages_prompted_and_cited(gateway):
+    ingest(gateway, [("zorblax", "The Zorblax reactor was invented by Dr. Mira Quell.\n\nIt makes 40 MW."),
+                     ("cats", "Cats sleep a lot.")])
+    # The passages are 9, 4 and 4 words (tokens here): 16 holds the first two, 9 the first alone.
+    body = RagQueryRequest(collection="facts", question="Who invented the Zorblax reactor?", top_k=3, context_tokens=16)
+    payload = json.loads(asyncio.run(gateway.rag_query(body, request())).body)
+    assert len(payload["citations"]) == 2
+    gateway.prompts.clear()
+    body = RagQueryRequest(collection="facts", question="Who invented the Zorblax reactor?", top_k=3, context_tokens=9)
+    payload = json.loads(asyncio.run(gateway.rag_query(body, request())).body)
+    assert [c["text"] for c in payload["citations"]] == ["The Zorblax reactor was invented by Dr. Mira Quell."]
+    assert "\n\n[2] " not in gateway.prompts[0].messages[0]["content"] and "Cats" not in gateway.prompts[0].messages[0]["content"]
+    _, grounding = asyncio.run(gateway._augment_chat(
+        request(), RagOptions(collection="facts", top_k=3, context_tokens=9), [{"role": "user", "content": "Zorblax?"}],
+        "chat-model"))
+    assert len(grounding.hits) == 1
 
 
 # ---- over HTTP: the routes as the gateway registers them, with its error mapping ------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -186,3 +187,23 @@ def test_advice_is_replanned(tmp_path):
                       pool_total_bytes=pool)
     assert f"headroom {plan.pool.headroom_bytes / GiB:.2f} GiB" in together
     assert plan.replica("chat").vllm.max_num_seqs == 20
+
+
+def test_omp_bind_binds_as_many_cores_as_threads():
+    """vLLM's 'auto' binds one core whatever OMP_NUM_THREADS says: more threads need a core list."""
+    from planner.engine import EngineError, omp_bind
+
+    assert omp_bind("auto", 1, [0, 1]) == "auto"
+    assert omp_bind("auto", 2, [3, 1, 2]) == "1,2"
+    assert omp_bind("0-3", 2, [0, 1]) == "0-3" and omp_bind("nobind", 4, [0]) == "nobind"
+    with pytest.raises(EngineError, match="2 OpenMP threads planned"):
+        omp_bind("auto", 2, [5])
+
+
+def test_chat_omp_threads_reach_the_engine_env(tmp_path):
+    plan = build_plan(load_profile(_profile(tmp_path, "cpu-tiny", **{"chat.omp_threads": 1})), 24 * GiB)
+    assert plan.replica("chat").env["VLLM_CPU_OMP_THREADS_BIND"] == "auto"
+    if len(os.sched_getaffinity(0)) >= 2:
+        plan = build_plan(load_profile(_profile(tmp_path, "cpu-tiny", **{"chat.omp_threads": 2})), 24 * GiB)
+        bind = plan.replica("chat").env["VLLM_CPU_OMP_THREADS_BIND"]
+        assert len(bind.split(",")) == 2 and plan.replica("chat").env["OMP_NUM_THREADS"] == "2"

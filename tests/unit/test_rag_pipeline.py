@@ -302,3 +302,50 @@ def test_chat_below_the_threshold_keeps_the_messages_unchanged():
     messages = [{"role": "user", "content": "a question"}]
     augmented, grounding = run(pipeline.augment_chat("t", "kb", messages))
     assert augmented == messages and not grounding.answerable and grounding.citations == []
+
+
+# ---- the context budget ----------------------------------------------------------------------------
+def _words(n: int, word: str = "w") -> str:
+    return " ".join([word] * n)
+
+
+def test_fit_context_keeps_the_best_passages_that_fit_in_rank_order():
+    from rag.prompt import fit_context
+    hits = [RetrievedChunk("a", "a#0", 0.9, _words(50)), RetrievedChunk("b", "b#0", 0.8, _words(40)),
+            RetrievedChunk("c", "c#0", 0.7, _words(5))]
+    count = lambda text: len(text.split())  # noqa: E731
+    assert fit_context(hits, None, count) == hits
+    assert fit_context(hits, 95, count) == hits
+    assert fit_context(hits, 90, count) == hits[:2]
+    # The third, shorter passage is not pulled in ahead of the second one that did not fit.
+    assert fit_context(hits, 60, count) == hits[:1]
+
+
+def test_fit_context_cuts_a_first_passage_longer_than_the_budget_at_a_word():
+    from rag.prompt import fit_context
+    text = " ".join(f"word{i}" for i in range(100))
+    hit = RetrievedChunk("a", "a#0", 0.9, text, start=1000, end=1000 + len(text))
+    [cut] = fit_context([hit, RetrievedChunk("b", "b#0", 0.5, "x")], 10, lambda t: len(t.split()))
+    assert text.startswith(cut.text) and 0 < len(cut.text.split()) <= 10 and not cut.text.endswith(" ")
+    assert (cut.start, cut.end) == (1000, 1000 + len(cut.text)) and cut.citation()["end"] == cut.end
+
+
+def test_answer_prompts_and_cites_only_what_fits_the_budget():
+    hits = [RetrievedChunk("d", f"d#{i}", 1.0 - i / 10, _words(30, f"p{i}")) for i in range(4)]
+    chat = FakeChat()
+    pipeline = RagPipeline(FakeEmbedder(), RecordingIndex(hits), PipelineSettings(context_tokens=70), chat=chat,
+                           count_tokens=lambda text: len(text.split()))
+    result = run(pipeline.answer("t", "kb", "q"))
+    assert [h.chunk_id for h in result.grounding.hits] == ["d#0", "d#1"]
+    system = chat.calls[0]["messages"][0]["content"]
+    assert "[2] p1" in system and "p2" not in system
+    # A request may ask for fewer tokens, not more than the profile allows.
+    result = run(pipeline.answer("t", "kb", "q", context_tokens=40))
+    assert [h.chunk_id for h in result.grounding.hits] == ["d#0"]
+    with pytest.raises(InvalidQuery, match="context_tokens 100 is above the limit of 70"):
+        run(pipeline.answer("t", "kb", "q", context_tokens=100))
+    unlimited = RagPipeline(FakeEmbedder(), RecordingIndex(hits), PipelineSettings(), chat=FakeChat(),
+                            count_tokens=lambda text: len(text.split()))
+    assert len(run(unlimited.answer("t", "kb", "q", context_tokens=40)).grounding.hits) == 1
+    _, grounding = run(pipeline.augment_chat("t", "kb", [{"role": "user", "content": "q"}], context_tokens=30))
+    assert [h.chunk_id for h in grounding.hits] == ["d#0"]
