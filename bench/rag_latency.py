@@ -254,10 +254,12 @@ class StackClient:
         response.raise_for_status()
         return response.json()
 
-    def rag_stream(self, q: dict) -> dict:
-        return {**_streamed(self.http, "/v1/rag/query", {"collection": COLLECTION, "question": q["question"],
-                                                          "max_tokens": RAG_MAX_TOKENS, "stream": True}),
-                "question": q["question"]}
+    def rag_stream(self, q: dict, context_tokens: int | None = None) -> dict:
+        body = {"collection": COLLECTION, "question": q["question"], "max_tokens": RAG_MAX_TOKENS, "stream": True}
+        if context_tokens is not None:
+            body["context_tokens"] = context_tokens
+        return {**_streamed(self.http, "/v1/rag/query", body), "question": q["question"],
+                "answer_documents": q["documents"] if q.get("answerable", True) else None}
 
     def replay(self, question: str, citations: list[dict], passages: int) -> dict:
         body = {"model": self.chat_model, "messages": replay_messages(question, citations, passages),
@@ -266,8 +268,18 @@ class StackClient:
         return _streamed(self.http, "/v1/chat/completions", body)
 
 
-def measure(client: StackClient, questions: list[dict]) -> dict:
-    """Every route's timings on the questions (see the module docstring)."""
+def in_prompt_recall(streams: list[dict]) -> dict:
+    """Of the answered streams whose question has an ingested answer document, the share whose prompt
+    (its citations: the passages the prompt holds) includes a passage of one of them."""
+    pairs = [(s["citations"], set(s["answer_documents"])) for s in streams
+             if not s["refused"] and s.get("answer_documents")]
+    hits = sum(any(c["document_id"] in want for c in cites) for cites, want in pairs)
+    return {"in_prompt_recall": round(hits / len(pairs), 4) if pairs else None, "in_prompt_questions": len(pairs)}
+
+
+def measure(client: StackClient, questions: list[dict], budgets: tuple[int, ...] = ()) -> dict:
+    """Every route's timings on the questions (see the module docstring); with budgets, streamed queries
+    at each rag `context_tokens`, each on questions of its own (no prefix cache shared with another row)."""
     search_q = questions[:SEARCH_QUERIES + WARMUP]
     search_s, found = _timed(client.search, search_q)
     embed_s, _ = _timed(client.embed, search_q)
@@ -276,8 +288,13 @@ def measure(client: StackClient, questions: list[dict]) -> dict:
     _, streams = _timed(client.rag_stream, stream_q)
     answered = [s for s in streams if not s["refused"] and s["citations"] and s["first_token_s"] is not None]
     replays = {k: [client.replay(s["question"], s["citations"], k) for s in answered] for k in REPLAY_PASSAGES}
+    budgeted, start = {}, RAG_QUERIES + STREAM_QUERIES + 2 * WARMUP
+    for budget in budgets:
+        batch = questions[start:start + STREAM_QUERIES + WARMUP]
+        start += len(batch)
+        _, budgeted[budget] = _timed(lambda q, b=budget: client.rag_stream(q, b), batch)
     return {"search_s": search_s, "embed_s": embed_s, "rag_s": rag_s, "answers": answers,
-            "streams": streams, "answered": answered, "replays": replays,
+            "streams": streams, "answered": answered, "replays": replays, "budgeted": budgeted,
             "recall": recall(found, search_q[WARMUP:])}
 
 
@@ -301,7 +318,14 @@ def rows_of(m: dict, common: dict) -> list[dict]:
     tokens = _p50([s["prompt_tokens"] for s in answered])
     for label, key in (("first token", "first_token_s"), ("citations event", "citations_s"), ("total", "total_s")):
         rows.append({**common, "setting": f"RAG query streamed: {label}", "refused": refused,
-                     "prompt_tokens_p50": tokens, **summary_ms([s[key] for s in answered])})
+                     "prompt_tokens_p50": tokens, **summary_ms([s[key] for s in answered]),
+                     **(in_prompt_recall(streams) if key == "first_token_s" else {})})
+    for budget, budget_streams in m.get("budgeted", {}).items():
+        done = [s for s in budget_streams if not s["refused"] and s["first_token_s"] is not None]
+        rows.append({**common, "setting": f"RAG query streamed, context_tokens {budget}: first token",
+                     "refused": len(budget_streams) - len(done),
+                     "prompt_tokens_p50": _p50([s["prompt_tokens"] for s in done]),
+                     **summary_ms([s["first_token_s"] for s in done]), **in_prompt_recall(budget_streams)})
     for k, replays in m["replays"].items():
         rows.append({**common, "setting": f"prompt replay, {k} passages (POST /v1/chat/completions, cold cache): "
                                           "first token", "refused": None,
@@ -322,7 +346,8 @@ def breakdown(m: dict) -> dict:
 
 
 def stack_latency(profile: Path, corpus_paths: list[Path] | None, documents: int | None,
-                  target_chunks: int | None, chat_overrides: dict | None = None) -> tuple[list[dict], dict]:
+                  target_chunks: int | None, chat_overrides: dict | None = None,
+                  budgets: tuple[int, ...] = ()) -> tuple[list[dict], dict]:
     import httpx
     import yaml
 
@@ -347,7 +372,7 @@ def stack_latency(profile: Path, corpus_paths: list[Path] | None, documents: int
                 # The default run keeps its question order (2b); a chosen corpus asks what it answers first.
                 questions = ingested_questions(corpora, ingested, bool(corpus_paths or target_chunks))
                 load_before = os.getloadavg()
-                m = measure(client, questions)
+                m = measure(client, questions, budgets)
                 load_after = os.getloadavg()
     common = {"n": chunks, "real": chunks, "kind": "stack", "documents": taken, "ingest_s": ingest.seconds,
               "start_s": server.start_s}
@@ -358,14 +383,15 @@ def stack_latency(profile: Path, corpus_paths: list[Path] | None, documents: int
 
 
 def run(profile: Path, corpus_paths: list[Path] | None, documents: int | None, target_chunks: int | None,
-        name: str, chat_overrides: dict | None = None) -> BenchResult:
+        name: str, chat_overrides: dict | None = None, budgets: tuple[int, ...] = ()) -> BenchResult:
     load_start = os.getloadavg()
-    rows, info = stack_latency(profile, corpus_paths, documents, target_chunks, chat_overrides)
+    rows, info = stack_latency(profile, corpus_paths, documents, target_chunks, chat_overrides, budgets)
     config = {"profile": str(profile), "documents": rows[0]["documents"],
               "corpora": [str(c) for c in corpus_paths or []],
               "target_chunks": target_chunks, "search_queries": SEARCH_QUERIES, "rag_queries": RAG_QUERIES,
               "stream_queries": STREAM_QUERIES, "rag_max_tokens": RAG_MAX_TOKENS, "warmup": WARMUP,
-              "replay_passages": list(REPLAY_PASSAGES), "chat_overrides": chat_overrides or {}}
+              "replay_passages": list(REPLAY_PASSAGES), "chat_overrides": chat_overrides or {},
+              "context_tokens": list(budgets)}
     by = {r["setting"]: r for r in rows}
     metrics = {"search_p50_ms": rows[0]["p50"], "rag_p50_ms": rows[1]["p50"], "chunks": rows[0]["n"],
                "rag_stream_first_token_p50_ms": by["RAG query streamed: first token"]["p50"],
@@ -389,6 +415,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="ingest documents in corpus order until the collection holds at least N chunks")
     parser.add_argument("--chat-omp-threads", type=int, default=None,
                         help="the chat engine's OpenMP threads (chat.omp_threads; default: the plan's)")
+    parser.add_argument("--context-tokens", type=int, action="append", default=[],
+                        help="also stream RAG queries with this rag context_tokens budget (repeat for several)")
     parser.add_argument("--name", default=None, help="the result's name (default rag-latency, or rag-latency-<N>)")
     parser.add_argument("--profile", type=Path, default=DEFAULT_PROFILE)
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
@@ -408,7 +436,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    result = run(args.profile, args.corpus, args.documents, args.target_chunks, args.name, args.chat_overrides)
+    result = run(args.profile, args.corpus, args.documents, args.target_chunks, args.name, args.chat_overrides,
+                 tuple(args.context_tokens))
     print(tables(result))
     print(json.dumps({k: result.metrics[k] for k in ("breakdown", "recall", "corpora")}, indent=1))
     print(f"wrote {write_result(result, args.out_dir)}")
@@ -417,9 +446,10 @@ def main() -> None:
 def stack_table(rows: list[dict]) -> str:
     """The rows as docs/BENCHMARKS.md shows them; a prompt-tokens column when the rows have one."""
     tokens = any("prompt_tokens_p50" in r for r in rows)
+    in_prompt = any("in_prompt_recall" in r for r in rows)
     lines = ["| route | documents | chunks | ingest s | requests | p50 ms | p95 ms | refused (no answer) |"
-             + (" prompt tokens p50 |" if tokens else ""),
-             "|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if tokens else "")]
+             + (" prompt tokens p50 |" if tokens else "") + (" answer in prompt |" if in_prompt else ""),
+             "|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if tokens else "") + ("---:|" if in_prompt else "")]
     for r in rows:
         refused = "" if r["refused"] is None else str(r["refused"])
         cells = [f"{v:.1f}" if v is not None else "" for v in (r["p50"], r["p95"])]
@@ -428,6 +458,9 @@ def stack_table(rows: list[dict]) -> str:
         if tokens:
             value = r.get("prompt_tokens_p50")
             line += f" {value:.0f} |" if value is not None else " |"
+        if in_prompt:
+            value = r.get("in_prompt_recall")
+            line += f" {value:.3f} |" if value is not None else " |"
         lines.append(line)
     return "\n".join(lines)
 

@@ -193,3 +193,21 @@ def test_rows_and_breakdown_of_a_measurement():
     assert parts["first_token_minus_replay_p50_ms"] == pytest.approx(100.0)
     assert (parts["search_p50_ms"], parts["prefill_replay_p50_ms"]) == (pytest.approx(50.0), pytest.approx(900.0))
     assert "prompt tokens p50" in bench.stack_table(list(rows.values())).splitlines()[0]
+
+
+def test_budgeted_streams_become_rows_with_the_share_of_answers_in_the_prompt():
+    from bench import rag_latency as rl
+
+    def stream(docs, cited, refused=False, tokens=300):
+        return {"first_token_s": 0.5, "citations_s": 0.1, "total_s": 0.9, "prompt_tokens": tokens, "refused": refused,
+                "citations": [{"document_id": d} for d in cited], "answer_documents": docs, "question": "q"}
+
+    streams = [stream(["a"], ["a", "b"]), stream(["c"], ["b"]), stream(None, ["x"]), stream(["a"], [], refused=True)]
+    assert rl.in_prompt_recall(streams) == {"in_prompt_recall": 0.5, "in_prompt_questions": 2}
+    m = {"answers": [], "answered": streams[:2], "streams": streams, "search_s": [0.1], "embed_s": [0.05],
+         "rag_s": [1.0], "recall": {}, "replays": {}, "budgeted": {300: streams}}
+    rows = rl.rows_of(m, {"n": 10, "real": 10, "kind": "stack", "documents": 1, "ingest_s": 1.0, "start_s": 1.0})
+    [budget_row] = [r for r in rows if "context_tokens 300" in r["setting"]]
+    assert budget_row["refused"] == 1 and budget_row["requests"] == 3 and budget_row["in_prompt_recall"] == 0.5
+    assert "answer in prompt" in rl.stack_table(rows) and "| 0.500 |" in rl.stack_table(rows)
+    assert rl.parse_args(["--context-tokens", "300", "--context-tokens", "450"]).context_tokens == [300, 450]
