@@ -11,9 +11,9 @@ speculation included) in a fresh subprocess and measures:
 "busy" variants run one CPU-bound Python process beside the measurement (started after the engine is
 up): what an embedder batch, an ingest or another tenant's work does to the other core.
 
-    .venv/bin/python bench/bench_chat_threads.py [--threads 1,2] [--docs 3]
+    .venv/bin/python bench/bench_chat_threads.py [--threads 1,2] [--docs 3] [--conditions idle,busy] [--no-speculation]
 
-Writes bench/results/chat-threads.json.
+Writes bench/results/chat-threads.json (chat-threads-no-speculation.json without speculation).
 """
 
 from __future__ import annotations
@@ -51,8 +51,9 @@ def run_variant(profile: Path, busy: bool, job: dict) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    overrides = {"speculative_config": None} if job["no_speculation"] else None
     with Stopwatch() as init:
-        llm = LLM(**engine_setup(profile).llm_kwargs(seed=0))
+        llm = LLM(**engine_setup(profile, overrides).llm_kwargs(seed=0))
     one = SamplingParams(temperature=0.0, max_tokens=1)
     llm.generate([TokensPrompt(prompt_token_ids=job["prefill"][0]["ids"][:64])], one, use_tqdm=False)  # warm-up
     hog = subprocess.Popen([sys.executable, "-c", HOG]) if busy else None
@@ -94,6 +95,8 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, default=DEFAULT_PROFILE)
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--docs", type=int, default=3, help="How many bundled documents to cut prompts from.")
+    parser.add_argument("--conditions", default="idle,busy", help="idle, busy or both (comma-separated).")
+    parser.add_argument("--no-speculation", action="store_true", help="The engine without its speculative decoding.")
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args()
     if args.worker:
@@ -104,13 +107,14 @@ def main() -> None:
     setup = engine_setup(args.profile)
     fidelity = load_prompts()
     job = {"prefill": prefill_prompts(setup.model, document_texts(args.docs), list(LENGTHS)),
-           "speed_prompts": [render(setup.model, fidelity)[i] for i in speed_indices(fidelity)]}
+           "speed_prompts": [render(setup.model, fidelity)[i] for i in speed_indices(fidelity)],
+           "no_speculation": args.no_speculation}
     workdir = Path(tempfile.mkdtemp(prefix="bench-chat-threads-"))
     job_file = workdir / "job.json"
     job_file.write_text(json.dumps(job))
     raw = {}
     for threads in (int(t) for t in args.threads.split(",")):
-        for busy in ("idle", "busy"):
+        for busy in args.conditions.split(","):
             variant = f"omp{threads}-{busy}"
             log = workdir / f"{variant}.log"
             print(f"{variant}: {len(job['prefill'])} prefill prompts, 8 decode prompts", flush=True)
@@ -122,7 +126,9 @@ def main() -> None:
                 raise SystemExit(f"{variant} failed; log {log}:\n{log.read_text()[-3000:]}")
             raw[variant] = json.loads(line[len("RESULT "):])
     summary = summarize(raw)
-    result = new_result(NAME, {"profile": str(args.profile), "lengths": list(LENGTHS), "docs": args.docs,
+    name = NAME + ("-no-speculation" if args.no_speculation else "")
+    result = new_result(name, {"profile": str(args.profile), "lengths": list(LENGTHS), "docs": args.docs,
+                               "speculation": not args.no_speculation,
                                "threads": args.threads, "busy": "one `while True: pass` Python process"},
                         summary, [{"variant": v, **r} for v, r in raw.items()])
     print(json.dumps(summary, indent=1))
