@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, wh
 from bench.bench_cpu_dtype import document_texts, prefill_prompts  # noqa: E402
 from bench.bench_engine_fidelity import load_prompts, render, speed, speed_indices  # noqa: E402
 from bench.harness.engine import DEFAULT_PROFILE, engine_setup  # noqa: E402
-from bench.harness.procs import child_env, run_in_own_session  # noqa: E402
+from bench.harness.procs import child_env, run_result_worker  # noqa: E402
 from bench.harness.results import RESULTS_DIR, new_result, write_result  # noqa: E402
 from bench.harness.timing import Stopwatch  # noqa: E402
 from planner.engine import omp_bind  # noqa: E402
@@ -119,12 +119,8 @@ def main() -> None:
             log = workdir / f"{variant}.log"
             print(f"{variant}: {len(job['prefill'])} prefill prompts, 8 decode prompts", flush=True)
             env = child_env({**setup.env, **thread_env(threads)})
-            run_in_own_session([sys.executable, __file__, "--worker", busy, str(job_file), "--profile",
-                                str(args.profile)], env, log, WORKER_TIMEOUT_S)
-            line = next((ln for ln in log.read_text().splitlines() if ln.startswith("RESULT ")), None)
-            if line is None:
-                raise SystemExit(f"{variant} failed; log {log}:\n{log.read_text()[-3000:]}")
-            raw[variant] = json.loads(line[len("RESULT "):])
+            raw[variant] = run_result_worker([sys.executable, __file__, "--worker", busy, str(job_file), "--profile",
+                                              str(args.profile)], env, log, WORKER_TIMEOUT_S, variant)
     summary = summarize(raw)
     name = NAME + ("-no-speculation" if args.no_speculation else "")
     result = new_result(name, {"profile": str(args.profile), "lengths": list(LENGTHS), "docs": args.docs,

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, wh
 
 from bench.bench_engine_fidelity import load_prompts, render, speed, speed_indices  # noqa: E402
 from bench.harness.engine import DEFAULT_PROFILE, engine_setup  # noqa: E402
-from bench.harness.procs import child_env, run_in_own_session  # noqa: E402
+from bench.harness.procs import child_env, run_result_worker  # noqa: E402
 from bench.harness.results import RESULTS_DIR, new_result, write_result  # noqa: E402
 from bench.harness.timing import Stopwatch  # noqa: E402
 from system.cpuinfo import cpu_flags, cpu_has_native_bf16  # noqa: E402
@@ -154,12 +154,8 @@ def main() -> None:
         print(f"{dtype}: {len(job['prefill'])} prefill prompts, 8 decode prompts, {len(rendered)} greedy", flush=True)
         log = workdir / f"{dtype}.log"
         env = child_env({**engine_setup(args.profile, {"dtype": dtype}).env})
-        run_in_own_session([sys.executable, __file__, "--worker", dtype, str(job_file), "--profile", str(args.profile)],
-                           env, log, WORKER_TIMEOUT_S)
-        line = next((ln for ln in log.read_text().splitlines() if ln.startswith("RESULT ")), None)
-        if line is None:
-            raise SystemExit(f"{dtype} failed; log {log}:\n{log.read_text()[-3000:]}")
-        rows[dtype] = json.loads(line[len("RESULT "):])
+        rows[dtype] = run_result_worker([sys.executable, __file__, "--worker", dtype, str(job_file), "--profile",
+                                         str(args.profile)], env, log, WORKER_TIMEOUT_S, dtype)
     summary = summarize(rows)
     result = new_result(NAME, {"profile": str(args.profile), "lengths": args.lengths, "docs": DOCUMENTS[:args.docs],
                                "cpu_flags": sorted(cpu_flags(Path("/proc/cpuinfo").read_text())),

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, wh
 
 from bench.fidelity_metrics import NEAR_TIE_LOGITS, compare_sequences, teacher_forced  # noqa: E402
 from bench.harness.engine import DEFAULT_PROFILE, engine_setup  # noqa: E402
-from bench.harness.procs import child_env, run_in_own_session  # noqa: E402
+from bench.harness.procs import child_env, run_result_worker  # noqa: E402
 from bench.harness.results import RESULTS_DIR, BenchResult, new_result, write_result  # noqa: E402
 from bench.harness.timing import Stopwatch  # noqa: E402
 
@@ -168,13 +168,8 @@ def run_worker_process(profile: Path, dtype: str, eager: bool, work: str, job_fi
     env = child_env({**variant_setup(profile, dtype, eager).env, "VLLM_CACHE_ROOT": str(cache_dir / "vllm"),
                      "TORCHINDUCTOR_CACHE_DIR": str(cache_dir / "inductor")})
     mode = "eager" if eager else "compiled"
-    run_in_own_session([sys.executable, __file__, "--worker", dtype, mode, work, str(job_file),
-                        "--profile", str(profile)], env, log, WORKER_TIMEOUT_S)
-    output = log.read_text()
-    line = next((line for line in output.splitlines() if line.startswith("RESULT ")), None)
-    if line is None:
-        raise SystemExit(f"{dtype}/{mode} failed; log {log}:\n{output[-3000:]}")
-    return json.loads(line[len("RESULT "):])
+    return run_result_worker([sys.executable, __file__, "--worker", dtype, mode, work, str(job_file),
+                              "--profile", str(profile)], env, log, WORKER_TIMEOUT_S, f"{dtype}/{mode}")
 
 
 def summarize_variant(raw: dict, reference: dict, n_tokens: int) -> dict:

@@ -7,6 +7,7 @@ that vLLM's EngineCore and worker processes, which it forks, end with it; health
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -128,6 +129,18 @@ def raw_vllm_server(setup: EngineSetup, workdir: Path, timeout_s: float = 300) -
                             f"http://127.0.0.1:{port}/metrics")
     finally:
         group.stop()
+
+
+def run_result_worker(command: list[str], env: Mapping[str, str], log_path: Path, timeout_s: float,
+                      label: str) -> dict:
+    """Run a worker that prints its result as one `RESULT <json>` line (run_in_own_session); that result,
+    or SystemExit with the log's tail when it printed none."""
+    run_in_own_session(command, env, log_path, timeout_s)
+    output = log_path.read_text()
+    line = next((ln for ln in output.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        raise SystemExit(f"{label} failed; log {log_path}:\n{output[-3000:]}")
+    return json.loads(line[len("RESULT "):])
 
 
 def run_in_own_session(command: list[str], env: Mapping[str, str], log_path: Path, timeout_s: float) -> int | None:

@@ -244,3 +244,15 @@ def test_limits_bench_runs_both_paths_for_a_few_rounds():
     result = bench_limits.run(20)
     assert [r["rounds"] for r in result.rows] == [20, 20, 20] and all(r["median_us"] > 0 for r in result.rows)
     assert "| 20 |" in bench_limits.tables(result)
+
+
+def test_a_result_worker_returns_its_result_line_or_stops_with_its_log(tmp_path):
+    import sys
+
+    from bench.harness.procs import run_result_worker
+
+    ok = run_result_worker([sys.executable, "-c", "print('noise'); print('RESULT {\"tok_s\": 1.5}')"], {},
+                           tmp_path / "ok.log", 60, "ok")
+    assert ok == {"tok_s": 1.5}
+    with pytest.raises(SystemExit, match="broken failed; log .*broken.log:\n.*no result here"):
+        run_result_worker([sys.executable, "-c", "print('no result here')"], {}, tmp_path / "broken.log", 60, "broken")
