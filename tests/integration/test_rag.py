@@ -62,6 +62,30 @@ def test_rag_query_stream_sends_citations_and_answer(client):
     assert any(e["object"] == "rag.usage" for e in parsed)
 
 
+def test_context_tokens_keep_the_best_passages_that_fit_and_shorten_the_prompt(openai_client, client):
+    _ingest(client, "budget", [("zorblax", ZORB), *FILLER])
+    ask = {"collection": "budget", "question": "Who invented the Zorblax reactor?", "top_k": 4, "max_tokens": 4,
+           "min_score": -1}
+    whole = client.post("/v1/rag/query", json=ask).json()
+    # ZORB is about 40 of SmolLM2's tokens and each filler about 20: 45 holds the best passage alone.
+    budgeted = client.post("/v1/rag/query", json={**ask, "context_tokens": 45}).json()
+    assert len(whole["citations"]) == 4
+    assert [c["document_id"] for c in budgeted["citations"]] == ["zorblax"]
+    assert budgeted["citations"][0]["text"] == ZORB
+    assert budgeted["usage"]["prompt_tokens"] < whole["usage"]["prompt_tokens"] - 40
+    # Cut to fit: a budget shorter than the best passage keeps its beginning, offsets moved to match.
+    cut = client.post("/v1/rag/query", json={**ask, "context_tokens": 10}).json()["citations"]
+    assert len(cut) == 1 and ZORB.startswith(cut[0]["text"]) and len(cut[0]["text"]) < len(ZORB)
+    assert cut[0]["end"] - cut[0]["start"] == len(cut[0]["text"])
+    response = openai_client.chat.completions.create(
+        model="smollm2-135m-instruct", temperature=0, max_tokens=4,
+        messages=[{"role": "user", "content": "Who invented the Zorblax reactor?"}],
+        extra_body={"rag": {"collection": "budget", "top_k": 4, "context_tokens": 45}})
+    assert [c["document_id"] for c in response.model_extra["citations"]] == ["zorblax"]
+    bad = client.post("/v1/rag/query", json={**ask, "context_tokens": 0})
+    assert bad.status_code in (400, 422) and "context_tokens" in bad.text
+
+
 def test_chat_completions_with_rag_extra_body(openai_client, client):
     _ingest(client, "facts", [("zorblax", ZORB), *FILLER])
     response = openai_client.chat.completions.create(
