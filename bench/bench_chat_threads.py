@@ -43,8 +43,9 @@ HOG = "while True: pass"
 
 def thread_env(threads: int) -> dict[str, str]:
     """What the plan gives a CPU engine of `threads` OpenMP threads (planner/engine.py)."""
-    return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-            "VLLM_CPU_OMP_THREADS_BIND": omp_bind("auto", threads)}
+    env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+           "VLLM_CPU_OMP_THREADS_BIND": omp_bind("auto", threads)}
+    return {**env, "NUMBA_THREADING_LAYER": "workqueue"} if threads > 1 else env
 
 
 def run_variant(profile: Path, busy: bool, job: dict) -> dict:

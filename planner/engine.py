@@ -313,6 +313,10 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
     if not gpu:
         one_rank = chat.tensor_parallel_size * chat.pipeline_parallel_size == 1
         env["VLLM_CPU_OMP_THREADS_BIND"] = omp_bind(chat.omp_bind, omp) if one_rank else chat.omp_bind
+        if omp > 1:
+            # The ngram proposer's numba kernels on numba's OpenMP layer cost a second core all its gain
+            # (800-token prefill 3.1 s against 1.7 s on its workqueue layer; docs/BENCHMARKS.md 2d).
+            env["NUMBA_THREADING_LAYER"] = "workqueue"
         # vllm-cpu 0.32 cannot reload its own AOT artifact ("'function' object has no attribute
         # 'finalize_loading'") and recompiles on every start; without AOT, Inductor's cache is reused.
         env["VLLM_USE_AOT_COMPILE"] = "0"

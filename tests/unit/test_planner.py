@@ -203,7 +203,9 @@ def test_omp_bind_binds_as_many_cores_as_threads():
 def test_chat_omp_threads_reach_the_engine_env(tmp_path):
     plan = build_plan(load_profile(_profile(tmp_path, "cpu-tiny", **{"chat.omp_threads": 1})), 24 * GiB)
     assert plan.replica("chat").env["VLLM_CPU_OMP_THREADS_BIND"] == "auto"
+    assert "NUMBA_THREADING_LAYER" not in plan.replica("chat").env
     if len(os.sched_getaffinity(0)) >= 2:
         plan = build_plan(load_profile(_profile(tmp_path, "cpu-tiny", **{"chat.omp_threads": 2})), 24 * GiB)
         bind = plan.replica("chat").env["VLLM_CPU_OMP_THREADS_BIND"]
         assert len(bind.split(",")) == 2 and plan.replica("chat").env["OMP_NUM_THREADS"] == "2"
+        assert plan.replica("chat").env["NUMBA_THREADING_LAYER"] == "workqueue"
