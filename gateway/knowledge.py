@@ -40,11 +40,11 @@ class KnowledgeRoutes(IngestRoutes):
         (`model` asks it, `prompt_model` only prompts it) the context budget counts that model's tokens."""
         chat = GatewayChat(self, request, model) if model else None
         embedder = RayEmbedder(self._embedder, lambda texts: self._embed_and_charge(request, texts))
-        pipeline = RagPipeline(embedder, RayIndex(self._retriever), pipeline_settings(self), chat=chat)
+        counted = {}
         if model or prompt_model:
             tokenizer = self._engines[model or prompt_model].tokenizer
-            pipeline.count_tokens = lambda text: len(tokenizer.encode(text, add_special_tokens=False))
-        return pipeline
+            counted["count_tokens"] = lambda text: len(tokenizer.encode(text, add_special_tokens=False))
+        return RagPipeline(embedder, RayIndex(self._retriever), pipeline_settings(self), chat=chat, **counted)
 
     async def _chat_checked(self, body: ChatCompletionRequest, request: Request) -> Response:
         """The chat engine's response to a prompt the gateway has checked and charged."""

@@ -347,8 +347,8 @@ def omp_bind(setting: str, threads: int, allowed_cpus: list[int] | None = None) 
 
     vLLM's 'auto' binds the worker to one core per rank and sets OMP_NUM_THREADS to match, whatever the
     plan asked (vllm/utils/ompmultiprocessing.py keeps the others for its EngineCore); so more than one
-    thread needs an explicit core list: the first `threads` CPUs this process may run on. On 2 cores, an
-    800-token prefill of SmolLM2 takes 2.0 s bound to both against 3.7 s under 'auto' (docs/BENCHMARKS.md
+    thread needs an explicit core list: the first `threads` CPUs this process may run on. On 2 cores,
+    without speculation, prefill ran 1.5-1.6x faster bound to both than under 'auto' (docs/BENCHMARKS.md
     section 2d)."""
     if setting != "auto" or threads <= 1:
         return setting
