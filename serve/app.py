@@ -57,7 +57,9 @@ def engine_deployments(profile: Profile, plan: Plan) -> tuple[dict, dict, list[t
     before it, and what the rest waits for (the last engine's health check)."""
     llm_deployments, model_cards, after = {}, {}, []
     for name, spec in profile.chat_engines():
-        llm_config = llm_config_from_plan(spec, plan.replica(name), after)
+        rank_plans = sorted((r for r in plan.shares if r.name.startswith(f"{name}@") and r.engine_node_rank is not None),
+                            key=lambda r: r.engine_node_rank)
+        llm_config = llm_config_from_plan(spec, plan.replica(name), after, rank_plans)
         engine = build_llm_deployment(llm_config, deployment_cls=PoolserveLLMServer)
         llm_deployments[spec.model_id] = engine
         model_cards[spec.model_id] = to_model_metadata(spec.model_id, llm_config)

