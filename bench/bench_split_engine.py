@@ -11,9 +11,9 @@ no speculation):
 Load: bench/harness/serving.py (vLLM's serving benchmark), random prompts of 128 tokens, 64 output
 tokens, at concurrency 1 and 8.
 
-    .venv/bin/python bench/bench_split_engine.py [--prompts 16] [--concurrency 1,8]
+    .venv/bin/python bench/bench_split_engine.py [--prompts 16] [--concurrency 1,8] [--variants ...] [--name ...]
 
-Writes bench/results/split-engine.json.
+Writes bench/results/split-engine.json (or --name).
 """
 
 from __future__ import annotations
@@ -96,11 +96,21 @@ def run_variant(variant: str, loads: list[ServingLoad], workdir: Path) -> dict:
             group.stop()
 
 
+def ratios(raw: dict, concurrencies: list[int]) -> dict[str, float]:
+    """Each split variant's output tokens/s over the whole engine's, per concurrency (none without a whole run)."""
+    if "whole" not in raw:
+        return {}
+    return {f"{variant}_c{c}_over_whole": round(rows[f"c{c}"]["output_throughput"]
+                                                / raw["whole"][f"c{c}"]["output_throughput"], 3)
+            for variant, rows in raw.items() if variant != "whole" for c in concurrencies}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--concurrency", default="1,8")
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--name", default=NAME, help="result file name (a run of some variants only)")
     args = parser.parse_args()
     loads = [ServingLoad(num_prompts=args.prompts, concurrency=int(c)) for c in args.concurrency.split(",")]
     raw = {}
@@ -108,10 +118,8 @@ def main() -> None:
         for variant in args.variants.split(","):
             raw[variant] = run_variant(variant, loads, Path(tmp))
             print(variant, json.dumps(raw[variant]), flush=True)
-    metrics = {f"{v}_c{load.concurrency}_over_whole": round(
-        raw[v][f"c{load.concurrency}"]["output_throughput"] / raw["whole"][f"c{load.concurrency}"]["output_throughput"], 3)
-        for v in raw if v != "whole" and "whole" in raw for load in loads}
-    result = new_result(NAME, {"profile": str(PROFILE.relative_to(ROOT)), "loads": [l.describe() for l in loads]},
+    metrics = ratios(raw, [load.concurrency for load in loads])
+    result = new_result(args.name, {"profile": str(PROFILE.relative_to(ROOT)), "loads": [l.describe() for l in loads]},
                         metrics, [{"variant": v, **r} for v, r in raw.items()], command=sys.argv)
     print(json.dumps(metrics, indent=1))
     print(write_result(result))

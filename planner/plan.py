@@ -374,7 +374,8 @@ def _engine_replicas(name: str, chat, eng, pools: dict, home: str, order: int) -
 def _rank_env(spec) -> dict[str, str]:
     """A CPU split engine's vLLM processes on one node: the address they give the other nodes (vLLM would
     otherwise guess the host's outbound one) and the first port their message queues take."""
-    return {"VLLM_HOST_IP": spec.address, "VLLM_PORT": str(spec.ray_ports.vllm_ports)}
+    cores = {"VLLM_CPU_OMP_THREADS_BIND": spec.chat_cores} if spec.chat_cores else {}
+    return {"VLLM_HOST_IP": spec.address, "VLLM_PORT": str(spec.ray_ports.vllm_ports), **cores}
 
 
 def _executor_args(name: str, chat, home_spec, node_count: int) -> dict:

@@ -128,6 +128,10 @@ class PoolSpec(_Strict):
     total: SizeOrAuto = Field("auto", description="Pool size: bytes, '186GB', or 'auto' (MemTotal, or the GPU's memory).")
     reserve: Size = Field(parse_size("3GiB"), description="Kept free for the OS, page cache and runtimes outside the plan.")
     cpus: float | Literal["auto"] = Field("auto", description="CPU cores the plan may hand out; 'auto' = os.cpu_count().")
+    chat_cores: str | None = Field(None, description="A CPU chat engine split over nodes: the cores this node's "
+                                   "ranks compute on (VLLM_CPU_OMP_THREADS_BIND, e.g. '1' or '0-3'); None = the "
+                                   "engine's own binding. Nodes that share one machine name disjoint cores: bound "
+                                   "to the same core, the ranks' hand-offs spin against each other.")
     gpu: bool = Field(False, description="True when replicas run on a GPU that shares this pool.")
     unified: bool = Field(True, description="True when CPU and GPU share one memory (DGX Spark, GH200); "
                           "False for a discrete GPU, whose device memory is then the pool.")

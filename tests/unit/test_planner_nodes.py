@@ -246,3 +246,12 @@ def test_the_replica_places_each_further_nodes_ranks_in_its_own_bundle():
     tiny = load_profile(ROOT / "configs/cpu-tiny.yaml")
     one = llm_config_from_plan(tiny.chat, build_plan(tiny, 24 * GiB).replica("chat"), [])
     assert len(one.placement_group_config["bundles"]) == 1 and "engine_ranks" not in one.experimental_configs
+
+
+def test_nodes_on_one_machine_bind_their_ranks_to_the_cores_each_pool_names(tmp_path):
+    plan = build_plan(load_profile(_two_nodes(tmp_path, **{"pools.0.chat_cores": "0", "pools.1.chat_cores": "1"})))
+    assert plan.replica("chat").env["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+    assert plan.shares[0].env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    # unset: the engine's own binding on every node
+    plain = build_plan(load_profile(_two_nodes(tmp_path, **{"pools.0.chat_cores": None, "pools.1.chat_cores": None})))
+    assert plain.replica("chat").env["VLLM_CPU_OMP_THREADS_BIND"] == plain.shares[0].env["VLLM_CPU_OMP_THREADS_BIND"]
