@@ -14,7 +14,6 @@ STAGES = (
     "measures the stack",   # memory against the plan, before other tests' inputs shape the replicas' heaps
     "shares the stack",     # the default: reads and writes through the session's stack
     "kills replicas",       # the stack recovers, but its processes and timings are not the fresh ones
-    "restarts the stack",   # the whole stack stopped and started again
     "loads the stack",      # stress: floods, kills and restarts under load
     "stops the stack",      # its own stack variant, after stopping the session's (one engine pool at a time)
     "fresh clone",          # a new clone, venv and models: needs the port and the cores to itself

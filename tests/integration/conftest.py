@@ -31,12 +31,13 @@ def _free_port() -> int:
 
 def write_stack_config(workdir: Path, port: int, chat_overrides: dict | None = None,
                        gateway_overrides: dict | None = None, route_prefix: str = "/",
-                       base_profile: str = "cpu-tiny.yaml") -> Path:
-    """A profile like the embedded default (or another of configs/), with its own state dir and port,
-    and a serve.yaml naming it."""
+                       base_profile: str = "cpu-tiny.yaml", state_dir: Path | None = None) -> Path:
+    """A profile like the embedded default (or another of configs/), with its own port and state dir (or
+    `state_dir`: another stack's, to restart on its data), and a serve.yaml naming it."""
     profile = yaml.safe_load((ROOT / "configs" / base_profile).read_text())
-    profile["state_dir"] = str(workdir / "state")
-    # The example tenants plus one seeded from the file with a generated key (deleted in test_restart).
+    profile["state_dir"] = str(state_dir or workdir / "state")
+    # The example tenants plus one seeded from the file with a generated key (deleted before the restart
+    # of test_engine_variant).
     tenants = yaml.safe_load((ROOT / "configs" / "tenants.example.yaml").read_text())
     tenants["tenants"].append({"name": "seeded", "rpm": 100})
     (workdir / "tenants.yaml").write_text(yaml.safe_dump(tenants))
@@ -76,7 +77,7 @@ class Stack:
         self.origin = f"http://127.0.0.1:{port}"
         self.url = self.origin + route_prefix.rstrip("/")
         self.process: subprocess.Popen | None = None
-        self.state_dir = config_path.parent / "state"
+        self.state_dir = Path(yaml.safe_load((config_path.parent / "profile.yaml").read_text())["state_dir"])
         self.pool_bytes = pool_size_for(config_path.parent / "profile.yaml")
 
     @property

@@ -1,6 +1,12 @@
-"""Runs last: the second stack variant, started once after the main stack is stopped.
+"""Runs last: the second stack variant, started once after the main stack is stopped, on the main
+stack's state directory: a restart with a changed profile, as an operator makes one.
 
-It hosts three engines of the same SmolLM2 folder in one pool, served under `route_prefix: /api` by two
+The restart: data survives it (SQLite is the truth; FAISS is rebuilt from it), and so do an admin's
+revocations and deletions, even of keys and tenants that the tenants file and the environment would
+otherwise bring back (the demo key is revoked before it, so this variant's requests use a second key of
+the demo tenant). One stack start for both: each start costs minutes of CI.
+
+The variant hosts three engines of the same SmolLM2 folder in one pool, served under `route_prefix: /api` by two
 gateway replicas (one variant, not two: each stack start costs minutes of CI):
 - speculation: the default chat with `speculative: none` and two more engines (`engines:`), alike but for
   their speculation and their model_id (each request picks its engine by `model`) give the same greedy
@@ -21,6 +27,7 @@ changing the output. One stack instead of one per method: one Ray/embedder/gatew
 from __future__ import annotations
 
 import re
+import stat
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -29,14 +36,15 @@ import httpx
 import pytest
 import yaml
 
-from tests.integration.conftest import ADMIN_KEY, DEMO_KEY, ROOT, Stack, _free_port, write_stack_config
+from tests.integration.conftest import ADMIN_KEY, DEMO_KEY, ROOT, Stack, _free_port, all_documents, write_stack_config
 from tests.integration.test_security import assert_only_the_gateway_is_reachable
 
 pytestmark = [pytest.mark.late("stops the stack"), pytest.mark.slow]
 
 PREFIX = "/api"
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
-DEMO = {"Authorization": f"Bearer {DEMO_KEY}"}
+FACT = "The Quorvex lighthouse on Brisa Island was built by Admiral Tovin Selk in 1874."
+QUESTION = {"collection": "durable", "question": "Who built the Quorvex lighthouse?", "top_k": 2, "max_tokens": 40}
 
 MODEL = "smollm2-135m-instruct"
 CONTEXT = ("[1] The Velmora bridge spans the Istra river and was opened in 1962 by mayor Ana Kovač. "
@@ -76,12 +84,12 @@ def _answers(url: str, headers: dict, model: str) -> list[str]:
     return answers
 
 
-def _three_engine_config(workdir) -> tuple:
+def _three_engine_config(workdir, state_dir) -> tuple:
     """The embedded default with chat in float32 without speculation, plus an ngram and a draft_model
-    engine of the same folder and settings."""
+    engine of the same folder and settings, on `state_dir`."""
     port = _free_port()
     config = write_stack_config(workdir, port, {**ENGINE, "speculative": {"method": "none"}},
-                                gateway_overrides={"replicas": 2}, route_prefix=PREFIX)
+                                gateway_overrides={"replicas": 2}, route_prefix=PREFIX, state_dir=state_dir)
     profile_path = workdir / "profile.yaml"
     profile = yaml.safe_load(profile_path.read_text())
     profile["engines"] = [{**profile["chat"], "model_id": MODEL_IDS[method], "speculative": SPECULATIVE[method],
@@ -103,53 +111,100 @@ def _engine_configs(log: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def spec_stack(stack, tmp_path_factory):
+def before_restart(stack, demo_headers, admin_headers) -> dict:
+    """On the session's stack, before it stops: a collection and its RAG answer, a second key of the demo
+    tenant; then the demo key revoked and the file-seeded tenant deleted."""
+    with httpx.Client(base_url=stack.url, headers=demo_headers, timeout=120) as http:
+        assert http.post("/v1/collections/durable/documents", json={"documents": [
+            {"id": "lighthouse", "text": FACT}, {"id": "noise", "text": "Bananas are rich in potassium."}]}).status_code == 200
+        answer = http.post("/v1/rag/query", json=QUESTION).json()
+        documents = all_documents(http, "durable")
+    with httpx.Client(base_url=stack.url, headers=admin_headers, timeout=60) as admin:
+        second_key = admin.post("/admin/tenants/demo/keys").json()["api_key"]
+        assert admin.delete(f"/admin/tenants/demo/keys/{DEMO_KEY.split('_')[1]}").status_code == 200
+        assert admin.delete("/admin/tenants/seeded").status_code == 200
+    assert httpx.get(f"{stack.url}/v1/models", headers=demo_headers, timeout=30).status_code == 401
+    return {"answer": answer, "documents": documents, "key": second_key}
+
+
+@pytest.fixture(scope="module")
+def demo_key(before_restart) -> str:
+    return before_restart["key"]
+
+
+@pytest.fixture(scope="module")
+def demo(demo_key) -> dict:
+    return {"Authorization": f"Bearer {demo_key}"}
+
+
+@pytest.fixture(scope="module")
+def spec_stack(stack, before_restart, tmp_path_factory):
     stopped = time.monotonic()
     stack.stop()  # free the pool: one stack at a time
     print(f"session stack stopped in {time.monotonic() - stopped:.0f}s")
     workdir = tmp_path_factory.mktemp("speculative")
-    config, port = _three_engine_config(workdir)
+    config, port = _three_engine_config(workdir, stack.state_dir)
     running = Stack(config, port, workdir / "serve.log", route_prefix=PREFIX)
     try:
-        print(f"float32 stack (none, ngram, draft_model engines; 2 gateways under {PREFIX}) "
-              f"healthy in {running.start():.0f}s")
+        # The same environment (POOLSERVE_DEMO_KEY still set) and tenants file as the session's stack.
+        print(f"float32 stack (none, ngram, draft_model engines; 2 gateways under {PREFIX}) on the session's "
+              f"state healthy in {running.start(demo_key=True):.0f}s")
         yield running
     finally:
         running.stop()
 
 
 @pytest.fixture(scope="module")
-def baseline(spec_stack, demo_headers):
-    return _answers(spec_stack.url, demo_headers, MODEL_IDS["none"])
+def baseline(spec_stack, demo):
+    return _answers(spec_stack.url, demo, MODEL_IDS["none"])
 
 
+# ---- the restart -------------------------------------------------------------------------------
+def test_data_revocations_and_deletions_survive_a_restart(spec_stack, before_restart, demo, demo_headers,
+                                                         admin_headers):
+    assert httpx.get(f"{spec_stack.url}/v1/models", headers=demo_headers, timeout=30).status_code == 401
+    with httpx.Client(base_url=spec_stack.url, headers=admin_headers, timeout=60) as admin:
+        names = [t["name"] for t in admin.get("/admin/tenants").json()["data"]]
+        assert "seeded" not in names and "demo" in names
+    with httpx.Client(base_url=spec_stack.url, headers=demo, timeout=120) as http:
+        assert all_documents(http, "durable") == before_restart["documents"]
+        after = http.post("/v1/rag/query", json=QUESTION).json()
+    before = before_restart["answer"]
+    assert [c["chunk_id"] for c in after["citations"]] == [c["chunk_id"] for c in before["citations"]]
+    assert after["citations"][0]["document_id"] == "lighthouse"
+    assert "Selk" in after["answer"]
+    key_file = spec_stack.state_dir / "keys" / "seeded.key"
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+
+
+# ---- speculation -------------------------------------------------------------------------------
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])
-def test_speculative_stack_matches_greedy_output(spec_stack, baseline, method, demo_headers):
-    assert _answers(spec_stack.url, demo_headers, MODEL_IDS[method]) == baseline
+def test_speculative_stack_matches_greedy_output(spec_stack, baseline, method, demo):
+    assert _answers(spec_stack.url, demo, MODEL_IDS[method]) == baseline
     configs = _engine_configs(spec_stack.log_path.read_text(errors="replace"))
     assert "speculative_config=None" in configs.get(MODEL_IDS["none"], ""), configs
     assert f"method='{method}'" in configs.get(MODEL_IDS[method], ""), configs
 
 
 # ---- the route prefix and two gateway replicas -------------------------------------------------
-def test_keys_are_required_under_the_prefix(spec_stack):
+def test_keys_are_required_under_the_prefix(spec_stack, demo):
     with httpx.Client(base_url=spec_stack.url, timeout=60) as http:
         assert http.get("/healthz").status_code == 200
         assert http.get("/v1/models").status_code == 401
         assert http.get("/v1/collections", headers={"Authorization": "Bearer ps_000000000000_wrongwrongwrongwrong"}).status_code == 401
         assert http.get("/admin/tenants").status_code == 401
-        assert http.get("/admin/tenants", headers=DEMO).status_code == 401
-        assert http.get("/status", headers=DEMO).status_code == 401
-        assert http.get("/v1/models", headers=DEMO).status_code == 200
+        assert http.get("/admin/tenants", headers=demo).status_code == 401
+        assert http.get("/status", headers=demo).status_code == 401
+        assert http.get("/v1/models", headers=demo).status_code == 200
         assert http.get("/admin/tenants", headers=ADMIN).status_code == 200
     # Nothing is served outside the prefix.
-    assert httpx.get(f"{spec_stack.origin}/v1/models", headers=DEMO, timeout=30).status_code == 404
+    assert httpx.get(f"{spec_stack.origin}/v1/models", headers=demo, timeout=30).status_code == 404
 
 
-def test_the_openai_client_works_under_the_prefix(spec_stack):
+def test_the_openai_client_works_under_the_prefix(spec_stack, demo_key):
     from openai import OpenAI
 
-    client = OpenAI(base_url=f"{spec_stack.url}/v1", api_key=DEMO_KEY, timeout=120, max_retries=0)
+    client = OpenAI(base_url=f"{spec_stack.url}/v1", api_key=demo_key, timeout=120, max_retries=0)
     answer = client.chat.completions.create(model=MODEL, max_tokens=8, temperature=0,
                                             messages=[{"role": "user", "content": "Say OK."}])
     assert answer.choices[0].message.content
@@ -176,8 +231,8 @@ def test_only_the_gateway_is_reachable(spec_stack):
 
 
 # ---- several engines in one pool ---------------------------------------------------------------
-def test_the_engines_share_the_pool_and_started_one_after_the_other(spec_stack):
-    with httpx.Client(base_url=spec_stack.url, headers=DEMO, timeout=120) as http:
+def test_the_engines_share_the_pool_and_started_one_after_the_other(spec_stack, demo):
+    with httpx.Client(base_url=spec_stack.url, headers=demo, timeout=120) as http:
         listed = {m["id"] for m in http.get("/v1/models").json()["data"]}
         assert set(MODEL_IDS.values()) <= listed
         short = MODEL_IDS["ngram"]

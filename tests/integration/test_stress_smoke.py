@@ -1,4 +1,4 @@
-"""Runs late (it kills replicas; after test_restart, before the stacks of their own): `poolserve stress
+"""Runs late (it kills replicas; before the stacks of their own): `poolserve stress
 --quick --layers 1-6`, what `make stress-smoke` runs, against the session's real stack, with real tenants
 it creates through the admin API and deletes. Every layer's verdict is asserted, not only that it ran;
 layer 7 (a whole-stack restart) runs in the full `make stress` (docs/STRESS.md), and
