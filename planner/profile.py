@@ -241,6 +241,11 @@ class ChatSpec(_Strict):
                                         "of its vLLM Worker processes back to the pool (glibc malloc_trim through "
                                         "collective_rpc); 0 = never. Without it the Worker keeps ~200-400 MiB of "
                                         "freed heap under load (docs/STRESS.md, 'What grows in the vLLM Worker').")
+    onednn_primitive_cache: int | None = Field(0, ge=0, description="ONEDNN_PRIMITIVE_CACHE_CAPACITY for the CPU "
+                                               "engine: oneDNN's process-wide cache of matmul primitives, one per "
+                                               "batch size the scheduler produces (1,024 by default, each holding "
+                                               "JIT code); vLLM keeps its own 32 per weight shape. 0 = vLLM's cache "
+                                               "only; None = oneDNN's default (docs/STRESS.md, 'oneDNN's cache').")
     load_format: Literal["auto", "dummy"] = Field("auto", description="'dummy': random weights of the real "
                                                   "architecture (vLLM's load_format), for plan validation and "
                                                   "benchmarks on a machine without the checkpoint; never for "

@@ -200,6 +200,16 @@ def test_omp_bind_binds_as_many_cores_as_threads():
         omp_bind("auto", 2, [5])
 
 
+def test_onednn_primitive_cache_reaches_the_cpu_engine_env(tmp_path):
+    # The default bounds oneDNN's global primitive cache in the Worker; None leaves oneDNN's own default.
+    env = build_plan(load_profile(_profile(tmp_path, "cpu-tiny")), 24 * GiB).replica("chat").env
+    assert env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "0"
+    plan = build_plan(load_profile(_profile(tmp_path, "cpu-tiny", **{"chat.onednn_primitive_cache": None})), 24 * GiB)
+    assert "ONEDNN_PRIMITIVE_CACHE_CAPACITY" not in plan.replica("chat").env
+    plan = build_plan(load_profile(_profile(tmp_path, "cpu-tiny", **{"chat.onednn_primitive_cache": 64})), 24 * GiB)
+    assert plan.replica("chat").env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "64"
+
+
 def test_chat_omp_threads_reach_the_engine_env(tmp_path):
     plan = build_plan(load_profile(_profile(tmp_path, "cpu-tiny", **{"chat.omp_threads": 1})), 24 * GiB)
     assert plan.replica("chat").env["VLLM_CPU_OMP_THREADS_BIND"] == "auto"
