@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import codecs
-import time
 from pathlib import Path
 
 import pytest
@@ -99,7 +98,8 @@ def test_files_without_text_are_refused_naming_the_reason():
 
 @pytest.fixture
 def small_caps():
-    pool = ExtractionPool(ExtractionLimits(workers=1, cpu_seconds=1, memory_bytes=200 * 2**20, wall_seconds=30,
+    # A wall cap far above the CPU cap: on a loaded machine 1 s of CPU can take many seconds of wall time.
+    pool = ExtractionPool(ExtractionLimits(workers=1, cpu_seconds=1, memory_bytes=200 * 2**20, wall_seconds=120,
                                            max_locations=100))
     yield pool
     pool.close()
@@ -111,11 +111,11 @@ def test_the_worker_extracts_and_reports_its_cpu_time(small_caps):
 
 
 def test_a_document_over_the_cpu_cap_is_a_clear_error_quickly(small_caps):
-    started = time.monotonic()
     with pytest.raises(ExtractionFailed, match=r"1 s CPU-time cap \(rag.extraction.cpu_seconds\)") as failed:
         small_caps.extract_blocking("- a\n" * 400_000, "text/markdown")  # ~5 s of CPU uncapped
-    assert failed.value.status == 422 and failed.value.cpu_seconds >= 0.9  # CPU ticks: SIGXCPU comes within one of the second
-    assert time.monotonic() - started < 10
+    # Stopped at the cap, not at the end of the work: measured in CPU time, which load does not stretch.
+    # (CPU ticks: SIGXCPU comes within one of the second.)
+    assert failed.value.status == 422 and 0.9 <= failed.value.cpu_seconds < 2.5
     assert small_caps.extract_blocking(b"<p>still serving</p>", "text/html").extracted.text == "still serving"
 
 

@@ -334,30 +334,41 @@ def test_hnsw_replace_and_delete_keep_the_index_consistent(db_path):
 def test_concurrent_upserts_and_searches(db_path, kind):
     knowledge = KnowledgeStore(db_path, dim=DIM, index_kind=kind)
     errors: list[BaseException] = []
-    done = {"upserts": 0, "searches": 0}  # only for a sanity check; races on += are harmless here
-    stop = time.monotonic() + 1.5
-    n_writers, n_docs = 3, 6
+    done = {"upserts": 0, "searches": 0}
+    lock = threading.Lock()  # for the counters: += on a dict item is not atomic across threads
+    # Bounded by counts, not by a clock: a loaded machine does the same work, only slower.
+    deadline = time.monotonic() + 60
+    n_writers, n_docs, upserts_each, searches_each = 3, 6, 12, 12
+    writers_left = [n_writers]
+    writers_done = threading.Event()
 
     def writer(w: int) -> None:
         rng = np.random.default_rng(w)
         i = 0
         try:
-            while time.monotonic() < stop:
+            for i in range(upserts_each):
                 doc = f"w{w}-d{i % n_docs}"
                 n_chunks = int(rng.integers(1, 4))
                 knowledge.upsert_document("t", "c", doc, [f"{doc} #{j}" for j in range(n_chunks)],
                                           rng.normal(size=(n_chunks, DIM)))
                 if i % 7 == 6:
                     knowledge.delete_document("t", "c", doc)
-                i += 1
-                done["upserts"] += 1
+                with lock:
+                    done["upserts"] += 1
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
+        finally:
+            with lock:
+                writers_left[0] -= 1
+                if not writers_left[0]:
+                    writers_done.set()
 
     def reader(r: int) -> None:
         rng = np.random.default_rng(100 + r)
+        searches = 0
         try:
-            while time.monotonic() < stop:
+            # Searches run while the writers write, and at least searches_each of them in all.
+            while (not writers_done.is_set() or searches < searches_each) and time.monotonic() < deadline:
                 try:
                     results = knowledge.search("t", "c", rng.normal(size=DIM), top_k=5)
                 except CollectionNotFound:
@@ -370,7 +381,9 @@ def test_concurrent_upserts_and_searches(db_path, kind):
                 assert info["chunk_count"] == info["indexed_vectors"]
                 knowledge.list_collections("t")
                 knowledge.stats()
-                done["searches"] += 1
+                searches += 1
+                with lock:
+                    done["searches"] += 1
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
@@ -379,11 +392,11 @@ def test_concurrent_upserts_and_searches(db_path, kind):
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout=30)
+        thread.join(timeout=max(0.1, deadline + 5 - time.monotonic()))
     try:
         assert not any(thread.is_alive() for thread in threads)
         assert errors == []
-        assert done["upserts"] > 20 and done["searches"] > 20
+        assert done["upserts"] == n_writers * upserts_each and done["searches"] >= 2 * searches_each
         info = knowledge.collection_info("t", "c")
         assert info["chunk_count"] == info["indexed_vectors"] == knowledge.stats()["vectors"]
         assert info["document_count"] <= n_writers * n_docs
