@@ -8,7 +8,7 @@ It starts nothing and sends nothing: run it beside a load, e.g. `poolserve stres
 profile whose `stress.concurrency_seconds` is 3600 (docs/STRESS.md, "The soak").
 
     .venv/bin/python bench/soak_memory.py --state-dir var --seconds 3900 --out bench/results/soak.jsonl
-    .venv/bin/python bench/soak_memory.py --summarize bench/results/soak.jsonl --warmup-s 600
+    .venv/bin/python bench/soak_memory.py --summarize bench/results/soak.jsonl --warmup-s 600 [--until-s 3600]
 """
 
 from __future__ import annotations
@@ -77,11 +77,11 @@ def record(state_dir: Path, seconds: float, interval_s: float, out: Path) -> Non
             time.sleep(max(0.0, interval_s - (time.monotonic() - tick)))
 
 
-def summarize(path: Path, warmup_s: float) -> list[dict]:
+def summarize(path: Path, warmup_s: float, until_s: float | None = None) -> list[dict]:
     """Per label (summed over its processes): the median of the first and of the last 10% of samples after
     warm-up, their difference, and the peak; all in MiB."""
     samples = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    samples = [s for s in samples if s["t"] >= warmup_s]
+    samples = [s for s in samples if s["t"] >= warmup_s and (until_s is None or s["t"] <= until_s)]
     for s in samples:  # a series recorded before a label was known is labelled again from its command name
         for p in s["processes"]:
             if p["label"].startswith("other:"):
@@ -112,9 +112,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench/results/soak-memory.jsonl"))
     parser.add_argument("--summarize", type=Path, help="Print the summary of a recorded series and exit.")
     parser.add_argument("--warmup-s", type=float, default=600.0, help="Samples before this are left out of the summary.")
+    parser.add_argument("--until-s", type=float, default=None,
+                        help="Samples after this (the load's end; the series runs on while idle) are left out.")
     args = parser.parse_args()
     if args.summarize:
-        print(json.dumps(summarize(args.summarize, args.warmup_s), indent=1))
+        print(json.dumps(summarize(args.summarize, args.warmup_s, args.until_s), indent=1))
         return
     record(args.state_dir, args.seconds, args.interval_s, args.out)
 
