@@ -339,8 +339,6 @@ def test_concurrent_upserts_and_searches(db_path, kind):
     # Bounded by counts, not by a clock: a loaded machine does the same work, only slower.
     deadline = time.monotonic() + 60
     n_writers, n_docs, upserts_each, searches_each = 3, 6, 12, 12
-    writers_left = [n_writers]
-    writers_done = threading.Event()
 
     def writer(w: int) -> None:
         rng = np.random.default_rng(w)
@@ -357,18 +355,13 @@ def test_concurrent_upserts_and_searches(db_path, kind):
                     done["upserts"] += 1
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
-        finally:
-            with lock:
-                writers_left[0] -= 1
-                if not writers_left[0]:
-                    writers_done.set()
 
     def reader(r: int) -> None:
         rng = np.random.default_rng(100 + r)
         searches = 0
         try:
             # Searches run while the writers write, and at least searches_each of them in all.
-            while (not writers_done.is_set() or searches < searches_each) and time.monotonic() < deadline:
+            while (any(t.is_alive() for t in writers) or searches < searches_each) and time.monotonic() < deadline:
                 try:
                     results = knowledge.search("t", "c", rng.normal(size=DIM), top_k=5)
                 except CollectionNotFound:
@@ -387,8 +380,8 @@ def test_concurrent_upserts_and_searches(db_path, kind):
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=writer, args=(w,)) for w in range(n_writers)]
-    threads += [threading.Thread(target=reader, args=(r,)) for r in range(2)]
+    writers = [threading.Thread(target=writer, args=(w,)) for w in range(n_writers)]
+    threads = writers + [threading.Thread(target=reader, args=(r,)) for r in range(2)]
     for thread in threads:
         thread.start()
     for thread in threads:
