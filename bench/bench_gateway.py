@@ -77,14 +77,21 @@ def ratios(rows: list[dict]) -> dict[str, float]:
 
 def run(profile: Path, loads: list[ServingLoad], workdir: Path, name: str = NAME,
         chat_overrides: dict | None = None, gateway_overrides: dict | None = None, raw: bool = True,
-        llama: bool = False) -> BenchResult:
+        llama: bool = False, running: RunningServer | None = None) -> BenchResult:
     """The loads through a private stack, then (the stack stopped) through raw vLLM with the same plan
-    (raw=False: the stack only), then through llama.cpp's server on the same weights (llama=True, when built)."""
-    with poolserve_stack(profile, workdir, chat_overrides=chat_overrides, gateway_overrides=gateway_overrides) as stack:
-        print(f"[bench] poolserve healthy in {stack.start_s:.0f}s", flush=True)
-        # The raw server gets the plan of the stack's own (private) profile: the same engine.
-        setup = engine_setup(private_profile_path(workdir))
-        rows = measure(stack, STACK, setup, loads, workdir)
+    (raw=False: the stack only), then through llama.cpp's server on the same weights (llama=True, when built).
+    `running`: a stack already up (from `profile`, unchanged) is measured instead of a private one, and stays
+    up, idle, while raw vLLM runs: for the test suite's harness check, not for figures."""
+    if running is not None:
+        setup = engine_setup(profile)
+        rows = measure(running, STACK, setup, loads, workdir)
+    else:
+        with poolserve_stack(profile, workdir, chat_overrides=chat_overrides,
+                             gateway_overrides=gateway_overrides) as stack:
+            print(f"[bench] poolserve healthy in {stack.start_s:.0f}s", flush=True)
+            # The raw server gets the plan of the stack's own (private) profile: the same engine.
+            setup = engine_setup(private_profile_path(workdir))
+            rows = measure(stack, STACK, setup, loads, workdir)
     if raw:
         with raw_vllm_server(setup, workdir) as server:
             print(f"[bench] raw vLLM healthy in {server.start_s:.0f}s", flush=True)
@@ -102,7 +109,8 @@ def run(profile: Path, loads: list[ServingLoad], workdir: Path, name: str = NAME
     elif llama:
         print(f"[bench] {skipped}", flush=True)
     metrics = {**ratios(rows), "poolserve_start_s": rows[0]["start_s"], "raw_vllm_start_s": rows[-1]["start_s"]}
-    config = {"profile": str(profile), "engine": setup.describe(), "loads": [load.describe() for load in loads],
+    config = {"profile": str(profile), "stack": "already running" if running else "private",
+              "engine": setup.describe(), "loads": [load.describe() for load in loads],
               "chat_overrides": chat_overrides or {}, "gateway_overrides": gateway_overrides or {},
               "llama_cpp": "llama-server (llama.cpp vendored by llama-cpp-python 0.3.36), bf16 GGUF of the same "
                            "weights, one slot per stream" if llama and skipped is None else skipped,

@@ -13,6 +13,7 @@ checks that none of its processes is left when it ends.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
@@ -30,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, wh
 from bench import bench_gateway, bench_limits, bench_retrieval  # noqa: E402
 from bench.harness.engine import DEFAULT_PROFILE  # noqa: E402
 from bench.harness.procs import ProcessGroup, child_env  # noqa: E402
+from bench.harness.stack import running_stack  # noqa: E402
 from bench.harness.results import RESULTS_DIR, SMOKE_DIR, BenchResult, read_result, write_result  # noqa: E402
 from bench.harness.serving import ServingLoad  # noqa: E402
 from bench.harness.timing import Stopwatch  # noqa: E402
@@ -112,12 +114,21 @@ def finish(console: Console, title: str, timings: list[tuple[str, float, Path]],
 
 @app.command()
 def smoke(profile: Path = typer.Option(DEFAULT_PROFILE, help="Profile of the stack and raw vLLM."),
-          out_dir: Path = typer.Option(SMOKE_DIR, help="Where the smoke results go.")) -> None:
+          out_dir: Path = typer.Option(SMOKE_DIR, help="Where the smoke results go."),
+          stack: Path | None = typer.Option(None, help="The serve.yaml of a stack already running (its profile "
+                                            "replaces --profile): measured as it is instead of starting a private "
+                                            "one; a tenant key for it in $POOLSERVE_BENCH_API_KEY.")) -> None:
     """A few minutes: gateway vs raw vLLM at concurrency 1 (4 prompts), retrieval at N=2000, the limiter."""
     console = Console()
     workdir = Path(tempfile.mkdtemp(prefix="bench-smoke-"))
+    running = None
+    if stack is not None:
+        key = os.environ.get("POOLSERVE_BENCH_API_KEY")
+        if not key:
+            raise typer.BadParameter("needs a tenant key of that stack in $POOLSERVE_BENCH_API_KEY", param_hint="--stack")
+        running, profile = running_stack(stack, key)
     steps: list[tuple[str, Callable[[], BenchResult]]] = [
-        ("serving", lambda: bench_gateway.run(profile, [SMOKE_SERVING], workdir)),
+        ("serving", lambda: bench_gateway.run(profile, [SMOKE_SERVING], workdir, running=running)),
         ("retrieval", lambda: bench_retrieval.run(**SMOKE_RETRIEVAL)),
         ("limits", lambda: bench_limits.run(SMOKE_LIMITER_ROUNDS)),
     ]
