@@ -528,8 +528,9 @@ class StressSpec(_Strict):
                                "prefill tokens, ~15 s at this engine's ~600-800 prefill tokens/s on 2 quiet cores; "
                                "60 s is four such rounds.")
     quick_kill_targets: list[Literal["engine", "embedder", "retriever", "gateway"]] = Field(
-        ["embedder", "retriever", "gateway"], description="Layer 5 in --quick mode: the replicas killed (the full "
-        "run kills all four, then restarts the whole stack).")
+        ["gateway"], description="Layer 5 in --quick mode: the replicas killed (the full run kills all four, then "
+        "restarts the whole stack). The gateway: its loss cuts every route; the test suite kills the embedder, "
+        "the retriever (during ingest) and the engine with checks of their own (tests/integration/test_faults.py).")
     recovery_timeout_s: float = Field(300.0, gt=0, description="Layer 5: longest wait for healthy after a kill.")
     max_recovery_s: float = Field(180.0, gt=0, description="Layer 5: a replica back later than this fails.")
     max_restart_s: float = Field(300.0, gt=0, description="Layers 5 and 7: the whole stack healthy later than this "

@@ -53,7 +53,7 @@ def test_stress_smoke_passes_every_layer_against_the_real_stack(stack, admin_hea
     assert [row["context"] for row in layers[2]["figures"]["long prompts"]] == ["100%", "100%"]
     assert set(layers[4]["figures"]["per length bucket"]) == {"short", "medium", "long"}
     kills = layers[5]["figures"]["kills"]
-    assert [k["killed"] for k in kills] == ["embedder", "retriever", "gateway"]
+    assert [k["killed"] for k in kills] == ["gateway"]  # StressSpec.quick_kill_targets
     assert all(k["healthy_s"] is not None for k in kills)
     if not reader:
         assert any("not measurable here" in note for note in layers[6]["notes"]), layers[6]
