@@ -59,7 +59,7 @@ test: setup lint
 	$(VENV)/bin/pytest tests/unit -q -x --durations=10
 	$(VENV)/bin/pytest tests/integration tests/e2e -v -rs --durations=25
 
-# Without the slow ones (stress smoke, float32 speculation stacks, the fresh-clone e2e).
+# Without the slow ones (bench and stress smokes, float32 speculation stacks, the fresh-clone e2e).
 test-fast: setup
 	$(VENV)/bin/pytest tests/unit -q -x
 	$(VENV)/bin/pytest tests/integration -v -rs -m "not slow"

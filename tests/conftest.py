@@ -22,7 +22,7 @@ STAGES = (
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "late(stage): run after the tests of earlier stages; one of " + ", ".join(STAGES))
-    config.addinivalue_line("markers", "slow: minutes of its own (float32 speculation stacks, stress, fresh clone)")
+    config.addinivalue_line("markers", "slow: minutes of its own (float32 speculation stacks, bench and stress smokes, fresh clone)")
 
 
 def stage_of(item) -> int:
