@@ -98,15 +98,16 @@ def stop_private_stack(group: ProcessGroup, stack: PrivateStack) -> None:
 def running_stack(serve_config: Path, api_key: str) -> tuple[RunningServer, Path]:
     """A stack someone else started and stops (`poolserve up serve_config`; the test suite's), measured as
     it is, and its profile (the raw-vLLM side plans from the same file). Its start time is unknown: 0."""
-    app = yaml.safe_load(Path(serve_config).read_text())
-    profile_path = Path(app["applications"][0]["args"]["profile"])
+    app = yaml.safe_load(Path(serve_config).read_text())["applications"][0]
+    profile_path = Path(app["args"]["profile"])
     layout = StackLayout(Path(yaml.safe_load(profile_path.read_text())["state_dir"]))
     stack_file = layout.run_dir / "stack.yaml"
     if not stack_file.exists():
         raise ServerFailed(f"no running stack for {serve_config}: {stack_file} is missing")
-    base_url = f"http://127.0.0.1:{app['http_options']['port']}"
-    ray_metrics = yaml.safe_load(stack_file.read_text()).get("ray_metrics")
-    return RunningServer(base_url, api_key, 0.0, lambda: stack_pids(layout.stack_id), ray_metrics), profile_path
+    stack = yaml.safe_load(stack_file.read_text())  # what the launcher wrote: where the gateway listens
+    base_url = stack["gateway"] + app.get("route_prefix", "/").rstrip("/")
+    server = RunningServer(base_url, api_key, 0.0, lambda: stack_pids(layout.stack_id), stack.get("ray_metrics"))
+    return server, profile_path
 
 
 @contextmanager
