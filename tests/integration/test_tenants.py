@@ -4,23 +4,19 @@ from __future__ import annotations
 
 import stat
 import time
-import uuid
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.integration.conftest import ADMIN_KEY, DEMO_KEY
-from tests.integration.conftest import all_documents, with_most_of_a_minute_left
+from tests.integration.conftest import all_documents, create_tenant, with_most_of_a_minute_left
 
 MODEL = "smollm2-135m-instruct"
 
 
 def _create_tenant(stack, admin_headers, **fields) -> tuple[str, dict]:
-    name = fields.pop("name", f"t-{uuid.uuid4().hex[:8]}")
-    response = httpx.post(f"{stack.url}/admin/tenants", json={"name": name, **fields}, headers=admin_headers, timeout=30)
-    assert response.status_code == 201, response.text
-    key = response.json()["api_key"]
+    name, key = create_tenant(stack, admin_headers, **fields)
     return name, {"Authorization": f"Bearer {key}"}
 
 
