@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+# First of all (tests/conftest.py STAGES), while the integration tests' stack starts beside it.
 pytestmark = [pytest.mark.late("fresh clone"), pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +40,15 @@ def _port_in_use(port: int) -> bool:
         return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
-def test_make_serve_on_a_fresh_clone_answers_rag(tmp_path):
+def _launch_the_session_stack_beside(request) -> None:
+    """When this session's integration tests need their stack, launch it now (tests/conftest.py
+    `launched_stack`): both starts then share the two cores instead of running one after the other."""
+    if any("stack" in item.fixturenames for item in request.session.items):
+        request.getfixturevalue("launched_stack")
+
+
+def test_make_serve_on_a_fresh_clone_answers_rag(tmp_path, request):
+    _launch_the_session_stack_beside(request)
     if _port_in_use(8000):  # never disturb a stack the user is running
         pytest.skip("127.0.0.1:8000 is in use (a `make serve` stack?); the README's command serves there")
     given = os.environ.get("POOLSERVE_E2E_CHECKOUT")

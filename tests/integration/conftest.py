@@ -77,6 +77,7 @@ class Stack:
         self.origin = f"http://127.0.0.1:{port}"
         self.url = self.origin + route_prefix.rstrip("/")
         self.process: subprocess.Popen | None = None
+        self.launched_at = 0.0
         self.state_dir = Path(yaml.safe_load((config_path.parent / "profile.yaml").read_text())["state_dir"])
         self.pool_bytes = pool_size_for(config_path.parent / "profile.yaml")
 
@@ -92,11 +93,17 @@ class Stack:
         return stack_pids(self.stack_id)
 
     def start(self, demo_key: bool = True) -> float:
+        """Launch and wait until healthy: the seconds it took."""
+        self.launch(demo_key)
+        return self.wait_healthy()
+
+    def launch(self, demo_key: bool = True) -> None:
+        """Start the stack without waiting for it (wait_healthy does)."""
         env = {**os.environ, "POOLSERVE_ADMIN_KEY": ADMIN_KEY, "RAY_USAGE_STATS_ENABLED": "0"}
         env.pop("POOLSERVE_DEMO_KEY", None)
         if demo_key:
             env["POOLSERVE_DEMO_KEY"] = DEMO_KEY
-        started = time.monotonic()
+        self.launched_at = time.monotonic()
         log = open(self.log_path, "ab")
         # The same path as `make serve`: plan, `ray start` sized by the plan, `serve run`.
         # Inside a real memory pool (a cgroup) sized from the plan, as `make serve POOL=...` runs it.
@@ -104,16 +111,19 @@ class Stack:
             ["bash", str(ROOT / "scripts" / "serve.sh"), str(self.config_path), "--pool", str(self.pool_bytes)],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
-        deadline = started + START_TIMEOUT_S
+
+    def wait_healthy(self) -> float:
+        """Block until /healthz answers 200 (bounded by START_TIMEOUT_S from the launch): seconds since it."""
+        deadline = self.launched_at + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"serve run exited with {self.process.returncode}; see {self.log_path}")
             try:
                 if httpx.get(f"{self.url}/healthz", timeout=5).status_code == 200:
-                    return time.monotonic() - started
+                    return time.monotonic() - self.launched_at
             except httpx.HTTPError:
                 pass
-            time.sleep(3)
+            time.sleep(2)
         raise TimeoutError(f"stack not healthy after {START_TIMEOUT_S}s; see {self.log_path}")
 
     def stop(self) -> None:
@@ -142,22 +152,24 @@ def _reused_stack(workdir: Path) -> Stack:
     return Stack(workdir / "serve.yaml", port, workdir / "serve.log")
 
 
-@pytest.fixture(scope="session")
-def stack(tmp_path_factory):
+def launch_session_stack(tmp_path_factory) -> tuple[Stack, bool]:
+    """The session's stack, launched and not yet healthy, and whether this session owns it (not when
+    REUSE_ENV names one already running)."""
     if os.environ.get(REUSE_ENV):
-        reused = _reused_stack(Path(os.environ[REUSE_ENV]))
-        reused.start_seconds = 0.0
-        yield reused
-        return
+        return _reused_stack(Path(os.environ[REUSE_ENV])), False
     workdir = tmp_path_factory.mktemp("stack")
     port = _free_port()
-    config = write_stack_config(workdir, port)
-    running = Stack(config, port, workdir / "serve.log")
-    try:
-        running.start_seconds = running.start()
-        yield running
-    finally:
-        running.stop()
+    running = Stack(write_stack_config(workdir, port), port, workdir / "serve.log")
+    running.launch()
+    return running, True
+
+
+@pytest.fixture(scope="session")
+def stack(launched_stack):
+    """The session's stack, healthy (launched by tests/conftest.py's `launched_stack`, which stops it)."""
+    if launched_stack.process is not None:  # launched by this session, not reused
+        print(f"\nsession stack healthy {launched_stack.wait_healthy():.0f}s after its launch")
+    return launched_stack
 
 
 @pytest.fixture(scope="session")
