@@ -6,6 +6,7 @@ The flood runs last, from an address of its own, which it leaves over its keyles
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import subprocess
@@ -20,7 +21,10 @@ import pytest
 from tests.integration.conftest import with_most_of_a_minute_left
 
 pytestmark = pytest.mark.timeout(600)
-ROUNDS = 6  # of each of the victim's requests, quiet and under attack
+# Of each of the victim's requests, quiet and under attack: 20, so that the p95 (nearest rank: the 19th of
+# 20) is a p95 and not the slowest request (it is with fewer than 20: with 6, one stall of the shared
+# machine decided it).
+ROUNDS = 20
 ATTACKERS = 60
 # Less than this is noise on a shared two-core machine: the bound is 2x quiet or quiet + this.
 LATENCY_SLACK_S = 1.0
@@ -28,7 +32,7 @@ LATENCY_SLACK_S = 1.0
 
 def _p95(samples: list[float]) -> float:
     ordered = sorted(samples)
-    return ordered[max(0, round(0.95 * len(ordered)) - 1)]
+    return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]  # nearest rank
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +169,11 @@ def healthz_flood(stack, victim, tmp_path_factory) -> dict:
     figures = {"chat_p95_quiet": _p95(quiet_chat), "chat_p95_attack": _p95(loud_chat),
                "rag_p95_quiet": _p95(quiet_rag), "rag_p95_attack": _p95(loud_rag),
                "attack_requests": len(outcomes), "attack_outcomes": {str(o): outcomes.count(o) for o in set(outcomes)},
-               "quiet_statuses": quiet_statuses, "loud_statuses": loud_statuses, "outcomes": outcomes}
+               "quiet_statuses": quiet_statuses, "loud_statuses": loud_statuses, "outcomes": outcomes,
+               # every sample, slowest last: a failure shows whether one stall or the whole series moved
+               "seconds": {name: sorted(round(s, 2) for s in samples) for name, samples in (
+                   ("chat_quiet", quiet_chat), ("chat_attack", loud_chat), ("rag_quiet", quiet_rag),
+                   ("rag_attack", loud_rag))}}
     print(f"\nhealthz flood: { {k: v for k, v in figures.items() if k != 'outcomes'} }")
     figures["healthz_after"] = httpx.get(f"{stack.url}/healthz", timeout=30).status_code
     return figures
@@ -185,4 +193,5 @@ def test_a_keyless_flood_is_refused_unread_and_refuses_the_other_tenant_nothing(
 def test_a_keyless_flood_leaves_the_other_tenants_p95_within_2x(healthz_flood):
     for kind in ("chat", "rag"):
         quiet = healthz_flood[f"{kind}_p95_quiet"]
-        assert healthz_flood[f"{kind}_p95_attack"] <= max(2 * quiet, quiet + LATENCY_SLACK_S), healthz_flood
+        assert healthz_flood[f"{kind}_p95_attack"] <= max(2 * quiet, quiet + LATENCY_SLACK_S), \
+            {k: v for k, v in healthz_flood.items() if k != "outcomes"}
