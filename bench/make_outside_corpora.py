@@ -1,4 +1,4 @@
-"""Generate the two "outside" corpora of `bench/bench_rag_quality.py` (issue 24's paraphrase-recall study):
+"""Generate the three "outside" corpora of `bench/bench_rag_quality.py` (issue 24's paraphrase-recall study):
 documentation nobody on the team wrote, taken from Debian packages and turned into text by the
 stack's own extraction (rag.extract.extract: inscriptis for HTML, rag/documents.py's pypdf path for
 PDF), so each document's text is what the stack would store.
@@ -18,13 +18,22 @@ PDF), so each document's text is what the stack would store.
   (/usr/share/doc/texlive-doc/...). One document per PDF, its text as rag/documents.py extracts
   it (pages joined, pypdf's layout as it comes); id = the file name without .pdf, title = the
   PDF's /Title metadata when it has one, else the id.
+- bench/data/apache-doc.jsonl.gz: the Apache HTTP Server 2.4 manual as shipped in Debian 12's
+  `apache2-doc` 2.4.71-1~deb12u1 (/usr/share/doc/apache2-doc/manual/en/**/*.html: modules,
+  how-tos, virtual hosts, rewrite and SSL guides, programs, platform and developer notes). English
+  pages only: six files of en/ are Portuguese copies (<html lang="pt-br">: bind, filter, install,
+  invoking, upgrading, new_features_2_4) and are left out, as are APACHE_SKIPPED and pages under
+  MIN_CHARS. Held out: the question set was written from the page text, and nothing was tuned on
+  it. id = the path under en/ without .html (mod/mod_rewrite, vhosts/name-based), title = the
+  page's <title> as rag.extract reads it, else the id.
 
 Each line of the output: {"id", "title", "text"} (bench_rag_quality.py passes the title as the
 document's metadata title, which rag.pipeline embeds in front of each chunk). The outputs are
 committed; this script documents and repeats how they were made:
 
     .venv/bin/python bench/make_outside_corpora.py                # apt-get download into a temp dir
-    .venv/bin/python bench/make_outside_corpora.py --debs DIR     # the two .deb files already there
+    .venv/bin/python bench/make_outside_corpora.py --debs DIR     # the three .deb files already there
+    .venv/bin/python bench/make_outside_corpora.py --only apache  # one corpus (html, pdf or apache)
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import argparse
 import gzip
 import io
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -48,8 +58,10 @@ from rag.documents import PDF  # noqa: E402
 DATA = ROOT / "bench" / "data"
 HTML_PACKAGE = ("sqlite3-doc", "3.40.1-2+deb12u2")
 PDF_PACKAGE = ("texlive-latex-recommended-doc", "2022.20230122-3")
+APACHE_PACKAGE = ("apache2-doc", "2.4.71-1~deb12u1")
 HTML_DIR = "usr/share/doc/sqlite3"
 PDF_DIR = "usr/share/doc/texlive-doc"
+APACHE_DIR = "usr/share/doc/apache2-doc/manual/en"
 MIN_CHARS = 1_500
 # Top-level SQLite pages that are generated lists, duplicates or news rather than reference prose.
 HTML_SKIPPED = {
@@ -57,6 +69,15 @@ HTML_SKIPPED = {
     "keyword_index", "sitemap", "doclist", "docs", "toc", "index", "hp1", "sqlite", "syntax", "syntaxdiagrams",
     "requirements", "capi3ref", "fileformat", "changes", "chronology", "news", "oldnews", "mingw",
 }
+# Apache pages (ids under en/) that are generated lists, indexes, notes about the manual's own
+# notation, legal text or release history rather than reference prose; every index.html (a
+# section's table of contents: index, mod/index, howto/index, vhosts/index, rewrite/index, ...) too.
+APACHE_SKIPPED = {
+    "sitemap", "glossary", "mod/directives", "mod/quickreference", "mod/overrides",
+    "mod/directive-dict", "mod/module-dict", "license", "new_features_2_0", "new_features_2_2",
+}
+# <html lang="en">: Debian's en/ holds a few Portuguese pages under English names.
+APACHE_ENGLISH = re.compile(rb'<html[^>]*\blang="en"')
 # Package manuals (not their implementation listings, examples or tests), below ~1 MB each.
 PDF_FILES = """
 latex/attachfile2/attachfile2.pdf latex/booktabs/booktabs.pdf latex/breqn/breqn.pdf
@@ -102,6 +123,20 @@ def html_documents(root: Path) -> list[dict]:
     return documents
 
 
+def apache_documents(root: Path) -> list[dict]:
+    documents = []
+    base = root / APACHE_DIR
+    for page in sorted(base.rglob("*.html")):
+        doc_id = page.relative_to(base).with_suffix("").as_posix()
+        data = page.read_bytes()
+        if page.name == "index.html" or doc_id in APACHE_SKIPPED or not APACHE_ENGLISH.search(data):
+            continue
+        extracted = extract(data, HTML)
+        if len(extracted.text) >= MIN_CHARS:
+            documents.append({"id": doc_id, "title": extracted.title or doc_id, "text": extracted.text})
+    return documents
+
+
 def pdf_documents(root: Path) -> list[dict]:
     documents = []
     for name in PDF_FILES:
@@ -129,14 +164,17 @@ def write(documents: list[dict], out: Path, package: tuple[str, str]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--debs", default=None, help="a folder with the .deb files (else apt-get download into a temp dir)")
-    parser.add_argument("--only", choices=("html", "pdf"), default=None, help="build one corpus only")
+    parser.add_argument("--only", choices=("html", "pdf", "apache"), default=None, help="build one corpus only")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         debs = Path(args.debs) if args.debs else Path(tmp)
-        if args.only != "pdf":
+        if args.only in (None, "html"):
             write(html_documents(unpack(debs, HTML_PACKAGE, Path(tmp))), DATA / "sqlite-doc.jsonl.gz", HTML_PACKAGE)
-        if args.only != "html":
+        if args.only in (None, "pdf"):
             write(pdf_documents(unpack(debs, PDF_PACKAGE, Path(tmp))), DATA / "texlive-pdf.jsonl.gz", PDF_PACKAGE)
+        if args.only in (None, "apache"):
+            pages = apache_documents(unpack(debs, APACHE_PACKAGE, Path(tmp)))
+            write(pages, DATA / "apache-doc.jsonl.gz", APACHE_PACKAGE)
 
 
 if __name__ == "__main__":
