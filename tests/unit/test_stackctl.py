@@ -120,6 +120,21 @@ def test_end_stack_ends_exactly_the_marked_processes(spawned):
     assert end_stack(stack_id, grace_s=1) == 0
 
 
+def test_the_gcs_is_signalled_after_the_raylet_has_gone(spawned, tmp_path):
+    """`ray stop`'s order: raylet first, the rest, the GCS last (by process name)."""
+    procs, ids = spawned
+    stack_id = _new_id(ids)
+    log = tmp_path / "order.log"
+    for name, on_term in (("raylet", f"sleep 0.5; echo raylet >> {log}"), ("gcs_server", f"echo gcs >> {log}")):
+        shell = tmp_path / name
+        shell.write_bytes(Path("/bin/bash").read_bytes())
+        shell.chmod(0o700)
+        procs.append(_spawn([str(shell), "-c", f"trap '{on_term}; exit 0' TERM; while :; do sleep 0.1; done"], stack_id))
+    _wait_for_pids(stack_id, 4, lambda pids: {psutil.Process(p).name() for p in pids if _alive(p)} >= {"raylet", "gcs_server"})
+    assert end_stack(stack_id, grace_s=10) >= 2
+    assert log.read_text().split() == ["raylet", "gcs"]
+
+
 def test_a_process_ignoring_sigterm_is_killed_after_the_grace(spawned):
     procs, ids = spawned
     stack_id = _new_id(ids)
