@@ -73,8 +73,11 @@ def join(profile: Profile, plan: Plan, node: str, head_address: str, token_file:
             previous_port = int(last_port.read_text()) if last_port.exists() else None
             port = next_node_manager_port(spec, previous_port)
             last_port.write_text(str(port))
+            # In a session of its own, as on the head (launcher.py): a Ctrl-C reaches this process, which ends
+            # the node's Ray processes in order.
             started = subprocess.run(join_command(ray_bin or _bin("ray"), plan, spec, head_address, port), env=env,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=180)
+                                     start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     text=True, timeout=180)
             if started.returncode == 0 or stopping["signal"] is not None:
                 break
             log(f"ray start --address={head_address} failed ({started.returncode}, attempt {attempt} of "

@@ -306,7 +306,10 @@ def up(serve_config_path: Path, profile: Profile, profile_path: Path, plan: Plan
             "ray_metrics": f"http://{spec.address if cluster else '127.0.0.1'}:{metrics_port}/metrics"}))
         command = (head_start_command(_bin("ray"), plan, profile, layout) if cluster
                    else ray_start_command(_bin("ray"), plan, layout, ports))
-        started = subprocess.run(command, env=env,
+        # Ray's processes in a session of their own: a Ctrl-C (or a signal to this process group) reaches this
+        # launcher and `serve run`, and the launcher ends Ray in `ray stop`'s order (raylet, the rest, the GCS
+        # last: a GCS signalled with everything else lingers until the SIGKILL 30 s later).
+        started = subprocess.run(command, env=env, start_new_session=True,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=180)
         if started.returncode != 0:
             log(f"ray start failed ({started.returncode}): {started.stderr[-2000:]}")
