@@ -70,12 +70,13 @@ def end_stack(stack_id: str, grace_s: float = 30.0, exclude: set[int] | None = N
     pids = stack_pids(stack_id, exclude)
     if not pids:
         return 0
+    rounds = {pid: _stop_round(pid) for pid in pids}  # a process started meanwhile is one of "the rest"
     deadline = time.monotonic() + grace_s
     for round_ in range(3):
-        _signal_all([pid for pid in stack_pids(stack_id, exclude) if _stop_round(pid) == round_], signal.SIGTERM)
+        _signal_all([pid for pid in stack_pids(stack_id, exclude) if rounds.get(pid, 1) == round_], signal.SIGTERM)
         while time.monotonic() < deadline:
             alive = [pid for pid in stack_pids(stack_id, exclude) if _is_running(pid)]
-            if not any(_stop_round(pid) <= round_ for pid in alive):
+            if not any(rounds.get(pid, 1) <= round_ for pid in alive):
                 break
             time.sleep(0.2)
     _signal_all(stack_pids(stack_id, exclude), signal.SIGKILL)
