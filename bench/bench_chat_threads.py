@@ -11,7 +11,10 @@ speculation included) in a fresh subprocess and measures:
 "busy" variants run one CPU-bound Python process beside the measurement (started after the engine is
 up): what an embedder batch, an ingest or another tenant's work does to the other core.
 
-    .venv/bin/python bench/bench_chat_threads.py [--threads 1,2] [--docs 3] [--conditions idle,busy] [--no-speculation]
+    .venv/bin/python bench/bench_chat_threads.py [--threads 1,2,2s] [--docs 3] [--conditions idle,busy] [--no-speculation]
+
+`2s`: 2 threads for a step of at least --wide-step-tokens tokens (the profile's chat.wide_step_tokens), 1
+for the others, the planner's default on 2 cores (serve/cpu_worker.py).
 
 Writes bench/results/chat-threads.json (chat-threads-no-speculation.json without speculation).
 """
@@ -33,18 +36,23 @@ from bench.harness.engine import DEFAULT_PROFILE, engine_setup  # noqa: E402
 from bench.harness.procs import child_env, run_result_worker  # noqa: E402
 from bench.harness.results import RESULTS_DIR, new_result, write_result  # noqa: E402
 from bench.harness.timing import Stopwatch  # noqa: E402
-from planner.engine import omp_bind  # noqa: E402
+from planner.profile import ChatSpec  # noqa: E402
+from planner.engine import NARROW_STEP_THREADS_ENV, STEP_THREADS_WORKER, WIDE_STEP_TOKENS_ENV, omp_bind  # noqa: E402
 
 NAME = "chat-threads"
 LENGTHS = (256, 1024)
 WORKER_TIMEOUT_S = 900
 HOG = "while True: pass"
+WIDE_STEP_TOKENS = ChatSpec.model_fields["wide_step_tokens"].default
 
 
-def thread_env(threads: int) -> dict[str, str]:
-    """What the plan gives a CPU engine of `threads` OpenMP threads (planner/engine.py)."""
+def thread_env(threads: int, step_threads: bool = False) -> dict[str, str]:
+    """What the plan gives a CPU engine of `threads` OpenMP threads (planner/engine.py); `step_threads`: one
+    thread for the steps under the wide-step threshold (serve/cpu_worker.py)."""
     env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "VLLM_CPU_OMP_THREADS_BIND": omp_bind("auto", threads)}
+    if step_threads:
+        env.update({NARROW_STEP_THREADS_ENV: "1", WIDE_STEP_TOKENS_ENV: str(WIDE_STEP_TOKENS)})
     return {**env, "NUMBA_THREADING_LAYER": "workqueue"} if threads > 1 else env
 
 
@@ -52,7 +60,9 @@ def run_variant(profile: Path, busy: bool, job: dict) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    overrides = {"speculative_config": None} if job["no_speculation"] else None
+    overrides = {"speculative_config": None} if job["no_speculation"] else {}
+    if job["step_threads"]:
+        overrides["worker_cls"] = STEP_THREADS_WORKER
     with Stopwatch() as init:
         llm = LLM(**engine_setup(profile, overrides).llm_kwargs(seed=0))
     one = SamplingParams(temperature=0.0, max_tokens=1)
@@ -94,7 +104,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", nargs=2, metavar=("BUSY", "JOB"), help=argparse.SUPPRESS)
     parser.add_argument("--profile", type=Path, default=DEFAULT_PROFILE)
-    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--threads", default="1,2,2s", help="Thread counts; N's = N threads for a prefill, 1 for a "
+                        "decode step (serve/cpu_worker.py).")
+    parser.add_argument("--wide-step-tokens", type=int, default=None, help="The step threshold for N's.")
     parser.add_argument("--docs", type=int, default=3, help="How many bundled documents to cut prompts from.")
     parser.add_argument("--conditions", default="idle,busy", help="idle, busy or both (comma-separated).")
     parser.add_argument("--no-speculation", action="store_true", help="The engine without its speculative decoding.")
@@ -109,17 +121,20 @@ def main() -> None:
     fidelity = load_prompts()
     job = {"prefill": prefill_prompts(setup.model, document_texts(args.docs), list(LENGTHS)),
            "speed_prompts": [render(setup.model, fidelity)[i] for i in speed_indices(fidelity)],
-           "no_speculation": args.no_speculation}
+           "no_speculation": args.no_speculation, "step_threads": False}
     workdir = Path(tempfile.mkdtemp(prefix="bench-chat-threads-"))
     job_file = workdir / "job.json"
-    job_file.write_text(json.dumps(job))
     raw = {}
-    for threads in (int(t) for t in args.threads.split(",")):
+    for spec in args.threads.split(","):
+        threads, step = int(spec.rstrip("s")), spec.endswith("s")
+        job_file.write_text(json.dumps({**job, "step_threads": step}))
         for busy in args.conditions.split(","):
-            variant = f"omp{threads}-{busy}"
+            variant = f"omp{spec}-{busy}"
             log = workdir / f"{variant}.log"
             print(f"{variant}: {len(job['prefill'])} prefill prompts, 8 decode prompts", flush=True)
-            env = child_env({**setup.env, **thread_env(threads)})
+            env = child_env({**setup.env, **thread_env(threads, step)})
+            if step and args.wide_step_tokens:
+                env[WIDE_STEP_TOKENS_ENV] = str(args.wide_step_tokens)
             raw[variant] = run_result_worker([sys.executable, __file__, "--worker", busy, str(job_file), "--profile",
                                               str(args.profile)], env, log, WORKER_TIMEOUT_S, variant)
     summary = summarize(raw)

@@ -306,13 +306,16 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
 
     if chat.omp_threads and chat.omp_threads > cpus:
         raise EngineError(f"chat.omp_threads {chat.omp_threads} is pinned but the pool has {cpus:g} CPUs")
-    omp = chat.omp_threads or max(1, int(cpus) - other_threads)
+    one_rank = chat.tensor_parallel_size * chat.pipeline_parallel_size == 1
+    omp, decode_omp = cpu_threads(chat, cpus, other_threads, step_threads=one_rank and not gpu)
     if gpu and not chat.omp_threads:
-        omp = min(omp, 4)
+        omp = decode_omp = min(omp, 4)
     env = {"OMP_NUM_THREADS": str(omp), "MKL_NUM_THREADS": str(omp), "TOKENIZERS_PARALLELISM": "false"}
     if not gpu:
-        one_rank = chat.tensor_parallel_size * chat.pipeline_parallel_size == 1
         env["VLLM_CPU_OMP_THREADS_BIND"] = omp_bind(chat.omp_bind, omp) if one_rank else chat.omp_bind
+        if decode_omp < omp:
+            args["worker_cls"] = STEP_THREADS_WORKER
+            env.update({NARROW_STEP_THREADS_ENV: str(decode_omp), WIDE_STEP_TOKENS_ENV: str(chat.wide_step_tokens)})
         if omp > 1:
             # The ngram proposer's numba kernels on numba's OpenMP layer cost a second core all its gain
             # (800-token prefill 3.1 s against 1.7 s on its workqueue layer; docs/BENCHMARKS.md 2d).
@@ -336,7 +339,7 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
         "state_bytes_per_sequence": state_seq, "kv_pool_tokens": kv_tokens, "block_size": block,
         "num_blocks": num_blocks, "max_num_seqs": seqs, "kv_cache_memory_bytes": kv_cache_memory_bytes,
         "weight_bytes": sum(v for k, v in breakdown.items() if k.startswith("weights.")),
-        "drafter_weight_bytes": drafter.weight_bytes, "omp_threads": omp,
+        "drafter_weight_bytes": drafter.weight_bytes, "omp_threads": omp, "decode_omp_threads": decode_omp,
         "omp_bind": env.get("VLLM_CPU_OMP_THREADS_BIND"), "quantization": quant,
         "speculative_method": drafter.method, "kv_group_size": groups.group_size,
         "kv_group_layers": [f"{g.kind}:{g.layers}" for g in groups.groups],
@@ -344,6 +347,28 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
         if state_seq else 0,
     }
     return EnginePlan(arch, breakdown, EngineArgs(**args), env, facts, comp, disk, page_cache, drafter, notes)
+
+
+# The CPU worker that runs a prefill on all the engine's threads and a decode step on fewer
+# (serve/cpu_worker.py, which reads these two variables).
+STEP_THREADS_WORKER = "serve.cpu_worker.StepThreadsCPUWorker"
+NARROW_STEP_THREADS_ENV = "POOLSERVE_NARROW_STEP_THREADS"
+WIDE_STEP_TOKENS_ENV = "POOLSERVE_WIDE_STEP_TOKENS"
+
+
+def cpu_threads(chat: ChatSpec, cpus: float, other_threads: int, step_threads: bool) -> tuple[int, int]:
+    """OpenMP threads for the engine's prefill steps and for its decode steps.
+
+    Beside the embedder's threads on a small host, a prefill gains from every core even when another is busy
+    (1.10-1.22x on 2 cores) while a decode step loses a third there (0.72x / 0.64x; docs/BENCHMARKS.md section
+    2d'): so, by default, prefill on all the pool's CPUs and decoding on the CPUs the embedder leaves. Without
+    the step worker (GPU, several ranks) one number serves both: the CPUs the embedder leaves."""
+    leftover = max(1, int(cpus) - other_threads)
+    if not step_threads:
+        omp = chat.omp_threads or leftover
+        return omp, omp
+    omp = chat.omp_threads or max(1, int(cpus))
+    return omp, min(omp, chat.decode_omp_threads or leftover)
 
 
 def omp_bind(setting: str, threads: int, allowed_cpus: list[int] | None = None) -> str:

@@ -46,6 +46,9 @@ class EngineArgs(_Output):
                                                description="Pipeline ranks (layers split), when > 1.")
     tensor_parallel_size: int | None = Field(None, exclude_if=lambda v: v is None,
                                              description="Tensor ranks (heads split), when > 1.")
+    worker_cls: str | None = Field(None, exclude_if=lambda v: v is None,
+                                   description="CPU: the worker that runs a prefill on all the engine's threads and "
+                                               "a decode step on fewer (serve/cpu_worker.py); None: vLLM's.")
     distributed_executor_backend: str | None = Field(None, exclude_if=lambda v: v is None,
                                                      description="Ranks over nodes: 'ray' on GPU pools, 'mp' "
                                                                  "(vLLM's multi-node multiprocessing) on CPU pools.")

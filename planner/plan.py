@@ -495,6 +495,7 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
         profile=profile.name, profile_digest=profile_digest(profile), pool=pool, pools=pool_list, replicas=deployed, shares=shares,
         chat=facts["chat"], engines=facts, ray=ray, admission=admission,
         threads={"cpus": int(cpus), "chat_omp": eng.facts["omp_threads"],
+                 "chat_decode_omp": eng.facts["decode_omp_threads"],
                  "embedder_torch": profile.embedder.torch_threads,
                  "embedder_ingest_most": _embedder_ingest_threads(profile, spec, cpus),
                  "faiss": profile.retriever.faiss_threads,

@@ -234,7 +234,15 @@ class ChatSpec(_Strict):
     num_cpus: float = Field(0.5, gt=0, description="Ray CPUs for the engine (fractional on small machines).")
     # 60 s: an engine busy with a long prefill answers its health check late, not never.
     serve: ServeSpec = _serve(256, health_check_timeout_s=60.0)
-    omp_threads: int | None = Field(None, ge=1, description="OpenMP threads for the vLLM CPU worker; None = planner decides.")
+    omp_threads: int | None = Field(None, ge=1, description="OpenMP threads for the vLLM CPU worker's prefill steps; "
+                                    "None = every CPU of the pool.")
+    decode_omp_threads: int | None = Field(None, ge=1, description="CPU: OpenMP threads for a step of fewer than "
+                                           "wide_step_tokens tokens (decoding); None = the pool's CPUs less the "
+                                           "embedder's threads, at most omp_threads.")
+    # 128: a decode step of the default's 16 sequences with 4 speculative tokens each schedules 80 tokens, a RAG
+    # prompt 300-1,000 (docs/BENCHMARKS.md section 2d').
+    wide_step_tokens: int = Field(128, ge=1, description="CPU: a step of at least this many tokens (a prefill) runs "
+                                  "on omp_threads, smaller ones on decode_omp_threads (serve/cpu_worker.py).")
     speculative: SpeculativeSpec = Field(default_factory=SpeculativeSpec, description="Speculative decoding.")
     warmup_prompt: str = Field("Say OK.", description="Sent once before the replica reports ready.")
     heap_trim_interval_s: float = Field(60.0, ge=0, description="How often the chat replica hands the freed heap "

@@ -214,8 +214,34 @@ def test_chat_omp_threads_reach_the_engine_env(tmp_path):
     plan = build_plan(load_profile(_profile(tmp_path, "cpu-tiny", **{"chat.omp_threads": 1})), 24 * GiB)
     assert plan.replica("chat").env["VLLM_CPU_OMP_THREADS_BIND"] == "auto"
     assert "NUMBA_THREADING_LAYER" not in plan.replica("chat").env
+    assert plan.replica("chat").vllm.worker_cls is None and "POOLSERVE_NARROW_STEP_THREADS" not in plan.replica("chat").env
     if len(os.sched_getaffinity(0)) >= 2:
         plan = build_plan(load_profile(_profile(tmp_path, "cpu-tiny", **{"chat.omp_threads": 2})), 24 * GiB)
         bind = plan.replica("chat").env["VLLM_CPU_OMP_THREADS_BIND"]
         assert len(bind.split(",")) == 2 and plan.replica("chat").env["OMP_NUM_THREADS"] == "2"
         assert plan.replica("chat").env["NUMBA_THREADING_LAYER"] == "workqueue"
+
+
+def test_cpu_threads_prefill_on_every_cpu_and_decode_on_what_the_embedder_leaves():
+    from planner.engine import cpu_threads
+    from planner.profile import ChatSpec
+
+    chat = ChatSpec(model_id="m", model="m")
+    assert cpu_threads(chat, 2, 1, step_threads=True) == (2, 1)
+    assert cpu_threads(chat, 8, 1, step_threads=True) == (8, 7)
+    assert cpu_threads(chat, 1, 1, step_threads=True) == (1, 1)
+    assert cpu_threads(chat, 2, 1, step_threads=False) == (1, 1)  # GPU or several ranks: one number
+    pinned = chat.model_copy(update={"omp_threads": 2, "decode_omp_threads": 2})
+    assert cpu_threads(pinned, 2, 1, step_threads=True) == (2, 2)
+    assert cpu_threads(chat.model_copy(update={"decode_omp_threads": 4}), 2, 1, step_threads=True) == (2, 2)
+
+
+def test_the_default_cpu_engine_gets_the_step_threads_worker_on_two_cpus(tmp_path):
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs to plan 2 threads")
+    profile = load_profile(_profile(tmp_path, "cpu-tiny", **{"pools": [{"name": "local", "total": "auto",
+                                                                         "reserve": "3GiB", "cpus": 2}]}))
+    chat = build_plan(profile, 24 * GiB).replica("chat")
+    assert chat.vllm.worker_cls == "serve.cpu_worker.StepThreadsCPUWorker"
+    assert chat.env["OMP_NUM_THREADS"] == "2" and chat.env["POOLSERVE_NARROW_STEP_THREADS"] == "1"
+    assert chat.env["POOLSERVE_WIDE_STEP_TOKENS"] == "128" and chat.env["NUMBA_THREADING_LAYER"] == "workqueue"

@@ -1,0 +1,25 @@
+"""serve/cpu_worker.py: a step of at least the wide-step threshold runs on every planned thread, others on fewer."""
+
+from types import SimpleNamespace
+
+import pytest
+
+cpu_worker = pytest.importorskip("serve.cpu_worker")
+
+
+def test_step_threads_by_scheduled_tokens():
+    assert cpu_worker.step_threads(800, 2, 1, 128) == 2  # a RAG prompt's prefill
+    assert cpu_worker.step_threads(128, 2, 1, 128) == 2
+    assert cpu_worker.step_threads(80, 2, 1, 128) == 1  # 16 sequences decoding with 4 speculative tokens
+    assert cpu_worker.step_threads(1, 4, 8, 128) == 4  # never more than the team vLLM bound
+
+
+def test_the_worker_switches_threads_only_when_a_step_needs_another_count(monkeypatch):
+    calls, ran = [], []
+    monkeypatch.setattr(cpu_worker.CPUWorker, "execute_model", lambda self, out: ran.append(out) or "output")
+    worker = object.__new__(cpu_worker.StepThreadsCPUWorker)
+    worker._set_threads, worker._wide_threads, worker._narrow_threads = calls.append, 2, 1
+    worker._wide_step_tokens, worker._threads = 128, 2
+    for tokens in (900, 5, 5, 80, 300, 2048, 1):
+        assert worker.execute_model(SimpleNamespace(total_num_scheduled_tokens=tokens)) == "output"
+    assert calls == [1, 2, 1] and len(ran) == 7
