@@ -12,6 +12,7 @@ import functools
 import hashlib
 import json
 import os
+from collections import defaultdict
 from pathlib import Path
 from typing import Literal
 
@@ -450,9 +451,11 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
     first = listed[0][0].name
     other_threads = profile.embedder.torch_threads
     engines, engine_replicas = {}, []
-    for order, (name, chat) in enumerate(profile.chat_engines()):
+    order = -1
+    for name, chat in profile.chat_engines():
         home = _home(chat, first)
         spec, total, cpus = pools[home]
+        order = max(order, 0) if spec.engines_together else order + 1  # engines that start together share one
         try:
             eng = plan_engine(chat, spec, cpus, total, other_threads, cpu_native_bf16)
         except (EngineError, ArchitectureError) as exc:
@@ -461,7 +464,7 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
         engines[name] = (chat, eng)
     eng = engines["chat"][1]
     emb_spec, emb_total, _ = pools[_home(profile.embedder, first)]
-    side = _side_replicas(profile, emb_spec.gpu, embedder_dimension(profile), len(engines), pool_bytes=emb_total)
+    side = _side_replicas(profile, emb_spec.gpu, embedder_dimension(profile), order + 1, pool_bytes=emb_total)
     for r in side:
         node = first if r.kind == "gateway" else _home(getattr(profile, r.kind), first)  # the gateway: the head
         spec, total, _ = pools[node]
@@ -620,14 +623,25 @@ def _utilization(name: str, chat, planned: int, total: int) -> float:
 def _admission(replicas: list[ReplicaPlan], total: int, spec: PoolSpec, outside: int,
                notes: list[str], starts: dict[str, dict[str, int]] | None = None,
                discrete: bool = False) -> list[Admission]:
-    """Engines start one at a time; vLLM refuses util x total > free (GPU) or KV > MemAvailable (CPU).
-    Reads the replicas only: a plan is never edited by its admission check."""
+    """Replicas start in start order, those of one order side by side (CPU engines: PoolSpec.engines_start);
+    vLLM refuses util x total > free (GPU) or KV > MemAvailable (CPU). A replica's companions of the same order
+    are counted as started, and their start peaks beside its own. Reads the replicas only: a plan is never
+    edited by its admission check."""
     rows = []
     base = total - spec.reserve - outside
     started = 0
     everyone = sum(r.pool_bytes for r in replicas)
+    wave_bytes, wave_peak = defaultdict(int), defaultdict(int)
+    for r in replicas:
+        wave_bytes[r.start_order] += r.pool_bytes
+        wave_peak[r.start_order] += sum((starts or {}).get(r.name, {}).values())
+    order = None
     for r in sorted(replicas, key=lambda r: r.start_order):
-        free_before, worst = base - started, base - (everyone - r.pool_bytes)
+        if order is not None and r.start_order != order:
+            started += wave_bytes[order]
+        order = r.start_order
+        free_before = base - started - (wave_bytes[order] - r.pool_bytes)
+        worst = base - (everyone - r.pool_bytes)
         overhead = 0
         if r.kind == "chat" and spec.gpu:
             util = r.vllm.gpu_memory_utilization
@@ -647,16 +661,17 @@ def _admission(replicas: list[ReplicaPlan], total: int, spec: PoolSpec, outside:
             raise PlanError(f"{r.name} would be refused at start: {check} fails ({gib(requested)} requested, "
                             f"{gib(free_before)} free at its turn, {gib(free_before - overhead)} when vLLM looks)")
         peak = sum((starts or {}).get(r.name, {}).values())
-        if free_before - r.pool_bytes < peak:
+        beside = wave_peak[order] - peak  # the start peaks of the engines starting with it
+        if free_before - r.pool_bytes < peak + beside:
             raise PlanError(f"{r.name} would run out while it starts: {gib(free_before)} free at its turn, "
-                            f"{gib(r.pool_bytes)} planned + {gib(peak)} start peak ({', '.join(starts[r.name])})")
+                            f"{gib(r.pool_bytes)} planned + {gib(peak)} start peak ({', '.join(starts[r.name])})"
+                            + (f" + {gib(beside)} of the engines starting beside it" if beside else ""))
         if requested > worst - overhead:
             notes.append(f"{r.name}: admission needs start order (passes only if started before the others)")
         rows.append(Admission(name=r.name, start_order=r.start_order, free_before_bytes=free_before,
                               free_worst_bytes=worst, requested_bytes=requested, overhead_bytes=overhead,
-                              start_peak_bytes=peak, start_headroom_bytes=free_before - r.pool_bytes - peak,
+                              start_peak_bytes=peak, start_headroom_bytes=free_before - r.pool_bytes - peak - beside,
                               check=check))
-        started += r.pool_bytes
     return rows
 
 

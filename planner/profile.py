@@ -135,6 +135,12 @@ class PoolSpec(_Strict):
     gpu: bool = Field(False, description="True when replicas run on a GPU that shares this pool.")
     unified: bool = Field(True, description="True when CPU and GPU share one memory (DGX Spark, GH200); "
                           "False for a discrete GPU, whose device memory is then the pool.")
+    engines_start: Literal["auto", "one_at_a_time", "together"] = Field(
+        "auto", description="How this pool's chat engines start: one at a time (each after the one before has "
+        "allocated its KV cache and answered its warm-up) or together; the other replicas start after them either "
+        "way. auto: one at a time on a GPU, whose start check counts a neighbour's loading as used (vllm#55827); "
+        "together on a CPU, where vLLM sizes the KV cache from kv_cache_memory_bytes and checks nothing, and a "
+        "start is mostly one process at a time importing vLLM, so starts side by side use the idle cores.")
     cgroup: bool = Field(False, description="Run the whole stack inside a memory cgroup of `total` bytes: a real "
                          "pool on a machine without unified memory (needs root or a delegated cgroup).")
     shed_ingest_at: float = Field(0.90, gt=0, lt=1, description="Pool guard: above this fraction of the pool in "
@@ -150,6 +156,10 @@ class PoolSpec(_Strict):
     shed_heaviest_at_least: int = Field(2, ge=1, description="Pool guard: past shed_ingest_at, new work of the "
                                         "tenant with the most requests in flight (this many at least, and more than "
                                         "any other tenant) is refused too: shedding starts with whoever grows the pool.")
+
+    @property
+    def engines_together(self) -> bool:
+        return self.engines_start == "together" or (self.engines_start == "auto" and not self.gpu)
 
     @model_validator(mode="after")
     def _marks_in_order(self) -> "PoolSpec":

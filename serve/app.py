@@ -53,18 +53,23 @@ def _warn_if_ray_is_open() -> None:
 
 
 def engine_deployments(profile: Profile, plan: Plan) -> tuple[dict, dict, list[tuple[str, str]]]:
-    """Every chat engine's deployment and model card by model id, each engine to start after the one
-    before it, and what the rest waits for (the last engine's health check)."""
-    llm_deployments, model_cards, after = {}, {}, []
+    """Every chat engine's deployment and model card by model id, each engine to start after the engines of
+    the start order before its own (those of one order start together), and what the rest waits for (the
+    health checks of the last order's engines)."""
+    llm_deployments, model_cards, after, current, order = {}, {}, [], [], None
     for name, spec in profile.chat_engines():
+        replica = plan.replica(name)
+        if order is not None and replica.start_order != order:
+            after, current = current, []
+        order = replica.start_order
         rank_plans = sorted((r for r in plan.shares if r.name.startswith(f"{name}@") and r.engine_node_rank is not None),
                             key=lambda r: r.engine_node_rank)
-        llm_config = llm_config_from_plan(spec, plan.replica(name), after, rank_plans)
+        llm_config = llm_config_from_plan(spec, replica, after, rank_plans)
         engine = build_llm_deployment(llm_config, deployment_cls=PoolserveLLMServer)
         llm_deployments[spec.model_id] = engine
         model_cards[spec.model_id] = to_model_metadata(spec.model_id, llm_config)
-        after = [(engine._bound_deployment.name, "check_health")]
-    return llm_deployments, model_cards, after
+        current.append((engine._bound_deployment.name, "check_health"))
+    return llm_deployments, model_cards, current
 
 
 def _start_order(plan: Plan, name: str, after: list[tuple[str, str]]) -> StartOrder:
@@ -90,11 +95,14 @@ def build_app(args: dict) -> serve.Application:
     _warn_if_ray_is_open()
     logger.info("plan for %s: %s", profile.name, {r.name: r.planned_bytes for r in plan.replicas})
 
-    # Ordered start: engines one at a time (each after the previous one has allocated its KV cache and
-    # answered its warm-up), then everything else.
+    # Ordered start: the engines one at a time (each after the previous one has allocated its KV cache and
+    # answered its warm-up) or, on a CPU, together (PoolSpec.engines_start), then everything else.
     llm_deployments, model_cards, after_engines = engine_deployments(profile, plan)
+    waves: dict[int, list[str]] = {}
+    for (name, _), engine in zip(profile.chat_engines(), llm_deployments.values()):
+        waves.setdefault(plan.replica(name).start_order, []).append(engine._bound_deployment.name)
     logger.info("start order: %s, then embedder, retriever and gateway",
-                " -> ".join(d._bound_deployment.name for d in llm_deployments.values()))
+                " -> ".join(" + ".join(wave) for _, wave in sorted(waves.items())))
     embedder = embedder_deployment(profile, plan, after_engines)
     retriever = Retriever.options(**_options(plan, "retriever")).bind(
         profile.state_dir, embedder_dimension(profile), profile.retriever.index,

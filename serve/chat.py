@@ -75,7 +75,8 @@ class PoolserveLLMServer(LLMServer):
         return FirstOutputBatcher(generator, interval_ms=self._get_batch_interval_ms()).stream()
 
     async def start(self):
-        # Engines start one at a time: each after the one before has allocated its KV cache.
+        # On a GPU engines start one at a time, each after the one before has allocated its KV cache; on a
+        # CPU together (PoolSpec.engines_start), with nothing to wait for.
         from ray import serve
 
         configs = self._llm_config.experimental_configs
@@ -128,7 +129,7 @@ class PoolserveLLMServer(LLMServer):
         started = time.monotonic()
         async for _ in await self.chat(request):
             pass
-        logger.info("chat warm-up answered in %.1fs", time.monotonic() - started)
+        logger.info("chat warm-up answered in %.1fs (%s)", time.monotonic() - started, self._llm_config.model_id)
 
     async def _trim_workers_every(self, interval_s: float) -> None:
         """glibc keeps what the Worker frees under load as free heap it never returns (mallinfo2's

@@ -3,7 +3,8 @@
 Ray Serve starts every deployment of an application at once. On a GB10, engines that start together
 each count the other's loading as their own overhead and fail vLLM's start check (vllm#55827, #35920),
 so poolserve starts the engines one at a time, each after the previous one has allocated its KV cache
-and answered its warm-up, and the other replicas after the engines. Each wait is logged and bounded.
+and answered its warm-up, and the other replicas after the engines. On a CPU, where vLLM checks nothing at
+start, the engines start together (PoolSpec.engines_start). Each wait is logged and bounded.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ async def wait_for_predecessors(me: str, predecessors: list[tuple[str, str]], ap
     so an answer means that deployment finished its constructor (for an engine: KV cache allocated)."""
     from ray import serve
 
+    if not predecessors:
+        logger.info("start order: %s starts, nothing to wait for", me)
     for deployment, method in predecessors:
         started = time.monotonic()
         logger.info("start order: %s waits for %s", me, deployment)

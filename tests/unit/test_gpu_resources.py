@@ -157,3 +157,11 @@ def test_render_shows_the_chat_deployments_as_built(config, no_ray):
         built_env = deployment.ray_actor_options["runtime_env"]["env_vars"]
         assert review["ray_actor_options"]["runtime_env"]["env_vars"].items() <= built_env.items()
         assert review["ray_actor_options"]["num_cpus"] == deployment.ray_actor_options["num_cpus"]
+
+
+def test_cpu_engines_start_together_and_the_rest_waits_for_all_of_them(no_ray):
+    from serve.app import engine_deployments
+
+    profile = load_profile(ROOT / "configs" / "cpu-two-engines.yaml")
+    _, _, after = engine_deployments(profile, build_plan(profile, 24 * GiB))
+    assert [a[0] for a in after] == ["PoolserveLLMServer:chat", "PoolserveLLMServer:chat-smollm2-135m-plain"]

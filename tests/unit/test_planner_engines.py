@@ -33,8 +33,12 @@ def test_each_engine_has_its_own_budget_and_admission_step(tmp_path):
     assert second.vllm.speculative_config is None and first.vllm.speculative_config is not None
     assert second.planned_bytes < first.planned_bytes
     steps = {a.name: a for a in plan.admission}
-    # The second engine is admitted against what is free after the first one took its budget.
-    assert steps["chat-smollm2-135m-plain"].free_before_bytes == steps["chat"].free_before_bytes - first.planned_bytes
+    # On a CPU the engines start together (PoolSpec.engines_start): each is admitted with the other's budget
+    # already taken, and both before the other replicas.
+    assert first.start_order == second.start_order == 0 and plan.replica("embedder").start_order == 1
+    assert steps["chat-smollm2-135m-plain"].free_before_bytes + first.pool_bytes == \
+        steps["chat"].free_before_bytes + second.pool_bytes
+    assert steps["embedder"].free_before_bytes == steps["chat"].free_before_bytes - first.pool_bytes
     assert set(plan.engines) == {"chat", "chat-smollm2-135m-plain"}
     assert plan.engines["chat-smollm2-135m-plain"].kv_pool_tokens == 512 * 2**20 // 23_040 // 128 * 128
     planned = sum(r.pool_bytes for r in plan.replicas)
@@ -71,3 +75,30 @@ def test_gpu_admission_counts_vllm_start_overhead():
     outside = plan.pool.ray_bytes + plan.pool.page_cache_bytes
     with pytest.raises(PlanError, match="chat-smollm2-135m-instruct would be refused at start.*when vLLM looks"):
         _admission(plan.replicas, plan.pool.total_bytes, spec, outside, [])
+
+
+def test_engines_one_at_a_time_are_admitted_in_turn(tmp_path):
+    profile = load_profile(_two_engines(tmp_path))
+    profile = profile.model_copy(update={"pools": [profile.pools[0].model_copy(update={"engines_start": "one_at_a_time"})]})
+    plan = build_plan(profile, 24 * GiB)
+    first, second = plan.replica("chat"), plan.replica("chat-smollm2-135m-plain")
+    assert (first.start_order, second.start_order, plan.replica("embedder").start_order) == (0, 1, 2)
+    steps = {a.name: a for a in plan.admission}
+    # The second engine is admitted against what is free after the first one took its budget.
+    assert steps["chat-smollm2-135m-plain"].free_before_bytes == steps["chat"].free_before_bytes - first.planned_bytes
+
+
+def test_engines_starting_together_count_each_others_start_peak(tmp_path):
+    from planner.plan import _admission
+
+    plan = build_plan(load_profile(_two_engines(tmp_path)), 24 * GiB)
+    spec = load_profile(_two_engines(tmp_path)).pools[0]
+    outside = plan.pool.ray_bytes + plan.pool.page_cache_bytes
+    rows = {a.name: a for a in _admission(plan.replicas, plan.pool.total_bytes, spec, outside, [], {})}
+    peaks = {"chat": {"load": 2 * GiB}, "chat-smollm2-135m-plain": {"load": GiB}}
+    together = {a.name: a for a in _admission(plan.replicas, plan.pool.total_bytes, spec, outside, [], peaks)}
+    assert together["chat"].start_headroom_bytes == rows["chat"].start_headroom_bytes - 3 * GiB
+    # A pool with room for either start peak alone, but not for both at once, is refused.
+    tight = spec.model_copy(update={"reserve": spec.reserve + together["chat"].start_headroom_bytes + GiB // 2})
+    with pytest.raises(PlanError, match="of the engines starting beside it"):
+        _admission(plan.replicas, plan.pool.total_bytes, tight, outside, [], peaks)
