@@ -7,7 +7,7 @@ from __future__ import annotations
 from starlette.responses import RedirectResponse, Response
 
 from dashboard import session
-from gateway.errors import error_body
+from gateway.error_body import error_body
 
 DASHBOARD = "/dashboard"
 LOGIN = "/dashboard/login"

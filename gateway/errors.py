@@ -12,6 +12,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
 from enginepair.compat import VLLM_CLIENT_ERRORS, OpenAIHTTPException
+from gateway.error_body import error_body
 from rag.ids import InvalidIdError
 from rag.store import CapacityExceeded, CollectionNotFound, DocumentNotFound
 
@@ -19,13 +20,6 @@ logger = logging.getLogger("poolserve.gateway")
 
 # vLLM's wording when a prompt does not fit; it can arrive wrapped in a Ray task error.
 CONTEXT_ERROR_MARKERS = ("maximum context length", "longer than the maximum model length", "max_model_len")
-
-
-def error_body(status: int, message: str, kind: str) -> JSONResponse:
-    return JSONResponse(
-        status_code=status,
-        content={"error": {"message": message, "type": kind, "code": status}, "object": "error", "message": message},
-    )
 
 
 class EngineNotRunning(RuntimeError):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from starlette.responses import Response
 
 from gateway.dashboard_auth import LOGIN, STATIC
-from gateway.errors import error_body
+from gateway.error_body import error_body
 from tenancy.client_limits import ClientLimiter, ClientRefusal
 
 # The only routes served without a key; every other path needs the tenant key (fail closed).

@@ -36,6 +36,7 @@ import yaml
 from planner.plan import Plan
 from planner.profile import Profile
 from planner.units import gib
+from serve.proxy_guard import proxy_env
 from system.cgroup import MemoryCgroup, PoolUnavailable, create_pool, limited_cgroup, own_cgroup, remove_pool
 from system.private_files import make_private_dir, tighten_private, write_private
 from stackctl.cluster import gcs_address as cluster_gcs_address, is_cluster, node_plan, ray_port_flags, split_refusal
@@ -299,6 +300,9 @@ def up(serve_config_path: Path, profile: Profile, profile_path: Path, plan: Plan
                                        proxy_port, plan)
         resolved_path = layout.run_dir / "serve.yaml"
         resolved_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        # Ray's proxy refuses what a public path may not carry itself, before routing it to the gateway.
+        env.update(proxy_env(config["applications"][0].get("route_prefix") or "/",
+                             profile.gateway.login_form_max_bytes))
         (layout.run_dir / "stack.yaml").write_text(yaml.safe_dump({
             "stack_id": layout.stack_id, "gcs_address": gcs_address, "ray_temp_dir": str(layout.ray_temp_dir),
             "gateway": f"http://{profile.gateway.host}:{profile.gateway.port}", "launcher_pid": os.getpid(),

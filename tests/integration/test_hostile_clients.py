@@ -186,6 +186,14 @@ def test_a_keyless_flood_is_refused_unread_and_refuses_the_other_tenant_nothing(
     assert figures["healthz_after"] == 200
 
 
+def test_rays_proxy_refuses_a_public_paths_body_before_the_gateway(stack):
+    # The launcher installs serve/proxy_guard.py in Ray's proxy: its refusal closes the connection, and the
+    # proxy logged that it runs.
+    response = httpx.request("GET", f"{stack.url}/healthz", content=b"x" * 1000, timeout=30)
+    assert response.status_code == 413 and response.headers.get("connection") == "close", response.headers
+    assert "the proxy refuses bodies on public paths itself" in stack.log_path.read_text(errors="replace")
+
+
 def test_a_keyless_flood_leaves_the_other_tenants_p95_within_2x(healthz_flood):
     for kind in ("chat", "rag"):
         quiet = healthz_flood[f"{kind}_p95_quiet"]

@@ -1,0 +1,85 @@
+"""serve/proxy_guard.py: Ray's proxy refuses from the headers what a public path may not carry, like the gateway."""
+
+import asyncio
+import json
+
+import pytest
+
+from serve import proxy_guard
+from serve.proxy_guard import PublicBodyRefusal, middlewares, path_in_app, proxy_env
+
+
+def _run(guard, method: str, path: str, headers: dict) -> tuple[int, dict, bytes, list[str]]:
+    """Status, headers and body of the answer to one request through `guard`, and the paths that reached the
+    app behind it."""
+    sent, reached = [], []
+
+    async def downstream(scope, receive, send):
+        reached.append(scope["path"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def receive():
+        raise AssertionError("the body was read")
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": method, "path": path,
+             "headers": [(k.encode(), v.encode()) for k, v in headers.items()]}
+    asyncio.run(guard(downstream)(scope, receive, send))
+    start = sent[0]
+    return start["status"], {k.decode(): v.decode() for k, v in start["headers"]}, b"".join(
+        m.get("body", b"") for m in sent[1:]), reached
+
+
+def _guard(prefix="/", login=4096):
+    return lambda downstream: PublicBodyRefusal(downstream, route_prefix=prefix, login_form_max_bytes=login)
+
+
+def test_a_body_on_a_public_path_is_refused_unread_and_the_connection_closed():
+    status, headers, body, reached = _run(_guard(), "GET", "/healthz", {"content-length": str(8 * 2**20)})
+    assert status == 413 and headers["connection"] == "close" and not reached
+    assert "GET /healthz takes no request body" in json.loads(body)["error"]["message"]
+    status, _, _, reached = _run(_guard(), "GET", "/docs", {"transfer-encoding": "chunked"})
+    assert status == 413 and not reached
+    status, _, _, reached = _run(_guard(), "GET", "/openapi.json", {"content-length": "12x"})
+    assert status == 400 and not reached
+
+
+def test_everything_else_goes_on_to_the_gateway():
+    for method, path, headers in [("GET", "/healthz", {}), ("GET", "/healthz", {"content-length": "0"}),
+                                  ("POST", "/v1/chat/completions", {"content-length": "100"}),
+                                  ("POST", "/dashboard/login", {"content-length": "100"})]:
+        status, _, _, reached = _run(_guard(), method, path, headers)
+        assert status == 200 and reached == [path], (method, path)
+
+
+def test_the_route_prefix_is_where_the_public_paths_are():
+    assert path_in_app("/api/healthz", "/api") == "/healthz" and path_in_app("/api", "/api/") == "/"
+    assert path_in_app("/apix/healthz", "/api") is None and path_in_app("/healthz", "/") == "/healthz"
+    status, _, _, reached = _run(_guard("/api"), "GET", "/api/healthz", {"content-length": "5"})
+    assert status == 413 and not reached
+    status, _, _, reached = _run(_guard("/api"), "GET", "/healthz", {"content-length": "5"})
+    assert status == 200 and reached == ["/healthz"]  # outside the app: Ray's own 404, not ours
+
+
+def test_the_callback_reads_its_settings_from_the_environment(monkeypatch):
+    monkeypatch.delenv(proxy_guard.SETTINGS_ENV, raising=False)
+    assert middlewares() == []
+    env = proxy_env("/api", 4096)
+    assert env["RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"] == "serve.proxy_guard.middlewares"
+    monkeypatch.setenv(proxy_guard.SETTINGS_ENV, env[proxy_guard.SETTINGS_ENV])
+    [middleware] = middlewares()
+    assert middleware.cls is PublicBodyRefusal and middleware.kwargs == {"route_prefix": "/api",
+                                                                          "login_form_max_bytes": 4096}
+
+
+@pytest.mark.parametrize("module", ["serve.proxy_guard"])
+def test_the_proxy_imports_nothing_heavy(module):
+    import subprocess
+    import sys
+
+    code = f"import sys, {module}; print(sorted(m for m in ('vllm', 'ray', 'torch', 'fastapi') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
