@@ -24,10 +24,11 @@ ROLE_PATTERNS = (
     (re.compile(r"ProxyActor"), "Serve proxy"),
     (re.compile(r"ServeController"), "Serve controller"),
     (re.compile(r"EngineCore"), "vLLM EngineCore"),
+    # Before the worker's pattern: the server's command line names the worker class (--worker-cls).
+    (re.compile(r"vllm\.entrypoints\.openai\.api_server|api_server"), "vLLM API server"),
     (re.compile(r"VllmWorker|Worker_TP|worker", re.I), "vLLM worker"),
     (re.compile(r"raylet"), "raylet"),
     (re.compile(r"gcs_server"), "GCS"),
-    (re.compile(r"vllm\.entrypoints\.openai\.api_server|api_server"), "vLLM API server"),
 )
 
 
