@@ -245,7 +245,8 @@ class ChatSpec(_Strict):
     # 60 s: an engine busy with a long prefill answers its health check late, not never.
     serve: ServeSpec = _serve(256, health_check_timeout_s=60.0)
     omp_threads: int | None = Field(None, ge=1, description="OpenMP threads for the vLLM CPU worker's prefill steps; "
-                                    "None = every CPU of the pool.")
+                                    "None = every CPU of the pool (a CPU engine of one rank), else the CPUs the "
+                                    "embedder leaves (at most 4 on a GPU).")
     decode_omp_threads: int | None = Field(None, ge=1, description="CPU: OpenMP threads for a step of fewer than "
                                            "wide_step_tokens tokens (decoding); None = the pool's CPUs less the "
                                            "embedder's threads, at most omp_threads.")

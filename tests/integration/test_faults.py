@@ -61,14 +61,17 @@ def _record(name: str, seconds: float) -> None:
 def test_engine_death_mid_stream_is_an_error_then_503_then_recovery(stack, demo_headers):
     # Warm path first, so the stream below is decoding when the engine dies.
     events, killed_at = [], None
+    # Found before the stream starts: in runs of 2026-12-05 the scan (every process's environ) made while the
+    # stream ran took 12 s, long enough for the whole answer to be decoded before the kill landed.
+    engine = _stack_process(stack, "EngineCore")
     with httpx.Client(base_url=stack.url, headers=demo_headers, timeout=120) as http:
-        with http.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as response:
+        # ignore_eos: all 400 tokens, seconds of decoding, so a short sampled story cannot end before the kill.
+        with http.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True, "ignore_eos": True}) as response:
             assert response.status_code == 200
             for line in response.iter_lines():
                 if line.startswith("data: "):
                     events.append(line[len("data: "):])
                 if len(events) == 5 and killed_at is None:
-                    engine = _stack_process(stack, "EngineCore")
                     killed_at = time.monotonic()
                     engine.kill()
         assert killed_at is not None, "the stream ended before the engine could be killed"
