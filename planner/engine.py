@@ -359,10 +359,10 @@ WIDE_STEP_TOKENS_ENV = "POOLSERVE_WIDE_STEP_TOKENS"
 def cpu_threads(chat: ChatSpec, cpus: float, other_threads: int, step_threads: bool) -> tuple[int, int]:
     """OpenMP threads for the engine's prefill steps and for its decode steps.
 
-    Beside the embedder's threads on a small host, a prefill gains from every core even when another is busy
-    (1.10-1.22x on 2 cores) while a decode step loses a third there (0.72x / 0.64x; docs/BENCHMARKS.md section
-    2d'): so, by default, prefill on all the pool's CPUs and decoding on the CPUs the embedder leaves. Without
-    the step worker (GPU, several ranks) one number serves both: the CPUs the embedder leaves."""
+    On 2 cores a prefill on both runs 1.7-1.9x faster idle (0.86-1.14x beside a busy core, by prompt length),
+    while a decode step on both loses a third beside a busy core (0.68x; docs/BENCHMARKS.md sections 2d', 2d''):
+    so, by default, prefill on all the pool's CPUs and decoding on the CPUs the embedder leaves. Without the step
+    worker (GPU, several ranks) one number serves both: the CPUs the embedder leaves."""
     leftover = max(1, int(cpus) - other_threads)
     if not step_threads:
         omp = chat.omp_threads or leftover
