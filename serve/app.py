@@ -56,11 +56,13 @@ def engine_deployments(profile: Profile, plan: Plan) -> tuple[dict, dict, list[t
     """Every chat engine's deployment and model card by model id, each engine to start after the engines of
     the start order before its own (those of one order start together), and what the rest waits for (the
     health checks of the last order's engines)."""
-    llm_deployments, model_cards, after, current, order = {}, {}, [], [], None
+    llm_deployments, model_cards, after, current, order, waves = {}, {}, [], [], None, []
     for name, spec in profile.chat_engines():
         replica = plan.replica(name)
-        if order is not None and replica.start_order != order:
-            after, current = current, []
+        if order is None or replica.start_order != order:
+            if order is not None:
+                after, current = current, []
+            waves.append([])
         order = replica.start_order
         rank_plans = sorted((r for r in plan.shares if r.name.startswith(f"{name}@") and r.engine_node_rank is not None),
                             key=lambda r: r.engine_node_rank)
@@ -69,6 +71,8 @@ def engine_deployments(profile: Profile, plan: Plan) -> tuple[dict, dict, list[t
         llm_deployments[spec.model_id] = engine
         model_cards[spec.model_id] = to_model_metadata(spec.model_id, llm_config)
         current.append((engine._bound_deployment.name, "check_health"))
+        waves[-1].append(engine._bound_deployment.name)
+    logger.info("start order: %s, then embedder, retriever and gateway", " -> ".join(" + ".join(w) for w in waves))
     return llm_deployments, model_cards, current
 
 
@@ -98,11 +102,6 @@ def build_app(args: dict) -> serve.Application:
     # Ordered start: the engines one at a time (each after the previous one has allocated its KV cache and
     # answered its warm-up) or, on a CPU, together (PoolSpec.engines_start), then everything else.
     llm_deployments, model_cards, after_engines = engine_deployments(profile, plan)
-    waves: dict[int, list[str]] = {}
-    for (name, _), engine in zip(profile.chat_engines(), llm_deployments.values()):
-        waves.setdefault(plan.replica(name).start_order, []).append(engine._bound_deployment.name)
-    logger.info("start order: %s, then embedder, retriever and gateway",
-                " -> ".join(" + ".join(wave) for _, wave in sorted(waves.items())))
     embedder = embedder_deployment(profile, plan, after_engines)
     retriever = Retriever.options(**_options(plan, "retriever")).bind(
         profile.state_dir, embedder_dimension(profile), profile.retriever.index,

@@ -2,9 +2,7 @@
 
 from types import SimpleNamespace
 
-import pytest
-
-cpu_worker = pytest.importorskip("serve.cpu_worker")
+from serve import cpu_worker  # vLLM is in the `cpu` extra: an import that fails here is a failure, not a skip
 
 
 def test_step_threads_by_scheduled_tokens():
