@@ -111,7 +111,7 @@ class IngestRoutes(IngestJobRoutes):
             await self._charge_extraction(request, result.cpu_seconds, extraction)
             return result.extracted
 
-        pipeline = RagPipeline(RayEmbedder(self._embedder, embed_and_count), RayIndex(self._retriever),
+        pipeline = RagPipeline(RayEmbedder(self._embedder, embed_and_count, tenant), RayIndex(self._retriever),
                                pipeline_settings(self), extractor=extract_and_charge)
         started = time.perf_counter()
         counts = await pipeline.ingest(tenant, collection, inputs, on_progress)
@@ -144,7 +144,7 @@ class IngestRoutes(IngestJobRoutes):
                                                              "total_tokens": milliseconds})
 
     async def _embed_and_charge(self, request: Request, texts: list[str]) -> dict:
-        result = await self._embedder.embed.remote(texts)
+        result = await self._embedder.embed.remote(texts, self._tenant(request))
         await record_usage(request, self._embed_model_id, {"prompt_tokens": result["tokens"],
                                                            "total_tokens": result["tokens"]})
         return result

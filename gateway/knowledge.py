@@ -39,7 +39,8 @@ class KnowledgeRoutes(IngestRoutes):
         """The pipeline for one request: its embedder charges this request's tenant; with a chat model
         (`model` asks it, `prompt_model` only prompts it) the context budget counts that model's tokens."""
         chat = GatewayChat(self, request, model) if model else None
-        embedder = RayEmbedder(self._embedder, lambda texts: self._embed_and_charge(request, texts))
+        embedder = RayEmbedder(self._embedder, lambda texts: self._embed_and_charge(request, texts),
+                               self._tenant(request))
         counted = {}
         if model or prompt_model:
             tokenizer = self._engines[model or prompt_model].tokenizer

@@ -20,9 +20,10 @@ from rag.retrieval import SearchQuery, SearchResult
 
 
 class RayEmbedder:
-    def __init__(self, handle, embed_and_charge: Callable[[list[str]], Awaitable[dict]]):
+    def __init__(self, handle, embed_and_charge: Callable[[list[str]], Awaitable[dict]], tenant: str):
         self._handle = handle
         self._embed_and_charge = embed_and_charge  # the gateway's: embeds and records the tenant's usage
+        self._tenant = tenant  # whose turn a question's batch takes in the embedder
 
     async def chunk(self, text: str) -> list[Chunk]:
         return await self._handle.chunk.remote(text)
@@ -31,7 +32,7 @@ class RayEmbedder:
         return (await self._embed_and_charge(texts))["vectors"]
 
     async def embed_query(self, text: str) -> np.ndarray:
-        return await self._handle.embed_query.remote(text)
+        return await self._handle.embed_query.remote(text, self._tenant)
 
 
 class RayIndex:

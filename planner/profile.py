@@ -307,7 +307,9 @@ class EmbedderSpec(_Strict):
     model: str = Field(..., description="sentence-transformers folder.")
     hub: HubSource | None = Field(None, description="Hub repo `poolserve fetch` downloads the folder (`model`) "
                                   "from; None = the folder is provided locally.")
-    batch_size: int = Field(32, ge=1, le=1024, description="Texts embedded per forward pass.")
+    batch_size: int = Field(32, ge=1, le=1024, description="Texts embedded per forward pass. A question waits for "
+                            "the batch in progress (rag/embed_turns.py), so on CPU keep it small: 4 is as "
+                            "fast as 32 there (docs/BENCHMARKS.md section 8c).")
     num_cpus: float = Field(0.3, gt=0, description="Ray CPUs for the embedder.")
     serve: ServeSpec = _serve(64)
     torch_threads: int = Field(1, ge=1, description="torch intra-op threads (questions, and every batch while the "
@@ -322,6 +324,10 @@ class EmbedderSpec(_Strict):
                               "trained with a query instruction (bge-*-en-v1.5: 'Represent this sentence for searching "
                               "relevant passages: '); documents are embedded as they are. Empty for all-MiniLM-L6-v2.")
     max_seq_tokens: int = Field(256, ge=8, description="Longest input the embedder reads (MiniLM: 256), for activations.")
+    cpu_nice: int = Field(10, ge=0, le=19, description="The embedder's CPU priority (Linux nice, every thread): "
+                          "a bulk ingest's batches yield the cores to the chat engine, the gateway and Ray's "
+                          "proxy, which otherwise waited up to a second for a core behind them; idle cores "
+                          "still go to the batches. 0 = as every other replica (docs/SECURITY.md, bulk ingest).")
     node: str | None = Field(None, description="Pool (node) name to place the replica on; None = the first.")
 
 

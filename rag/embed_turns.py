@@ -1,8 +1,9 @@
 """How the embedder replica shares its process and the machine between callers.
 
-- BatchTurns: one forward pass at a time (the plan budgets one batch's activations), and a waiting
+- BatchTurns: one forward pass at a time (the plan budgets one batch's activations); a waiting
   question goes before waiting document batches, so a query waits for at most one batch of an
-  ingest instead of the whole ingest call.
+  ingest instead of the whole ingest call; and tenants' document batches take turns, so one
+  tenant's bulk ingest cannot starve another's embeddings or ingest.
 - IdleCores + threads_for: a document batch may borrow the cores the rest of the machine left idle
   since the last batch (the chat engine between requests), and falls back to the planned
   torch_threads when they are busy, so an ingest on an idle stack runs at the encoder's full speed
@@ -11,6 +12,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from contextlib import contextmanager
@@ -21,23 +23,51 @@ import psutil
 # Busy cores below this fraction of a core are background noise (Ray's own processes, the gateway's
 # health checks): an idle stack still counts as idle.
 ROUNDING = 0.5
+# Tenants whose last turn BatchTurns remembers; forgetting one only moves it to the front of the line once.
+MAX_TENANTS_REMEMBERED = 4096
 
 
 class BatchTurns:
+    """Who runs the next forward pass: a waiting question before any document batch, then the tenant whose
+    last batch ran longest ago (so each tenant with work waiting gets every other turn, however many calls
+    it sends at once), then the caller that asked first. Each waiter holds a ticket; the one whose ticket
+    ranks first takes the turn, so a caller that just let go cannot barge back in ahead of another tenant."""
+
     def __init__(self):
         self._changed = threading.Condition()
         self._busy = False
-        self._questions_waiting = 0
+        self._waiting: dict[int, tuple[bool, str]] = {}  # ticket -> (question, tenant)
+        self._tickets = itertools.count()
+        self._served = itertools.count(1)
+        self._last_served: dict[str, int] = {}  # tenant -> the turn it last had (0: never)
+
+    @property
+    def questions_waiting(self) -> int:
+        with self._changed:
+            return sum(question for question, _ in self._waiting.values())
+
+    def _rank(self, ticket: int) -> tuple[bool, int, int]:
+        question, tenant = self._waiting[ticket]
+        return (not question, self._last_served.get(tenant, 0), ticket)
+
+    def _first(self) -> int:
+        return min(self._waiting, key=self._rank)
 
     @contextmanager
-    def turn(self, question: bool) -> Iterator[None]:
+    def turn(self, question: bool, tenant: str = "") -> Iterator[None]:
         with self._changed:
-            self._questions_waiting += question
+            ticket = next(self._tickets)
+            self._waiting[ticket] = (question, tenant)
             try:
-                self._changed.wait_for(lambda: not self._busy and (question or not self._questions_waiting))
+                self._changed.wait_for(lambda: not self._busy and self._first() == ticket)
             finally:
-                self._questions_waiting -= question
+                del self._waiting[ticket]
+                self._changed.notify_all()  # a waiter that gave up may have been the first
             self._busy = True
+            self._last_served[tenant] = next(self._served)
+            if len(self._last_served) > MAX_TENANTS_REMEMBERED:  # the oldest memories matter least
+                for old in sorted(self._last_served, key=self._last_served.get)[:len(self._last_served) // 2]:
+                    del self._last_served[old]
         try:
             yield
         finally:

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from ray import serve
 
 from rag.embed_turns import BatchTurns, IdleCores, threads_for
+from system.priority import lower_cpu_priority
 from system.process_memory import process_tree_memory, release_freed_heap
 from serve.start_order import StartOrder
 from rag.chunking import Chunk
@@ -19,8 +20,10 @@ from rag.embedding import SentenceTransformerEmbedder
 class Embedder:
     async def __init__(self, model_path: str, model_id: str, batch_size: int, chunk_tokens: int,
                        chunk_overlap: int, torch_threads: int, start: StartOrder,
-                       device: str, ingest_threads: int | None = None, query_prefix: str = ""):
+                       device: str, ingest_threads: int | None = None, query_prefix: str = "", cpu_nice: int = 0):
         await start.wait("embedder", serve.get_replica_context().app_name)
+        # Before torch starts its OpenMP threads, which inherit it from the thread that starts them.
+        lower_cpu_priority(cpu_nice)
 
         self.model_id = model_id
         self._torch_threads = torch_threads
@@ -39,36 +42,41 @@ class Embedder:
         # One full batch at the longest input: the first user request is not the one that pays for
         # oneDNN's kernel selection, and the resident footprint is the steady one from the start.
         longest = " ".join(["warm"] * self.embedder.max_seq_length)
-        self.embed([longest] * self.embedder.batch_size)
+        self.embed([longest] * self.embedder.batch_size, tenant="")
 
-    @contextmanager
-    def _document_batch(self, _texts: int):
-        with self._turns.turn(question=False):
-            import torch
+    def _document_batches(self, tenant: str):
+        @contextmanager
+        def batch(_texts: int):
+            with self._turns.turn(question=False, tenant=tenant):
+                import torch
 
-            # Set in the thread that runs the batch: torch's thread count is per calling thread.
-            torch.set_num_threads(threads_for(self._idle_cores(), self._torch_threads, self._ingest_threads))
-            yield
+                # Set in the thread that runs the batch: torch's thread count is per calling thread.
+                torch.set_num_threads(threads_for(self._idle_cores(), self._torch_threads, self._ingest_threads))
+                yield
+        return batch
 
-    @contextmanager
-    def _question_batch(self, _texts: int):
-        with self._turns.turn(question=True):
-            import torch
+    def _question_batches(self, tenant: str):
+        @contextmanager
+        def batch(_texts: int):
+            with self._turns.turn(question=True, tenant=tenant):
+                import torch
 
-            torch.set_num_threads(self._torch_threads)
-            yield
+                torch.set_num_threads(self._torch_threads)
+                yield
+        return batch
 
-    def embed(self, texts: list[str]) -> dict:
-        """Unit-length float32 vectors of documents (or /v1/embeddings inputs) and the tokens read."""
-        result = self.embedder.embed(texts, self._document_batch)
+    def embed(self, texts: list[str], tenant: str = "") -> dict:
+        """Unit-length float32 vectors of documents (or /v1/embeddings inputs) and the tokens read; each batch
+        waits for `tenant`'s turn among the tenants with batches waiting."""
+        result = self.embedder.embed(texts, self._document_batches(tenant))
         # torch frees a batch's activations to glibc, which keeps them; hand them back to the pool
         # (a few ms) so a replica at rest holds weights + runtime, as planned.
         release_freed_heap(collect=False)
         return result
 
-    def embed_query(self, text: str):
+    def embed_query(self, text: str, tenant: str = ""):
         """A question's vector (with the profile's query prefix), ahead of waiting document batches."""
-        vector = self.embedder.embed_query(text, self._question_batch)
+        vector = self.embedder.embed_query(text, self._question_batches(tenant))
         release_freed_heap(collect=False)  # as after documents: the replica at rest stays as planned
         return vector
 

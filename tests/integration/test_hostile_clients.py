@@ -48,6 +48,25 @@ def victim(stack, demo_headers):
         http.delete("/v1/collections/hostile-kb")
 
 
+def _victim_embeddings(http: httpx.Client) -> tuple[list[float], list[int]]:
+    """The victim's own document batches: embeddings of 8 passages (two batches of the embedder's 4)."""
+    seconds, statuses = [], []
+    inputs = [f"Passage {i} of the leave policy: days carry over to March and expire after a year." for i in range(8)]
+    for _ in range(ROUNDS):
+        started = time.perf_counter()
+        statuses.append(http.post("/v1/embeddings", json={"input": inputs}).status_code)
+        seconds.append(time.perf_counter() - started)
+    return seconds, statuses
+
+
+@pytest.fixture(scope="module")
+def quiet(victim) -> dict:
+    """The victim's latencies with nobody attacking: the baseline of every attack below."""
+    chat, rag, statuses = _victim_round(victim)
+    embeddings, embedding_statuses = _victim_embeddings(victim)
+    return {"chat": chat, "rag": rag, "embeddings": embeddings, "statuses": statuses + embedding_statuses}
+
+
 def _victim_round(http: httpx.Client) -> tuple[list[float], list[float], list[int]]:
     chat, rag, statuses = [], [], []
     for _ in range(ROUNDS):
@@ -136,16 +155,96 @@ def test_an_over_long_question_is_a_400_naming_the_limit(victim):
     assert answer.status_code == 400 and "rag.max_question_chars" in answer.json()["error"]["message"]
 
 
+# A real manual nobody here wrote (bench/data): two jobs of it (a tenant's most, rag.max_ingest_jobs_per_tenant)
+# make about a minute of the embedder's work, more than the victim's rounds take.
+MANUAL = Path(__file__).resolve().parents[2] / "bench" / "data" / "sqlite-doc.jsonl.gz"
+BULK_DOCUMENTS_PER_JOB = 40
+
+
+def _job_settled(http: httpx.Client, job_id: str, seconds: float = 120) -> dict:
+    deadline = time.monotonic() + seconds
+    while True:
+        job = http.get(f"/v1/ingest/jobs/{job_id}").json()
+        if job["status"] not in ("in_progress", "cancelling") or time.monotonic() > deadline:
+            return job
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def bulk_ingest(stack, admin_headers, victim, quiet) -> dict:
+    """The victim's chat, RAG and embeddings while another tenant bulk-ingests a manual in two jobs; the
+    jobs are cancelled after the victim's rounds (they must still be embedding then)."""
+    import gzip
+
+    with gzip.open(MANUAL, "rt", encoding="utf-8") as lines:
+        manual = [json.loads(line) for line in lines]
+    name, key = create_tenant(stack, admin_headers, name=f"hostile-bulk-{uuid.uuid4().hex[:6]}")
+    attacker = httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {key}"}, timeout=120)
+    admin = httpx.Client(base_url=stack.url, headers=admin_headers, timeout=120)
+    jobs = []
+    try:
+        for part in range(2):
+            documents = [{"id": doc["id"], "text": doc["text"]}
+                         for doc in manual[part * BULK_DOCUMENTS_PER_JOB:(part + 1) * BULK_DOCUMENTS_PER_JOB]]
+            answer = attacker.post(f"/v1/collections/bulk-{part}/documents", json={"documents": documents, "async": True})
+            assert answer.status_code == 202, answer.text
+            jobs.append(answer.json()["id"])
+        deadline = time.monotonic() + 120  # both are embedding before the victim starts: a condition, not a sleep
+        while time.monotonic() < deadline and not all(
+                attacker.get(f"/v1/ingest/jobs/{job}").json()["counts"]["chunks_embedded"] > 0 for job in jobs):
+            time.sleep(0.25)
+        loud_chat, loud_rag, loud_statuses = _victim_round(victim)
+        loud_embeddings, embedding_statuses = _victim_embeddings(victim)
+        during = [attacker.get(f"/v1/ingest/jobs/{job}").json() for job in jobs]
+        for job in jobs:
+            attacker.delete(f"/v1/ingest/jobs/{job}")
+        after = [_job_settled(attacker, job) for job in jobs]
+        usage = admin.get(f"/admin/tenants/{name}/usage").json()
+    finally:
+        for job in jobs:  # never left running for the modules after this one
+            attacker.delete(f"/v1/ingest/jobs/{job}")
+        admin.delete(f"/admin/tenants/{name}")
+        attacker.close()
+        admin.close()
+    figures = {kind: {"p95_quiet": _p95(quiet[kind]), "p95_attack": _p95(loud)} for kind, loud in (
+        ("chat", loud_chat), ("rag", loud_rag), ("embeddings", loud_embeddings))}
+    figures.update({"loud_statuses": loud_statuses + embedding_statuses,
+                    "jobs_during": [(job["status"], job["counts"]) for job in during],
+                    "jobs_after": [job["status"] for job in after],
+                    "attacker_tokens": sum(row["prompt_tokens"] for row in usage["usage"]),
+                    "seconds": {name: sorted(round(v, 2) for v in samples) for name, samples in (
+                        ("chat_attack", loud_chat), ("rag_attack", loud_rag), ("embeddings_attack", loud_embeddings),
+                        ("embeddings_quiet", quiet["embeddings"]))}})
+    print(f"\nbulk ingest: {figures}")
+    return figures
+
+
+def test_a_bulk_ingest_refuses_the_other_tenant_nothing_and_is_charged_to_its_tenant(bulk_ingest):
+    assert set(bulk_ingest["loud_statuses"]) == {200}, bulk_ingest
+    # Still embedding when the victim's rounds ended (so every round ran under it), then cancelled.
+    assert all(status == "in_progress" for status, _ in bulk_ingest["jobs_during"]), bulk_ingest["jobs_during"]
+    assert set(bulk_ingest["jobs_after"]) == {"cancelled"}, bulk_ingest["jobs_after"]
+    assert bulk_ingest["attacker_tokens"] > 0  # what it embedded is on its own bill
+
+
+def test_a_bulk_ingest_leaves_the_other_tenants_p95_within_2x(bulk_ingest):
+    """Questions go before waiting document batches, the victim's own batches take turns with the attacker's,
+    and a batch is short (embedder.batch_size 4): each waits for at most one of the attacker's batches."""
+    for kind in ("chat", "rag", "embeddings"):
+        quiet, attack = bulk_ingest[kind]["p95_quiet"], bulk_ingest[kind]["p95_attack"]
+        assert attack <= max(2 * quiet, quiet + LATENCY_SLACK_S), (kind, bulk_ingest)
+
+
 def _outcomes(log: Path) -> list:
     return [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.exists() else []
 
 
 @pytest.fixture(scope="module")
-def healthz_flood(stack, victim, tmp_path_factory) -> dict:
+def healthz_flood(stack, victim, quiet, tmp_path_factory) -> dict:
     """The victim's chat and RAG quiet, then under a keyless flood of 8 MiB bodies on /healthz (once for the
     tests below): latencies, statuses and what the attacker got. The attacker's address ends over its keyless
     minute; this one (127.0.0.1) must still be answered."""
-    quiet_chat, quiet_rag, quiet_statuses = _victim_round(victim)
+    quiet_chat, quiet_rag, quiet_statuses = quiet["chat"], quiet["rag"], quiet["statuses"]
     log = tmp_path_factory.mktemp("flood") / "outcomes.jsonl"
     # From an address of its own (any 127.x reaches loopback), as an attacker elsewhere would be: the keyless
     # minute it exhausts is its own, not that of the modules after this one, which poll /healthz from 127.0.0.1.

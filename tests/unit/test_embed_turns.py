@@ -1,4 +1,4 @@
-"""rag/embed_turns.py: one batch at a time with questions first, and borrowed idle cores."""
+"""rag/embed_turns.py: one batch at a time with questions first and tenants in turn, and borrowed idle cores."""
 
 import threading
 import time
@@ -61,11 +61,114 @@ def test_one_batch_at_a_time_and_a_waiting_question_goes_first():
     for thread in waiting:  # batch 2 asks first, the question after it
         thread.start()
     for _ in range(500):  # until the question is counted as waiting (a condition, bounded at 5 s)
-        if turns._questions_waiting == 1:
+        if turns.questions_waiting == 1:
             break
         time.sleep(0.01)
-    assert turns._questions_waiting == 1
+    assert turns.questions_waiting == 1
     release.set()
     for thread in [first, *waiting]:
         thread.join(5)
     assert order == ["batch 1", "question", "batch 2"]
+
+
+def _wait_until(condition, seconds=5.0):
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert condition()
+
+
+def test_tenants_take_turns_however_many_calls_one_of_them_sends():
+    """Tenant A's bulk ingest: one batch running and three more calls waiting; then B asks for one batch.
+    B runs next, not after A's three."""
+    turns, order = BatchTurns(), []
+    release = threading.Event()
+
+    def batch(tenant, name, hold=False):
+        with turns.turn(question=False, tenant=tenant):
+            if hold:
+                release.wait(5)
+            order.append(name)
+
+    first = threading.Thread(target=batch, args=("a", "a1", True))
+    first.start()
+    _wait_until(lambda: turns._busy)
+    waiting = [threading.Thread(target=batch, args=("a", f"a{i}")) for i in (2, 3, 4)]
+    for thread in waiting:
+        thread.start()
+    _wait_until(lambda: len(turns._waiting) == 3)
+    late = threading.Thread(target=batch, args=("b", "b1"))
+    late.start()
+    _wait_until(lambda: len(turns._waiting) == 4)
+    release.set()
+    for thread in [first, *waiting, late]:
+        thread.join(5)
+    assert order[:2] == ["a1", "b1"] and sorted(order[2:]) == ["a2", "a3", "a4"]
+
+
+def test_a_caller_that_lets_go_cannot_barge_ahead_of_another_tenant():
+    """One ingest call runs its batches back to back; another tenant's call, waiting, gets every other turn."""
+    turns, order = BatchTurns(), []
+    started = threading.Event()
+
+    def ingest(tenant, batches):
+        for i in range(batches):
+            with turns.turn(question=False, tenant=tenant):
+                started.set()
+                order.append(tenant)
+                time.sleep(0.02)
+
+    a = threading.Thread(target=ingest, args=("a", 4))
+    a.start()
+    assert started.wait(5)
+    b = threading.Thread(target=ingest, args=("b", 2))
+    b.start()
+    a.join(10)
+    b.join(10)
+    assert order.count("a") == 4 and order.count("b") == 2
+    first_b = order.index("b")
+    assert first_b <= 2 and order[first_b + 1] == "a" and order[first_b + 2] == "b", order
+
+
+def test_a_waiter_that_gives_up_does_not_block_the_next():
+    turns = BatchTurns()
+    release = threading.Event()
+    done = []
+
+    def hold():
+        with turns.turn(question=False, tenant="a"):
+            release.wait(5)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    _wait_until(lambda: turns._busy)
+
+    def gives_up():
+        try:
+            with turns.turn(question=True, tenant="b"):
+                raise AssertionError("never its turn")
+        except KeyboardInterrupt:
+            done.append("gave up")
+
+    def patient():
+        with turns.turn(question=False, tenant="c"):
+            done.append("c")
+
+    # A waiter that is interrupted while waiting (wait_for raising) leaves the line cleanly.
+    original = turns._changed.wait_for
+
+    def interrupted(predicate, timeout=None):
+        if threading.current_thread().name == "quitter":
+            raise KeyboardInterrupt
+        return original(predicate, timeout)
+
+    turns._changed.wait_for = interrupted
+    quitter = threading.Thread(target=gives_up, name="quitter")
+    quitter.start()
+    quitter.join(5)
+    other = threading.Thread(target=patient)
+    other.start()
+    release.set()
+    for thread in (holder, other):
+        thread.join(5)
+    assert done == ["gave up", "c"] and not turns._waiting

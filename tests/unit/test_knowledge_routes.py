@@ -37,15 +37,20 @@ class Handle:
 
 
 class EmbedderReplica:
+    def __init__(self):
+        self.turns_of = []  # the tenant each call's batches queue as (rag/embed_turns.py)
+
     def chunk(self, text):
         return paragraph_chunks(text)
 
-    def embed(self, texts):
+    def embed(self, texts, tenant):
         import numpy as np
 
+        self.turns_of.append(("documents", tenant))
         return {"vectors": np.stack([bag_of_words(t) for t in texts]), "tokens": sum(len(t.split()) for t in texts)}
 
-    def embed_query(self, text):
+    def embed_query(self, text, tenant):
+        self.turns_of.append(("question", tenant))
         return bag_of_words(text)
 
 
@@ -144,6 +149,8 @@ def test_ingest_then_query_answers_with_citations(gateway):
     assert prompt.max_tokens == RagSpec().answer_max_tokens and prompt.temperature == 0.0
     assert "[1] The Zorblax reactor was invented" in prompt.messages[0]["content"]
     assert gateway.checked == ["chat-model"]  # the prompt went through the gateway's length/TPM check
+    # The documents' and the question's batches wait in the embedder as this tenant's (one turn per tenant).
+    assert gateway._embedder._target.turns_of == [("documents", "tenant-a"), ("question", "tenant-a")]
 
 
 @pytest.mark.parametrize("question, top_k, message", [("   ", 2, "no question"), ("cats?", 6, "above the limit")])
