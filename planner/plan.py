@@ -259,7 +259,7 @@ def _side_replicas(profile: Profile, gpu: bool, dim: int, first_order: int = 1,
     else:
         emb_act = emb.batch_size * emb.max_seq_tokens * (dim * 16 + heads * emb.max_seq_tokens * 4)
     emb_lines = {"weights": emb_weights, "activations": emb_act, "runtime": runtime.EMBEDDER_RUNTIME,
-                 "mapped_files": runtime.EMBEDDER_MAPPED_FILES}
+                 "mapped_files": runtime.EMBEDDER_MAPPED_FILES, "traffic_growth": runtime.EMBEDDER_TRAFFIC_GROWTH}
     if gpu:
         emb_lines["cuda_context"] = runtime.EMBEDDER_CUDA_CONTEXT
     n = ret.capacity_chunks
@@ -284,7 +284,8 @@ def _side_replicas(profile: Profile, gpu: bool, dim: int, first_order: int = 1,
                            serve=spec.serve)
 
     return [
-        replica("embedder", emb_lines, emb, emb.torch_threads, first_order, growth=0 if gpu else emb_act,
+        replica("embedder", emb_lines, emb, emb.torch_threads, first_order,
+                growth=runtime.EMBEDDER_TRAFFIC_GROWTH + (0 if gpu else emb_act),
                 gpus=gpu_fraction(sum(emb_lines.values()), pool_bytes) if gpu else 0.0),
         replica("retriever", ret_lines, ret, ret.faiss_threads, first_order + 1,
                 growth=index + n * 56 + ret.sqlite_cache_bytes,

@@ -112,6 +112,12 @@ GB10_SPECULATOR_GRAPH_CAPTURE = int(5.5 * GiB)
 # where a warm venv's replica measures ~10% under (file pages 65-75 MiB).
 EMBEDDER_RUNTIME = 350 * MB
 EMBEDDER_MAPPED_FILES = 125 * MB
+# What it grows beyond that under traffic, with batches of 4 (2026-12-05, every forward pass on one
+# thread): after the suite's hostile-client tests (a bulk ingest in two jobs beside another tenant's
+# embeddings and questions) the replica measured 607.6 MB (anon 470.0, file 136.8) against 552 MB
+# (420 + 107 MiB) fresh: +55 MB, of which about 30 MB more library pages mapped and 25 MB heap. With
+# batches of 32 the activations line (151 MB) had hidden this growth; at 4 it is 19 MB.
+EMBEDDER_TRAFFIC_GROWTH = 64 * MB
 # Gateway = an OpenAiIngress subclass (ray.serve.llm imports vllm, pyarrow, fastapi) plus the chat
 # tokenizer and the tenant store: heap 0.497 GiB (it grows a little with traffic), mapped files
 # 0.037 GiB (warm venv) to 0.065 GiB (a fresh clone after the suite's traffic, as CI runs it).

@@ -6,20 +6,24 @@ bench/bench_ingest.py use it directly.
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
-from typing import Callable
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from rag.chunking import Chunk, Chunker, fast_tokenizer_spans
 
-# Entered around each forward pass of at most batch_size texts: the replica takes its turn there
-# (one batch's activations at a time) and picks the batch's thread count.
-BatchGuard = Callable[[int], AbstractContextManager]
+# Runs one forward pass (a no-argument callable) and returns its result.
+ForwardRunner = Callable[[Callable[[], Any]], Any]
+# Entered around each forward pass of at most batch_size texts; it yields the runner of that pass. The
+# replica takes its turn there (one batch's activations at a time) and runs the pass on its one forward
+# thread with the batch's thread count.
+BatchGuard = Callable[[int], AbstractContextManager[ForwardRunner]]
 
 
-def no_guard(_texts: int) -> AbstractContextManager:
-    return nullcontext()
+@contextmanager
+def no_guard(_texts: int) -> Iterator[ForwardRunner]:
+    yield lambda forward: forward()
 
 
 class SentenceTransformerEmbedder:
@@ -53,10 +57,11 @@ class SentenceTransformerEmbedder:
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
         for start in range(0, len(order), self.batch_size):
             rows = order[start:start + self.batch_size]
-            with guard(len(rows)):
-                vectors[rows] = self.model.encode(
-                    [texts[i] for i in rows], batch_size=self.batch_size, normalize_embeddings=True,
-                    convert_to_numpy=True, show_progress_bar=False)
+            batch = [texts[i] for i in rows]
+            with guard(len(rows)) as run:
+                vectors[rows] = run(lambda: self.model.encode(
+                    batch, batch_size=self.batch_size, normalize_embeddings=True,
+                    convert_to_numpy=True, show_progress_bar=False))
         return {"vectors": vectors, "tokens": self.tokens_read(texts)}
 
     def tokens_read(self, texts: list[str]) -> int:

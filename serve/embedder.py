@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 from ray import serve
 
-from rag.embed_turns import BatchTurns, IdleCores, threads_for
+from rag.embed_turns import BatchTurns, IdleCores, OneForwardThread, threads_for
 from system.priority import lower_cpu_priority
 from system.process_memory import process_tree_memory, release_freed_heap
 from serve.start_order import StartOrder
@@ -31,6 +31,7 @@ class Embedder:
         # One batch in flight: the plan budgets one batch's activations, and concurrent encodes on the
         # same cores only share them (measured: four at once held 4x the activations, 0.5 GiB over budget).
         self._turns = BatchTurns()
+        self._forward = OneForwardThread()
         self._idle_cores = IdleCores(len(os.sched_getaffinity(0)))
         # `cuda` only when the plan gave this replica a GPU share: Ray then sets CUDA_VISIBLE_DEVICES to it.
         self.embedder = SentenceTransformerEmbedder(model_path, batch_size, chunk_tokens, chunk_overlap, device,
@@ -48,21 +49,15 @@ class Embedder:
         @contextmanager
         def batch(_texts: int):
             with self._turns.turn(question=False, tenant=tenant):
-                import torch
-
-                # Set in the thread that runs the batch: torch's thread count is per calling thread.
-                torch.set_num_threads(threads_for(self._idle_cores(), self._torch_threads, self._ingest_threads))
-                yield
+                yield self._forward.runner(threads_for(self._idle_cores(), self._torch_threads,
+                                                       self._ingest_threads))
         return batch
 
     def _question_batches(self, tenant: str):
         @contextmanager
         def batch(_texts: int):
             with self._turns.turn(question=True, tenant=tenant):
-                import torch
-
-                torch.set_num_threads(self._torch_threads)
-                yield
+                yield self._forward.runner(self._torch_threads)
         return batch
 
     def embed(self, texts: list[str], tenant: str = "") -> dict:
@@ -97,3 +92,4 @@ class Embedder:
 
     def ready(self) -> bool:
         return True
+

@@ -2,10 +2,11 @@
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from rag.embed_turns import BatchTurns, IdleCores, threads_for
+from rag.embed_turns import BatchTurns, IdleCores, OneForwardThread, threads_for
 
 
 @pytest.mark.parametrize("idle, least, most, expected", [
@@ -172,3 +173,26 @@ def test_a_waiter_that_gives_up_does_not_block_the_next():
     for thread in (holder, other):
         thread.join(5)
     assert done == ["gave up", "c"] and not turns._waiting
+
+
+def test_every_forward_pass_runs_on_one_thread_with_its_batchs_thread_count():
+    """Callers on many threads (Serve's pool), passes on one: one OpenMP team, one arena."""
+    counts = []
+    forward = OneForwardThread(set_threads=counts.append)
+    ran_on = []
+
+    def call(threads):
+        return forward.runner(threads)(lambda: ran_on.append(threading.get_ident()) or threads * 10)
+
+    with ThreadPoolExecutor(4) as callers:
+        results = list(callers.map(call, [1, 1, 2, 2, 1]))
+    assert results == [10, 10, 20, 20, 10]
+    assert len(set(ran_on)) == 1 and ran_on[0] != threading.get_ident()
+    assert counts[0] == 1 and len(counts) <= 5 and all(a != b for a, b in zip(counts, counts[1:]))
+
+
+def test_a_failing_pass_raises_in_its_caller():
+    forward = OneForwardThread(set_threads=lambda threads: None)
+    with pytest.raises(ZeroDivisionError):
+        forward.runner(1)(lambda: 1 / 0)
+    assert forward.runner(1)(lambda: "still serving") == "still serving"

@@ -23,13 +23,19 @@ def embedder():
 def test_batches_go_through_the_guard_one_at_a_time_longest_first(embedder):
     seen = []
 
+    ran = []
+
+    def run(forward):
+        ran.append(len(seen))
+        return forward()
+
     @contextmanager
     def guard(texts):
         seen.append(texts)
-        yield
+        yield run
 
     result = embedder.embed(TEXTS, guard)
-    assert seen == [2, 2, 1]
+    assert seen == [2, 2, 1] and ran == [1, 2, 3]  # each pass ran through its guard's runner
     expected = embedder.model.encode(TEXTS, batch_size=2, normalize_embeddings=True)
     np.testing.assert_allclose(result["vectors"], expected, atol=1e-5)  # rows stay in the caller's order
     assert result["vectors"].dtype == np.float32
