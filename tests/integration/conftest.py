@@ -206,9 +206,10 @@ if __name__ == "__main__":  # start a stack for REUSE_ENV and leave it running
     print(f"healthy in {dev.start():.0f}s at {dev.url}; {REUSE_ENV}={target}")
 
 
-def with_most_of_a_minute_left(seconds_needed: float = 30.0) -> None:
+def with_most_of_a_minute_left(seconds_needed: float) -> None:
     """TPM windows are clock minutes: a test whose requests must share one starts early in one (a new
-    minute between them holds none of the first one's tokens). Waits at most `seconds_needed`."""
+    minute between them holds none of the first one's tokens). Waits, at most `seconds_needed`, when
+    less than that is left of this minute; each test asks for what its requests take, with margin."""
     left = 60.0 - time.time() % 60.0
     if left < seconds_needed:
         time.sleep(left + 0.1)

@@ -130,7 +130,8 @@ def test_an_oversized_body_is_an_openai_shaped_413(client):
 
 def test_tpm_charges_the_estimate_before_running_and_settles_after(stack, admin_headers):
     name, headers = _new_tenant(stack, admin_headers, tpm=300)
-    with_most_of_a_minute_left()  # a new minute between the requests would hold none of the first's tokens
+    # A new minute between the requests would hold none of the first's tokens; they take about a second.
+    with_most_of_a_minute_left(10)
     with httpx.Client(base_url=stack.url, headers=headers, timeout=120) as http:
         chat = {"model": MODEL, "messages": [{"role": "user", "content": "Say hello."}], "temperature": 0}
         ok = http.post("/v1/chat/completions", json={**chat, "max_tokens": 20})

@@ -105,7 +105,7 @@ def test_rpm_limit_answers_429_with_retry_after(stack, admin_headers):
 
 def test_tpm_limit_answers_429_after_tokens_are_spent(stack, admin_headers):
     _, headers = _create_tenant(stack, admin_headers, tpm=50)
-    with_most_of_a_minute_left()
+    with_most_of_a_minute_left(10)  # two short chats
     with httpx.Client(base_url=stack.url, headers=headers, timeout=120) as http:
         first = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 30, "temperature": 0,
                                                         "messages": [{"role": "user", "content": "Tell me a story."}]})
