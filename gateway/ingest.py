@@ -134,7 +134,8 @@ class IngestRoutes(IngestJobRoutes):
             spec = self._extraction_spec()
             pool = self._extraction_workers = ExtractionPool(ExtractionLimits(
                 workers=spec.workers, cpu_seconds=spec.cpu_seconds, memory_bytes=spec.memory_bytes,
-                wall_seconds=spec.wall_seconds, max_locations=spec.max_locations))
+                wall_seconds=spec.wall_seconds, max_locations=spec.max_locations,
+                cpu_nice=spec.cpu_nice))
         return pool
 
     async def _charge_extraction(self, request: Request, cpu_seconds: float, total: dict) -> None:

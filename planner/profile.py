@@ -385,6 +385,9 @@ class ExtractionSpec(_Strict):
                                "plan counts it as the gateway's growth, once per worker.")
     wall_seconds: float = Field(120.0, gt=0, description="Wall-clock limit per document (a child waiting on nothing "
                                 "the CPU cap can see); over it is a 422 naming the limit.")
+    cpu_nice: int = Field(10, ge=0, le=19, description="Each document's child runs at this Linux nice, as the "
+                          "embedder does (embedder.cpu_nice): a heavy upload yields the cores to other tenants' chat "
+                          "and questions (docs/SECURITY.md, heavy extraction).")
     max_document_bytes: Size = Field(parse_size("32MiB"), description="Largest uploaded file (base64 or multipart) "
                                      "before extraction; larger is a 413.")
     max_locations: int = Field(2000, ge=1, description="Pages, slides or sections that get their own citation "

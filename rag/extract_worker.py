@@ -31,6 +31,7 @@ class ExtractionLimits:
     memory_bytes: int
     wall_seconds: float
     max_locations: int
+    cpu_nice: int = 0
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,8 @@ class ExtractionPool:
     def extract_blocking(self, content: str | bytes, content_type: str) -> ExtractionResult:
         job = {"content_type": normalize_content_type(content_type), "binary": isinstance(content, bytes),
                "cpu_seconds": self.limits.cpu_seconds, "memory_bytes": self.limits.memory_bytes,
-               "wall_seconds": self.limits.wall_seconds, "max_locations": self.limits.max_locations}
+               "wall_seconds": self.limits.wall_seconds, "max_locations": self.limits.max_locations,
+               "cpu_nice": self.limits.cpu_nice}
         data = content if isinstance(content, bytes) else content.encode("utf-8", "surrogatepass")
         with self._slots:
             with self._lock:

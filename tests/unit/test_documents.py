@@ -156,3 +156,17 @@ def test_base64_and_multipart_uploads_reach_the_same_extraction(http):
 def test_bad_uploads_are_4xx_naming_the_problem(http, document, status, message):
     response = http.post("/v1/collections/facts/documents", json={"documents": [document]})
     assert response.status_code == status and message in response.text, response.text
+
+
+def test_a_documents_child_runs_at_the_profiles_nice():
+    """rag/extract_child.py _cap: the caps and the nice (rag.extraction.cpu_nice) of a document's child; in a
+    process of its own, since the caps and the nice stay with the process that sets them."""
+    import subprocess
+    import sys
+
+    code = ("import os; from rag.extract_child import _cap; "
+            "_cap({'cpu_seconds': 5, 'memory_bytes': 2**31, 'cpu_nice': 7}); print(os.getpriority(os.PRIO_PROCESS, 0))")
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60,
+                         env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0 and out.stdout.strip() == "7", out.stderr
