@@ -27,6 +27,7 @@ import pypdf  # noqa: F401
 
 from rag.documents import UnreadableDocument
 from rag.extract import extract
+from system.priority import lower_cpu_priority
 
 HEADER_BYTES = 8
 
@@ -118,9 +119,7 @@ def _cap(job: dict) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_CPU, (job["cpu_seconds"], job["cpu_seconds"] + 1))
     resource.setrlimit(resource.RLIMIT_AS, (job["memory_bytes"], job["memory_bytes"]))
-    # Background work: other tenants' requests come first for the cores (one thread: the process is enough).
-    if job.get("cpu_nice", 0) > os.getpriority(os.PRIO_PROCESS, 0):
-        os.setpriority(os.PRIO_PROCESS, 0, job["cpu_nice"])
+    lower_cpu_priority(job.get("cpu_nice", 0))  # background work: other tenants' requests come first for the cores
 
 
 if __name__ == "__main__":

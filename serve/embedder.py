@@ -43,27 +43,23 @@ class Embedder:
         # One full batch at the longest input: the first user request is not the one that pays for
         # oneDNN's kernel selection, and the resident footprint is the steady one from the start.
         longest = " ".join(["warm"] * self.embedder.max_seq_length)
-        self.embed([longest] * self.embedder.batch_size, tenant="")
+        self.embed([longest] * self.embedder.batch_size)
 
-    def _document_batches(self, tenant: str):
+    def _batches(self, tenant: str, question: bool):
+        """The guard of each forward pass: `tenant`'s turn, then the pass on the forward thread, a question's
+        on the planned threads, a document batch's on the cores the rest of the machine leaves idle."""
         @contextmanager
         def batch(_texts: int):
-            with self._turns.turn(question=False, tenant=tenant):
-                yield self._forward.runner(threads_for(self._idle_cores(), self._torch_threads,
-                                                       self._ingest_threads))
-        return batch
-
-    def _question_batches(self, tenant: str):
-        @contextmanager
-        def batch(_texts: int):
-            with self._turns.turn(question=True, tenant=tenant):
-                yield self._forward.runner(self._torch_threads)
+            with self._turns.turn(question=question, tenant=tenant):
+                threads = self._torch_threads if question else threads_for(
+                    self._idle_cores(), self._torch_threads, self._ingest_threads)
+                yield self._forward.runner(threads)
         return batch
 
     def embed(self, texts: list[str], tenant: str = "") -> dict:
         """Unit-length float32 vectors of documents (or /v1/embeddings inputs) and the tokens read; each batch
         waits for `tenant`'s turn among the tenants with batches waiting."""
-        result = self.embedder.embed(texts, self._document_batches(tenant))
+        result = self.embedder.embed(texts, self._batches(tenant, question=False))
         # torch frees a batch's activations to glibc, which keeps them; hand them back to the pool
         # (a few ms) so a replica at rest holds weights + runtime, as planned.
         release_freed_heap(collect=False)
@@ -71,7 +67,7 @@ class Embedder:
 
     def embed_query(self, text: str, tenant: str = ""):
         """A question's vector (with the profile's query prefix), ahead of waiting document batches."""
-        vector = self.embedder.embed_query(text, self._question_batches(tenant))
+        vector = self.embedder.embed_query(text, self._batches(tenant, question=True))
         release_freed_heap(collect=False)  # as after documents: the replica at rest stays as planned
         return vector
 

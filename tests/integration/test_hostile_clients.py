@@ -13,7 +13,9 @@ import subprocess
 import sys
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -170,6 +172,25 @@ def _job_settled(http: httpx.Client, job_id: str, seconds: float = 120) -> dict:
         time.sleep(0.5)
 
 
+@contextmanager
+def _attacking_tenant(stack, admin_headers, kind: str):
+    """A tenant of its own for one attack, its client and an admin client; the ingest jobs it records in
+    `jobs` are cancelled and the tenant deleted at the end, whatever happened (never left running for the
+    tests after it)."""
+    name, key = create_tenant(stack, admin_headers, name=f"hostile-{kind}-{uuid.uuid4().hex[:6]}")
+    attacker = SimpleNamespace(name=name, jobs=[], http=httpx.Client(
+        base_url=stack.url, headers={"Authorization": f"Bearer {key}"}, timeout=120))
+    admin = httpx.Client(base_url=stack.url, headers=admin_headers, timeout=120)
+    try:
+        yield attacker, admin
+    finally:
+        for job in attacker.jobs:
+            attacker.http.delete(f"/v1/ingest/jobs/{job}")
+        admin.delete(f"/admin/tenants/{name}")
+        attacker.http.close()
+        admin.close()
+
+
 @pytest.fixture(scope="module")
 def bulk_ingest(stack, admin_headers, victim, quiet) -> dict:
     """The victim's chat, RAG and embeddings while another tenant bulk-ingests a manual in two jobs; the
@@ -178,34 +199,26 @@ def bulk_ingest(stack, admin_headers, victim, quiet) -> dict:
 
     with gzip.open(MANUAL, "rt", encoding="utf-8") as lines:
         manual = [json.loads(line) for line in lines]
-    name, key = create_tenant(stack, admin_headers, name=f"hostile-bulk-{uuid.uuid4().hex[:6]}")
-    attacker = httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {key}"}, timeout=120)
-    admin = httpx.Client(base_url=stack.url, headers=admin_headers, timeout=120)
-    jobs = []
-    try:
+    with _attacking_tenant(stack, admin_headers, "bulk") as (attacker, admin):
+        jobs = attacker.jobs
         for part in range(2):
             documents = [{"id": doc["id"], "text": doc["text"]}
                          for doc in manual[part * BULK_DOCUMENTS_PER_JOB:(part + 1) * BULK_DOCUMENTS_PER_JOB]]
-            answer = attacker.post(f"/v1/collections/bulk-{part}/documents", json={"documents": documents, "async": True})
+            answer = attacker.http.post(f"/v1/collections/bulk-{part}/documents",
+                                        json={"documents": documents, "async": True})
             assert answer.status_code == 202, answer.text
             jobs.append(answer.json()["id"])
         deadline = time.monotonic() + 120  # both are embedding before the victim starts: a condition, not a sleep
         while time.monotonic() < deadline and not all(
-                attacker.get(f"/v1/ingest/jobs/{job}").json()["counts"]["chunks_embedded"] > 0 for job in jobs):
+                attacker.http.get(f"/v1/ingest/jobs/{job}").json()["counts"]["chunks_embedded"] > 0 for job in jobs):
             time.sleep(0.25)
         loud_chat, loud_rag, loud_statuses = _victim_round(victim)
         loud_embeddings, embedding_statuses = _victim_embeddings(victim)
-        during = [attacker.get(f"/v1/ingest/jobs/{job}").json() for job in jobs]
+        during = [attacker.http.get(f"/v1/ingest/jobs/{job}").json() for job in jobs]
         for job in jobs:
-            attacker.delete(f"/v1/ingest/jobs/{job}")
-        after = [_job_settled(attacker, job) for job in jobs]
-        usage = admin.get(f"/admin/tenants/{name}/usage").json()
-    finally:
-        for job in jobs:  # never left running for the modules after this one
-            attacker.delete(f"/v1/ingest/jobs/{job}")
-        admin.delete(f"/admin/tenants/{name}")
-        attacker.close()
-        admin.close()
+            attacker.http.delete(f"/v1/ingest/jobs/{job}")
+        after = [_job_settled(attacker.http, job) for job in jobs]
+        usage = admin.get(f"/admin/tenants/{attacker.name}/usage").json()
     figures = {kind: {"p95_quiet": _p95(quiet[kind]), "p95_attack": _p95(loud)} for kind, loud in (
         ("chat", loud_chat), ("rag", loud_rag), ("embeddings", loud_embeddings))}
     figures.update({"loud_statuses": loud_statuses + embedding_statuses,
@@ -245,26 +258,17 @@ def heavy_extraction(stack, admin_headers, victim, quiet) -> dict:
     """The victim's chat and RAG while another tenant's ingest job extracts two 1.8 M-character Markdown lists,
     each in a capped child of the gateway (the victim's rounds start as the job does; the cap ends it after
     about 7 s of CPU, within the rounds); then the job is cancelled if it still runs."""
-    name, key = create_tenant(stack, admin_headers, name=f"hostile-md-{uuid.uuid4().hex[:6]}")
-    attacker = httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {key}"}, timeout=120)
-    admin = httpx.Client(base_url=stack.url, headers=admin_headers, timeout=120)
-    job = None
-    try:
+    with _attacking_tenant(stack, admin_headers, "md") as (attacker, admin):
         documents = [{"id": f"list-{i}", "text": HEAVY_MARKDOWN, "content_type": "text/markdown"} for i in range(2)]
-        answer = attacker.post("/v1/collections/heavy/documents", json={"documents": documents, "async": True})
+        answer = attacker.http.post("/v1/collections/heavy/documents", json={"documents": documents, "async": True})
         assert answer.status_code == 202, answer.text
         job = answer.json()["id"]
+        attacker.jobs.append(job)
         loud_chat, loud_rag, loud_statuses = _victim_round(victim)
-        during = attacker.get(f"/v1/ingest/jobs/{job}").json()
-        attacker.delete(f"/v1/ingest/jobs/{job}")
-        after = _job_settled(attacker, job, seconds=180)
-        usage = admin.get(f"/admin/tenants/{name}/usage").json()
-    finally:
-        if job:
-            attacker.delete(f"/v1/ingest/jobs/{job}")
-        admin.delete(f"/admin/tenants/{name}")
-        attacker.close()
-        admin.close()
+        during = attacker.http.get(f"/v1/ingest/jobs/{job}").json()
+        attacker.http.delete(f"/v1/ingest/jobs/{job}")
+        after = _job_settled(attacker.http, job, seconds=180)
+        usage = admin.get(f"/admin/tenants/{attacker.name}/usage").json()
     figures = {kind: {"p95_quiet": _p95(quiet[kind]), "p95_attack": _p95(loud)} for kind, loud in (
         ("chat", loud_chat), ("rag", loud_rag))}
     figures.update({"loud_statuses": loud_statuses, "job_during": (during["status"], during["stage"]),
