@@ -313,8 +313,9 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
     env = {"OMP_NUM_THREADS": str(omp), "MKL_NUM_THREADS": str(omp), "TOKENIZERS_PARALLELISM": "false"}
     if not gpu:
         env["VLLM_CPU_OMP_THREADS_BIND"] = omp_bind(chat.omp_bind, omp) if one_rank else chat.omp_bind
+        args["worker_cls"] = STEP_THREADS_WORKER
+        env[WORKER_IDLE_SPIN_ENV] = f"{chat.worker_idle_spin_s:g}"
         if decode_omp < omp:
-            args["worker_cls"] = STEP_THREADS_WORKER
             env.update({NARROW_STEP_THREADS_ENV: str(decode_omp), WIDE_STEP_TOKENS_ENV: str(chat.wide_step_tokens)})
         if omp > 1:
             # The ngram proposer's numba kernels on numba's OpenMP layer cost a second core all its gain
@@ -349,11 +350,12 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
     return EnginePlan(arch, breakdown, EngineArgs(**args), env, facts, comp, disk, page_cache, drafter, notes)
 
 
-# The CPU worker that runs a prefill on all the engine's threads and a decode step on fewer
-# (serve/cpu_worker.py, which reads these two variables).
+# The CPU worker that runs a prefill on all the engine's threads and a decode step on fewer, and busy-waits
+# only briefly for its next step (serve/cpu_worker.py, which reads these variables).
 STEP_THREADS_WORKER = "serve.cpu_worker.StepThreadsCPUWorker"
 NARROW_STEP_THREADS_ENV = "POOLSERVE_NARROW_STEP_THREADS"
 WIDE_STEP_TOKENS_ENV = "POOLSERVE_WIDE_STEP_TOKENS"
+WORKER_IDLE_SPIN_ENV = "POOLSERVE_WORKER_IDLE_SPIN_S"
 
 
 def cpu_threads(chat: ChatSpec, cpus: float, other_threads: int, step_threads: bool) -> tuple[int, int]:

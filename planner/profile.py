@@ -257,6 +257,12 @@ class ChatSpec(_Strict):
     # prompt 300-1,000 (docs/BENCHMARKS.md section 2d').
     wide_step_tokens: int = Field(128, ge=1, description="CPU: a step of at least this many tokens (a prefill) runs "
                                   "on omp_threads, smaller ones on decode_omp_threads (serve/cpu_worker.py).")
+    # 0.05 s: vLLM's Worker busy-waits (sched_yield) 1 s for its next step after each one, a core of two held
+    # for a second after every request; with 0.05 s another tenant's chat p95 beside a bulk ingest went from
+    # 1.1-7.9x quiet to 1.0-1.5x (docs/SECURITY.md), and a generation's steps still follow within it.
+    worker_idle_spin_s: float = Field(0.05, ge=0, le=1.0, description="CPU: how long the vLLM Worker busy-waits for "
+                                      "its next step after the last before it sleeps on its socket (vLLM: 1 s); "
+                                      "serve/cpu_worker.py.")
     speculative: SpeculativeSpec = Field(default_factory=SpeculativeSpec, description="Speculative decoding.")
     warmup_prompt: str = Field("Say OK.", description="Sent once before the replica reports ready.")
     heap_trim_interval_s: float = Field(60.0, ge=0, description="How often the chat replica hands the freed heap "

@@ -8,16 +8,23 @@ at least `POOLSERVE_WIDE_STEP_TOKENS` tokens (a prompt's prefill) runs on the pl
 and any other step (decoding, speculation's few tokens per sequence) on `POOLSERVE_NARROW_STEP_THREADS`.
 The planner sets both (planner/engine.py); the thread team and its core binding stay as vLLM made them,
 only the number of threads a parallel region uses changes.
+
+Between steps the Worker waits for the next on a shared-memory queue: vLLM busy-waits (sched_yield) for
+a second after each step before it sleeps on the queue's socket, which on a GPU host costs a spare core
+and here holds one of two cores for a second after every request, beside the other tenants' requests
+and the embedder. The Worker busy-waits for `POOLSERVE_WORKER_IDLE_SPIN_S` instead (chat.worker_idle_spin_s).
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import torch
+from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
 from vllm.v1.worker.cpu_worker import CPUWorker
 
-from planner.engine import NARROW_STEP_THREADS_ENV, WIDE_STEP_TOKENS_ENV
+from planner.engine import NARROW_STEP_THREADS_ENV, WIDE_STEP_TOKENS_ENV, WORKER_IDLE_SPIN_ENV
 
 
 def step_threads(scheduled_tokens: int, wide_threads: int, narrow_threads: int, wide_step_tokens: int) -> int:
@@ -25,8 +32,26 @@ def step_threads(scheduled_tokens: int, wide_threads: int, narrow_threads: int, 
     return wide_threads if scheduled_tokens >= wide_step_tokens else min(narrow_threads, wide_threads)
 
 
+def limit_idle_spin(seconds: float) -> None:
+    """Queue readers created from now on in this process busy-wait `seconds` after a read, not vLLM's 1 s.
+    The Worker makes its step queue's reader after it makes the worker (WorkerProc.__init__), so a worker's
+    __init__ is early enough."""
+    init = SpinCondition.__init__
+    last = list(inspect.signature(init).parameters)[-1]
+    if last != "busy_loop_s" or not init.__defaults__:
+        raise RuntimeError(f"vLLM's SpinCondition no longer ends with busy_loop_s (it ends with {last!r}): "
+                           f"serve/cpu_worker.py cannot limit the Worker's busy-wait")
+    init.__defaults__ = (*init.__defaults__[:-1], seconds)
+
+
 class StepThreadsCPUWorker(CPUWorker):
-    """vLLM's CPU worker, with the number of OpenMP threads chosen per step (see the module's doc)."""
+    """vLLM's CPU worker, with the number of OpenMP threads chosen per step and a short busy-wait between
+    steps (see the module's doc)."""
+
+    def __init__(self, *args, **kwargs):
+        if WORKER_IDLE_SPIN_ENV in os.environ:
+            limit_idle_spin(float(os.environ[WORKER_IDLE_SPIN_ENV]))
+        super().__init__(*args, **kwargs)
 
     def init_device(self):
         # vLLM replaces torch.set_num_threads with a no-op once the threads are bound; keep the real one.

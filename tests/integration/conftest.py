@@ -195,12 +195,13 @@ def openai_client(stack):
     return OpenAI(base_url=f"{stack.url}/v1", api_key=DEMO_KEY, timeout=120, max_retries=0)
 
 
-if __name__ == "__main__":  # start a stack for REUSE_ENV and leave it running
+if __name__ == "__main__":  # start a stack for REUSE_ENV and leave it running: DIR [chat.FIELD=VALUE ...]
     import sys
 
     target = Path(sys.argv[1])
     target.mkdir(parents=True, exist_ok=True)
-    dev = Stack(write_stack_config(target, _free_port()), 0, target / "serve.log")
+    chat = {key.removeprefix("chat."): yaml.safe_load(value) for key, value in (a.split("=", 1) for a in sys.argv[2:])}
+    dev = Stack(write_stack_config(target, _free_port(), chat_overrides=chat), 0, target / "serve.log")
     dev.port = yaml.safe_load((target / "profile.yaml").read_text())["gateway"]["port"]
     dev.url = dev.origin = f"http://127.0.0.1:{dev.port}"
     print(f"healthy in {dev.start():.0f}s at {dev.url}; {REUSE_ENV}={target}")

@@ -1,6 +1,9 @@
-"""serve/cpu_worker.py: a step of at least the wide-step threshold runs on every planned thread, others on fewer."""
+"""serve/cpu_worker.py: a step of at least the wide-step threshold runs on every planned thread, others on fewer;
+the Worker busy-waits for its next step only as long as planned."""
 
 from types import SimpleNamespace
+
+import pytest
 
 from serve import cpu_worker  # vLLM is in the `cpu` extra: an import that fails here is a failure, not a skip
 
@@ -21,3 +24,30 @@ def test_the_worker_switches_threads_only_when_a_step_needs_another_count(monkey
     for tokens in (900, 5, 5, 80, 300, 2048, 1):
         assert worker.execute_model(SimpleNamespace(total_num_scheduled_tokens=tokens)) == "output"
     assert calls == [1, 2, 1] and len(ran) == 7
+
+
+def test_the_worker_limits_the_busy_wait_of_the_queue_readers_it_makes_next(monkeypatch):
+    from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+
+    monkeypatch.setattr(SpinCondition.__init__, "__defaults__", SpinCondition.__init__.__defaults__)  # restored after
+    assert SpinCondition.__init__.__defaults__[-1] == 1  # vLLM's: a second of sched_yield after every step
+    monkeypatch.setattr(cpu_worker.CPUWorker, "__init__", lambda self, *args, **kwargs: None)
+    monkeypatch.delenv("POOLSERVE_WORKER_IDLE_SPIN_S", raising=False)
+    cpu_worker.StepThreadsCPUWorker()
+    assert SpinCondition.__init__.__defaults__[-1] == 1  # not planned: vLLM's own
+    monkeypatch.setenv("POOLSERVE_WORKER_IDLE_SPIN_S", "0.05")
+    cpu_worker.StepThreadsCPUWorker()
+    assert SpinCondition.__init__.__defaults__[-1] == 0.05
+
+
+def test_a_vllm_whose_spin_condition_changed_is_a_clear_error(monkeypatch):
+    from vllm.distributed.device_communicators import shm_broadcast
+
+    class Changed:
+        def __init__(self, is_reader, context, notify_address, spin_seconds=1.0):
+            pass
+
+    monkeypatch.setattr(cpu_worker, "SpinCondition", Changed)
+    with pytest.raises(RuntimeError, match="busy_loop_s"):
+        cpu_worker.limit_idle_spin(0.05)
+    assert shm_broadcast.SpinCondition.__init__.__defaults__[-1] == 1

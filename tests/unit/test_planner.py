@@ -214,7 +214,10 @@ def test_chat_omp_threads_reach_the_engine_env(tmp_path):
     plan = build_plan(load_profile(_profile(tmp_path, "cpu-tiny", **{"chat.omp_threads": 1})), 24 * GiB)
     assert plan.replica("chat").env["VLLM_CPU_OMP_THREADS_BIND"] == "auto"
     assert "NUMBA_THREADING_LAYER" not in plan.replica("chat").env
-    assert plan.replica("chat").vllm.worker_cls is None and "POOLSERVE_NARROW_STEP_THREADS" not in plan.replica("chat").env
+    # One thread for every step: no step threads, but the CPU worker still limits its busy-wait between steps.
+    assert plan.replica("chat").vllm.worker_cls == "serve.cpu_worker.StepThreadsCPUWorker"
+    assert "POOLSERVE_NARROW_STEP_THREADS" not in plan.replica("chat").env
+    assert plan.replica("chat").env["POOLSERVE_WORKER_IDLE_SPIN_S"] == "0.05"
     if len(os.sched_getaffinity(0)) >= 2:
         plan = build_plan(load_profile(_profile(tmp_path, "cpu-tiny", **{"chat.omp_threads": 2})), 24 * GiB)
         bind = plan.replica("chat").env["VLLM_CPU_OMP_THREADS_BIND"]
