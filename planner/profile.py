@@ -319,6 +319,9 @@ class EmbedderSpec(_Strict):
     batch_size: int = Field(32, ge=1, le=1024, description="Texts embedded per forward pass. A question waits for "
                             "the batch in progress (rag/embed_turns.py), so on CPU keep it small: 4 is as "
                             "fast as 32 there (docs/BENCHMARKS.md section 8c).")
+    question_window_s: float = Field(5.0, ge=0, description="While a question came in this recently, document "
+                                     "batches are half of batch_size (at least 1), so a question waits for half a "
+                                     "batch of another tenant's ingest; 0 = always whole batches.")
     num_cpus: float = Field(0.3, gt=0, description="Ray CPUs for the embedder.")
     serve: ServeSpec = _serve(64)
     torch_threads: int = Field(1, ge=1, description="torch intra-op threads (questions, and every batch while the "

@@ -2,8 +2,9 @@
 
 - BatchTurns: one forward pass at a time (the plan budgets one batch's activations); a waiting
   question goes before waiting document batches, so a query waits for at most one batch of an
-  ingest instead of the whole ingest call; and tenants' document batches take turns, so one
-  tenant's bulk ingest cannot starve another's embeddings or ingest.
+  ingest instead of the whole ingest call (half a batch while questions keep coming: the embedder
+  halves its document batches then, serve/embedder.py); and tenants' document batches take turns, so
+  one tenant's bulk ingest cannot starve another's embeddings or ingest.
 - OneForwardThread: every forward pass on one thread. Serve runs each call in a thread of its pool, and
   each thread that runs torch gets an OpenMP team and a glibc arena of its own, which stay (measured:
   the replica 87 MB over its plan after a bulk ingest beside another tenant's embeddings).
@@ -44,11 +45,17 @@ class BatchTurns:
         self._tickets = itertools.count()
         self._served = itertools.count(1)
         self._last_served: dict[str, int] = {}  # tenant -> the turn it last had (0: never)
+        self._last_question_at = float("-inf")
 
     @property
     def questions_waiting(self) -> int:
         with self._changed:
             return sum(question for question, _ in self._waiting.values())
+
+    def question_within(self, seconds: float, now: float | None = None) -> bool:
+        """Whether a question asked for a turn in the last `seconds`."""
+        with self._changed:
+            return (time.monotonic() if now is None else now) - self._last_question_at <= seconds
 
     def _rank(self, ticket: int) -> tuple[bool, int, int]:
         question, tenant = self._waiting[ticket]
@@ -62,6 +69,8 @@ class BatchTurns:
         with self._changed:
             ticket = next(self._tickets)
             self._waiting[ticket] = (question, tenant)
+            if question:
+                self._last_question_at = time.monotonic()
             try:
                 self._changed.wait_for(lambda: not self._busy and self._first() == ticket)
             finally:

@@ -47,20 +47,25 @@ class SentenceTransformerEmbedder:
         limit = max(16, self.max_seq_length - 2)
         return Chunker(self.token_spans, min(chunk_tokens, limit), min(chunk_overlap, limit // 4))
 
-    def embed(self, texts: list[str], guard: BatchGuard = no_guard) -> dict:
+    def embed(self, texts: list[str], guard: BatchGuard = no_guard,
+              batch_size: Callable[[], int] | None = None) -> dict:
         """Unit-length float32 vectors and the tokens the model actually read.
 
-        Longest first, batch_size at a time (what encode does inside one call, so padding stays as
-        small), each batch its own encode under `guard`: between two batches another caller (a
-        question) can take its turn instead of waiting for the whole list."""
+        Longest first, batch_size at a time (the model's, or less where the caller's `batch_size()` says so
+        before each batch; what encode does inside one call, so padding stays as small), each batch its own
+        encode under `guard`: between two batches another caller (a question) can take its turn instead of
+        waiting for the whole list."""
         vectors = np.empty((len(texts), self.dimension), dtype=np.float32)
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-        for start in range(0, len(order), self.batch_size):
-            rows = order[start:start + self.batch_size]
+        start = 0
+        while start < len(order):
+            size = max(1, min(batch_size(), self.batch_size)) if batch_size else self.batch_size
+            rows = order[start:start + size]
+            start += len(rows)
             batch = [texts[i] for i in rows]
             with guard(len(rows)) as run:
                 vectors[rows] = run(lambda: self.model.encode(
-                    batch, batch_size=self.batch_size, normalize_embeddings=True,
+                    batch, batch_size=size, normalize_embeddings=True,
                     convert_to_numpy=True, show_progress_bar=False))
         return {"vectors": vectors, "tokens": self.tokens_read(texts)}
 

@@ -87,6 +87,7 @@ def embedder_deployment(profile: Profile, plan: Plan, start_after: list[tuple[st
         emb.model, emb.model_id, emb.batch_size, profile.rag.chunk_tokens, profile.rag.chunk_overlap,
         emb.torch_threads, _start_order(plan, "embedder", start_after), device=torch_device(plan.replica("embedder").ray_actor_options.num_gpus),
         ingest_threads=plan.threads["embedder_ingest_most"], query_prefix=emb.query_prefix, cpu_nice=emb.cpu_nice,
+        question_window_s=emb.question_window_s,
     )
 
 

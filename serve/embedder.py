@@ -20,7 +20,8 @@ from rag.embedding import SentenceTransformerEmbedder
 class Embedder:
     async def __init__(self, model_path: str, model_id: str, batch_size: int, chunk_tokens: int,
                        chunk_overlap: int, torch_threads: int, start: StartOrder,
-                       device: str, ingest_threads: int | None = None, query_prefix: str = "", cpu_nice: int = 0):
+                       device: str, ingest_threads: int | None = None, query_prefix: str = "", cpu_nice: int = 0,
+                       question_window_s: float = 0.0):
         await start.wait("embedder", serve.get_replica_context().app_name)
         # Before torch starts its OpenMP threads, which inherit it from the thread that starts them.
         lower_cpu_priority(cpu_nice)
@@ -31,6 +32,7 @@ class Embedder:
         # One batch in flight: the plan budgets one batch's activations, and concurrent encodes on the
         # same cores only share them (measured: four at once held 4x the activations, 0.5 GiB over budget).
         self._turns = BatchTurns()
+        self._question_window_s = question_window_s
         self._forward = OneForwardThread()
         self._idle_cores = IdleCores(len(os.sched_getaffinity(0)))
         # `cuda` only when the plan gave this replica a GPU share: Ray then sets CUDA_VISIBLE_DEVICES to it.
@@ -59,11 +61,20 @@ class Embedder:
     def embed(self, texts: list[str], tenant: str = "") -> dict:
         """Unit-length float32 vectors of documents (or /v1/embeddings inputs) and the tokens read; each batch
         waits for `tenant`'s turn among the tenants with batches waiting."""
-        result = self.embedder.embed(texts, self._batches(tenant, question=False))
+        result = self.embedder.embed(texts, self._batches(tenant, question=False), self._document_batch_size)
         # torch frees a batch's activations to glibc, which keeps them; hand them back to the pool
         # (a few ms) so a replica at rest holds weights + runtime, as planned.
         release_freed_heap(collect=False)
         return result
+
+    def _document_batch_size(self) -> int:
+        """Half a batch while questions come in (each waits for the document batch in progress: 0.06-0.15 s
+        instead of 0.12-0.29 on CPU), the whole one otherwise (batches of 2 cost 3-7% of the encoder's speed on
+        two threads, docs/BENCHMARKS.md section 8c)."""
+        whole = self.embedder.batch_size
+        if self._question_window_s and self._turns.question_within(self._question_window_s):
+            return max(1, whole // 2)
+        return whole
 
     def embed_query(self, text: str, tenant: str = ""):
         """A question's vector (with the profile's query prefix), ahead of waiting document batches."""

@@ -196,3 +196,16 @@ def test_a_failing_pass_raises_in_its_caller():
     with pytest.raises(ZeroDivisionError):
         forward.runner(1)(lambda: 1 / 0)
     assert forward.runner(1)(lambda: "still serving") == "still serving"
+
+
+def test_turns_remember_when_a_question_last_asked():
+    turns = BatchTurns()
+    assert not turns.question_within(5.0)  # none yet
+    with turns.turn(question=False, tenant="a"):
+        pass
+    assert not turns.question_within(5.0)  # a document batch is not a question
+    with turns.turn(question=True, tenant="b"):
+        pass
+    asked = time.monotonic()
+    assert turns.question_within(5.0)
+    assert turns.question_within(5.0, now=asked + 4.9) and not turns.question_within(5.0, now=asked + 5.2)

@@ -42,6 +42,20 @@ def test_batches_go_through_the_guard_one_at_a_time_longest_first(embedder):
     assert result["tokens"] == sum(len(ids) for ids in embedder.model.tokenizer(TEXTS)["input_ids"])
 
 
+def test_the_caller_may_shrink_each_batch_never_grow_it(embedder):
+    seen, sizes = [], iter([1, 9, 0, 5])  # asked before each batch: 1, more than the model's 2, 0, then 5
+
+    @contextmanager
+    def guard(texts):
+        seen.append(texts)
+        yield lambda forward: forward()
+
+    result = embedder.embed(TEXTS, guard, batch_size=lambda: next(sizes))
+    assert seen == [1, 2, 1, 1]  # 9 is cut to the model's batch_size, 0 is one text, 5 what is left
+    expected = embedder.model.encode(TEXTS, batch_size=2, normalize_embeddings=True)
+    np.testing.assert_allclose(result["vectors"], expected, atol=1e-5)
+
+
 def test_nothing_to_embed_is_no_batch(embedder):
     result = embedder.embed([], lambda texts: pytest.fail("no batch expected"))
     assert result["vectors"].shape == (0, embedder.dimension) and result["tokens"] == 0
