@@ -103,6 +103,9 @@ def attack():
             except httpx.TransportError as exc:
                 record(type(exc).__name__)
 threads = [threading.Thread(target=attack, daemon=True) for _ in range(count)]
+"""
+# The end of every attacker script: its `threads` run until its stdin closes (attacking_process below).
+UNTIL_STDIN_CLOSES = """
 for t in threads:
     t.start()
 sys.stdin.read()
@@ -110,6 +113,7 @@ stop.set()
 for t in threads:
     t.join(timeout=120)
 """
+ATTACKER += UNTIL_STDIN_CLOSES
 
 
 def test_parallel_embeddings_cannot_overrun_the_tenants_tpm(stack, admin_headers):
@@ -298,6 +302,26 @@ def _outcomes(log: Path) -> list:
     return [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.exists() else []
 
 
+@contextmanager
+def attacking_process(script: str, args: list[str], log: Path, started_after: int):
+    """`script` in a process of its own at nice 19 (another machine in real life), running until its stdin
+    closes; entered once `started_after` outcomes are in its log (under way before the victim starts: a
+    condition, not a sleep), and ended, however the body ended, within bounds."""
+    attacker = subprocess.Popen([sys.executable, "-c", script, *args], stdin=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: os.nice(19))
+    try:
+        deadline = time.monotonic() + 120
+        while len(_outcomes(log)) < started_after and time.monotonic() < deadline and attacker.poll() is None:
+            time.sleep(0.25)
+        yield attacker
+    finally:
+        try:
+            attacker.communicate(input="", timeout=150)
+        except subprocess.TimeoutExpired:
+            attacker.kill()
+            attacker.communicate()
+
+
 @pytest.fixture(scope="module")
 def healthz_flood(stack, victim, quiet, tmp_path_factory) -> dict:
     """The victim's chat and RAG quiet, then under a keyless flood of 8 MiB bodies on /healthz (once for the
@@ -308,20 +332,8 @@ def healthz_flood(stack, victim, quiet, tmp_path_factory) -> dict:
     # From an address of its own (any 127.x reaches loopback), as an attacker elsewhere would be: the keyless
     # minute it exhausts is its own, not that of the modules after this one, which poll /healthz from 127.0.0.1.
     attacker_address = f"127.0.0.{random.randint(2, 250)}"
-    attacker = subprocess.Popen([sys.executable, "-c", ATTACKER, stack.url, str(ATTACKERS), str(log), attacker_address],
-                                stdin=subprocess.PIPE, text=True, preexec_fn=lambda: os.nice(19))
-    try:
-        # The flood is under way (its first answers are in) before the victim starts: a condition, not a sleep.
-        deadline = time.monotonic() + 120
-        while len(_outcomes(log)) < ATTACKERS // 4 and time.monotonic() < deadline and attacker.poll() is None:
-            time.sleep(0.5)
+    with attacking_process(ATTACKER, [stack.url, str(ATTACKERS), str(log), attacker_address], log, ATTACKERS // 4):
         loud_chat, loud_rag, loud_statuses = _victim_round(victim)
-    finally:
-        try:
-            attacker.communicate(input="", timeout=150)
-        except subprocess.TimeoutExpired:
-            attacker.kill()
-            attacker.communicate()
     outcomes = _outcomes(log)
     figures = {"chat_p95_quiet": _p95(quiet_chat), "chat_p95_attack": _p95(loud_chat),
                "rag_p95_quiet": _p95(quiet_rag), "rag_p95_attack": _p95(loud_rag),

@@ -8,16 +8,12 @@ the bound of test_hostile_clients.py, and every read the attacker gets is bounde
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
 
-import httpx
 import pytest
 
 from tests.integration.test_hostile_clients import (  # noqa: F401  (module fixtures, measured again here)
-    LATENCY_SLACK_S, _attacking_tenant, _outcomes, _p95, _victim_round, quiet, victim)
+    LATENCY_SLACK_S, UNTIL_STDIN_CLOSES, _attacking_tenant, _outcomes, _p95, _victim_round, attacking_process, quiet,
+    victim)
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -52,13 +48,7 @@ def read():
             found = http.post("/v1/collections/bulky/search", json={"q": "document", "top_k": 20, "filters": filters})
             record("search", found, len(found.json().get("data", [])) if found.status_code == 200 else 0)
 threads = [threading.Thread(target=read, daemon=True) for _ in range(readers)]
-for t in threads:
-    t.start()
-sys.stdin.read()
-stop.set()
-for t in threads:
-    t.join(timeout=120)
-"""
+""" + UNTIL_STDIN_CLOSES
 
 
 @pytest.fixture(scope="module")
@@ -71,20 +61,9 @@ def heavy_reads(stack, admin_headers, victim, quiet, tmp_path_factory) -> dict:
                 {"id": f"doc-{n:04d}", "text": f"Document {n} of a tenant that reads a lot.", "metadata": METADATA}
                 for n in range(start, start + 100)]})
             assert stored.status_code == 200, stored.text
-        reader = subprocess.Popen([sys.executable, "-c", READER, stack.url, key, str(READERS), str(log),
-                                   json.dumps(FILTERS)], stdin=subprocess.PIPE, text=True,
-                                  preexec_fn=lambda: os.nice(19))
-        try:
-            deadline = time.monotonic() + 120  # reading before the victim starts: a condition, not a sleep
-            while len(_outcomes(log)) < 2 * READERS and time.monotonic() < deadline and reader.poll() is None:
-                time.sleep(0.25)
+        with attacking_process(READER, [stack.url, key, str(READERS), str(log), json.dumps(FILTERS)], log,
+                               2 * READERS):
             loud_chat, loud_rag, loud_statuses = _victim_round(victim)
-        finally:
-            try:
-                reader.communicate(input="", timeout=150)
-            except subprocess.TimeoutExpired:
-                reader.kill()
-                reader.communicate()
         over_page = attacker.http.get("/v1/collections/bulky/documents", params={"limit": 1000})
     outcomes = _outcomes(log)
     figures = {"chat": {"p95_quiet": _p95(quiet["chat"]), "p95_attack": _p95(loud_chat)},
