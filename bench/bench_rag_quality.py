@@ -86,14 +86,21 @@ CHUNKINGS = MappingProxyType({
     "words-200-notitle": ("words", 200, 0, False),
 })
 DEFAULT_CHUNKING = "tokens-200-30"
-# Fusion settings compared on the same two candidate lists per question (the first is the default).
+# Fusion settings compared on the same two candidate lists per question (the default is "weighted 0.7/0.3,
+# document support 0.1").
 FUSIONS = MappingProxyType({
-    "rrf k=60": FusionSettings(),
-    "rrf k=20": FusionSettings(rrf_k=20),
-    "rrf k=60 dense x2": FusionSettings(dense_weight=1.0, lexical_weight=0.5),
-    "rrf k=60 lexical x2": FusionSettings(dense_weight=0.5, lexical_weight=1.0),
-    "weighted 0.5/0.5": FusionSettings(method="weighted", dense_weight=0.5, lexical_weight=0.5),
-    "weighted 0.7/0.3": FusionSettings(method="weighted", dense_weight=0.7, lexical_weight=0.3),
+    # method="rrf" named: the default method is weighted since 2026-12-02, and these rows measured it, mislabelled,
+    # until 2026-12-05.
+    # Each row names every setting it measures, so a changed default cannot relabel it.
+    "rrf k=60": FusionSettings(method="rrf", dense_weight=1.0, lexical_weight=1.0, document_support=0.0),
+    "rrf k=20": FusionSettings(method="rrf", rrf_k=20, dense_weight=1.0, lexical_weight=1.0, document_support=0.0),
+    "rrf k=60 dense x2": FusionSettings(method="rrf", dense_weight=1.0, lexical_weight=0.5, document_support=0.0),
+    "rrf k=60 lexical x2": FusionSettings(method="rrf", dense_weight=0.5, lexical_weight=1.0, document_support=0.0),
+    "weighted 0.5/0.5": FusionSettings(method="weighted", dense_weight=0.5, lexical_weight=0.5, document_support=0.0),
+    "weighted 0.7/0.3": FusionSettings(method="weighted", dense_weight=0.7, lexical_weight=0.3, document_support=0.0),
+    # With a document's other chunks as support (rag.fusion.document_support; 0.1 is the default since 2026-12-05).
+    **{f"weighted 0.7/0.3, document support {w:g}": FusionSettings(
+        method="weighted", dense_weight=0.7, lexical_weight=0.3, document_support=w) for w in (0.1, 0.2, 0.4)},
 })
 
 

@@ -416,6 +416,12 @@ class FusionSpec(_Strict):
                                 "ranks: set both weights to 1 for plain RRF).")
     lexical_weight: float = Field(0.3, ge=0, description="Weight of the lexical (bm25) ranking.")
     candidates: int = Field(50, ge=1, description="Chunks taken from each index before fusing (at least top_k).")
+    # 0.1: on the three corpora it was chosen on (pydoc, the SQLite manual, the LaTeX PDFs) one more question
+    # of each first at rank 1 and none lost at rank 5; 0.2 gained 1-3 at rank 1 but lost one at rank 5 on SQLite,
+    # 0.4 lost more (docs/BENCHMARKS.md section 7f).
+    document_support: float = Field(0.1, ge=0, description="Each fused chunk also scores this times the best fused "
+                                    "score of another chunk of its document among the candidates: a page that "
+                                    "answers in several places ranks over one that matches once. 0 = off.")
 
 
 class RagSpec(_Strict):

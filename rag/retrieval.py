@@ -95,4 +95,24 @@ def fuse(dense: list[RetrievedChunk], lexical: list[RetrievedChunk], top_k: int,
     else:
         fused = weighted_score_fusion([[(c.chunk_id, c.score) for c in dense], [(c.chunk_id, c.score) for c in lexical]],
                                       weights=weights)
+    if fusion.document_support:
+        fused = with_document_support(fused, {c.chunk_id: c.document_id for c in by_id.values()},
+                                      fusion.document_support)
     return [replace(by_id[chunk_id], score=score) for chunk_id, score in fused[:top_k]]
+
+
+def with_document_support(fused: list[tuple[str, float]], document_of: dict[str, str],
+                          weight: float) -> list[tuple[str, float]]:
+    """Each chunk's score plus `weight` times the best score of another chunk of its document, best first
+    (ties keep the fused order)."""
+    best_two: dict[str, list[tuple[str, float]]] = {}
+    for chunk_id, score in fused:  # best first: each document's first two are its best two
+        top = best_two.setdefault(document_of[chunk_id], [])
+        if len(top) < 2:
+            top.append((chunk_id, score))
+    supported = []
+    for position, (chunk_id, score) in enumerate(fused):
+        other = next((s for c, s in best_two[document_of[chunk_id]] if c != chunk_id), 0.0)
+        supported.append((score + weight * other, -position, chunk_id))
+    supported.sort(reverse=True)
+    return [(chunk_id, score) for score, _, chunk_id in supported]

@@ -4,7 +4,7 @@ import pytest
 
 from rag.fusion import reciprocal_rank_fusion, weighted_score_fusion
 from rag.prompt import RetrievedChunk
-from rag.retrieval import FusionSettings, SearchQuery, fuse, retrieve
+from rag.retrieval import FusionSettings, SearchQuery, fuse, retrieve, with_document_support
 
 
 def test_rrf_sums_reciprocal_ranks():
@@ -126,6 +126,30 @@ def test_the_default_fusion_is_weighted_dense_first():
     # docs/BENCHMARKS.md 7 and 7c: at or near the best recall on pydoc, the SQLite manual and LaTeX PDFs.
     default = FusionSettings()
     assert (default.method, default.dense_weight, default.lexical_weight) == ("weighted", 0.7, 0.3)
+    assert default.document_support == 0.1  # docs/BENCHMARKS.md 7f
     store = TwoLists([chunk("a", 0.9), chunk("b", 0.5)], [chunk("c", 5.0), chunk("b", 4.0)])
     hits = retrieve(store, "t", "c", SearchQuery(mode="hybrid", text="q", top_k=3, vector=[1.0])).hits
     assert [h.document_id for h in hits] == ["a", "c", "b"]  # 0.7, 0.3, 0: dense's first leads
+
+
+def test_document_support_adds_the_best_other_chunk_of_the_same_document():
+    fused = [("a#0", 1.0), ("b#0", 0.9), ("b#1", 0.5), ("a#1", 0.1), ("b#2", 0.4)]
+    document_of = {chunk: chunk.split("#")[0] for chunk, _ in fused}
+    supported = dict(with_document_support(fused, document_of, 0.5))
+    assert supported == {"a#0": pytest.approx(1.05), "b#0": pytest.approx(1.15), "b#1": pytest.approx(0.95),
+                         "a#1": pytest.approx(0.6), "b#2": pytest.approx(0.85)}
+    assert [c for c, _ in with_document_support(fused, document_of, 0.5)] == ["b#0", "a#0", "b#1", "b#2", "a#1"]
+    # a lone chunk gets no support; ties keep the fused order
+    assert with_document_support([("x#0", 0.5), ("y#0", 0.5)], {"x#0": "x", "y#0": "y"}, 1.0) == [
+        ("x#0", 0.5), ("y#0", 0.5)]
+
+
+def test_fuse_applies_document_support_unless_it_is_zero():
+    def chunk(doc, n, score):
+        return RetrievedChunk(document_id=doc, chunk_id=f"{doc}#{n}", score=score, text="t")
+
+    dense = [chunk("a", 0, 0.9), chunk("b", 0, 0.85), chunk("b", 1, 0.84), chunk("c", 0, 0.1)]
+    lexical = []
+    assert [c.chunk_id for c in fuse(dense, lexical, 2, FusionSettings(document_support=0))] == ["a#0", "b#0"]
+    supported = fuse(dense, lexical, 2, FusionSettings(document_support=0.5))
+    assert [c.chunk_id for c in supported] == ["b#0", "b#1"]
