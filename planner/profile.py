@@ -319,6 +319,8 @@ class EmbedderSpec(_Strict):
     batch_size: int = Field(32, ge=1, le=1024, description="Texts embedded per forward pass. A question waits for "
                             "the batch in progress (rag/embed_turns.py), so on CPU keep it small: 4 is as "
                             "fast as 32 there (docs/BENCHMARKS.md section 8c).")
+    # 5 s: an interactive user's next question comes within it; beside a bulk ingest another tenant's RAG p95 went
+    # from 1.95-2.26x quiet to 1.60-1.85x (docs/SECURITY.md). Measured on CPU only, with batches of 4.
     question_window_s: float = Field(5.0, ge=0, description="While a question came in this recently, document "
                                      "batches are half of batch_size (at least 1), so a question waits for half a "
                                      "batch of another tenant's ingest; 0 = always whole batches.")
