@@ -22,6 +22,7 @@ import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 import httpx
 import psutil
@@ -36,17 +37,34 @@ SAY_OK = [{"role": "user", "content": "Say OK."}]
 DEMO_KEY = "ps_0123456789ab_TestDemoKeyTestDemoKeyTestDemoKeyTestDemoKey123"
 
 
-def _worker(state_dir: Path) -> psutil.Process:
-    for pid in stack_pids(StackLayout(state_dir).stack_id):
-        process = psutil.Process(pid)
-        if process.name() == "VLLM::Worker":
-            return process
-    raise SystemExit("no vLLM Worker in that stack")
+def stack_worker(stack_id: str) -> psutil.Process:
+    """The stack's vLLM Worker process (found by the stack's marker, never by name alone)."""
+    for pid in stack_pids(stack_id):
+        try:
+            process = psutil.Process(pid)
+            if process.name() == "VLLM::Worker":
+                return process
+        except psutil.Error:
+            continue
+    raise LookupError("no vLLM Worker among this stack's processes")
 
 
 def _cpu(process: psutil.Process) -> float:
     times = process.cpu_times()
     return times.user + times.system
+
+
+def cpu_in_idle_seconds(request: Callable[[], object], worker: psutil.Process, rounds: int) -> list[float]:
+    """The cores `worker` used in the second after each of `rounds` requests (from 0.2 s after it: past the
+    planned busy-wait and the reply's last step)."""
+    used = []
+    for _ in range(rounds):
+        request()
+        time.sleep(0.2)
+        before, started = _cpu(worker), time.monotonic()
+        time.sleep(1.0)
+        used.append(round((_cpu(worker) - before) / (time.monotonic() - started), 3))
+    return used
 
 
 def main() -> None:
@@ -57,7 +75,7 @@ def main() -> None:
     args = parser.parse_args()
     profile = yaml.safe_load((args.stack / "profile.yaml").read_text())
     url = f"http://127.0.0.1:{profile['gateway']['port']}"
-    worker = _worker(Path(profile["state_dir"]))
+    worker = stack_worker(StackLayout(Path(profile["state_dir"])).stack_id)
     fidelity = json.loads((ROOT / "bench" / "data" / "fidelity-prompts.json").read_text())["prompts"]
     prompts = [fidelity[i]["messages"] for i in speed_indices(fidelity)]
     http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {DEMO_KEY}"}, timeout=300)
@@ -69,13 +87,7 @@ def main() -> None:
         reply.raise_for_status()
         return time.perf_counter() - started
 
-    idle = []
-    for _ in range(5):
-        chat(SAY_OK, 4)
-        time.sleep(0.2)
-        before, started = _cpu(worker), time.monotonic()
-        time.sleep(1.0)
-        idle.append(round((_cpu(worker) - before) / (time.monotonic() - started), 3))
+    idle = cpu_in_idle_seconds(lambda: chat(SAY_OK, 4), worker, rounds=5)
     short = sorted(chat(SAY_OK, 1) for _ in range(20))
     decode = {}
     for concurrency in (1, 4):
