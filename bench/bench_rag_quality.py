@@ -61,6 +61,7 @@ from bench.rag_baselines import chunk_index, compare_title_boosts, evaluate_page
 from rag.chunking import word_windows  # noqa: E402
 from rag.embedding import SentenceTransformerEmbedder  # noqa: E402
 from rag.local import LocalEmbedder, LocalIndex  # noqa: E402
+from rag.locations import LOCATIONS_KEY  # noqa: E402
 from rag.pipeline import DocumentInput, PipelineSettings, RagPipeline  # noqa: E402
 from rag.retrieval import RETRIEVAL_MODES, FusionSettings, fuse  # noqa: E402
 from rag.store import KnowledgeStore  # noqa: E402
@@ -74,16 +75,18 @@ THRESHOLDS = (0.15, 0.20, 0.25, 0.30, 0.35, 0.40, 0.45, 0.50)
 MODEL = ROOT / "models" / "all-MiniLM-L6-v2"
 DEPTH = 10  # chunks retrieved per question for the metrics
 TENANT, COLLECTION = "bench", "stdlib"
-# name -> (kind, size, overlap, embed_title): "tokens" is rag.chunking.Chunker in the embedder's
-# tokens (what the stack runs), "words" plain whitespace windows (the baseline of the issue);
-# embed_title: each chunk embedded with its document's title in front (rag.pipeline).
+# name -> (kind, size, overlap, embed_title, embed_section): "tokens" is rag.chunking.Chunker in the
+# embedder's tokens (what the stack runs), "words" plain whitespace windows (the baseline of the issue);
+# embed_title: each chunk embedded with its document's title in front (rag.pipeline); embed_section: and
+# with the heading path of its section (corpora whose lines carry "locations": HTML pages).
 CHUNKINGS = MappingProxyType({
-    "tokens-200-30": ("tokens", 200, 30, True),
-    "tokens-200-30-notitle": ("tokens", 200, 30, False),
-    "tokens-128-20": ("tokens", 128, 20, True),
-    "tokens-254-40": ("tokens", 254, 40, True),
-    "words-200": ("words", 200, 0, True),
-    "words-200-notitle": ("words", 200, 0, False),
+    "tokens-200-30": ("tokens", 200, 30, True, False),
+    "tokens-200-30-section": ("tokens", 200, 30, True, True),
+    "tokens-200-30-notitle": ("tokens", 200, 30, False, False),
+    "tokens-128-20": ("tokens", 128, 20, True, False),
+    "tokens-254-40": ("tokens", 254, 40, True, False),
+    "words-200": ("words", 200, 0, True, False),
+    "words-200-notitle": ("words", 200, 0, False, False),
 })
 DEFAULT_CHUNKING = "tokens-200-30"
 # Fusion settings compared on the same two candidate lists per question (the default is "weighted 0.7/0.3,
@@ -105,10 +108,14 @@ FUSIONS = MappingProxyType({
 
 
 def load_corpus(path: Path = CORPUS) -> list[DocumentInput]:
-    """One document per line: id, text, and optionally title (then the document's metadata title)."""
+    """One document per line: id, text, and optionally title and locations (then the document's metadata
+    title and section map, as the stack stores them)."""
+    def metadata(line: dict) -> dict:
+        return {**({"title": line["title"]} if line.get("title") else {}),
+                **({LOCATIONS_KEY: line["locations"]} if line.get("locations") else {})}
+
     with gzip.open(path, "rt", encoding="utf-8") as lines:
-        return [DocumentInput(id=d["id"], text=d["text"], metadata={"title": d["title"]} if d.get("title") else {})
-                for d in map(json.loads, lines)]
+        return [DocumentInput(id=d["id"], text=d["text"], metadata=metadata(d)) for d in map(json.loads, lines)]
 
 
 def load_questions(path: Path = QUESTIONS) -> list[dict]:
@@ -133,7 +140,7 @@ def check_questions(corpus: list[DocumentInput], questions: list[dict]) -> list[
 
 
 def chunker_for(name: str, embedder: SentenceTransformerEmbedder):
-    kind, size, overlap, _ = CHUNKINGS[name]
+    kind, size, overlap, *_ = CHUNKINGS[name]
     if kind == "words":
         return lambda text: word_windows(text, size, overlap)
     return embedder.make_chunker(size, overlap).split
@@ -221,7 +228,7 @@ async def run_chunking(name: str, embedder: SentenceTransformerEmbedder, corpus,
     title-boost comparison too; with unanswerable questions, the refusal rates."""
     store = KnowledgeStore(workdir / f"{name}.sqlite3", dim=embedder.dimension)
     local = LocalEmbedder(embedder, chunker_for(name, embedder))
-    settings = PipelineSettings(max_top_k=DEPTH, embed_title=CHUNKINGS[name][3])
+    settings = PipelineSettings(max_top_k=DEPTH, embed_title=CHUNKINGS[name][3], embed_section=CHUNKINGS[name][4])
     pipeline = RagPipeline(local, LocalIndex(store, fusion), settings)
     start = time.perf_counter()
     counts = []

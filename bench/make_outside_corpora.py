@@ -1,4 +1,4 @@
-"""Generate the three "outside" corpora of `bench/bench_rag_quality.py` (issue 24's paraphrase-recall study):
+"""Generate the four "outside" corpora of `bench/bench_rag_quality.py` (issue 24's paraphrase-recall study):
 documentation nobody on the team wrote, taken from Debian packages and turned into text by the
 stack's own extraction (rag.extract.extract: inscriptis for HTML, rag/documents.py's pypdf path for
 PDF), so each document's text is what the stack would store.
@@ -26,14 +26,24 @@ PDF), so each document's text is what the stack would store.
   MIN_CHARS. Held out: the question set was written from the page text, and nothing was tuned on
   it. id = the path under en/ without .html (mod/mod_rewrite, vhosts/name-based), title = the
   page's <title> as rag.extract reads it, else the id.
+- bench/data/git-doc.jsonl.gz: Git's HTML documentation as shipped in Debian 12's `git-doc`
+  1:2.39.5-0+deb12u3 (/usr/share/doc/git-doc/**/*.html: the man pages of the commands, the
+  concept and file-format pages (gitglossary, gittutorial, gitworkflows, gitattributes, ...), the
+  user manual, howto/ and technical/ design notes). Less GIT_SKIPPED (index.html, a link to
+  git.html, and the generated howto and API indexes) and pages under MIN_CHARS (the stubs of
+  deprecated aliases and tiny helpers). Held out: the question set was written from the page text,
+  and nothing was tuned on it. id = the path under git-doc/ without .html (git-rebase,
+  howto/revert-a-faulty-merge, technical/partial-clone), title = the page's <title> as
+  rag.extract reads it, else the id.
 
 Each line of the output: {"id", "title", "text"} (bench_rag_quality.py passes the title as the
 document's metadata title, which rag.pipeline embeds in front of each chunk). The outputs are
 committed; this script documents and repeats how they were made:
 
     .venv/bin/python bench/make_outside_corpora.py                # apt-get download into a temp dir
-    .venv/bin/python bench/make_outside_corpora.py --debs DIR     # the three .deb files already there
-    .venv/bin/python bench/make_outside_corpora.py --only apache  # one corpus (html, pdf or apache)
+    .venv/bin/python bench/make_outside_corpora.py --debs DIR     # the four .deb files already there
+    .venv/bin/python bench/make_outside_corpora.py --only apache  # one corpus (html, pdf, apache or git)
+    .venv/bin/python bench/make_outside_corpora.py --only git     # the Git documentation
 """
 
 from __future__ import annotations
@@ -59,9 +69,11 @@ DATA = ROOT / "bench" / "data"
 HTML_PACKAGE = ("sqlite3-doc", "3.40.1-2+deb12u2")
 PDF_PACKAGE = ("texlive-latex-recommended-doc", "2022.20230122-3")
 APACHE_PACKAGE = ("apache2-doc", "2.4.71-1~deb12u1")
+GIT_PACKAGE = ("git-doc", "1:2.39.5-0+deb12u3")  # apt-get download writes git-doc_1%3a2.39.5-..._all.deb
 HTML_DIR = "usr/share/doc/sqlite3"
 PDF_DIR = "usr/share/doc/texlive-doc"
 APACHE_DIR = "usr/share/doc/apache2-doc/manual/en"
+GIT_DIR = "usr/share/doc/git-doc"
 MIN_CHARS = 1_500
 # Top-level SQLite pages that are generated lists, duplicates or news rather than reference prose.
 HTML_SKIPPED = {
@@ -76,6 +88,12 @@ APACHE_SKIPPED = {
     "sitemap", "glossary", "mod/directives", "mod/quickreference", "mod/overrides",
     "mod/directive-dict", "mod/module-dict", "license", "new_features_2_0", "new_features_2_2",
 }
+# Git pages (ids under git-doc/) that are not reference prose: index.html is a symbolic link to
+# git.html (the same page twice), howto-index and technical/api-index are generated lists of links.
+# Everything else stays: technical/ holds design notes in prose (partial clone, racy git, the hash
+# transition, trace2), not one-function stubs; the package ships no release notes as HTML; the
+# stubs (deprecated aliases such as git-stage or git-init-db, tiny helpers) fall under MIN_CHARS.
+GIT_SKIPPED = {"index", "howto-index", "technical/api-index"}
 # <html lang="en">: Debian's en/ holds a few Portuguese pages under English names.
 APACHE_ENGLISH = re.compile(rb'<html[^>]*\blang="en"')
 # Package manuals (not their implementation listings, examples or tests), below ~1 MB each.
@@ -112,6 +130,16 @@ def unpack(debs: Path, package: tuple[str, str], into: Path) -> Path:
     return target
 
 
+def document(doc_id: str, extracted) -> dict:
+    """One corpus line: the title extraction found (else the id), the text, and where its pages or
+    sections start when the format records them (rag/locations.py; the bench stores them as the
+    stack does, in the document's metadata)."""
+    doc = {"id": doc_id, "title": extracted.title or doc_id, "text": extracted.text}
+    if extracted.locations:
+        doc["locations"] = extracted.locations
+    return doc
+
+
 def html_documents(root: Path) -> list[dict]:
     documents = []
     for page in sorted((root / HTML_DIR).glob("*.html")):
@@ -119,7 +147,7 @@ def html_documents(root: Path) -> list[dict]:
             continue
         extracted = extract(page.read_bytes(), HTML)
         if len(extracted.text) >= MIN_CHARS:
-            documents.append({"id": page.stem, "title": extracted.title or page.stem, "text": extracted.text})
+            documents.append(document(page.stem, extracted))
     return documents
 
 
@@ -133,7 +161,20 @@ def apache_documents(root: Path) -> list[dict]:
             continue
         extracted = extract(data, HTML)
         if len(extracted.text) >= MIN_CHARS:
-            documents.append({"id": doc_id, "title": extracted.title or doc_id, "text": extracted.text})
+            documents.append(document(doc_id, extracted))
+    return documents
+
+
+def git_documents(root: Path) -> list[dict]:
+    documents = []
+    base = root / GIT_DIR
+    for page in sorted(base.rglob("*.html")):
+        doc_id = page.relative_to(base).with_suffix("").as_posix()
+        if doc_id in GIT_SKIPPED:
+            continue
+        extracted = extract(page.read_bytes(), HTML)
+        if len(extracted.text) >= MIN_CHARS:
+            documents.append(document(doc_id, extracted))
     return documents
 
 
@@ -143,7 +184,7 @@ def pdf_documents(root: Path) -> list[dict]:
         start = time.perf_counter()
         extracted = extract((root / PDF_DIR / name).read_bytes(), PDF)
         doc_id = Path(name).stem
-        documents.append({"id": doc_id, "title": extracted.title or doc_id, "text": extracted.text})
+        documents.append(document(doc_id, extracted))
         print(f"  {name}: {len(extracted.text):,} characters ({time.perf_counter() - start:.1f} s)", flush=True)
     return documents
 
@@ -164,7 +205,7 @@ def write(documents: list[dict], out: Path, package: tuple[str, str]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--debs", default=None, help="a folder with the .deb files (else apt-get download into a temp dir)")
-    parser.add_argument("--only", choices=("html", "pdf", "apache"), default=None, help="build one corpus only")
+    parser.add_argument("--only", choices=("html", "pdf", "apache", "git"), default=None, help="build one corpus only")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         debs = Path(args.debs) if args.debs else Path(tmp)
@@ -175,6 +216,9 @@ def main() -> None:
         if args.only in (None, "apache"):
             pages = apache_documents(unpack(debs, APACHE_PACKAGE, Path(tmp)))
             write(pages, DATA / "apache-doc.jsonl.gz", APACHE_PACKAGE)
+        if args.only in (None, "git"):
+            pages = git_documents(unpack(debs, GIT_PACKAGE, Path(tmp)))
+            write(pages, DATA / "git-doc.jsonl.gz", GIT_PACKAGE)
 
 
 if __name__ == "__main__":

@@ -438,6 +438,8 @@ class RagSpec(_Strict):
         "on every metric (docs/BENCHMARKS.md section 7).")
     embed_title: bool = Field(True, description="Embed each chunk with its document's title in front (metadata "
                               "'title', else a first line of at most 120 characters); stored chunks stay as written.")
+    embed_section: bool = Field(False, description="Also embed each chunk with the heading path of the section it "
+                                "starts in (HTML and Markdown headings, DOCX sections: rag/extract.py).")
     embed_batch_chunks: int = Field(64, ge=1, description="Chunks per embedder call during an ingest: the "
                                     "granularity of its progress reports and of a job's cancel: a call of 256 took "
                                     "about 18 s beside a chatting tenant on 2 CPU cores, and a cancelled job ran on "

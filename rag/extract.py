@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from rag.charset import decode_html, strip_declaration
 from rag.documents import BINARY_TYPES, PDF, UnreadableDocument, extract_binary
+from rag.locations import HEADING_MAX_CHARS
 
 PLAIN, MARKDOWN, HTML = "text/plain", "text/markdown", "text/html"
 TEXT_TYPES = (PLAIN, MARKDOWN, HTML)
@@ -27,6 +28,11 @@ ALIASES = {"text/x-markdown": MARKDOWN, "application/xhtml+xml": HTML, "applicat
 # later ones count as the last (planner/profile.py ExtractionSpec.max_locations sets it for the server).
 DEFAULT_MAX_LOCATIONS = 2000
 TITLE_MAX_CHARS = 120
+# Headings that start a section a citation names (and a chunk is embedded under); deeper ones are
+# usually run-in labels of a single paragraph.
+HEADING_TAGS = ("h1", "h2", "h3", "h4")
+# Permalink marks that generated manuals put after a heading ("Introduction ¶").
+ANCHOR_MARKS = " ¶§#"
 # Never shown to a reader: fallback content for no-JavaScript browsers, inert templates, site menus.
 UNSEEN_TAGS = ("noscript", "template", "nav")
 # Inline elements that inscriptis's profile does not list get "white-space: normal", which flattens
@@ -42,7 +48,7 @@ class UnsupportedContentType(ValueError):
 class Extracted:
     text: str
     title: str | None = None  # the document's own name for itself (<title>, else the first <h1>; file metadata)
-    locations: dict | None = None  # where each page/slide/section starts in text (rag/locations.py)
+    locations: dict | None = None  # where each page/slide/section (HTML: heading) starts in text (rag/locations.py)
 
 
 def normalize_content_type(content_type: str | None) -> str:
@@ -73,7 +79,7 @@ def extract(content: str | bytes, content_type: str | None = PLAIN,
     if media_type == PLAIN:
         return Extracted(content)
     html = markdown_to_html(content) if media_type == MARKDOWN else content
-    return html_to_text(html)
+    return html_to_text(html, max_locations)
 
 
 def _utf8(data: bytes, media_type: str) -> str:
@@ -90,7 +96,7 @@ def markdown_to_html(markdown: str) -> str:
     return MarkdownIt("commonmark", {"html": True}).enable("table").render(markdown)
 
 
-def html_to_text(html: str) -> Extracted:
+def html_to_text(html: str, max_locations: int = DEFAULT_MAX_LOCATIONS) -> Extracted:
     import lxml.html
     from lxml.etree import ParserError, strip_elements
     from inscriptis import Inscriptis
@@ -104,8 +110,45 @@ def html_to_text(html: str) -> Extracted:
         return Extracted("")
     title = _title(tree)
     strip_elements(tree, *UNSEEN_TAGS, with_tail=False)
-    text = Inscriptis(tree, _parser_config()).get_text()
-    return Extracted(_tidy(text), title)
+    headings = _headings(tree)
+    text = _tidy(Inscriptis(tree, _parser_config()).get_text())
+    return Extracted(text, title, section_locations(text, headings, max_locations))
+
+
+def _headings(tree) -> list[tuple[int, str]]:
+    """(level, text) of every <h1>-<h4> in document order, whitespace collapsed as the renderer does."""
+    found = ((int(node.tag[1]), " ".join(node.text_content().split())) for node in tree.iter(*HEADING_TAGS))
+    return [(level, heading) for level, heading in found if heading]
+
+
+def section_locations(text: str, headings: list[tuple[int, str]], max_locations: int) -> dict | None:
+    """Where each heading's section starts in the rendered text (rag/locations.py's map, kind
+    "section"), found in order as whole lines; a heading the renderer laid out otherwise is skipped.
+    A section's label is its path below the page's <h1> ("Configuring CGI > ScriptAlias"), since an
+    <h1> names the page, as its title does. Text before the first heading is the section "". None
+    when no heading is found."""
+    starts, labels, path, cursor = [], [], [], 0
+    for level, heading in headings:
+        if len(starts) >= max_locations:
+            break
+        at = text.find(heading, cursor)
+        while at > 0 and text[at - 1] != "\n":
+            at = text.find(heading, at + 1)
+        end = at + len(heading)
+        if at < 0 or (end < len(text) and text[end] != "\n"):
+            continue
+        while path and path[-1][0] >= level:
+            path.pop()
+        path.append((level, heading.rstrip(ANCHOR_MARKS)))
+        below_h1 = [name for depth, name in path if depth > 1]
+        starts.append(at)
+        labels.append(" > ".join(below_h1 or [path[-1][1]])[:HEADING_MAX_CHARS])
+        cursor = end
+    if not starts:
+        return None
+    if starts[0] > 0:
+        starts, labels = [0, *starts], ["", *labels]
+    return {"kind": "section", "starts": starts[:max_locations], "labels": labels[:max_locations]}
 
 
 def _parser_config():

@@ -62,3 +62,11 @@ def resolve(locations: dict | None, start: int | None, end: int | None) -> dict:
     if last != first and last != "":
         fields[f"{kind}_end"] = last
     return fields
+
+
+def section_of(locations: dict | None, offset: int | None) -> str | None:
+    """The heading path of the section that holds text[offset] (None for pages, slides, text before
+    the first heading, or an unknown offset)."""
+    if not isinstance(locations, dict) or locations.get("kind") != "section":
+        return None
+    return resolve(locations, offset, None).get("section") or None

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner.profile import RagSpec
 from rag.chunking import Chunk, document_title, with_title
 from rag.extract import PLAIN, Extracted, extract, normalize_content_type
-from rag.locations import LOCATIONS_KEY
+from rag.locations import LOCATIONS_KEY, section_of
 from rag.filters import InvalidFilter, normalize_filters
 from rag.interfaces import ChatEngine, Embedder, KnowledgeIndex, Reply
 from rag.no_answer import is_answerable
@@ -151,12 +151,12 @@ class RagPipeline:
         return as_plain_text(doc, await self.extractor(doc)) if needs_extraction(doc) else doc
 
     def texts_to_embed(self, doc: DocumentInput, chunks: list[Chunk]) -> list[str]:
-        """A chunk deep in a long document rarely names what it belongs to; with the title in front
-        its vector does (the stored text, which citations and prompts show, stays the chunk)."""
-        if not self.settings.embed_title:
-            return [chunk.text for chunk in chunks]
-        title = document_title(doc.text, doc.metadata)
-        return [with_title(title, chunk.text) for chunk in chunks]
+        """A chunk deep in a long document rarely names what it belongs to; with the title (and the
+        section's headings) in front its vector does (the stored text, which citations and prompts
+        show, stays the chunk)."""
+        title = document_title(doc.text, doc.metadata) if self.settings.embed_title else None
+        locations = doc.metadata.get(LOCATIONS_KEY) if self.settings.embed_section else None
+        return [with_title(title, with_title(section_of(locations, chunk.start), chunk.text)) for chunk in chunks]
 
     async def _embed(self, texts: list[str], progress: IngestProgress,
                      on_progress: ProgressCallback | None) -> np.ndarray:

@@ -25,6 +25,7 @@ import numpy as np
 from rag.capacity import CapacityExceeded, Quotas, check_capacity
 from rag.chunking import Chunk
 from rag.lexical import DEFAULT_TOKENIZER, LexicalIndex
+from rag.locations import LOCATIONS_KEY
 from rag.metadata_index import matching_chunks_sql, write_metadata
 from rag.prompt import RetrievedChunk
 from rag.store_schema import create_or_migrate
@@ -329,11 +330,13 @@ class KnowledgeStore:
 
     def list_documents(self, tenant: str, collection: str, limit: int, after: str | None = None) -> dict:
         """One page of the collection's documents in id order: at most `limit`, those after the id `after`
-        (the previous page's last_id). An index range of `limit` + 1 rows: no page costs more than its size."""
+        (the previous page's last_id). An index range of `limit` + 1 rows: no page costs more than its size.
+        The metadata is the client's: a file's page or section map (up to rag.extraction.max_locations
+        labels) stays out, so a row is at most the client's metadata limit."""
         with self._lock:
             self._require_collection(tenant, collection)
             rows = self._db.execute(
-                "SELECT doc_id, chunk_count, chars, metadata, updated_at FROM documents "
+                f"SELECT doc_id, chunk_count, chars, json_remove(metadata, '$.{LOCATIONS_KEY}'), updated_at FROM documents "
                 "WHERE tenant=? AND collection=? AND doc_id > ? ORDER BY doc_id LIMIT ?",
                 (tenant, collection, after or "", limit + 1)).fetchall()
         page = [{"id": d, "chunks": c, "chars": ch, "metadata": json.loads(m), "updated_at": u}

@@ -83,8 +83,12 @@ def test_cli_ingests_a_folder_of_pdf_docx_and_real_xhtml(stack, tmp_path, admin_
     assert info["document_count"] == 6, info
     listed = httpx.get(f"{stack.url}/v1/collections/docs-cli/documents", headers=headers, timeout=60).json()
     assert len(listed["data"]) == 6 and not listed["has_more"], listed
+    assert not any("_locations" in doc["metadata"] for doc in listed["data"]), listed  # maps are not listed
     hit = httpx.get(f"{stack.url}/v1/collections/docs-cli/search", headers=headers, timeout=60, params={
         "q": "We hired nine engineers", "top_k": 1}).json()["data"][0]
     assert hit["slide"] <= 3 <= hit.get("slide_end", hit["slide"]), hit  # the hiring line is on slide 3
+    hit = httpx.get(f"{stack.url}/v1/collections/docs-cli/search", headers=headers, timeout=60, params={
+        "q": "Parsing the stylesheet takes a single function call", "top_k": 1}).json()["data"][0]
+    assert hit["document_id"].startswith("libxslt-tutorial-latin1") and hit["section"].startswith("Primary Functions"), hit
     usage = httpx.get(f"{stack.url}/admin/tenants/demo/usage", headers=admin_headers, timeout=60).json()["usage"]
     assert any(row["model"] == "poolserve/extraction-cpu-ms" and row["prompt_tokens"] > 0 for row in usage), usage

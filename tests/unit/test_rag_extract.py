@@ -4,7 +4,8 @@ import asyncio
 
 import pytest
 
-from rag.extract import UnsupportedContentType, extract, normalize_content_type
+from rag.extract import UnsupportedContentType, extract, normalize_content_type, section_locations
+from rag.locations import LOCATIONS_KEY, resolve
 from rag.local import LocalIndex
 from rag.pipeline import DocumentInput, PipelineSettings, RagPipeline, as_plain_text, needs_extraction
 from rag.store import KnowledgeStore
@@ -99,10 +100,12 @@ def test_markdown_is_rendered_to_text():
 
 def test_an_extracted_title_becomes_metadata_unless_the_client_gave_one():
     page = as_plain_text(DocumentInput("p", PAGE, {"src": "web"}, content_type="text/html"), extract(PAGE, "text/html"))
-    assert page.metadata == {"src": "web", "title": "Widget manual"} and page.content_type == "text/plain"
+    assert page.content_type == "text/plain"
+    assert page.metadata == {"src": "web", "title": "Widget manual",  # and where the page's sections start
+                             LOCATIONS_KEY: {"kind": "section", "starts": [0, 50], "labels": ["Widgets", "Setup"]}}
     given = as_plain_text(DocumentInput("p", PAGE, {"title": "Mine"}, content_type="text/html"),
                           extract(PAGE, "text/html"))
-    assert given.metadata == {"title": "Mine"}
+    assert given.metadata["title"] == "Mine"
     assert not needs_extraction(DocumentInput("p", "<b>not parsed</b>"))
 
 
@@ -120,4 +123,58 @@ def test_the_pipeline_stores_and_embeds_the_extracted_text(tmp_path):
     assert {d["id"]: d["metadata"] for d in store.list_documents("t", "kb", limit=10)["data"]} == {"page": {"title": "Widget manual"},
                                                                    "notes": {"title": "Widget guide"}}
     assert [h.document_id for h in store.search_lexical("t", "kb", "wiring", 5)] == ["page"]
+    store.close()
+
+
+MANUAL = """<?xml version="1.0" encoding="UTF-8"?>
+<html><head><title>Server manual</title></head><body>
+<p>Read this first.</p>
+<h1>Server manual</h1><p>Intro text.</p>
+<h2>Installing <a href="#i">&para;</a></h2><p>Unpack it.</p>
+<h3>On   Linux</h3><p>Use the package.</p>
+<h2>Running</h2><p>Start it.</p>
+<h4><img alt=""></h4><p>No heading text above.</p>
+</body></html>"""
+
+
+def test_html_headings_become_sections_with_their_path_below_the_page_heading():
+    extracted = extract(MANUAL.encode(), "text/html")
+    locations = extracted.locations
+    assert locations["kind"] == "section"
+    labels = locations["labels"]
+    assert labels == ["", "Server manual", "Installing", "Installing > On Linux", "Running"]
+    for start, label in zip(locations["starts"][1:], ["Server manual", "Installing", "On Linux", "Running"]):
+        assert extracted.text[start:].startswith(label)  # each section starts at its heading's line
+    assert resolve(locations, extracted.text.index("Use the package"), None) == {"section": "Installing > On Linux"}
+    assert resolve(locations, 0, 5) == {}  # text before the first heading names no section
+
+
+def test_markdown_headings_are_sections_and_their_number_is_bounded():
+    notes = "\n\n".join(f"# Part {n}\n\nText of part {n}." for n in range(10))
+    extracted = extract(notes, "text/markdown", max_locations=4)
+    assert extracted.locations["labels"] == ["Part 0", "Part 1", "Part 2", "Part 3"]
+    assert extract("no headings at all", "text/markdown").locations is None
+
+
+def test_a_heading_the_renderer_laid_out_otherwise_is_skipped_not_misplaced():
+    # "Sub" occurs inside a paragraph before its own heading: only a whole line counts.
+    locations = section_locations("Intro mentions Sub here.\nSub\nbody", [(2, "Sub"), (2, "Missing")], 10)
+    assert locations == {"kind": "section", "starts": [0, 25], "labels": ["", "Sub"]}
+
+
+def test_the_section_path_is_embedded_in_front_of_a_chunk_when_asked(tmp_path):
+    store = KnowledgeStore(tmp_path / "k.sqlite3", dim=DIM)
+    embedder = FakeEmbedder()
+    pipeline = RagPipeline(embedder, LocalIndex(store), PipelineSettings(embed_section=True))
+    asyncio.run(pipeline.ingest("t", "kb", [DocumentInput("manual", MANUAL, content_type="text/html")]))
+    embedded = [text for call in embedder.document_calls for text in call]
+    # Title, then the section's path, then the chunk (the fake chunker cuts at every blank line); a chunk
+    # that starts with its title or heading does not get it twice.
+    assert embedded == ["Server manual\nRead this first.", "Server manual", "Server manual\nIntro text.",
+                        "Server manual\nInstalling ¶", "Server manual\nInstalling\nUnpack it.",
+                        "Server manual\nInstalling > On Linux\nOn Linux",
+                        "Server manual\nInstalling > On Linux\nUse the package.", "Server manual\nRunning",
+                        "Server manual\nRunning\nStart it.", "Server manual\nRunning\nNo heading text above."]
+    listed = store.list_documents("t", "kb", limit=10)["data"][0]
+    assert listed["metadata"] == {"title": "Server manual"}  # the section map is not the client's metadata
     store.close()
