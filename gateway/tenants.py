@@ -25,6 +25,7 @@ from gateway.dashboard_auth import dashboard_gate, is_dashboard_path
 from gateway.errors import error_body
 from gateway.pool_guard import PoolGuard, read_gpu_pool, read_pool
 from gateway.public_paths import is_public, refuse_unauthenticated, serve_public
+from gateway.read_lanes import ReadLanes, ReadsQueued, is_read
 from planner.profile import GatewaySpec
 from system.private_files import make_private_dir, write_private
 from tenancy import (
@@ -105,6 +106,7 @@ class TenantGuard:
         self.clients = ClientLimiter(spec.client_max_concurrent, spec.client_requests_per_minute,
                                      spec.login_failures_per_minute, spec.tracked_clients)
         self.login_form_max_bytes = spec.login_form_max_bytes
+        self.lanes = ReadLanes(spec.reads_at_once_alone, spec.reads_queue_max, spec.reads_wait_s)
         demo_key, created_at = resolve_demo_key(self.state_dir)
         if created_at:
             logger.warning("demo tenant key written to %s (mode 0600)", created_at)
@@ -235,7 +237,7 @@ class TenantAuthMiddleware:
         in_flight = guard.metrics.in_flight.labels(tenant=tenant.name)
         in_flight.inc()
         try:
-            await self.app(scope, receive, send)
+            await self._run(scope, receive, send, tenant, path)
         finally:
             in_flight.dec()
             detached = scope.get(DETACHED_KEY)
@@ -244,6 +246,20 @@ class TenantAuthMiddleware:
                 detached.add_done_callback(lambda _: self._closing_task(self._settle, tenant, tokens))
             else:
                 await asyncio.shield(self._closing_task(self._close_request, tenant, tokens, decision.lease_id))
+
+    async def _run(self, scope, receive, send, tenant, path: str) -> None:
+        """The app, with the tenant's reads taking turns while other tenants work (gateway/read_lanes.py)."""
+        lanes = self.guard.lanes
+        async with lanes.working(tenant.name):
+            if not is_read(scope["method"], path):
+                return await self.app(scope, receive, send)
+            try:
+                async with lanes.reading(tenant.name):
+                    return await self.app(scope, receive, send)
+            except ReadsQueued as queued:
+                await run_in_threadpool(self.guard.observe_rejection, tenant.name, "reads_queued")
+                await self._reject(scope, receive, send, 429, str(queued), {"Retry-After": str(queued.retry_after_s)},
+                                   kind="rate_limit_error")
 
     async def _shed(self, tenant, kind: str) -> str | None:
         """The pool guard's refusal of this request, if any. Who is heaviest is a read of every replica's

@@ -439,7 +439,10 @@ class RagSpec(_Strict):
     embed_title: bool = Field(True, description="Embed each chunk with its document's title in front (metadata "
                               "'title', else a first line of at most 120 characters); stored chunks stay as written.")
     embed_section: bool = Field(False, description="Also embed each chunk with the heading path of the section it "
-                                "starts in (HTML and Markdown headings, DOCX sections: rag/extract.py).")
+                                "starts in (HTML and Markdown headings, DOCX sections: rag/extract.py). Off: on the "
+                                "SQLite manual hybrid recall@1 went 0.800 -> 0.815, but on the two held-out manuals "
+                                "it lost a question each (Git 0.744 -> 0.732 at rank 1, Apache 0.961 -> 0.947 at "
+                                "rank 5; docs/BENCHMARKS.md 7g).")
     embed_batch_chunks: int = Field(64, ge=1, description="Chunks per embedder call during an ingest: the "
                                     "granularity of its progress reports and of a job's cancel: a call of 256 took "
                                     "about 18 s beside a chatting tenant on 2 CPU cores, and a cancelled job ran on "
@@ -493,6 +496,15 @@ class GatewaySpec(_Strict):
     login_failures_per_minute: int = Field(5, ge=1, description="Wrong admin keys one client address may send "
                                            "to the dashboard login form in a moving minute; then the form "
                                            "answers 429 (without checking the key) until the oldest leaves it.")
+    reads_at_once_alone: int = Field(4, ge=1, description="Reads (listings, collection info, searches) one tenant "
+                                     "may run at once while no other tenant has work in flight; while another "
+                                     "has, its reads take turns, one at a time (gateway/read_lanes.py: four "
+                                     "readers of one tenant made another tenant's chat p95 3x quiet, one reader "
+                                     "1.6-2.1x). Per gateway replica.")
+    reads_queue_max: int = Field(32, ge=1, description="Reads of one tenant waiting for their turn at once; more "
+                                 "get 429. Per gateway replica.")
+    reads_wait_s: float = Field(30.0, gt=0, description="Longest a read waits for its tenant's earlier reads; "
+                                "then 429.")
     tracked_clients: int = Field(4096, ge=16, description="Client addresses the per-client limits remember at "
                                  "once; the least recently seen is forgotten first.")
     cookie_secure: bool | Literal["auto"] = Field("auto", description="The dashboard session cookie's Secure "
