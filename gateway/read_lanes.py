@@ -6,8 +6,8 @@ tenant's chat p95 3x its quiet figure, one client 1.6-2.1x. Every read is bounde
 several of them running at once on the cores the other tenant's requests need. So a tenant's reads wait
 in line for its previous read (waiting costs no CPU) whenever someone else is working, and only a tenant
 alone on the replica reads several at once. One client reading alone was gentler than four taking turns
-(its own round trips left gaps), so while others work a read also keeps the turn for as long again as it
-took: a tenant's back-to-back reads then use at most half of one lane. A read never waits for another tenant's work, only for its
+(its own round trips left gaps), so while others work a read also keeps the turn for a while after its
+response has gone, in proportion to how long it took (gateway.reads_pause_ratio). A read never waits for another tenant's work, only for its
 own tenant's earlier reads, so nobody is starved; the line is bounded in length and in time (then 429).
 Per gateway replica, like the per-client limits.
 """
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 _COLLECTION_READ = re.compile(r"^/v1/collections(/[^/]+(/documents|/search)?)?$")
 _SEARCH = re.compile(r"^/v1/collections/[^/]+/search$")
 # Longest a read keeps its tenant's turn after its response has gone (while others work).
-BREATHER_MAX_S = 1.0
+PAUSE_MAX_S = 1.0
 
 
 def is_read(method: str, path: str) -> bool:
@@ -47,6 +47,7 @@ class ReadLanes:
     alone: int  # reads of one tenant at once while no other tenant has work in flight
     queue_max: int  # reads of one tenant waiting at once; more get 429
     wait_s: float  # longest wait in line; then 429
+    pause_ratio: float = 0.0  # while others work, a read keeps the turn this many times its own duration
     _working: dict[str, int] = field(default_factory=dict)  # requests in flight per tenant, reads included
     _reading: dict[str, int] = field(default_factory=dict)
     _waiting: dict[str, int] = field(default_factory=dict)
@@ -81,8 +82,8 @@ class ReadLanes:
     @asynccontextmanager
     async def reading(self, tenant: str):
         """Around a read of `tenant`: waits for its turn, or raises ReadsQueued. While other tenants work,
-        the turn is kept for as long again as the read took (at most BREATHER_MAX_S) after its response
-        has gone, so back-to-back reads use at most half of one lane's time."""
+        the turn is kept for `pause_ratio` times as long as the read took (at most PAUSE_MAX_S) after its
+        response has gone: with 3, back-to-back reads use at most a quarter of one lane's time."""
         if not self._may_read(tenant):
             await self._wait_for_turn(tenant)
         self._reading[tenant] = self._reading.get(tenant, 0) + 1
@@ -93,7 +94,7 @@ class ReadLanes:
         finally:
             try:
                 if self._others_working(tenant):
-                    await asyncio.sleep(min(loop.time() - started, BREATHER_MAX_S))
+                    await asyncio.sleep(min(self.pause_ratio * (loop.time() - started), PAUSE_MAX_S))
             finally:
                 _decrement(self._reading, tenant)
                 await asyncio.shield(self._notify())

@@ -106,7 +106,7 @@ class TenantGuard:
         self.clients = ClientLimiter(spec.client_max_concurrent, spec.client_requests_per_minute,
                                      spec.login_failures_per_minute, spec.tracked_clients)
         self.login_form_max_bytes = spec.login_form_max_bytes
-        self.lanes = ReadLanes(spec.reads_at_once_alone, spec.reads_queue_max, spec.reads_wait_s)
+        self.lanes = ReadLanes(spec.reads_at_once_alone, spec.reads_queue_max, spec.reads_wait_s, spec.reads_pause_ratio)
         demo_key, created_at = resolve_demo_key(self.state_dir)
         if created_at:
             logger.warning("demo tenant key written to %s (mode 0600)", created_at)

@@ -496,11 +496,24 @@ class GatewaySpec(_Strict):
     login_failures_per_minute: int = Field(5, ge=1, description="Wrong admin keys one client address may send "
                                            "to the dashboard login form in a moving minute; then the form "
                                            "answers 429 (without checking the key) until the oldest leaves it.")
+    refusal_delay_s: float = Field(1.0, ge=0, description="Ray's proxy answers a body sent to a public path "
+                                   "(which no honest client sends) after this long, the connection idle and "
+                                   "the body unread, so a flooding client gets one refusal per connection per "
+                                   "delay (serve/proxy_guard.py). 0 = at once.")
+    refusal_delay_max: int = Field(256, ge=0, description="Refusals Ray's proxy holds back at once; beyond them "
+                                   "it refuses at once (bounds the idle connections a flood can leave).")
     reads_at_once_alone: int = Field(4, ge=1, description="Reads (listings, collection info, searches) one tenant "
                                      "may run at once while no other tenant has work in flight; while another "
                                      "has, its reads take turns, one at a time (gateway/read_lanes.py: four "
                                      "readers of one tenant made another tenant's chat p95 3x quiet, one reader "
                                      "1.6-2.1x). Per gateway replica.")
+    reads_pause_ratio: float = Field(3.0, ge=0, description="While another tenant works, a read keeps its "
+                                     "tenant's turn this many times as long as it took (at most 1 s) after its "
+                                     "response: 3 leaves a tenant's back-to-back reads a quarter of one lane. Four "
+                                     "readers against another tenant's chat and RAG p95 (docs/SECURITY.md), x quiet: "
+                                     "no turns 2.6-3.1x and 2.5-3.4x (two runs); turns alone 2.2-2.6x and 2.0-2.2x "
+                                     "(three); ratio 1 2.1-2.2x and 1.8x (three); ratio 2 1.8-2.2x and 1.4-1.6x "
+                                     "(six); ratio 3 1.7-1.9x and 1.4-1.6x (three).")
     reads_queue_max: int = Field(32, ge=1, description="Reads of one tenant waiting for their turn at once; more "
                                  "get 429. Per gateway replica.")
     reads_wait_s: float = Field(30.0, gt=0, description="Longest a read waits for its tenant's earlier reads; "

@@ -302,7 +302,8 @@ def up(serve_config_path: Path, profile: Profile, profile_path: Path, plan: Plan
         resolved_path.write_text(yaml.safe_dump(config, sort_keys=False))
         # Ray's proxy refuses what a public path may not carry itself, before routing it to the gateway.
         env.update(proxy_env(config["applications"][0].get("route_prefix") or "/",
-                             profile.gateway.login_form_max_bytes))
+                             profile.gateway.login_form_max_bytes, profile.gateway.refusal_delay_s,
+                             profile.gateway.refusal_delay_max))
         (layout.run_dir / "stack.yaml").write_text(yaml.safe_dump({
             "stack_id": layout.stack_id, "gcs_address": gcs_address, "ray_temp_dir": str(layout.ray_temp_dir),
             "gateway": f"http://{profile.gateway.host}:{profile.gateway.port}", "launcher_pid": os.getpid(),

@@ -71,8 +71,29 @@ def test_the_callback_reads_its_settings_from_the_environment(monkeypatch):
     assert env["RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"] == "serve.proxy_guard.middlewares"
     monkeypatch.setenv(proxy_guard.SETTINGS_ENV, env[proxy_guard.SETTINGS_ENV])
     [middleware] = middlewares()
-    assert middleware.cls is PublicBodyRefusal and middleware.kwargs == {"route_prefix": "/api",
-                                                                          "login_form_max_bytes": 4096}
+    assert middleware.cls is PublicBodyRefusal and middleware.kwargs == {
+        "route_prefix": "/api", "login_form_max_bytes": 4096, "refusal_delay_s": 0.0, "refusal_delay_max": 0}
+
+
+def test_a_refusal_waits_out_its_delay_unless_too_many_already_wait():
+    async def scenario():
+        guard = PublicBodyRefusal(None, refusal_delay_s=0.3, refusal_delay_max=2)
+        sent = []
+
+        async def send(message):
+            sent.append((message.get("status"), asyncio.get_running_loop().time()))
+
+        async def refuse():
+            scope = {"type": "http", "method": "GET", "path": "/healthz", "headers": [(b"content-length", b"9")]}
+            await guard(scope, None, send)
+
+        start = asyncio.get_running_loop().time()
+        await asyncio.gather(*(refuse() for _ in range(3)))
+        times = sorted(round(at - start, 1) for status, at in sent if status == 413)
+        assert guard.delayed == 0
+        return times
+
+    assert asyncio.run(scenario()) == [0.0, 0.3, 0.3]  # two waited, the third found both places taken
 
 
 @pytest.mark.parametrize("module", ["serve.proxy_guard"])

@@ -71,6 +71,10 @@ def _app() -> FastAPI:
                 yield f"{_state(request)['in_flight']}\n"
         return StreamingResponse(body(), media_type="text/plain")
 
+    @app.get("/v1/collections/{name}")
+    async def collection(name: str, request: Request):
+        return _state(request)
+
     @app.get("/admin/tenants")
     async def admin(request: Request):
         return {"admin": True}
@@ -271,3 +275,20 @@ def test_past_the_ingest_mark_the_heaviest_tenant_is_shed_first_and_counted(make
     finally:
         for lease in held:
             mw.guard.limiter.release(heavy, lease.lease_id)
+
+
+def test_a_read_whose_tenants_line_is_full_is_a_429_and_other_work_goes_on(make_mw):
+    mw = make_mw()
+    _, key = mw.guard.store.create_tenant("acme")
+    lanes = mw.guard.lanes
+    # Another tenant working, a read of acme running and its line full.
+    lanes._working["other"], lanes._reading["acme"], lanes._waiting["acme"] = 1, 1, lanes.queue_max
+    with _client(mw) as client:
+        refused = client.get("/api/v1/collections/kb", headers=_auth(key))
+        assert refused.status_code == 429 and refused.headers["Retry-After"] == "1"
+        assert "gateway.reads_queue_max" in refused.json()["error"]["message"]
+        assert client.get("/api/v1/x", headers=_auth(key)).status_code == 200  # not a read: no line
+        del lanes._working["other"], lanes._reading["acme"], lanes._waiting["acme"]
+        assert client.get("/api/v1/collections/kb", headers=_auth(key)).status_code == 200
+    assert mw.guard.rejections.counts("acme")["acme"].get("reads_queued") == 1
+    assert mw.guard.limiter.in_flight("acme") == 0 and lanes._working == {}
