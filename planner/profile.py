@@ -507,13 +507,14 @@ class GatewaySpec(_Strict):
                                      "has, its reads take turns, one at a time (gateway/read_lanes.py: four "
                                      "readers of one tenant made another tenant's chat p95 3x quiet, one reader "
                                      "1.6-2.1x). Per gateway replica.")
-    reads_pause_ratio: float = Field(3.0, ge=0, description="While another tenant works, a read keeps its "
+    reads_pause_ratio: float = Field(5.0, ge=0, description="While another tenant works, a read keeps its "
                                      "tenant's turn this many times as long as it took (at most 1 s) after its "
-                                     "response: 3 leaves a tenant's back-to-back reads a quarter of one lane. Four "
+                                     "response: 5 leaves a tenant's back-to-back reads a sixth of one lane. Four "
                                      "readers against another tenant's chat and RAG p95 (docs/SECURITY.md), x quiet: "
                                      "no turns 2.6-3.1x and 2.5-3.4x (two runs); turns alone 2.2-2.6x and 2.0-2.2x "
                                      "(three); ratio 1 2.1-2.2x and 1.8x (three); ratio 2 1.8-2.2x and 1.4-1.6x "
-                                     "(six); ratio 3 1.7-1.9x and 1.4-1.6x (three).")
+                                     "(six); ratio 3 1.7-2.1x and 1.4-1.6x (five); ratio 5 1.6-1.9x and 1.3-1.6x "
+                                     "(three).")
     reads_queue_max: int = Field(32, ge=1, description="Reads of one tenant waiting for their turn at once; more "
                                  "get 429. Per gateway replica.")
     reads_wait_s: float = Field(30.0, gt=0, description="Longest a read waits for its tenant's earlier reads; "
