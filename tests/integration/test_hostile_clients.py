@@ -9,6 +9,7 @@ import json
 import math
 import os
 import random
+import statistics
 import subprocess
 import sys
 import time
@@ -29,13 +30,28 @@ pytestmark = pytest.mark.timeout(600)
 # machine decided it).
 ROUNDS = 20
 ATTACKERS = 60
-# Less than this is noise on a shared two-core machine: the bound is 2x quiet or quiet + this.
+# Less than this is noise on a shared two-core machine: the p95's bound is 2x quiet or quiet + this.
 LATENCY_SLACK_S = 1.0
+# The issue's 2x, asserted on the median, which one stall of the shared machine cannot move; plus a
+# scheduler's few ticks of noise. The strict p95 ratios of each attack are measured in docs/SECURITY.md.
+MEDIAN_SLACK_S = 0.05
 
 
 def _p95(samples: list[float]) -> float:
     ordered = sorted(samples)
     return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]  # nearest rank
+
+
+def _latencies(quiet: list[float], loud: list[float]) -> dict:
+    return {"p95_quiet": _p95(quiet), "p95_attack": _p95(loud),
+            "median_quiet": statistics.median(quiet), "median_attack": statistics.median(loud)}
+
+
+def assert_within_2x(figures: dict, context) -> None:
+    """A victim's latencies under attack against quiet (from _latencies): the p95 within 2x or the slack,
+    the median within 2x."""
+    assert figures["p95_attack"] <= max(2 * figures["p95_quiet"], figures["p95_quiet"] + LATENCY_SLACK_S), context
+    assert figures["median_attack"] <= 2 * figures["median_quiet"] + MEDIAN_SLACK_S, context
 
 
 @pytest.fixture(scope="module")
@@ -223,7 +239,7 @@ def bulk_ingest(stack, admin_headers, victim, quiet) -> dict:
             attacker.http.delete(f"/v1/ingest/jobs/{job}")
         after = [_job_settled(attacker.http, job) for job in jobs]
         usage = admin.get(f"/admin/tenants/{attacker.name}/usage").json()
-    figures = {kind: {"p95_quiet": _p95(quiet[kind]), "p95_attack": _p95(loud)} for kind, loud in (
+    figures = {kind: _latencies(quiet[kind], loud) for kind, loud in (
         ("chat", loud_chat), ("rag", loud_rag), ("embeddings", loud_embeddings))}
     figures.update({"loud_statuses": loud_statuses + embedding_statuses,
                     "jobs_during": [(job["status"], job["counts"]) for job in during],
@@ -247,9 +263,11 @@ def test_a_bulk_ingest_refuses_the_other_tenant_nothing_and_is_charged_to_its_te
 def test_a_bulk_ingest_leaves_the_other_tenants_p95_within_2x(bulk_ingest):
     """Questions go before waiting document batches, the victim's own batches take turns with the attacker's,
     and a batch is short (embedder.batch_size 4): each waits for at most one of the attacker's batches."""
-    for kind in ("chat", "rag", "embeddings"):
-        quiet, attack = bulk_ingest[kind]["p95_quiet"], bulk_ingest[kind]["p95_attack"]
-        assert attack <= max(2 * quiet, quiet + LATENCY_SLACK_S), (kind, bulk_ingest)
+    for kind in ("chat", "rag"):
+        assert_within_2x(bulk_ingest[kind], (kind, bulk_ingest))
+    # Its embeddings get their fair half of the embedder (turns with the attacker's batches): the p95 bound only.
+    quiet, attack = bulk_ingest["embeddings"]["p95_quiet"], bulk_ingest["embeddings"]["p95_attack"]
+    assert attack <= max(2 * quiet, quiet + LATENCY_SLACK_S), bulk_ingest
 
 
 # The issue's extraction attack: Markdown that is one long list (the costliest input of markdown-it-py and
@@ -273,8 +291,7 @@ def heavy_extraction(stack, admin_headers, victim, quiet) -> dict:
         attacker.http.delete(f"/v1/ingest/jobs/{job}")
         after = _job_settled(attacker.http, job, seconds=180)
         usage = admin.get(f"/admin/tenants/{attacker.name}/usage").json()
-    figures = {kind: {"p95_quiet": _p95(quiet[kind]), "p95_attack": _p95(loud)} for kind, loud in (
-        ("chat", loud_chat), ("rag", loud_rag))}
+    figures = {kind: _latencies(quiet[kind], loud) for kind, loud in (("chat", loud_chat), ("rag", loud_rag))}
     figures.update({"loud_statuses": loud_statuses, "job_during": (during["status"], during["stage"]),
                     "job_after": after["status"], "job_error": after.get("error"), "charged": {row["model"]: row["prompt_tokens"] for row in usage["usage"]},
                     "seconds": {"chat_attack": sorted(round(v, 2) for v in loud_chat),
@@ -294,8 +311,7 @@ def test_a_heavy_extraction_leaves_the_other_tenants_p95_within_2x_and_is_charge
         assert figures["job_after"] == "cancelled", figures
     assert figures["charged"].get("poolserve/extraction-cpu-ms", 0) > 1000, figures
     for kind in ("chat", "rag"):
-        quiet, attack = figures[kind]["p95_quiet"], figures[kind]["p95_attack"]
-        assert attack <= max(2 * quiet, quiet + LATENCY_SLACK_S), (kind, figures)
+        assert_within_2x(figures[kind], (kind, figures))
 
 
 def _outcomes(log: Path) -> list:
@@ -337,6 +353,7 @@ def healthz_flood(stack, victim, quiet, tmp_path_factory) -> dict:
     outcomes = _outcomes(log)
     figures = {"chat_p95_quiet": _p95(quiet_chat), "chat_p95_attack": _p95(loud_chat),
                "rag_p95_quiet": _p95(quiet_rag), "rag_p95_attack": _p95(loud_rag),
+               "chat": _latencies(quiet_chat, loud_chat), "rag": _latencies(quiet_rag, loud_rag),
                "attack_requests": len(outcomes), "attack_outcomes": {str(o): outcomes.count(o) for o in set(outcomes)},
                "quiet_statuses": quiet_statuses, "loud_statuses": loud_statuses, "outcomes": outcomes,
                # every sample, slowest last: a failure shows whether one stall or the whole series moved
@@ -366,6 +383,4 @@ def test_rays_proxy_refuses_a_public_paths_body_before_the_gateway(stack):
 
 def test_a_keyless_flood_leaves_the_other_tenants_p95_within_2x(healthz_flood):
     for kind in ("chat", "rag"):
-        quiet = healthz_flood[f"{kind}_p95_quiet"]
-        assert healthz_flood[f"{kind}_p95_attack"] <= max(2 * quiet, quiet + LATENCY_SLACK_S), \
-            {k: v for k, v in healthz_flood.items() if k != "outcomes"}
+        assert_within_2x(healthz_flood[kind], {k: v for k, v in healthz_flood.items() if k != "outcomes"})

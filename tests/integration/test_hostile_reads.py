@@ -12,8 +12,8 @@ import json
 import pytest
 
 from tests.integration.test_hostile_clients import (  # noqa: F401  (module fixtures, measured again here)
-    LATENCY_SLACK_S, UNTIL_STDIN_CLOSES, _attacking_tenant, _outcomes, _p95, _victim_round, attacking_process, quiet,
-    victim)
+    UNTIL_STDIN_CLOSES, _attacking_tenant, _latencies, _outcomes, _victim_round, assert_within_2x, attacking_process,
+    quiet, victim)
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -66,8 +66,7 @@ def heavy_reads(stack, admin_headers, victim, quiet, tmp_path_factory) -> dict:
             loud_chat, loud_rag, loud_statuses = _victim_round(victim)
         over_page = attacker.http.get("/v1/collections/bulky/documents", params={"limit": 1000})
     outcomes = _outcomes(log)
-    figures = {"chat": {"p95_quiet": _p95(quiet["chat"]), "p95_attack": _p95(loud_chat)},
-               "rag": {"p95_quiet": _p95(quiet["rag"]), "p95_attack": _p95(loud_rag)},
+    figures = {"chat": _latencies(quiet["chat"], loud_chat), "rag": _latencies(quiet["rag"], loud_rag),
                "loud_statuses": loud_statuses, "over_page": (over_page.status_code, over_page.text[:300]),
                "reads": {kind: {str(status): sum(1 for k, s, _ in outcomes if k == kind and s == status)
                                 for status in {s for k, s, _ in outcomes if k == kind}} for kind in ("page", "info", "search")},
@@ -92,6 +91,6 @@ def test_heavy_reads_are_bounded_and_refuse_the_other_tenant_nothing(heavy_reads
 
 
 def test_heavy_reads_leave_the_other_tenants_p95_within_2x(heavy_reads):
+    """While the other tenant works, the reader's reads take turns and pause (gateway/read_lanes.py)."""
     for kind in ("chat", "rag"):
-        quiet, attack = heavy_reads[kind]["p95_quiet"], heavy_reads[kind]["p95_attack"]
-        assert attack <= max(2 * quiet, quiet + LATENCY_SLACK_S), (kind, heavy_reads)
+        assert_within_2x(heavy_reads[kind], (kind, heavy_reads))
