@@ -140,42 +140,34 @@ def document(doc_id: str, extracted) -> dict:
     return doc
 
 
-def html_documents(root: Path) -> list[dict]:
+def html_pages(base: Path, pages, keep) -> list[dict]:
+    """The pages (under `base`) that `keep(page, doc_id, data)` accepts and that extract to at least MIN_CHARS;
+    id = the path under `base` without .html."""
     documents = []
-    for page in sorted((root / HTML_DIR).glob("*.html")):
-        if page.stem in HTML_SKIPPED:
-            continue
-        extracted = extract(page.read_bytes(), HTML)
-        if len(extracted.text) >= MIN_CHARS:
-            documents.append(document(page.stem, extracted))
+    for page in pages:
+        doc_id = page.relative_to(base).with_suffix("").as_posix()
+        data = page.read_bytes()
+        if keep(page, doc_id, data):
+            extracted = extract(data, HTML)
+            if len(extracted.text) >= MIN_CHARS:
+                documents.append(document(doc_id, extracted))
     return documents
+
+
+def html_documents(root: Path) -> list[dict]:
+    base = root / HTML_DIR
+    return html_pages(base, sorted(base.glob("*.html")), lambda page, doc_id, data: doc_id not in HTML_SKIPPED)
 
 
 def apache_documents(root: Path) -> list[dict]:
-    documents = []
     base = root / APACHE_DIR
-    for page in sorted(base.rglob("*.html")):
-        doc_id = page.relative_to(base).with_suffix("").as_posix()
-        data = page.read_bytes()
-        if page.name == "index.html" or doc_id in APACHE_SKIPPED or not APACHE_ENGLISH.search(data):
-            continue
-        extracted = extract(data, HTML)
-        if len(extracted.text) >= MIN_CHARS:
-            documents.append(document(doc_id, extracted))
-    return documents
+    return html_pages(base, sorted(base.rglob("*.html")), lambda page, doc_id, data: (
+        page.name != "index.html" and doc_id not in APACHE_SKIPPED and bool(APACHE_ENGLISH.search(data))))
 
 
 def git_documents(root: Path) -> list[dict]:
-    documents = []
     base = root / GIT_DIR
-    for page in sorted(base.rglob("*.html")):
-        doc_id = page.relative_to(base).with_suffix("").as_posix()
-        if doc_id in GIT_SKIPPED:
-            continue
-        extracted = extract(page.read_bytes(), HTML)
-        if len(extracted.text) >= MIN_CHARS:
-            documents.append(document(doc_id, extracted))
-    return documents
+    return html_pages(base, sorted(base.rglob("*.html")), lambda page, doc_id, data: doc_id not in GIT_SKIPPED)
 
 
 def pdf_documents(root: Path) -> list[dict]:
