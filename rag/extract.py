@@ -13,6 +13,7 @@ and a BOM or an XML declaration (every XHTML page starts with one) is dropped be
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from rag.charset import decode_html, strip_declaration
@@ -33,6 +34,8 @@ TITLE_MAX_CHARS = 120
 HEADING_TAGS = ("h1", "h2", "h3", "h4")
 # Permalink marks that generated manuals put after a heading ("Introduction ¶").
 ANCHOR_MARKS = " ¶§#"
+# Headings not found as lines of the rendered text before the search gives up (each costs a scan).
+MAX_HEADING_MISSES = 64
 # Never shown to a reader: fallback content for no-JavaScript browsers, inert templates, site menus.
 UNSEEN_TAGS = ("noscript", "template", "nav")
 # Inline elements that inscriptis's profile does not list get "white-space: normal", which flattens
@@ -123,27 +126,32 @@ def _headings(tree) -> list[tuple[int, str]]:
 
 def section_locations(text: str, headings: list[tuple[int, str]], max_locations: int) -> dict | None:
     """Where each heading's section starts in the rendered text (rag/locations.py's map, kind
-    "section"), found in order as whole lines; a heading the renderer laid out otherwise is skipped.
-    A section's label is its path below the page's <h1> ("Configuring CGI > ScriptAlias"), since an
-    <h1> names the page, as its title does. Text before the first heading is the section "". None
-    when no heading is found."""
-    starts, labels, path, cursor = [], [], [], 0
-    for level, heading in headings:
-        if len(starts) >= max_locations:
+    "section"), found in order as whole lines; a heading the renderer laid out otherwise (in a table
+    cell, say) is skipped, as is one whose first whole line comes after the next other heading's (the
+    same words heading a later section), and after MAX_HEADING_MISSES of those the search stops, so the work
+    stays a few scans of the text. A section's label is its path below the page's <h1> ("Configuring CGI >
+    ScriptAlias"), since an <h1> names the page, as its title does. Text before the first heading is the
+    section "". None when no heading is found."""
+    def line(heading: str, start: int):
+        return re.compile(f"^{re.escape(heading)}$", re.MULTILINE).search(text, start)
+
+    starts, labels, path, cursor, misses = [], [], [], 0, 0
+    for number, (level, heading) in enumerate(headings):
+        if len(starts) >= max_locations or misses >= MAX_HEADING_MISSES:
             break
-        at = text.find(heading, cursor)
-        while at > 0 and text[at - 1] != "\n":
-            at = text.find(heading, at + 1)
-        end = at + len(heading)
-        if at < 0 or (end < len(text) and text[end] != "\n"):
+        found = line(heading, cursor)
+        after = next((words for _, words in headings[number + 1:number + 9] if words != heading), None)
+        following = line(after, cursor) if found and after else None
+        if found is None or (following is not None and following.start() < found.start()):
+            misses += 1  # not a line of its own, or only a later section's heading of the same words ("Note")
             continue
         while path and path[-1][0] >= level:
             path.pop()
         path.append((level, heading.rstrip(ANCHOR_MARKS)))
         below_h1 = [name for depth, name in path if depth > 1]
-        starts.append(at)
+        starts.append(found.start())
         labels.append(" > ".join(below_h1 or [path[-1][1]])[:HEADING_MAX_CHARS])
-        cursor = end
+        cursor = found.end()
     if not starts:
         return None
     if starts[0] > 0:

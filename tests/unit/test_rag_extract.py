@@ -1,6 +1,7 @@
 """rag.extract: the text a reader sees, out of plain text, Markdown and HTML."""
 
 import asyncio
+import time
 
 import pytest
 
@@ -178,3 +179,15 @@ def test_the_section_path_is_embedded_in_front_of_a_chunk_when_asked(tmp_path):
     listed = store.list_documents("t", "kb", limit=10)["data"][0]
     assert listed["metadata"] == {"title": "Server manual"}  # the section map is not the client's metadata
     store.close()
+
+
+def test_headings_the_renderer_lays_out_otherwise_cost_a_bounded_search():
+    # Table cells render beside each other, so none of these headings is a line of its own; each miss costs a
+    # scan of the text, and the search stops after MAX_HEADING_MISSES of them.
+    cells = "".join(f"<tr><td><h2>a</h2></td><td>a a a {n}</td></tr>" for n in range(20_000))
+    started = time.perf_counter()
+    extracted = extract(f"<html><body><h1>Big table</h1><table>{cells}</table></body></html>", "text/html")
+    assert time.perf_counter() - started < 30
+    assert extracted.locations["labels"][:1] == ["Big table"]
+    text = "x\\n" * 1000 + "a a\\n" * 100_000
+    assert section_locations(text, [(2, "a")] * 10_000, 2000) is None  # 64 scans, not 10,000
