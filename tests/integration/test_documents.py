@@ -89,6 +89,6 @@ def test_cli_ingests_a_folder_of_pdf_docx_and_real_xhtml(stack, tmp_path, admin_
     assert hit["slide"] <= 3 <= hit.get("slide_end", hit["slide"]), hit  # the hiring line is on slide 3
     hit = httpx.get(f"{stack.url}/v1/collections/docs-cli/search", headers=headers, timeout=60, params={
         "q": "Parsing the stylesheet takes a single function call", "top_k": 1}).json()["data"][0]
-    assert hit["document_id"].startswith("libxslt-tutorial-latin1") and hit["section"].startswith("Primary Functions"), hit
+    assert "libxslt-tutorial-latin1" in hit["document_id"] and hit["section"].startswith("Primary Functions"), hit
     usage = httpx.get(f"{stack.url}/admin/tenants/demo/usage", headers=admin_headers, timeout=60).json()["usage"]
     assert any(row["model"] == "poolserve/extraction-cpu-ms" and row["prompt_tokens"] > 0 for row in usage), usage
