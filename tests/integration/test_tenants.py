@@ -115,17 +115,18 @@ def test_tpm_limit_answers_429_after_tokens_are_spent(stack, admin_headers):
 
 
 def test_concurrency_cap_answers_429(stack, admin_headers):
-    import concurrent.futures
-
     _, headers = _create_tenant(stack, admin_headers, max_concurrency=1)
     body = {"model": MODEL, "max_tokens": 120, "temperature": 0, "messages": [{"role": "user", "content": "Write a long poem."}]}
-
-    def call():
-        return httpx.post(f"{stack.url}/v1/chat/completions", json=body, headers=headers, timeout=120).status_code
-
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        codes = list(pool.map(lambda _: call(), range(4)))
-    assert 200 in codes and 429 in codes
+    with httpx.Client(base_url=stack.url, headers=headers, timeout=120) as http:
+        # One request held in flight (a stream whose first chunk has come), so the second surely overlaps it.
+        with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as held:
+            assert held.status_code == 200
+            lines = held.iter_lines()  # kept: a dropped line iterator closes the stream, and the slot with it
+            next(lines)
+            refused = http.post("/v1/chat/completions", json=body)
+            assert sum(1 for _ in lines) > 1  # the held stream was still going
+        assert refused.status_code == 429 and refused.headers.get("Retry-After"), refused.text
+        assert http.post("/v1/chat/completions", json={**body, "max_tokens": 1}).status_code == 200  # slot given back
 
 
 def test_recorded_usage_equals_engine_usage(stack, admin_headers):
