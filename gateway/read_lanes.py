@@ -66,8 +66,9 @@ class ReadLanes:
         return reading == 0 or (reading < self.alone and not self._others_working(tenant))
 
     async def _notify(self) -> None:
-        async with self._condition():
-            self._condition().notify_all()
+        changed = self._condition()
+        async with changed:
+            changed.notify_all()
 
     @asynccontextmanager
     async def working(self, tenant: str):
@@ -104,9 +105,10 @@ class ReadLanes:
             raise ReadsQueued(f"{self.queue_max} reads of this tenant are already waiting for their turn "
                               "(gateway.reads_queue_max); send fewer at once", retry_after_s=1)
         self._waiting[tenant] = self._waiting.get(tenant, 0) + 1
+        changed = self._condition()
         try:
-            async with self._condition():
-                await asyncio.wait_for(self._condition().wait_for(lambda: self._may_read(tenant)), self.wait_s)
+            async with changed:
+                await asyncio.wait_for(changed.wait_for(lambda: self._may_read(tenant)), self.wait_s)
         except TimeoutError:
             raise ReadsQueued(f"this read waited {self.wait_s:g} s for the tenant's earlier reads "
                               "(gateway.reads_wait_s); send fewer at once", retry_after_s=int(self.wait_s)) from None
