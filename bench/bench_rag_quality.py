@@ -222,10 +222,24 @@ async def measure_refusals(pipeline: RagPipeline, questions: list[dict], unanswe
             "unanswerable": dict(zip((q["id"] for q in unanswerable), unanswerable_best))}
 
 
+def write_candidates(path: Path, candidates: list, questions: list[dict]) -> None:
+    """Each question's dense and lexical candidates (chunk id, document id, score), so fusion settings can be
+    compared later without another ingest (bench/rag_fusion_grid.py)."""
+    def rows(hits):
+        return [[c.chunk_id, c.document_id, round(float(c.score), 6)] for c in hits]
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt", encoding="utf-8") as out:
+        for (dense, lexical), q in zip(candidates, questions):
+            out.write(json.dumps({"id": q["id"], "kind": q["kind"], "documents": q["documents"],
+                                  "dense": rows(dense), "lexical": rows(lexical)}) + "\n")
+
+
 async def run_chunking(name: str, embedder: SentenceTransformerEmbedder, corpus, questions, fusion: FusionSettings,
-                       workdir: Path, unanswerable: list[dict], pages=None) -> dict:
+                       workdir: Path, unanswerable: list[dict], pages=None, candidates_out: Path | None = None) -> dict:
     """One ingest with the named chunking, every mode measured on it; with `pages` (a page index) the
-    title-boost comparison too; with unanswerable questions, the refusal rates."""
+    title-boost comparison too; with unanswerable questions, the refusal rates; with `candidates_out`, each
+    question's candidates written there."""
     store = KnowledgeStore(workdir / f"{name}.sqlite3", dim=embedder.dimension)
     local = LocalEmbedder(embedder, chunker_for(name, embedder))
     settings = PipelineSettings(max_top_k=DEPTH, embed_title=CHUNKINGS[name][3], embed_section=CHUNKINGS[name][4])
@@ -237,6 +251,9 @@ async def run_chunking(name: str, embedder: SentenceTransformerEmbedder, corpus,
     ingest_s = time.perf_counter() - start
     await pipeline.retrieve(TENANT, COLLECTION, "warm up", top_k=DEPTH, mode="hybrid")
     candidates = candidates_of(store, embedder, questions)
+    if candidates_out is not None:
+        write_candidates(candidates_out.with_name(f"{candidates_out.name.split('.')[0]}-{name}.jsonl.gz"),
+                         candidates, questions)
     result = {"chunking": name, "chunks": sum(counts), "ingest_s": round(ingest_s, 1),
               "ingest_chunks_per_s": round(sum(counts) / ingest_s, 1), "embedded_tokens": local.tokens,
               "modes": {mode: await evaluate(pipeline, questions, mode) for mode in RETRIEVAL_MODES},
@@ -317,6 +334,9 @@ async def main() -> None:
                         f"table (default: {UNANSWERABLE.name} with the default corpus, none otherwise)")
     parser.add_argument("--no-baselines", action="store_true", help="skip bm25-pages and the title-boost table")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "rag-quality.json"))
+    parser.add_argument("--candidates-out", default=None,
+                        help="also write each question's dense and lexical candidates, one file per chunking "
+                             "(PATH's stem + the chunking + .jsonl.gz), for bench/rag_fusion_grid.py")
     parser.add_argument("--check-questions", action="store_true", help="only check the question set")
     parser.add_argument("--documents", type=int, default=None,
                         help="smoke test: the first N documents and the questions they answer")
@@ -355,7 +375,8 @@ async def main() -> None:
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
-            results.append(await run_chunking(name, embedder, corpus, questions, fusion, Path(tmp), unanswerable, pages))
+            results.append(await run_chunking(name, embedder, corpus, questions, fusion, Path(tmp), unanswerable, pages,
+                                              Path(args.candidates_out) if args.candidates_out else None))
             print(table(results[-1:], baselines, len(corpus)) + "\n\n" + fusion_table(results[-1]) + "\n\n"
                   + extra_tables(results[-1]) + "\n", flush=True)
     report = {

@@ -73,13 +73,16 @@ def retrieve(store: SearchableStore, tenant: str, collection: str, query: Search
     if query.mode != "lexical" and query.vector is None:
         raise ValueError(f"{query.mode} retrieval needs the query's vector")
     filters = query.filters or None
+    # Spreading the top_k over documents needs the candidates behind it, in every mode.
+    spread = fusion.chunks_per_document > 0
+    depth = max(query.top_k, fusion.candidates) if query.mode == "hybrid" or spread else query.top_k
     if query.mode == "lexical":
-        return SearchResult(store.search_lexical(tenant, collection, query.text, query.top_k, filters))
-    depth = query.top_k if query.mode == "dense" else max(query.top_k, fusion.candidates)
+        lexical = store.search_lexical(tenant, collection, query.text, depth, filters)
+        return SearchResult(spread_over_documents(lexical, fusion.chunks_per_document)[:query.top_k])
     dense = store.search(tenant, collection, query.vector, depth, filters)
     best = dense[0].score if dense else None
     if query.mode == "dense":
-        return SearchResult(dense, best)
+        return SearchResult(spread_over_documents(dense, fusion.chunks_per_document)[:query.top_k], best)
     lexical = store.search_lexical(tenant, collection, query.text, depth, filters)
     return SearchResult(fuse(dense, lexical, query.top_k, fusion), best)
 
@@ -98,7 +101,21 @@ def fuse(dense: list[RetrievedChunk], lexical: list[RetrievedChunk], top_k: int,
     if fusion.document_support:
         fused = with_document_support(fused, {c.chunk_id: c.document_id for c in by_id.values()},
                                       fusion.document_support)
-    return [replace(by_id[chunk_id], score=score) for chunk_id, score in fused[:top_k]]
+    ranked = [replace(by_id[chunk_id], score=score) for chunk_id, score in fused]
+    return spread_over_documents(ranked, fusion.chunks_per_document)[:top_k]
+
+
+def spread_over_documents(hits: list[RetrievedChunk], most: int) -> list[RetrievedChunk]:
+    """The ranking with each document's chunks beyond its first `most` moved, in order, after all the
+    others' (0 = unchanged). Nothing is dropped: when fewer documents match, their later chunks fill in."""
+    if most <= 0:
+        return hits
+    seen: dict[str, int] = {}
+    ahead, behind = [], []
+    for hit in hits:
+        seen[hit.document_id] = seen.get(hit.document_id, 0) + 1
+        (ahead if seen[hit.document_id] <= most else behind).append(hit)
+    return ahead + behind
 
 
 def with_document_support(fused: list[tuple[str, float]], document_of: dict[str, str],

@@ -4,7 +4,7 @@ import pytest
 
 from rag.fusion import reciprocal_rank_fusion, weighted_score_fusion
 from rag.prompt import RetrievedChunk
-from rag.retrieval import FusionSettings, SearchQuery, fuse, retrieve, with_document_support
+from rag.retrieval import FusionSettings, SearchQuery, fuse, retrieve, spread_over_documents, with_document_support
 
 
 def test_rrf_sums_reciprocal_ranks():
@@ -127,6 +127,7 @@ def test_the_default_fusion_is_weighted_dense_first():
     default = FusionSettings()
     assert (default.method, default.dense_weight, default.lexical_weight) == ("weighted", 0.7, 0.3)
     assert default.document_support == 0.1  # docs/BENCHMARKS.md 7f
+    assert default.chunks_per_document == 1  # docs/BENCHMARKS.md 7h
     store = TwoLists([chunk("a", 0.9), chunk("b", 0.5)], [chunk("c", 5.0), chunk("b", 4.0)])
     hits = retrieve(store, "t", "c", SearchQuery(mode="hybrid", text="q", top_k=3, vector=[1.0])).hits
     assert [h.document_id for h in hits] == ["a", "c", "b"]  # 0.7, 0.3, 0: dense's first leads
@@ -150,6 +151,36 @@ def test_fuse_applies_document_support_unless_it_is_zero():
 
     dense = [chunk("a", 0, 0.9), chunk("b", 0, 0.85), chunk("b", 1, 0.84), chunk("c", 0, 0.1)]
     lexical = []
-    assert [c.chunk_id for c in fuse(dense, lexical, 2, FusionSettings(document_support=0))] == ["a#0", "b#0"]
-    supported = fuse(dense, lexical, 2, FusionSettings(document_support=0.5))
+    alone = dict(chunks_per_document=0)  # the support alone, without spreading the top_k over documents
+    assert [c.chunk_id for c in fuse(dense, lexical, 2, FusionSettings(document_support=0, **alone))] == ["a#0", "b#0"]
+    supported = fuse(dense, lexical, 2, FusionSettings(document_support=0.5, **alone))
     assert [c.chunk_id for c in supported] == ["b#0", "b#1"]
+    assert [c.chunk_id for c in fuse(dense, lexical, 2, FusionSettings(document_support=0.5))] == ["b#0", "a#0"]
+
+
+def numbered(doc: str, n: int, score: float) -> RetrievedChunk:
+    return RetrievedChunk(document_id=doc, chunk_id=f"{doc}#{n}", score=score, text="t")
+
+
+def test_spread_over_documents_moves_a_documents_extra_chunks_behind_the_others():
+    hits = [numbered("a", 0, 0.9), numbered("a", 1, 0.8), numbered("a", 2, 0.7), numbered("b", 0, 0.6),
+            numbered("c", 0, 0.5), numbered("b", 1, 0.4)]
+    chunk_ids = [c.chunk_id for c in spread_over_documents(hits, 1)]
+    assert chunk_ids == ["a#0", "b#0", "c#0", "a#1", "a#2", "b#1"]  # nothing dropped, order kept within each part
+    assert [c.chunk_id for c in spread_over_documents(hits, 2)] == ["a#0", "a#1", "b#0", "c#0", "b#1", "a#2"]
+    assert spread_over_documents(hits, 0) == hits
+    one_document = [numbered("a", i, 1 - i / 10) for i in range(4)]
+    assert spread_over_documents(one_document, 1) == one_document  # a lone document still fills the top_k
+
+
+@pytest.mark.parametrize("mode", ["dense", "lexical", "hybrid"])
+def test_retrieve_spreads_the_top_k_over_documents_in_every_mode(mode):
+    dense = [numbered("a", 0, 0.9), numbered("a", 1, 0.85), numbered("b", 0, 0.5)]
+    lexical = [numbered("a", 0, 9.0), numbered("a", 1, 8.0), numbered("b", 0, 1.0)]
+    store = TwoLists(dense, lexical)
+    spread = FusionSettings(chunks_per_document=1, candidates=5)
+    query = SearchQuery(mode=mode, text="q", top_k=2, vector=[1.0])
+    assert [c.chunk_id for c in retrieve(store, "t", "c", query, spread).hits] == ["a#0", "b#0"]
+    assert all(depth == 5 for _, depth, _ in store.asked)  # the candidates behind the top_k were fetched
+    assert [c.chunk_id for c in retrieve(store, "t", "c", query, FusionSettings(chunks_per_document=0)).hits] == [
+        "a#0", "a#1"]
