@@ -90,20 +90,27 @@ CHUNKINGS = MappingProxyType({
 })
 DEFAULT_CHUNKING = "tokens-200-30"
 # Fusion settings compared on the same two candidate lists per question (the default is "weighted 0.7/0.3,
-# document support 0.1").
+# document support 0.1, 1 per document").
+PLAIN = MappingProxyType({"document_support": 0.0, "chunks_per_document": 0})
 FUSIONS = MappingProxyType({
     # method="rrf" named: the default method is weighted since 2026-12-02, and these rows measured it, mislabelled,
     # until 2026-12-05.
-    # Each row names every setting it measures, so a changed default cannot relabel it.
-    "rrf k=60": FusionSettings(method="rrf", dense_weight=1.0, lexical_weight=1.0, document_support=0.0),
-    "rrf k=20": FusionSettings(method="rrf", rrf_k=20, dense_weight=1.0, lexical_weight=1.0, document_support=0.0),
-    "rrf k=60 dense x2": FusionSettings(method="rrf", dense_weight=1.0, lexical_weight=0.5, document_support=0.0),
-    "rrf k=60 lexical x2": FusionSettings(method="rrf", dense_weight=0.5, lexical_weight=1.0, document_support=0.0),
-    "weighted 0.5/0.5": FusionSettings(method="weighted", dense_weight=0.5, lexical_weight=0.5, document_support=0.0),
-    "weighted 0.7/0.3": FusionSettings(method="weighted", dense_weight=0.7, lexical_weight=0.3, document_support=0.0),
+    # Each row names every setting it measures, so a changed default cannot relabel it; PLAIN: neither a document's
+    # other chunks as support nor the top spread over documents.
+    "rrf k=60": FusionSettings(method="rrf", dense_weight=1.0, lexical_weight=1.0, **PLAIN),
+    "rrf k=20": FusionSettings(method="rrf", rrf_k=20, dense_weight=1.0, lexical_weight=1.0, **PLAIN),
+    "rrf k=60 dense x2": FusionSettings(method="rrf", dense_weight=1.0, lexical_weight=0.5, **PLAIN),
+    "rrf k=60 lexical x2": FusionSettings(method="rrf", dense_weight=0.5, lexical_weight=1.0, **PLAIN),
+    "weighted 0.5/0.5": FusionSettings(method="weighted", dense_weight=0.5, lexical_weight=0.5, **PLAIN),
+    "weighted 0.7/0.3": FusionSettings(method="weighted", dense_weight=0.7, lexical_weight=0.3, **PLAIN),
     # With a document's other chunks as support (rag.fusion.document_support; 0.1 is the default since 2026-12-05).
     **{f"weighted 0.7/0.3, document support {w:g}": FusionSettings(
-        method="weighted", dense_weight=0.7, lexical_weight=0.3, document_support=w) for w in (0.1, 0.2, 0.4)},
+        method="weighted", dense_weight=0.7, lexical_weight=0.3, document_support=w, chunks_per_document=0)
+        for w in (0.1, 0.2, 0.4)},
+    # And with the top 10 spread over documents (rag.fusion.chunks_per_document; 1 is the default since 2026-12-05).
+    **{f"weighted 0.7/0.3, document support 0.1, {n} per document": FusionSettings(
+        method="weighted", dense_weight=0.7, lexical_weight=0.3, document_support=0.1, chunks_per_document=n)
+        for n in (1, 2)},
 })
 
 

@@ -42,7 +42,8 @@ def grid() -> dict[str, FusionSettings]:
         for dense, lexical in ((1.0, 1.0), (1.0, 0.5)):
             settings[f"rrf k={k:g} {dense:g}/{lexical:g}"] = FusionSettings(
                 method="rrf", rrf_k=k, dense_weight=dense, lexical_weight=lexical, document_support=0.0)
-    return settings
+    # Each row names every setting it measures, so a changed default cannot relabel it.
+    return {label: s.model_copy(update={"chunks_per_document": 0}) for label, s in settings.items()}
 
 
 def load(path: Path) -> list[dict]:
