@@ -90,7 +90,7 @@ CHUNKINGS = MappingProxyType({
 })
 DEFAULT_CHUNKING = "tokens-200-30"
 # Fusion settings compared on the same two candidate lists per question (the default is "weighted 0.7/0.3,
-# document support 0.1, 1 per document").
+# document support 0.2, 1 per document").
 PLAIN = MappingProxyType({"document_support": 0.0, "chunks_per_document": 0})
 FUSIONS = MappingProxyType({
     # method="rrf" named: the default method is weighted since 2026-12-02, and these rows measured it, mislabelled,
@@ -103,14 +103,15 @@ FUSIONS = MappingProxyType({
     "rrf k=60 lexical x2": FusionSettings(method="rrf", dense_weight=0.5, lexical_weight=1.0, **PLAIN),
     "weighted 0.5/0.5": FusionSettings(method="weighted", dense_weight=0.5, lexical_weight=0.5, **PLAIN),
     "weighted 0.7/0.3": FusionSettings(method="weighted", dense_weight=0.7, lexical_weight=0.3, **PLAIN),
-    # With a document's other chunks as support (rag.fusion.document_support; 0.1 is the default since 2026-12-05).
+    # With a document's other chunks as support (rag.fusion.document_support; the default is 0.2, with the spread
+    # below: docs/BENCHMARKS.md 7f, 7h).
     **{f"weighted 0.7/0.3, document support {w:g}": FusionSettings(
         method="weighted", dense_weight=0.7, lexical_weight=0.3, document_support=w, chunks_per_document=0)
         for w in (0.1, 0.2, 0.4)},
     # And with the top 10 spread over documents (rag.fusion.chunks_per_document; 1 is the default since 2026-12-05).
-    **{f"weighted 0.7/0.3, document support 0.1, {n} per document": FusionSettings(
-        method="weighted", dense_weight=0.7, lexical_weight=0.3, document_support=0.1, chunks_per_document=n)
-        for n in (1, 2)},
+    **{f"weighted 0.7/0.3, document support {w:g}, {n} per document": FusionSettings(
+        method="weighted", dense_weight=0.7, lexical_weight=0.3, document_support=w, chunks_per_document=n)
+        for w in (0.1, 0.2) for n in (1, 2)},
 })
 
 

@@ -418,15 +418,15 @@ class FusionSpec(_Strict):
                                 "ranks: set both weights to 1 for plain RRF).")
     lexical_weight: float = Field(0.3, ge=0, description="Weight of the lexical (bm25) ranking.")
     candidates: int = Field(50, ge=1, description="Chunks taken from each index before fusing (at least top_k).")
-    # 0.1: on the three corpora it was chosen on (pydoc, the SQLite manual, the LaTeX PDFs) one more question
-    # of each first at rank 1 and none lost at rank 5; 0.2 gained 1-3 at rank 1 but lost one at rank 5 on SQLite,
-    # 0.4 lost more (docs/BENCHMARKS.md section 7f).
-    document_support: float = Field(0.1, ge=0, description="Each fused chunk also scores this times the best fused "
+    # 0.2 with chunks_per_document 1: the most found at rank 1 over the three tuning corpora (pydoc, the SQLite
+    # manual, the LaTeX PDFs: 257 of 284, against 254 with 0.1) and none lost at rank 5 (280). Alone, 0.2 had lost
+    # one at rank 5 on SQLite, so 0.1 was chosen first (docs/BENCHMARKS.md sections 7f, 7h).
+    document_support: float = Field(0.2, ge=0, description="Each fused chunk also scores this times the best fused "
                                     "score of another chunk of its document among the candidates: a page that "
                                     "answers in several places ranks over one that matches once. 0 = off.")
-    # 1: over the three tuning corpora (284 questions) 5 more found in the top 5 (275 -> 280: pydoc +2, SQLite +2,
-    # LaTeX PDFs +1), none lost; 2 found 1 more, 3 one more. Then on the two held-out manuals (158): 150 -> 152.
-    # Rank 1 cannot move (docs/BENCHMARKS.md section 7h).
+    # 1: over the three tuning corpora (284 questions, document support 0.1) 5 more found in the top 5 (275 -> 280:
+    # pydoc +2, SQLite +2, LaTeX PDFs +1), none lost; 2 found 1 more, 3 one more. Rank 1 cannot move
+    # (docs/BENCHMARKS.md section 7h).
     chunks_per_document: int = Field(1, ge=0, description="In every mode, each document's chunks beyond its best "
                                      "this many go after the other documents' chunks, so a page that matches in "
                                      "many places cannot fill the top_k alone; nothing is dropped. 0 = off.")
