@@ -28,7 +28,7 @@ from rag.lexical import DEFAULT_TOKENIZER, LexicalIndex
 from rag.locations import LOCATIONS_KEY
 from rag.metadata_index import matching_chunks_sql, write_metadata
 from rag.prompt import RetrievedChunk
-from rag.store_schema import create_or_migrate
+from rag.store_schema import EmbedderMismatch, check_embedder, create_or_migrate  # noqa: F401 (EmbedderMismatch: re-exported)
 from rag.vector_index import CollectionIndex
 from system.sqlite import connect, transaction
 
@@ -47,7 +47,10 @@ class KnowledgeStore:
                  hnsw_ef_search: int = 256, capacity_chunks: int | None = None,
                  sqlite_cache_bytes: int | None = None,
                  lexical_tokenizer: str = DEFAULT_TOKENIZER, quotas: Quotas | None = None,
-                 rebuild_deleted_fraction: float = 0.2, index_save_interval_s: float | None = None):
+                 rebuild_deleted_fraction: float = 0.2, index_save_interval_s: float | None = None,
+                 embedder: str | None = None):
+        """embedder: the profile's embedder.model_id, recorded in the store and checked on every open
+        (rag/store_schema.py check_embedder); None checks only the vectors' dimension."""
         self.dim = dim
         self.index_kind = index_kind
         self.hnsw_m = hnsw_m
@@ -67,6 +70,7 @@ class KnowledgeStore:
             self._db.execute(f"PRAGMA cache_size=-{max(1, int(sqlite_cache_bytes) // 1024)}")  # negative: KiB
         # An older database gains the columns it lacks (chunk offsets); its old rows keep NULL there.
         self.migrated_columns = create_or_migrate(self._db)
+        check_embedder(self._db, dim, embedder, str(self.db_path))
         # FAISS adds/removes are not thread-safe and SQLite's connection is shared: one lock.
         self._lock = threading.RLock()
         self._indexes: dict[tuple[str, str], CollectionIndex] = {}

@@ -9,6 +9,7 @@ documents' metadata when an older database opens.
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 
 from rag.metadata_index import fill_from_documents
 from system.sqlite import transaction
@@ -35,6 +36,8 @@ CREATE TABLE IF NOT EXISTS document_metadata (
     key TEXT NOT NULL, kind TEXT NOT NULL, value);
 CREATE INDEX IF NOT EXISTS metadata_by_value ON document_metadata (tenant, collection, key, kind, value);
 CREATE INDEX IF NOT EXISTS metadata_by_doc ON document_metadata (tenant, collection, doc_id);
+-- Facts about the whole store: "embedder", the profile's embedder.model_id whose vectors the chunks hold.
+CREATE TABLE IF NOT EXISTS store_info (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
 # Columns added after the first release, with their SQL types. Rows written before have NULL there:
@@ -68,6 +71,48 @@ def create_or_migrate(db: sqlite3.Connection) -> list[str]:
     if found < SCHEMA_VERSION:
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     return added
+
+
+class EmbedderMismatch(RuntimeError):
+    """The store's vectors were made by another embedder than the one the profile names."""
+
+
+def check_embedder(db: sqlite3.Connection, dim: int, embedder: str | None, where: str) -> None:
+    """Refuse a store whose vectors another embedder made: searching them with this one's questions would
+    rank nonsense (or, at another dimension, fail on every rebuild). The profile's embedder.model_id is
+    recorded on first use; a store from before the record is checked by its vectors' dimension, then takes
+    the record."""
+    row = db.execute("SELECT length(vector) FROM chunks LIMIT 1").fetchone()
+    if row is not None and row[0] != dim * 4:
+        raise EmbedderMismatch(
+            f"the knowledge store {where} holds vectors of dimension {row[0] // 4}, but the profile's embedder "
+            f"makes {dim}: another embedder filled it. Give this profile its own state_dir, or go back to the "
+            "embedder that filled it.")
+    if embedder is None:
+        return
+    recorded = db.execute("SELECT value FROM store_info WHERE key = 'embedder'").fetchone()
+    if recorded is None:
+        with transaction(db):
+            db.execute("INSERT OR IGNORE INTO store_info (key, value) VALUES ('embedder', ?)", (embedder,))
+    elif recorded[0] != embedder:
+        raise EmbedderMismatch(
+            f"the knowledge store {where} was filled by the embedder {recorded[0]!r}, and the profile's is "
+            f"{embedder!r}: its vectors cannot be searched with this one's. Give this profile its own state_dir "
+            f"(or move the old one away and ingest again), or go back to {recorded[0]!r}.")
+
+
+def recorded_embedder(db_path) -> str | None:
+    """The embedder a store file records, read-only; None where there is no file or no record yet."""
+    if not Path(db_path).exists():
+        return None
+    db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    try:
+        row = db.execute("SELECT value FROM store_info WHERE key = 'embedder'").fetchone()
+    except sqlite3.OperationalError:  # a store from before the record
+        return None
+    finally:
+        db.close()
+    return row[0] if row else None
 
 
 def _fill_metadata_index(db: sqlite3.Connection) -> None:

@@ -109,8 +109,9 @@ def build_app(args: dict) -> serve.Application:
         profile.retriever.hnsw_m, profile.retriever.hnsw_ef_search, profile.retriever.faiss_threads,
         profile.retriever.capacity_chunks, profile.retriever.sqlite_cache_bytes,
         _start_order(plan, "retriever", after_engines),
-        profile.retriever.model_dump(include={"tenant_max_chunks", "tenant_max_documents", "tenant_quotas",
-                                              "hnsw_rebuild_deleted_fraction", "index_save_interval_s"}),
+        {**profile.retriever.model_dump(include={"tenant_max_chunks", "tenant_max_documents", "tenant_quotas",
+                                                 "hnsw_rebuild_deleted_fraction", "index_save_interval_s"}),
+         "embedder": profile.embedder.model_id},
         profile.rag.fusion.model_dump(),
     )
     pool = profile.pools[0]

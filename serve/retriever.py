@@ -21,7 +21,8 @@ class Retriever:
                        faiss_threads: int, capacity_chunks: int, sqlite_cache_bytes: int, start: StartOrder,
                        store_settings: dict, fusion: dict):
         """store_settings: the profile's retriever fields the store reads beyond those above (quotas,
-        HNSW's rebuild threshold, the index save interval), as serve/app.py binds them."""
+        HNSW's rebuild threshold, the index save interval) and `embedder` (embedder.model_id, which the store
+        records and checks), as serve/app.py binds them."""
         import faiss
 
         await start.wait("retriever", serve.get_replica_context().app_name)
@@ -33,7 +34,8 @@ class Retriever:
                                     capacity_chunks=capacity_chunks, sqlite_cache_bytes=sqlite_cache_bytes,
                                     quotas=_quotas(store_settings),
                                     rebuild_deleted_fraction=store_settings["hnsw_rebuild_deleted_fraction"],
-                                    index_save_interval_s=store_settings["index_save_interval_s"])
+                                    index_save_interval_s=store_settings["index_save_interval_s"],
+                                    embedder=store_settings["embedder"])
 
     def __del__(self):
         # Serve calls this at shutdown: the changed indexes are saved, so the next start loads them.

@@ -36,6 +36,7 @@ import yaml
 from planner.plan import Plan
 from planner.profile import Profile
 from planner.units import gib
+from rag.store_schema import recorded_embedder
 from serve.proxy_guard import proxy_env
 from system.cgroup import MemoryCgroup, PoolUnavailable, create_pool, limited_cgroup, own_cgroup, remove_pool
 from system.private_files import make_private_dir, tighten_private, write_private
@@ -206,6 +207,18 @@ def enter_pool(layout: StackLayout, pool_bytes: int, log) -> tuple[MemoryCgroup,
     return pool, origin
 
 
+def embedder_refusal(profile: Profile) -> str | None:
+    """Why the stack must not start on this state_dir: its knowledge store records another embedder
+    (rag/store_schema.py check_embedder, which the retriever applies too, after minutes of start)."""
+    store = Path(profile.state_dir) / "knowledge.sqlite3"
+    recorded = recorded_embedder(store)
+    if recorded is None or recorded == profile.embedder.model_id:
+        return None
+    return (f"the knowledge store {store} was filled by the embedder {recorded!r}, and this profile's is "
+            f"{profile.embedder.model_id!r}: its vectors cannot be searched with this one's. Give the profile "
+            f"its own state_dir (or move {profile.state_dir} away and ingest again), or go back to {recorded!r}.")
+
+
 def run_preflight(plan: Plan, pool: MemoryCgroup | None, log) -> bool:
     """The live pool against the plan; drops clean page cache once when that is what stands in the way,
     and on a unified GPU pool before the check, as hygiene: clean pages count as available, but on a GB10
@@ -262,6 +275,10 @@ def up(serve_config_path: Path, profile: Profile, profile_path: Path, plan: Plan
             log("pools[0].cgroup needs a size: set pools[0].total, or pass --pool / POOL=")
             return 2
         pool_bytes = spec.total
+    refusal = embedder_refusal(profile)
+    if refusal:
+        log(refusal)
+        return 2
     serve = None
     stopping = {"signal": None}
 
