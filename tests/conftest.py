@@ -17,6 +17,7 @@ STAGES = (
     "kills replicas",       # the stack recovers, but its processes and timings are not the fresh ones
     "loads the stack",      # stress: floods, kills and restarts under load
     "stops the stack",      # its own stack variant, after stopping the session's (one engine pool at a time)
+    "swaps the embedder",   # another embedder's stack (configs/cpu-mpnet.yaml), after every other stack
 )
 
 
