@@ -28,7 +28,7 @@ from rag.lexical import DEFAULT_TOKENIZER, LexicalIndex
 from rag.locations import LOCATIONS_KEY
 from rag.metadata_index import matching_chunks_sql, write_metadata
 from rag.prompt import RetrievedChunk
-from rag.store_schema import EmbedderMismatch, check_embedder, create_or_migrate  # noqa: F401 (EmbedderMismatch: re-exported)
+from rag.store_schema import check_embedder, create_or_migrate
 from rag.vector_index import CollectionIndex
 from system.sqlite import connect, transaction
 

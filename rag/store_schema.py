@@ -95,10 +95,14 @@ def check_embedder(db: sqlite3.Connection, dim: int, embedder: str | None, where
         with transaction(db):
             db.execute("INSERT OR IGNORE INTO store_info (key, value) VALUES ('embedder', ?)", (embedder,))
     elif recorded[0] != embedder:
-        raise EmbedderMismatch(
-            f"the knowledge store {where} was filled by the embedder {recorded[0]!r}, and the profile's is "
+        raise EmbedderMismatch(embedder_mismatch(where, recorded[0], embedder))
+
+
+def embedder_mismatch(where: str, recorded: str, embedder: str) -> str:
+    """What to tell the operator whose profile names another embedder than the store's."""
+    return (f"the knowledge store {where} was filled by the embedder {recorded!r}, and the profile's is "
             f"{embedder!r}: its vectors cannot be searched with this one's. Give this profile its own state_dir "
-            f"(or move the old one away and ingest again), or go back to {recorded[0]!r}.")
+            f"(or move the old one away and ingest again), or go back to {recorded!r}.")
 
 
 def recorded_embedder(db_path) -> str | None:

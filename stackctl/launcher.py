@@ -36,7 +36,7 @@ import yaml
 from planner.plan import Plan
 from planner.profile import Profile
 from planner.units import gib
-from rag.store_schema import recorded_embedder
+from rag.store_schema import embedder_mismatch, recorded_embedder
 from serve.proxy_guard import proxy_env
 from system.cgroup import MemoryCgroup, PoolUnavailable, create_pool, limited_cgroup, own_cgroup, remove_pool
 from system.private_files import make_private_dir, tighten_private, write_private
@@ -214,9 +214,7 @@ def embedder_refusal(profile: Profile) -> str | None:
     recorded = recorded_embedder(store)
     if recorded is None or recorded == profile.embedder.model_id:
         return None
-    return (f"the knowledge store {store} was filled by the embedder {recorded!r}, and this profile's is "
-            f"{profile.embedder.model_id!r}: its vectors cannot be searched with this one's. Give the profile "
-            f"its own state_dir (or move {profile.state_dir} away and ingest again), or go back to {recorded!r}.")
+    return embedder_mismatch(str(store), recorded, profile.embedder.model_id)
 
 
 def run_preflight(plan: Plan, pool: MemoryCgroup | None, log) -> bool:
