@@ -12,8 +12,9 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from planner.profile_file import read_profile_data
 
 _UNITS = {
     "": 1, "b": 1,
@@ -711,7 +712,4 @@ def pinned(spec: BaseModel, field: str) -> bool:
 
 def load_profile(path: str | Path) -> Profile:
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"profile {path} does not exist")
-    data = yaml.safe_load(path.read_text()) or {}
-    return Profile.model_validate(data).resolve_paths(project_root_for(path))
+    return Profile.model_validate(read_profile_data(path)).resolve_paths(project_root_for(path))

@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from bench.harness.procs import ProcessGroup, RunningServer, ServerFailed, child_env, free_port, wait_healthy
+from planner.profile_file import read_profile_data
 from stackctl.launcher import StackLayout, down
 from stackctl.processes import stack_pids
 from tenancy.keys import generate_api_key
@@ -63,7 +64,7 @@ def write_private_stack(workdir: Path, base_profile: Path, port: int,
                         gateway_overrides: Mapping[str, Any] | None = None) -> PrivateStack:
     """A copy of base_profile with its own state dir, gateway port and tenants file (the example tenants),
     absolute model paths, and a serve.yaml naming it; overrides replace fields of its chat/gateway sections."""
-    profile = yaml.safe_load(Path(base_profile).read_text())
+    profile = read_profile_data(base_profile)
     profile["state_dir"] = str(workdir / "state")
     tenants = yaml.safe_load((ROOT / "configs" / "tenants.example.yaml").read_text())
     (workdir / "tenants.yaml").write_text(yaml.safe_dump(tenants))

@@ -17,6 +17,8 @@ import httpx
 import pytest
 import yaml
 
+from planner.profile_file import read_profile_data
+
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = float(os.environ.get("POOLSERVE_TEST_START_TIMEOUT", "900"))
 ADMIN_KEY = "test-admin-key-0123456789"
@@ -34,7 +36,7 @@ def write_stack_config(workdir: Path, port: int, chat_overrides: dict | None = N
                        base_profile: str = "cpu-tiny.yaml", state_dir: Path | None = None) -> Path:
     """A profile like the embedded default (or another of configs/), with its own port and state dir (or
     `state_dir`: another stack's, to restart on its data), and a serve.yaml naming it."""
-    profile = yaml.safe_load((ROOT / "configs" / base_profile).read_text())
+    profile = read_profile_data(ROOT / "configs" / base_profile)
     profile["state_dir"] = str(state_dir or workdir / "state")
     # The example tenants plus one seeded from the file with a generated key (deleted before the restart
     # of test_engine_variant).

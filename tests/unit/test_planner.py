@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from planner.profile_file import read_profile_data
 from planner.architecture import read_architecture
 from planner.plan import PlanError, build_plan
 from planner.profile import load_profile
@@ -19,7 +20,7 @@ GiB = 2**30
 
 
 def _profile(tmp_path: Path, name: str, **changes) -> Path:
-    data = yaml.safe_load((ROOT / "configs" / f"{name}.yaml").read_text())
+    data = read_profile_data(ROOT / "configs" / f"{name}.yaml")
     for dotted, value in changes.items():
         node = data
         *parents, leaf = dotted.split(".")
