@@ -38,6 +38,13 @@ ANCHOR_MARKS = " ¶§#"
 MAX_HEADING_MISSES = 64
 # Never shown to a reader: fallback content for no-JavaScript browsers, inert templates, site menus.
 UNSEEN_TAGS = ("noscript", "template", "nav")
+# ARIA landmarks that are site menus and search boxes as <nav> is: Sphinx writes its breadcrumbs, sidebar
+# table of contents and previous/next links (with the neighbouring pages' titles) as <div role="navigation">.
+UNSEEN_ROLES = frozenset({"navigation", "search"})
+# A page that marks its main content (<main>, role="main": Sphinx, MkDocs, Docusaurus, most site
+# generators) is read from there when it holds at least this share of the page's remaining text, so headers
+# and footers around it are left out, and a stray or empty <main> costs nothing.
+MAIN_CONTENT_MIN_SHARE = 0.5
 # Inline elements that inscriptis's profile does not list get "white-space: normal", which flattens
 # a <pre><code> block onto one line; with no white-space of their own they inherit <pre>'s.
 INLINE_TAGS = ("code", "span", "kbd", "samp", "var", "a", "b", "i", "em", "strong", "small", "sub", "sup", "mark")
@@ -113,9 +120,35 @@ def html_to_text(html: str, max_locations: int = DEFAULT_MAX_LOCATIONS) -> Extra
         return Extracted("")
     title = _title(tree)
     strip_elements(tree, *UNSEEN_TAGS, with_tail=False)
+    for landmark in [node for node in tree.iter() if _roles(node) & UNSEEN_ROLES]:
+        landmark.drop_tree()  # the element only: its tail is the next element's text
+    tree = _main_content(tree)
     headings = _headings(tree)
     text = _tidy(Inscriptis(tree, _parser_config()).get_text())
     return Extracted(text, title, section_locations(text, headings, max_locations))
+
+
+def _roles(node) -> set[str]:
+    role = node.get("role") if isinstance(node.tag, str) else None
+    return set(role.lower().split()) if role else set()
+
+
+def _main_content(tree):
+    """The page's marked main content (wrapped in one element when there are several), or the whole page."""
+    import lxml.html
+
+    marked = [node for node in tree.iter() if node.tag == "main" or "main" in _roles(node)]
+    outermost = [node for node in marked if not any(other in marked for other in node.iterancestors())]
+    if not outermost:
+        return tree
+    main_chars = sum(len("".join(node.text_content().split())) for node in outermost)
+    if main_chars < MAIN_CONTENT_MIN_SHARE * len("".join(tree.text_content().split())):
+        return tree
+    if len(outermost) == 1:
+        return outermost[0]
+    wrapper = lxml.html.Element("div")
+    wrapper.extend(outermost)  # moved, not copied: the tree is not used again
+    return wrapper
 
 
 def _headings(tree) -> list[tuple[int, str]]:

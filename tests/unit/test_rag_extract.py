@@ -2,6 +2,7 @@
 
 import asyncio
 import time
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +12,8 @@ from rag.local import LocalIndex
 from rag.pipeline import DocumentInput, PipelineSettings, RagPipeline, as_plain_text, needs_extraction
 from rag.store import KnowledgeStore
 from tests.unit.rag_fakes import DIM, FakeEmbedder
+
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 PAGE = """<!doctype html><html><head><title>Widget manual</title><style>p { color: red }</style>
 <script>var secret = "tracking";</script></head>
@@ -191,3 +194,48 @@ def test_headings_the_renderer_lays_out_otherwise_cost_a_bounded_search():
     assert extracted.locations["labels"][:1] == ["Big table"]
     text = "x\\n" * 1000 + "a a\\n" * 100_000
     assert section_locations(text, [(2, "a")] * 10_000, 2000) is None  # 64 scans, not 10,000
+
+
+def test_a_sphinx_page_is_read_from_its_main_content_without_its_navigation():
+    # A real page of rsyslog's manual (tests/data/LICENSES.md): Sphinx writes its sidebar table of contents and the
+    # previous/next links, which name the neighbouring pages, as role="navigation" landmarks beside role="main".
+    page = extract((DATA / "rsyslog-omusrmsg.html").read_bytes(), "text/html")
+    assert page.title == "omusrmsg: notify users — rsyslog 8.2302.0 documentation"
+    assert page.text.startswith("omusrmsg: notify users")
+    assert 'action(type="omusrmsg" users="*")' in page.text
+    for navigation in ("Previous topic", "Next topic", "Table of Contents", "omuxsock", "Quick search", "Navigation"):
+        assert navigation not in page.text
+    assert resolve(page.locations, page.text.index("users="), None)["section"] == \
+        "Examples > Write emergency messages to all users"
+
+
+def test_navigation_landmarks_go_and_a_marked_main_is_read_when_it_holds_the_page():
+    menu = '<div role="navigation"><a href="/">Home</a> <a href="/b">Other page</a></div>'
+    search = '<form role="Search banner"><p>Search the site</p></form>'
+    body = "<p>" + "The real content of the page. " * 8 + "</p>"
+    page = extract(f"<body><header><p>Site header</p></header>{menu}{search}<div role='main'>{body}</div>"
+                   "<footer><p>Copyright line</p></footer></body>", "text/html")
+    assert page.text.startswith("The real content") and "header" not in page.text and "Copyright" not in page.text
+    # Without a marked main, only the landmarks go; text after one (its tail) is kept.
+    page = extract(f"<body><p>Before</p>{menu}After the menu{body}<footer><p>Copyright line</p></footer></body>",
+                   "text/html")
+    assert "Home" not in page.text and "Search" not in page.text
+    assert "Before" in page.text and "After the menu" in page.text and "Copyright line" in page.text
+
+
+@pytest.mark.parametrize("html", [
+    # a stray, nearly empty <main> beside the page's text: the whole page is read
+    "<body><main><p>Skip</p></main><article><p>" + "Most of the text is here. " * 10 + "</p></article></body>",
+    # an empty app-shell <main>
+    "<body><main></main><p>" + "Most of the text is here. " * 10 + "</p></body>",
+])
+def test_a_main_holding_little_of_the_page_is_not_trusted(html):
+    assert "Most of the text is here." in extract(html, "text/html").text
+
+
+def test_several_and_nested_mains_are_read_once_in_order():
+    first = "<main><p>" + "First part. " * 10 + "<span role='main'>inner</span></p></main>"
+    second = "<div role='main'><p>" + "Second part. " * 10 + "</p></div>"
+    text = extract(f"<body><p>Header</p>{first}<aside>x</aside>{second}</body>", "text/html").text
+    assert text.index("First part.") < text.index("Second part.") and text.count("inner") == 1
+    assert "Header" not in text
