@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from types import SimpleNamespace
 
 import pytest
 from fastapi import HTTPException
@@ -150,13 +151,35 @@ def test_an_async_ingest_answers_202_then_completes_with_the_synchronous_answer(
     assert again == done["result"]
 
 
+class GatedEmbedder:
+    """The embedder handle with its document batches held until `opened` is set. Without the gate the job
+    can reach storing (no longer cancellable) while the cancel waits for a database thread under load."""
+
+    def __init__(self, handle):
+        self._handle, self.opened = handle, asyncio.Event()
+
+    def __getattr__(self, name):
+        method = getattr(self._handle, name)
+        if name != "embed":
+            return method
+
+        async def remote(*args, **kwargs):
+            await asyncio.wait_for(self.opened.wait(), timeout=30)
+            return await method.remote(*args, **kwargs)
+
+        return SimpleNamespace(remote=remote)
+
+
 def test_a_cancelled_job_stores_nothing(gateway):
+    gate = gateway._embedder = GatedEmbedder(gateway._embedder)
+
     async def scenario():
         sent = request()
         job = json.loads((await gateway.ingest_body("kb", body({"id": "a", "text": LONG}, **{"async": True}),
                                                     sent)).body)
         cancelling = await gateway.cancel_ingest_job(job["id"], request())
         assert cancelling.status_code == 202 and json.loads(cancelling.body)["status"] == "cancelling"
+        gate.opened.set()
         await asyncio.wait_for(sent.scope[DETACHED_KEY], timeout=30)
         return json.loads((await gateway.get_ingest_job(job["id"], request())).body)
 
