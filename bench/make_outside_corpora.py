@@ -16,8 +16,9 @@ PDF), so each document's text is what the stack would store.
   maths, slides and letters, hooks and key-value parsing, footnotes, indexes and citations) as
   shipped in Debian 12's `texlive-latex-recommended-doc` 2022.20230122-3
   (/usr/share/doc/texlive-doc/...). One document per PDF, its text as rag/documents.py extracts
-  it (pages joined, pypdf's layout as it comes); id = the file name without .pdf, title = the
-  PDF's /Title metadata when it has one, else the id.
+  it (pages joined, pypdf's layout as it comes, less each page's running header and footer since
+  2026-12-05); id = the file name without .pdf, title = the PDF's /Title metadata when it has one,
+  else the id.
 - bench/data/apache-doc.jsonl.gz: the Apache HTTP Server 2.4 manual as shipped in Debian 12's
   `apache2-doc` 2.4.71-1~deb12u1 (/usr/share/doc/apache2-doc/manual/en/**/*.html: modules,
   how-tos, virtual hosts, rewrite and SSL guides, programs, platform and developer notes). English

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 from typing import Callable
 
 from rag.locations import PartsBuilder
@@ -20,6 +21,14 @@ DOCX = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
 PPTX = "application/vnd.openxmlformats-officedocument.presentationml.presentation"
 BINARY_TYPES = (PDF, DOCX, PPTX)
 TITLE_MAX_CHARS = 120
+# A PDF's running header and footer: the outermost two lines of a page's top or bottom that repeat there,
+# numbers aside, on at least three pages and half the pages of their span (without_running_lines).
+RUNNING_EDGE_LINES = 2
+RUNNING_MIN_PAGES = 3
+RUNNING_MIN_DENSITY = 0.5
+PAGE_NUMBER_KEY = re.compile(r"[-\u2013\u2014(\[|]?\s*(page|p\.)?\s*#\s*((of|/)\s*#)?\s*[-\u2013\u2014)\]|]?")
+CODE_MARKS = re.compile(r"[{}\\;=<>]")
+RUNNING_NUMBER = re.compile(r"\d+|\b[ivxlc]+\b", re.IGNORECASE)  # page and chapter numbers, roman too
 
 
 class UnreadableDocument(ValueError):
@@ -55,12 +64,60 @@ def _pdf(data: bytes, max_parts: int):
     reader = PdfReader(io.BytesIO(data))
     if reader.is_encrypted and not reader.decrypt(""):  # an owner password only still opens with ""
         raise UnreadableDocument("the PDF is encrypted and needs a password to open")
+    pages = without_running_lines([_tidy_lines(page.extract_text() or "").split("\n") for page in reader.pages])
     parts = PartsBuilder("page", max_parts)
-    for number, page in enumerate(reader.pages, start=1):
-        parts.add(_tidy_lines(page.extract_text() or ""), number)
+    for number, lines in enumerate(pages, start=1):
+        parts.add("\n".join(lines), number)
     text, locations = parts.build()
     title = (reader.metadata or {}).get("/Title") if reader.metadata else None
     return text, title, locations
+
+
+def _running_key(line: str) -> str:
+    """A page's header or footer line as it repeats: numbers (page, chapter) and spacing aside."""
+    return " ".join(RUNNING_NUMBER.sub("#", line).split()).lower()
+
+
+def without_running_lines(pages: list[list[str]]) -> list[list[str]]:
+    """Each page's lines less its running header and footer, such as the title at the top of every page or
+    "Chapter 3. Setup 17" at the foot: in the stored text they would cut into the sentence that runs over
+    the page break, and repeat in every chunk. From each edge of a page, up to RUNNING_EDGE_LINES outermost
+    text lines go while their key (_running_key) is running at that edge: seen there on RUNNING_MIN_PAGES
+    pages or more, and on at least RUNNING_MIN_DENSITY of the pages from its first to its last (a chapter's
+    head runs over its pages; a line of code that happens to end a few pages does not). The first page is
+    left whole: its top is the document's own title."""
+    if len(pages) < RUNNING_MIN_PAGES:
+        return pages
+    seen: list[dict[str, list[int]]] = [{}, {}]  # per edge (head, foot): key -> pages it is at
+    for number, lines in enumerate(pages):
+        for side in (0, 1):
+            for key in {_running_key(line) for _, line in _outermost(lines, side)}:
+                seen[side].setdefault(key, []).append(number)
+    running = [{key for key, at in side.items() if _may_run(key) and len(at) >= RUNNING_MIN_PAGES
+                and len(at) >= RUNNING_MIN_DENSITY * (at[-1] - at[0] + 1)} for side in seen]
+    kept = [pages[0]]
+    for lines in pages[1:]:
+        drop: set[int] = set()
+        for side in (0, 1):
+            for index, line in _outermost(lines, side):
+                if _running_key(line) not in running[side]:
+                    break  # only the outermost lines go: a running line inside the page is content
+                drop.add(index)
+        kept.append(lines if len(drop) >= sum(1 for line in lines if line.strip())
+                    else [line for index, line in enumerate(lines) if index not in drop])
+    return kept
+
+
+def _may_run(key: str) -> bool:
+    """A page number ("#", "page # of #", "- # -"), or words that are not code: a listing's numbered lines
+    ("# }", "# \\fi") and a table's rows of numbers also repeat at page edges."""
+    return bool(PAGE_NUMBER_KEY.fullmatch(key) or (re.search(r"[a-z]{2}", key) and not CODE_MARKS.search(key)))
+
+
+def _outermost(lines: list[str], side: int) -> list[tuple[int, str]]:
+    """The first (side 0) or last (side 1) RUNNING_EDGE_LINES non-blank lines of a page, outermost first."""
+    order = range(len(lines)) if side == 0 else range(len(lines) - 1, -1, -1)
+    return [(i, lines[i]) for i in order if lines[i].strip()][:RUNNING_EDGE_LINES]
 
 
 def _docx(data: bytes, max_parts: int):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rag.documents import DOCX, PDF, PPTX, UnreadableDocument
+from rag.documents import DOCX, PDF, PPTX, UnreadableDocument, without_running_lines
 from rag.extract import extract
 from rag.extract_worker import ExtractionFailed, ExtractionLimits, ExtractionPool
 from rag.locations import LOCATIONS_KEY, resolve
@@ -54,6 +54,30 @@ def test_pdf_pages_are_located_and_cited():
     assert resolve(locations, start, start + 40) == {"page": 2}
     boundary = locations["starts"][2]
     assert resolve(locations, boundary - 10, boundary + 10) == {"page": 2, "page_end": 3}
+
+
+def test_a_real_pdf_loses_its_running_header_and_page_numbers_but_not_its_title():
+    text = extract((DATA / "shared-mime-info-spec.pdf").read_bytes(), PDF).text
+    # every page of the spec starts with its title and ends with its number (pypdf's text of pages 2-17)
+    assert text.startswith("Shared MIME-info Database\n") and "\nShared MIME-info Database\n" not in text
+    assert not any(line.strip().isdigit() and int(line) in range(2, 18) for line in text.splitlines())
+    assert "removes the need for other applications to\ncarefully check the input for errors themselves." in text
+
+
+def test_running_lines_are_dropped_only_where_they_repeat_at_a_page_edge():
+    pages = [["Book title", "Preface text."]]
+    for number in range(2, 8):
+        chapter = "Chapter 1. Setup" if number < 5 else "Chapter 2. Use"
+        first, last = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta")[number - 2], "ends here " * number
+        pages.append([chapter, f"Text {first}.", "A line that repeats in the middle.", last, f"Page {number} of 7"])
+    kept = without_running_lines(pages)
+    assert kept[0] == pages[0]  # the first page is never touched
+    assert kept[1] == ["Text alpha.", "A line that repeats in the middle.", "ends here " * 2]
+    assert kept[5] == ["Text epsilon.", "A line that repeats in the middle.", "ends here " * 6]  # chapter 2: 3 pages
+    # two pages are too few to call a line running; a page with nothing else keeps its lines
+    assert without_running_lines([["x"], ["Head", "a"], ["Head", "b"]]) == [["x"], ["Head", "a"], ["Head", "b"]]
+    alone = without_running_lines([["t"], ["Head", "a"], ["Head", "b"], ["Head", "c"], ["Head"]])
+    assert alone == [["t"], ["a"], ["b"], ["c"], ["Head"]]
 
 
 def test_docx_sections_and_title_come_from_the_file():
