@@ -680,23 +680,34 @@ class Profile(_Strict):
 
     def resolve_paths(self, root: Path) -> "Profile":
         """Return a copy whose local paths are absolute (a models/ name stays a name if absent)."""
-        def absolute(p: str | None) -> str | None:
-            if p is None:
-                return None
-            path = Path(p)
-            return str(path if path.is_absolute() else (root / path).resolve())
-
         data = self.model_dump(exclude_unset=True)  # unset fields stay unset: pins stay recognisable
-        data["state_dir"] = absolute(self.state_dir)
-        data["tenants_file"] = absolute(self.tenants_file)
-        data["embedder"]["model"] = absolute(self.embedder.model)
-        for engine in (data["chat"], *data.get("engines", [])):
-            for section in (engine, engine.get("speculative", {})):
-                model = section.get("model")
-                # a folder fetched from a hub is always a path, even before it exists
-                if model and (("/" in model) or (root / model).exists() or section.get("hub")):
-                    section["model"] = absolute(model)
-        return Profile.model_validate(data)
+        data["state_dir"], data["tenants_file"] = self.state_dir, self.tenants_file
+        return Profile.model_validate(absolute_paths(data, root))
+
+
+def absolute_paths(data: dict, root: Path) -> dict:
+    """A profile's mapping (or part of one: a file that extends another) with its local paths made absolute
+    against root; a models/ name that is not there stays a name (a hub name)."""
+    def absolute(p: str | None) -> str | None:
+        if p is None:
+            return None
+        path = Path(p)
+        return str(path if path.is_absolute() else (root / path).resolve())
+
+    data = {**data}
+    for key in ("state_dir", "tenants_file"):
+        if key in data:
+            data[key] = absolute(data[key])
+    if isinstance(data.get("embedder"), dict) and data["embedder"].get("model"):
+        data["embedder"] = {**data["embedder"], "model": absolute(data["embedder"]["model"])}
+    engines = [engine for engine in (data.get("chat"), *(data.get("engines") or [])) if isinstance(engine, dict)]
+    for engine in engines:
+        for section in (engine, engine.get("speculative") or {}):
+            model = section.get("model")
+            # a folder fetched from a hub is always a path, even before it exists
+            if isinstance(model, str) and (("/" in model) or (root / model).exists() or section.get("hub")):
+                section["model"] = absolute(model)
+    return data
 
 
 def project_root_for(profile_path: Path) -> Path:
@@ -712,4 +723,6 @@ def pinned(spec: BaseModel, field: str) -> bool:
 
 def load_profile(path: str | Path) -> Profile:
     path = Path(path)
-    return Profile.model_validate(read_profile_data(path)).resolve_paths(project_root_for(path))
+    # each file's paths against its own root, so a profile elsewhere can extend one in configs/
+    data = read_profile_data(path, lambda part, source: absolute_paths(part, project_root_for(source)))
+    return Profile.model_validate(data).resolve_paths(project_root_for(path))

@@ -56,3 +56,14 @@ def test_cpu_mpnet_is_cpu_tiny_but_for_its_embedder_and_state():
     assert mpnet.embedder.batch_size == tiny.embedder.batch_size  # inherited, not copied
     differ = {key for key in tiny.model_dump() if tiny.model_dump()[key] != mpnet.model_dump()[key]}
     assert differ == {"name", "state_dir", "embedder"}
+
+
+def test_a_profile_elsewhere_extends_one_in_configs_with_each_files_paths_its_own(tmp_path):
+    mine = _write(tmp_path / "mine.yaml", {"extends": str(ROOT / "configs/cpu-tiny.yaml"), "name": "mine",
+                                             "tenants_file": "tenants.yaml"})
+    profile = load_profile(mine)
+    assert profile.embedder.model == str(ROOT / "models/all-MiniLM-L6-v2")  # cpu-tiny's, against the project root
+    assert profile.tenants_file == str(tmp_path / "tenants.yaml")  # mine, against my folder
+    assert profile.state_dir == str(ROOT / "var")  # cpu-tiny's "var", as cpu-tiny itself runs it
+    assert load_profile(_write(tmp_path / "own.yaml", {"extends": "mine.yaml", "state_dir": "state"})).state_dir \
+        == str(tmp_path / "state")
