@@ -10,7 +10,8 @@
   mask_token_id and markov_rank (vllm/model_executor/models/qwen3_dspark.py). No public config of the
   real checkpoint was found (docs/GPU.md): the three values are DFlash's layer rule and assumptions.
 - models/gpu/all-MiniLM-L6-v2-fp16: the embedder in fp16 (half the bytes to carry to the GPU machine;
-  transformers 5 loads a checkpoint in its own dtype).
+  transformers 5 loads a checkpoint in its own dtype); models/gpu/all-mpnet-base-v2-fp16 the same, where
+  `make models-mpnet` installed all-mpnet-base-v2.
 
 Idempotent; needs `make models` first (SmolLM2's tokenizer, MiniLM).
 """
@@ -68,12 +69,12 @@ def make_drafter(models: Path, tokenizer_from: Path) -> Path:
     return folder
 
 
-def make_fp16_embedder(models: Path) -> Path:
+def make_fp16_embedder(models: Path, name: str = "all-MiniLM-L6-v2") -> Path:
     from sentence_transformers import SentenceTransformer
 
-    folder = models / "gpu" / "all-MiniLM-L6-v2-fp16"
+    folder = models / "gpu" / f"{name}-fp16"
     if not (folder / "model.safetensors").exists():
-        model = SentenceTransformer(str(models / "all-MiniLM-L6-v2"), device="cpu", local_files_only=True)
+        model = SentenceTransformer(str(models / name), device="cpu", local_files_only=True)
         model.half().save(str(folder))
     return folder
 
@@ -86,6 +87,8 @@ def main(models_dir: str = "models") -> None:
     for folder in (make_target(models, tokenizer_from), make_drafter(models, tokenizer_from),
                    make_fp16_embedder(models)):
         print(folder)
+    if (models / "all-mpnet-base-v2" / "model.safetensors").exists():  # `make models-mpnet` installed it
+        print(make_fp16_embedder(models, "all-mpnet-base-v2"))
 
 
 if __name__ == "__main__":
