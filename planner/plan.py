@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 from planner import gb10, nodes, parallel, runtime
 from planner.advice import overcommit_message
 from planner.architecture import ArchitectureError, embedding_dimension
+from planner.embedder import activation_bytes
 from planner.engine import EngineError, plan_engine, utilization_for
 from planner.errors import Overcommit, PlanError
 from planner.gpu import gpu_fraction, split_device_lines
@@ -235,29 +236,13 @@ def embedder_dimension(profile: Profile) -> int:
         raise PlanError(f"{exc}; set retriever.dim") from exc
 
 
-def _checkpoint_dtype_bytes(model_dir: str) -> int:
-    """Bytes per weight of a transformers folder as saved (config.json dtype); transformers 5 loads it so,
-    and activations follow the weights' dtype."""
-    try:
-        config = json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, ValueError):
-        return 4
-    return {"float16": 2, "bfloat16": 2}.get(config.get("dtype") or config.get("torch_dtype"), 4)
-
-
 def _side_replicas(profile: Profile, gpu: bool, dim: int, first_order: int = 1,
                    pool_bytes: int = 0) -> list[ReplicaPlan]:
     emb, ret, gw = profile.embedder, profile.retriever, profile.gateway
     emb_weights = safetensors_bytes(emb.model)
     if not emb_weights:
         raise PlanError(f"no safetensors weights in embedder.model {emb.model}")
-    heads = max(1, dim // 32)
-    # live hidden states, q/k/v and the MLP input of one layer, plus one layer's attention scores (fp32)
-    if gpu:  # measured on an H200: linear in tokens, and kept reserved by torch's allocator
-        emb_act = (emb.batch_size * emb.max_seq_tokens * dim * runtime.EMBEDDER_GPU_ACT_PER_TOKEN_DIM
-                   * _checkpoint_dtype_bytes(emb.model) // 4)
-    else:
-        emb_act = emb.batch_size * emb.max_seq_tokens * (dim * 16 + heads * emb.max_seq_tokens * 4)
+    emb_act = activation_bytes(emb.model, dim, emb.batch_size, emb.max_seq_tokens, gpu)
     emb_lines = {"weights": emb_weights, "activations": emb_act, "runtime": runtime.EMBEDDER_RUNTIME,
                  "mapped_files": runtime.EMBEDDER_MAPPED_FILES, "traffic_growth": runtime.EMBEDDER_TRAFFIC_GROWTH}
     if gpu:

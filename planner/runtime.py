@@ -58,7 +58,13 @@ EMBEDDER_CUDA_CONTEXT = 755 * MB
 # Its activations on a GPU (same H200 run): bytes per token per hidden unit, fp32 weights, SDPA attention,
 # as torch's caching allocator keeps them reserved after a batch (450.3 MB at 64 x 256 x 384; linear in
 # tokens, not quadratic in length as on CPU's eager formula). They stay reserved: resident, not growth.
-EMBEDDER_GPU_ACT_PER_TOKEN_DIM = 72  # fp32 weights; a checkpoint in fp16/bf16 halves it (plan.py)
+EMBEDDER_GPU_ACT_PER_TOKEN_DIM = 72  # fp32 weights; a checkpoint in fp16/bf16 halves it (planner/embedder.py)
+# A model whose attention materialises its scores (all-mpnet-base-v2: a relative position bias, no SDPA), on
+# an H100 2026-12-05 (torch 2.11+cu130), reserved after a batch of 64: 914 MiB at 256 tokens and 1,802 MiB at
+# 384 in fp32, 456 and 900 MiB in fp16. Fitted as 28.2 bytes per token per hidden unit plus 12.0 per score
+# element (batch x heads x length^2: scores, bias and softmax, fp32); planned with margin.
+EMBEDDER_GPU_EAGER_ACT_PER_TOKEN_DIM = 32
+EMBEDDER_EAGER_SCORE_BYTES = 13  # also on CPU, where the same attention code runs
 # CUDA graph pool when graphs are captured (enforce_eager false); estimate, GPU only.
 CUDA_GRAPHS = 1 * GiB
 # vLLM's GPU start check (worker's request_memory) samples free memory after the driver, EngineCore,
