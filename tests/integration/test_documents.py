@@ -71,18 +71,18 @@ def test_cli_ingests_a_folder_of_pdf_docx_and_real_xhtml(stack, tmp_path, admin_
     folder = tmp_path / "manual"
     folder.mkdir()
     for name in ("shared-mime-info-spec.pdf", "handbook.docx", "review.pptx", "libxslt-general.html",
-                 "exslt-intro.html", "libxslt-tutorial-latin1.html"):
+                 "exslt-intro.html", "libxslt-tutorial-latin1.html", "rsyslog-omusrmsg.html"):
         shutil.copy(DATA / name, folder / name)
     env = {"POOLSERVE_URL": stack.url, "POOLSERVE_ADMIN_KEY": ADMIN_KEY, "POOLSERVE_API_KEY": DEMO_KEY,
            "COLUMNS": "200"}
     result = CliRunner().invoke(app, ["ingest", str(folder), "--collection", "docs-cli"], env=env,
                                 catch_exceptions=False)
-    assert result.exit_code == 0 and "6 files ingested" in result.output and ", 0 failed" in result.output, result.output
+    assert result.exit_code == 0 and "7 files ingested" in result.output and ", 0 failed" in result.output, result.output
     headers = {"Authorization": f"Bearer {DEMO_KEY}"}
     info = httpx.get(f"{stack.url}/v1/collections/docs-cli", headers=headers, timeout=60).json()
-    assert info["document_count"] == 6, info
+    assert info["document_count"] == 7, info
     listed = httpx.get(f"{stack.url}/v1/collections/docs-cli/documents", headers=headers, timeout=60).json()
-    assert len(listed["data"]) == 6 and not listed["has_more"], listed
+    assert len(listed["data"]) == 7 and not listed["has_more"], listed
     assert not any("_locations" in doc["metadata"] for doc in listed["data"]), listed  # maps are not listed
     hit = httpx.get(f"{stack.url}/v1/collections/docs-cli/search", headers=headers, timeout=60, params={
         "q": "We hired nine engineers", "top_k": 1}).json()["data"][0]
@@ -90,5 +90,11 @@ def test_cli_ingests_a_folder_of_pdf_docx_and_real_xhtml(stack, tmp_path, admin_
     hit = httpx.get(f"{stack.url}/v1/collections/docs-cli/search", headers=headers, timeout=60, params={
         "q": "Parsing the stylesheet takes a single function call", "top_k": 1}).json()["data"][0]
     assert "libxslt-tutorial-latin1" in hit["document_id"] and hit["section"].startswith("Primary Functions"), hit
+    hits = httpx.get(f"{stack.url}/v1/collections/docs-cli/search", headers=headers, timeout=60, params={
+        "q": "send emergency messages to the terminals of all logged-in users", "top_k": 5}).json()["data"]
+    sphinx = [hit for hit in hits if "rsyslog-omusrmsg" in hit["document_id"]]
+    assert sphinx and sphinx[0]["metadata"]["title"].startswith("omusrmsg: notify users"), hits
+    # the Sphinx page is stored without its sidebar and previous/next links (role="navigation")
+    assert not any(nav in hit["text"] for hit in sphinx for nav in ("Next topic", "Previous topic", "omuxsock")), sphinx
     usage = httpx.get(f"{stack.url}/admin/tenants/demo/usage", headers=admin_headers, timeout=60).json()["usage"]
     assert any(row["model"] == "poolserve/extraction-cpu-ms" and row["prompt_tokens"] > 0 for row in usage), usage
