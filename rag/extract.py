@@ -138,7 +138,8 @@ def _main_content(tree):
     import lxml.html
 
     marked = [node for node in tree.iter() if node.tag == "main" or "main" in _roles(node)]
-    outermost = [node for node in marked if not any(other in marked for other in node.iterancestors())]
+    inside = set(marked)  # a set: a hostile page may nest thousands
+    outermost = [node for node in marked if not any(other in inside for other in node.iterancestors())]
     if not outermost:
         return tree
     main_chars = sum(len("".join(node.text_content().split())) for node in outermost)
