@@ -129,9 +129,16 @@ def small_caps():
     pool.close()
 
 
-def test_the_worker_extracts_and_reports_its_cpu_time(small_caps):
-    result = small_caps.extract_blocking((DATA / "shared-mime-info-spec.pdf").read_bytes(), PDF)
-    assert result.extracted.locations["labels"][-1] == 17 and 0 < result.cpu_seconds < 1
+def test_the_worker_extracts_and_reports_its_cpu_time():
+    # Its own caps: the 17-page PDF takes about 0.2 s of CPU warm, but a fresh worker's imports count too,
+    # and on a machine busy compiling (CI's set-up) that came near the 1 s cap of small_caps.
+    pool = ExtractionPool(ExtractionLimits(workers=1, cpu_seconds=10, memory_bytes=200 * 2**20, wall_seconds=120,
+                                           max_locations=100))
+    try:
+        result = pool.extract_blocking((DATA / "shared-mime-info-spec.pdf").read_bytes(), PDF)
+    finally:
+        pool.close()
+    assert result.extracted.locations["labels"][-1] == 17 and 0 < result.cpu_seconds < 10
 
 
 def test_a_document_over_the_cpu_cap_is_a_clear_error_quickly(small_caps):
