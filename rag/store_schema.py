@@ -15,6 +15,8 @@ from rag.metadata_index import fill_from_documents
 from system.sqlite import transaction
 
 SCHEMA_VERSION = 2
+# The knowledge store's file in a stack's state_dir (the retriever opens it; the launcher and upgrades read it).
+STORE_FILE = "knowledge.sqlite3"
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS collections (
     tenant TEXT NOT NULL, name TEXT NOT NULL, created_at REAL NOT NULL,

@@ -13,6 +13,7 @@ from serve.start_order import StartOrder
 from rag.capacity import Quotas, TenantQuota
 from rag.retrieval import FusionSettings, SearchQuery, SearchResult, retrieve
 from rag.store import KnowledgeStore
+from rag.store_schema import STORE_FILE
 
 
 @serve.deployment(name="retriever")  # its options: the plan's (serve/app.py)
@@ -29,7 +30,7 @@ class Retriever:
         os.umask(0o077)  # the chunk store and its -wal/-shm are the owner's only
         faiss.omp_set_num_threads(faiss_threads)
         self.fusion = FusionSettings.model_validate(fusion)  # the profile's rag.fusion
-        self.store = KnowledgeStore(Path(state_dir) / "knowledge.sqlite3", dim=dim, index_kind=index_kind,
+        self.store = KnowledgeStore(Path(state_dir) / STORE_FILE, dim=dim, index_kind=index_kind,
                                     hnsw_m=hnsw_m, hnsw_ef_search=hnsw_ef_search,
                                     capacity_chunks=capacity_chunks, sqlite_cache_bytes=sqlite_cache_bytes,
                                     quotas=_quotas(store_settings),

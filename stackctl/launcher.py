@@ -36,7 +36,7 @@ import yaml
 from planner.plan import Plan
 from planner.profile import Profile
 from planner.units import gib
-from rag.store_schema import embedder_mismatch, recorded_embedder
+from rag.store_schema import STORE_FILE, embedder_mismatch, recorded_embedder
 from serve.proxy_guard import proxy_env
 from system.cgroup import MemoryCgroup, PoolUnavailable, create_pool, limited_cgroup, own_cgroup, remove_pool
 from system.private_files import make_private_dir, tighten_private, write_private
@@ -210,7 +210,7 @@ def enter_pool(layout: StackLayout, pool_bytes: int, log) -> tuple[MemoryCgroup,
 def embedder_refusal(profile: Profile) -> str | None:
     """Why the stack must not start on this state_dir: its knowledge store records another embedder
     (rag/store_schema.py check_embedder, which the retriever applies too, after minutes of start)."""
-    store = Path(profile.state_dir) / "knowledge.sqlite3"
+    store = Path(profile.state_dir) / STORE_FILE
     recorded = recorded_embedder(store)
     if recorded is None or recorded == profile.embedder.model_id:
         return None

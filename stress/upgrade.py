@@ -8,14 +8,14 @@ import sqlite3
 import time
 from pathlib import Path
 
-from rag.store_schema import SCHEMA_VERSION as KNOWLEDGE_SCHEMA_VERSION
+from rag.store_schema import SCHEMA_VERSION as KNOWLEDGE_SCHEMA_VERSION, STORE_FILE
 from stress.client import FACTS, QUESTIONS
 from stress.context import COLLECTION, RunContext, not_local
 from stress.report import LayerResult
 from system.sqlite import BUSY_TIMEOUT_SECONDS
 from tenancy.models import SCHEMA_VERSION as TENANTS_SCHEMA_VERSION
 
-DATABASES = {"tenants.sqlite3": TENANTS_SCHEMA_VERSION, "knowledge.sqlite3": KNOWLEDGE_SCHEMA_VERSION}
+DATABASES = {"tenants.sqlite3": TENANTS_SCHEMA_VERSION, STORE_FILE: KNOWLEDGE_SCHEMA_VERSION}
 
 
 def snapshot(ctx: RunContext) -> dict:
