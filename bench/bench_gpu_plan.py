@@ -28,7 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, when run as a script
 
-from bench.gpu_probe import GIB, VLLM_LOGGING_CONFIG, GpuSampler, role_of, vllm_logs_by_pid  # noqa: E402
+from bench.gpu_probe import (GIB, VLLM_LOGGING_CONFIG, GpuSampler, decode_roofline, role_of,  # noqa: E402
+                             vllm_logs_by_pid)
 from bench.gpu_squeeze import ingest_ratio, squeeze  # noqa: E402
 from bench.harness.stack import poolserve_stack  # noqa: E402
 from planner.plan import build_plan  # noqa: E402
@@ -47,34 +48,99 @@ def _title(pid: int) -> str:
         return ""
 
 
+REAL_DOCUMENTS = (Path(__file__).resolve().parents[1] / "tests" / "data" / "shared-mime-info-spec.pdf",
+                  Path(__file__).resolve().parents[1] / "tests" / "data" / "rsyslog-omusrmsg.html")
+RAG_QUESTION = "What does the omusrmsg output module do?"  # answered by the rsyslog page
+
+
+def _chat_steps(client, profile) -> dict:
+    steps: dict = {}
+    for _, engine in profile.chat_engines():
+        steps[f"chat {engine.model_id}"] = lambda m=engine.model_id: _chat_once(client, m)
+    steps["chat streamed"] = lambda: _chat_streamed(client, profile.chat.model_id)
+    return steps
+
+
+def _chat_once(client, model: str) -> dict:
+    reply = client.chat.completions.create(model=model, max_tokens=16, temperature=0,
+                                           messages=[{"role": "user", "content": "Say OK."}])
+    return {"finish_reason": reply.choices[0].finish_reason, "completion_tokens": reply.usage.completion_tokens}
+
+
+def _chat_streamed(client, model: str) -> dict:
+    chunks, usage, finish = 0, None, None
+    for chunk in client.chat.completions.create(model=model, max_tokens=32, temperature=0, stream=True,
+                                                stream_options={"include_usage": True},
+                                                messages=[{"role": "user", "content": "Count to ten."}]):
+        chunks += 1
+        usage = chunk.usage or usage
+        if chunk.choices and chunk.choices[0].finish_reason:
+            finish = chunk.choices[0].finish_reason
+    return {"chunks": chunks, "finish_reason": finish, "completion_tokens": usage.completion_tokens if usage else None}
+
+
+def _upload(base_url: str, headers: dict, path: Path) -> dict:
+    import httpx
+
+    with path.open("rb") as handle:
+        reply = httpx.post(f"{base_url}/v1/collections/gpu/documents", headers=headers, timeout=300,
+                           files={"file": (path.name, handle)})
+    body = reply.json()
+    if reply.status_code != 200:
+        raise RuntimeError(f"{reply.status_code}: {body}")
+    return {"status": reply.status_code, "chunks": sum(int(d.get("chunks", 0)) for d in body.get("documents", []))}
+
+
 def use_the_stack(base_url: str, key: str, profile) -> dict:
-    """Every kind of request once, through the real openai client; what came back, briefly."""
+    """Every kind of request through the real openai client (and httpx for uploads), each step's outcome
+    recorded on its own: a failed step never hides the others'."""
     import httpx
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{base_url}/v1", api_key=key, timeout=300)
-    out: dict = {"chat": {}}
-    for _, engine in profile.chat_engines():
-        reply = client.chat.completions.create(model=engine.model_id, max_tokens=16, temperature=0,
-                                               messages=[{"role": "user", "content": "Say OK."}])
-        out["chat"][engine.model_id] = {"finish_reason": reply.choices[0].finish_reason,
-                                        "completion_tokens": reply.usage.completion_tokens}
-    emb = client.embeddings.create(model=profile.embedder.model_id, input=["GPU memory", "a second input"])
-    out["embeddings"] = {"vectors": len(emb.data), "dimension": len(emb.data[0].embedding)}
     headers = {"Authorization": f"Bearer {key}"}
-    ingest = httpx.post(f"{base_url}/v1/collections/gpu/documents", headers=headers, timeout=300,
-                        json={"documents": [{"id": "h200", "text": DOC, "metadata": {"source": "gpu"}}]})
-    out["ingest"] = {"status": ingest.status_code, "body": ingest.json()}
-    rag = httpx.post(f"{base_url}/v1/rag/query", headers=headers, timeout=300,
-                     json={"collection": "gpu", "question": "What is the H200's memory bandwidth?",
-                           "max_tokens": 16, "min_score": -1})
-    body = rag.json()
-    out["rag"] = {"status": rag.status_code, "citations": len(body.get("citations") or []),
-                  "cited": [c.get("document_id") for c in body.get("citations") or []]}
-    chat_rag = client.chat.completions.create(model=profile.chat.model_id, max_tokens=8, temperature=0,
-                                              messages=[{"role": "user", "content": "H200 bandwidth?"}],
-                                              extra_body={"rag": {"collection": "gpu", "min_score": -1}})
-    out["chat_rag_citations"] = len((chat_rag.model_extra or {}).get("citations") or [])
+
+    def embeddings() -> dict:
+        emb = client.embeddings.create(model=profile.embedder.model_id, input=["GPU memory", "a second input"])
+        return {"vectors": len(emb.data), "dimension": len(emb.data[0].embedding)}
+
+    def ingest_text() -> dict:
+        reply = httpx.post(f"{base_url}/v1/collections/gpu/documents", headers=headers, timeout=300,
+                           json={"documents": [{"id": "h200", "text": DOC, "metadata": {"source": "gpu"}}]})
+        reply.raise_for_status()
+        return {"status": reply.status_code}
+
+    def rag() -> dict:
+        reply = httpx.post(f"{base_url}/v1/rag/query", headers=headers, timeout=300,
+                           json={"collection": "gpu", "question": RAG_QUESTION, "max_tokens": 16, "min_score": -1})
+        body = reply.json()
+        if reply.status_code != 200:
+            raise RuntimeError(f"{reply.status_code}: {body}")
+        return {"status": reply.status_code, "citations": len(body.get("citations") or []),
+                "cited": [c.get("document_id") for c in body.get("citations") or []]}
+
+    def chat_rag() -> dict:
+        reply = client.chat.completions.create(model=profile.chat.model_id, max_tokens=8, temperature=0,
+                                               messages=[{"role": "user", "content": RAG_QUESTION}],
+                                               extra_body={"rag": {"collection": "gpu", "min_score": -1}})
+        return {"citations": len((reply.model_extra or {}).get("citations") or [])}
+
+    steps = {**_chat_steps(client, profile), "embeddings": embeddings, "ingest text": ingest_text,
+             **{f"ingest {p.suffix[1:]}": (lambda p=p: _upload(base_url, headers, p)) for p in REAL_DOCUMENTS},
+             "rag query": rag, "chat with rag": chat_rag}
+    return run_steps(steps)
+
+
+def run_steps(steps: dict) -> dict:
+    """Each step's result, or its error, under its own name."""
+    out: dict = {}
+    for name, step in steps.items():
+        started = time.perf_counter()
+        try:
+            out[name] = {"ok": True, **step()}
+        except Exception as exc:
+            out[name] = {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:500]}"}
+        out[name]["seconds"] = round(time.perf_counter() - started, 3)
     return out
 
 
@@ -145,7 +211,102 @@ def wait_gpu_empty(sampler: GpuSampler, baseline_used: int, timeout_s: float = 9
             "empty": not sample.processes and sample.used <= baseline_used + 64 * 2**20}
 
 
-def run(profile_path: Path, out: Path, timeout_s: float, do_squeeze: bool, do_ingest: bool) -> dict:
+def single_stream_decode(base_url: str, key: str, model: str, weight_bytes: int, device_name: str,
+                         tokens: int = 256) -> dict:
+    """One stream of `tokens` output tokens (ignore_eos) through the gateway, after a warm-up: decode tokens/s
+    from the first streamed chunk to the last (the usage's token count: with dummy weights most sampled ids
+    decode to no text, so chunks undercount tokens), against the card's HBM roofline for the target weights."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {key}"}
+    body = {"model": model, "messages": [{"role": "user", "content": "Tell a long story."}], "temperature": 0,
+            "max_tokens": tokens, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    httpx.post(f"{base_url}/v1/chat/completions", headers=headers, timeout=300,
+               json={**body, "stream": False, "stream_options": None, "max_tokens": 16}).raise_for_status()
+    started, first, usage = time.perf_counter(), None, None
+    with httpx.stream("POST", f"{base_url}/v1/chat/completions", headers=headers, json=body, timeout=300) as reply:
+        reply.raise_for_status()
+        for line in reply.iter_lines():
+            if not line.startswith("data: ") or line.strip() == "data: [DONE]":
+                continue
+            chunk = json.loads(line[len("data: "):])
+            if first is None and chunk.get("choices"):
+                first = time.perf_counter()
+            usage = chunk.get("usage") or usage
+    ended = time.perf_counter()
+    produced = int((usage or {}).get("completion_tokens") or 0)
+    tok_s = (produced - 1) / (ended - first) if first and produced > 1 and ended > first else None
+    roofline = decode_roofline(weight_bytes, device_name)
+    return {"device": device_name, "completion_tokens": produced, "ttft_s": round(first - started, 4) if first else None,
+            "decode_tok_s": round(tok_s, 1) if tok_s else None, "weight_bytes": weight_bytes,
+            "roofline_tok_s": round(roofline, 1) if roofline else None,
+            "of_roofline": round(tok_s / roofline, 3) if tok_s and roofline else None}
+
+
+def boot(profile, profile_path: Path, plan, sampler: GpuSampler, workdir: Path, timeout_s: float,
+         use: bool, do_squeeze: bool, do_ingest: bool) -> dict:
+    """One cold boot: start, measure at rest, (use: every request kind, decode, ingest, squeeze), stop, and
+    check the GPU is back at its baseline."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    baseline = sampler.read()
+    report: dict = {"baseline_used_bytes": baseline.used}
+    started = time.time()
+    try:
+        with poolserve_stack(profile_path, workdir, timeout_s=timeout_s) as server:
+            report["start_to_healthy_s"] = round(time.time() - started, 1)
+            import httpx
+
+            # Measured first, at rest: what the plan promises is the footprint once started.
+            status = httpx.get(f"{server.base_url}/status", timeout=60,
+                               headers={"Authorization": f"Bearer {os.environ['POOLSERVE_ADMIN_KEY']}"})
+            report["status"] = status.json() if status.status_code == 200 else {"http": status.status_code}
+            report["guard_at_rest"] = (report["status"].get("pool") or {}).get("state")
+            logs = vllm_logs_by_pid(StackLayout(workdir / "state").ray_temp_dir)
+            report["vllm_logs"] = {str(k): v for k, v in logs.items()}
+            report["measured"] = measured_by_replica(plan, sampler, sampler.first_seen(), logs)
+            report["nvidia_smi"] = subprocess.run(["nvidia-smi"], capture_output=True, text=True).stdout
+            report["rows"] = compare(plan, report["measured"])
+            if use:
+                facts = plan.engines["chat"]
+                steps = {"answers": lambda: use_the_stack(server.base_url, server.api_key, profile),
+                         "decode": lambda: single_stream_decode(server.base_url, server.api_key,
+                                                                profile.chat.model_id, facts.weight_bytes,
+                                                                sampler.device_name())}
+                if do_ingest:
+                    steps["ingest"] = lambda: ingest_ratio(server.base_url, server.api_key, profile)
+                if do_squeeze:
+                    steps["squeeze"] = lambda: squeeze(server.base_url, server.api_key, profile, sampler,
+                                                              plan.guard.shed_ingest_at)
+                for name, step in steps.items():  # one failing step does not cost the others
+                    try:
+                        report[name] = step()
+                    except Exception as exc:
+                        report[name] = {"error": f"{type(exc).__name__}: {exc}"}
+                report["measured_after_use"] = measured_by_replica(plan, sampler, sampler.first_seen(), logs)
+                report["rows_after_use"] = compare(plan, report["measured_after_use"])
+    except Exception as exc:  # a failed start is a result too: keep what was seen
+        report["error"] = f"{type(exc).__name__}: {exc}"
+        report["serve_log_tail"] = (workdir / "serve.log").read_text(errors="replace")[-6000:] \
+            if (workdir / "serve.log").exists() else ""
+    report["after_down"] = wait_gpu_empty(sampler, baseline.used)
+    return report
+
+
+def boots_agree(boots: list[dict], tolerance: float = 0.01) -> dict:
+    """Whether every boot gave the same KV tokens and each replica's bytes within +-tolerance of the first."""
+    first = {r["replica"]: r for r in boots[0].get("rows") or []}
+    kv_tokens = [[r.get("kv_tokens_vllm") for r in b.get("rows") or [] if "kv_tokens_vllm" in r] for b in boots]
+    spread = {}
+    for name, row in first.items():
+        values = [next((r["measured_bytes"] for r in b.get("rows") or [] if r["replica"] == name), None) for b in boots]
+        known = [v for v in values if v]
+        spread[name] = {"bytes": values, "max_over_min": round(max(known) / min(known), 4) if known else None}
+    return {"boots": len(boots), "kv_tokens": kv_tokens, "kv_tokens_equal": all(k == kv_tokens[0] for k in kv_tokens),
+            "bytes": spread, "bytes_within": all(s["max_over_min"] is not None and s["max_over_min"] <= 1 + tolerance
+                                                 for s in spread.values())}
+
+
+def run(profile_path: Path, out: Path, timeout_s: float, do_squeeze: bool, do_ingest: bool, boots: int = 1) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="gpu-plan-"))
     logging_config = workdir / "vllm-logging.json"
     logging_config.write_text(json.dumps(VLLM_LOGGING_CONFIG))
@@ -153,41 +314,20 @@ def run(profile_path: Path, out: Path, timeout_s: float, do_squeeze: bool, do_in
     os.environ.setdefault("POOLSERVE_ADMIN_KEY", secrets.token_urlsafe(24))
     profile = load_profile(profile_path)
     plan = build_plan(profile)
-    report: dict = {"profile": str(profile_path), "plan": json.loads(plan.model_dump_json()), "steps": []}
+    report: dict = {"profile": str(profile_path), "plan": json.loads(plan.model_dump_json())}
     with GpuSampler() as sampler:
-        baseline = sampler.read()
-        report["gpu_total_bytes"], report["baseline_used_bytes"] = sampler.total(), baseline.used
+        report["device"], report["gpu_total_bytes"] = sampler.device_name(), sampler.total()
         started = time.time()
-        try:
-            with poolserve_stack(profile_path, workdir, timeout_s=timeout_s) as server:
-                report["start_to_healthy_s"] = round(time.time() - started, 1)
-                import httpx
-
-                # Measured first, at rest: what the plan promises is the footprint once started.
-                status = httpx.get(f"{server.base_url}/status", timeout=60,
-                                   headers={"Authorization": f"Bearer {os.environ['POOLSERVE_ADMIN_KEY']}"})
-                report["status"] = status.json() if status.status_code == 200 else {"http": status.status_code}
-                logs = vllm_logs_by_pid(StackLayout(workdir / "state").ray_temp_dir)
-                report["vllm_logs"] = {str(k): v for k, v in logs.items()}
-                report["measured"] = measured_by_replica(plan, sampler, sampler.first_seen(), logs)
-                report["nvidia_smi"] = subprocess.run(["nvidia-smi"], capture_output=True, text=True).stdout
-                report["rows"] = compare(plan, report["measured"])
-                steps = {"answers": lambda: use_the_stack(server.base_url, server.api_key, profile)}
-                if do_ingest:
-                    steps["ingest"] = lambda: ingest_ratio(server.base_url, server.api_key, profile)
-                if do_squeeze:
-                    steps["squeeze"] = lambda: squeeze(server.base_url, server.api_key, profile, sampler)
-                for name, step in steps.items():  # one failing step does not cost the others
-                    try:
-                        report[name] = step()
-                    except Exception as exc:
-                        report[name] = {"error": f"{type(exc).__name__}: {exc}"}
-                report["measured_after_use"] = measured_by_replica(plan, sampler, sampler.first_seen(), logs)
-        except Exception as exc:  # a failed start is a result too: keep what was seen
-            report["error"] = f"{type(exc).__name__}: {exc}"
-            report["serve_log_tail"] = (workdir / "serve.log").read_text(errors="replace")[-6000:] \
-                if (workdir / "serve.log").exists() else ""
-        report["after_down"] = wait_gpu_empty(sampler, baseline.used)
+        runs = []
+        for index in range(boots):  # the first boot is used; the later ones only start, measure and stop
+            runs.append(boot(profile, profile_path, plan, sampler, workdir / f"boot{index}", timeout_s,
+                             use=index == 0, do_squeeze=do_squeeze, do_ingest=do_ingest))
+            if runs[-1].get("error"):
+                break
+        report.update(runs[0])
+        report["later_boots"] = runs[1:]
+        if len(runs) > 1:
+            report["boots_agree"] = boots_agree(runs)
         report["series"] = [{"t": round(s.t - started, 1), "used_gib": round(s.used / GIB, 2),
                              "processes": {str(p): round(b / GIB, 2) for p, b in s.processes.items()}}
                             for s in sampler.samples]
@@ -203,10 +343,12 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=480, help="seconds for the stack to become healthy")
     parser.add_argument("--squeeze", action="store_true", help="squeeze the GPU until the pool guard sheds")
     parser.add_argument("--ingest", action="store_true", help="ingest through the stack against raw ST")
+    parser.add_argument("--boots", type=int, default=1, help="cold boots of the same profile (the first is used)")
     args = parser.parse_args()
-    report = run(args.profile, args.out, args.timeout, args.squeeze, args.ingest)
-    print(json.dumps({k: report.get(k) for k in ("start_to_healthy_s", "answers", "error", "after_down",
-                                                  "ingest", "squeeze")}, indent=1, default=str))
+    report = run(args.profile, args.out, args.timeout, args.squeeze, args.ingest, args.boots)
+    print(json.dumps({k: report.get(k) for k in ("device", "start_to_healthy_s", "guard_at_rest", "answers", "decode",
+                                                  "error", "after_down", "ingest", "squeeze", "boots_agree")},
+                     indent=1, default=str))
     if report.get("rows"):
         print(table(report["rows"]))
 

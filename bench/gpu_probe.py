@@ -65,9 +65,27 @@ def vllm_logs_by_pid(log_dir: Path) -> dict[int, dict]:
     return {pid: lines for pid, lines in ((p, parse_vllm_log(t)) for p, t in logs.items()) if lines}
 
 
+# HBM bandwidth by NVML's device name, the decode roofline's denominator (NVIDIA's data sheets: H100 SXM5
+# 80GB HBM3 3.35 TB/s, H200 141GB HBM3e 4.8 TB/s).
+HBM_BYTES_PER_S = {"H100 80GB HBM3": 3.35e12, "H200": 4.8e12}
+
+
+def hbm_bandwidth(device_name: str) -> float | None:
+    """The card's HBM bandwidth in bytes/s, or None for a card not in the table."""
+    return next((bw for needle, bw in HBM_BYTES_PER_S.items() if needle in device_name), None)
+
+
+def decode_roofline(weight_bytes: int, device_name: str) -> float | None:
+    """Single-stream decode's ceiling in tokens/s: every step reads every weight once from HBM."""
+    bandwidth = hbm_bandwidth(device_name)
+    return bandwidth / weight_bytes if bandwidth and weight_bytes else None
+
+
 def role_of(title: str) -> str:
     """A process's part in the stack from its title (Ray sets `ray::<Class>...` on its workers)."""
-    for needle, role in (("RayWorkerWrapper", "vllm_worker"), ("EngineCore", "engine_core"),
+    # vLLM 0.26 titles its Ray worker `ray::RayWorkerProc.run`; earlier versions `RayWorkerWrapper`.
+    for needle, role in (("RayWorkerProc", "vllm_worker"), ("RayWorkerWrapper", "vllm_worker"),
+                         ("EngineCore", "engine_core"),
                          ("PoolserveLLMServer", "chat_replica"), ("embedder", "embedder"),
                          ("retriever", "retriever"), ("gateway", "gateway"), ("api_server", "raw_vllm")):
         if needle in title:
@@ -98,6 +116,12 @@ class GpuSampler:
         info = pynvml.nvmlDeviceGetMemoryInfo(handle)
         procs = {p.pid: int(p.usedGpuMemory or 0) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)}
         return GpuSample(time.time(), int(info.used), int(info.free), procs)
+
+    def device_name(self) -> str:
+        import pynvml
+
+        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
+        return name.decode() if isinstance(name, bytes) else name
 
     def total(self) -> int:
         import pynvml

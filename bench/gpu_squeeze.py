@@ -1,10 +1,11 @@
 """Two measurements against a running GPU stack (bench/bench_gpu_plan.py --squeeze / --ingest).
 
-- squeeze: a helper process takes GPU memory 1 GiB at a time (plain cudaMalloc through torch) until the
+- squeeze: a helper process takes GPU memory 256 MiB at a time (plain cudaMalloc through torch) until the
   pool guard sheds; every step sends one embeddings request and one ingest. Expected: ingest refused
   first (503 + Retry-After at shed_ingest_at), then all new work (at shed_all_at), no replica lost
   (/healthz 200 throughout), and 200s again once the helper lets go. The helper never takes the last
-  GiB, so nothing already admitted can run out.
+  512 MiB, so nothing already admitted can run out. The marks come from the plan (planner/guard.py): on an
+  H100 running the 27B the last one sits about 1.4 GiB below the card's size, hence the small steps.
 - ingest_ratio: the pydoc corpus ingested through the stack (20 documents per request, as clients send
   them) against raw sentence-transformers encoding the same chunks on the same GPU.
 """
@@ -21,14 +22,15 @@ from pathlib import Path
 import httpx
 
 GIB = 2**30
-HELPER = """
+STEP = 256 * 2**20
+HELPER = f"""
 import sys, torch
 held = []
 for line in sys.stdin:
-    held.append(torch.empty(1 << 30, dtype=torch.uint8, device="cuda"))
+    held.append(torch.empty({STEP}, dtype=torch.uint8, device="cuda"))
     print(len(held), flush=True)
 """
-KEEP_FREE = GIB
+KEEP_FREE = 512 * 2**20
 CORPUS = Path(__file__).resolve().parent / "data" / "stdlib-pydoc.jsonl.gz"
 
 
@@ -40,26 +42,31 @@ def _probe(base_url: str, headers: dict, profile) -> tuple[int, int, str | None]
     return emb.status_code, ing.status_code, emb.headers.get("retry-after") or ing.headers.get("retry-after")
 
 
-def squeeze(base_url: str, key: str, profile, sampler, max_steps: int = 200) -> dict:
+def squeeze(base_url: str, key: str, profile, sampler, first_mark: float, max_steps: int = 1200) -> dict:
+    """first_mark: the plan's shed_ingest_at (planner/guard.py); below it the helper grows without probing."""
     headers = {"Authorization": f"Bearer {key}"}
     helper = subprocess.Popen([sys.executable, "-c", HELPER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True, start_new_session=True)
-    steps, result = [], {"shed_ingest_at_fraction": None, "shed_all_at_fraction": None}
+    steps, result = [], {"shed_ingest_at_fraction": None, "shed_all_at_fraction": None, "first_mark": first_mark}
     try:
         for _ in range(max_steps):
             sample = sampler.read()
-            if sample.free < KEEP_FREE + GIB:
-                result["stopped"] = "kept the last GiB free"
+            if sample.free < KEEP_FREE + STEP:
+                result["stopped"] = "kept the last 512 MiB free"
                 break
             helper.stdin.write("\n")
             helper.stdin.flush()
             held = int(helper.stdout.readline() or 0)
+            sample = sampler.read()
+            fraction = sample.used / (sample.used + sample.free)
+            if fraction < first_mark - 0.01:
+                continue  # well below the first mark: grow without asking
             time.sleep(0.6)  # the guard samples every 0.25 s
             sample = sampler.read()
             fraction = sample.used / (sample.used + sample.free)
             emb, ing, retry = _probe(base_url, headers, profile)
-            steps.append({"held_gib": held, "used_fraction": round(fraction, 4), "embeddings": emb,
-                          "ingest": ing, "retry_after": retry})
+            steps.append({"held_gib": round(held * STEP / GIB, 2), "used_fraction": round(fraction, 4),
+                          "embeddings": emb, "ingest": ing, "retry_after": retry})
             if ing == 503 and result["shed_ingest_at_fraction"] is None:
                 result["shed_ingest_at_fraction"] = round(fraction, 4)
             if emb == 503:

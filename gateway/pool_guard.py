@@ -65,11 +65,12 @@ class PoolGuard:
     def __init__(self, shed_ingest_at: float, shed_all_at: float, hysteresis: float = 0.03,
                  sample_interval_s: float = 0.25, retry_after_s: int = 5,
                  reader: Callable[[], PoolReading] = read_pool, clock: Callable[[], float] = time.monotonic,
-                 registry: CollectorRegistry | None = None):
+                 registry: CollectorRegistry | None = None, planned_bytes: int | None = None, basis: str = ""):
         if not 0 < shed_ingest_at <= shed_all_at < 1:
             raise ValueError("the guard needs 0 < shed_ingest_at <= shed_all_at < 1")
         self.shed_ingest_at, self.shed_all_at, self.hysteresis = shed_ingest_at, shed_all_at, hysteresis
         self.retry_after_s = retry_after_s
+        self.planned_bytes, self.basis = planned_bytes, basis  # what the plan holds in the pool, and why the marks
         self._reader, self._clock, self._interval = reader, clock, sample_interval_s
         self._lock = threading.Lock()
         self._state: GuardState = "ok"
@@ -129,4 +130,5 @@ class PoolGuard:
         return {"state": state, "used_bytes": reading.used_bytes, "limit_bytes": reading.limit_bytes,
                 "fraction": round(reading.fraction, 4), "source": reading.source, "peak_bytes": reading.peak_bytes,
                 "shed_ingest_at": self.shed_ingest_at, "shed_all_at": self.shed_all_at,
-                "hysteresis": self.hysteresis, "shed_requests": self.shed_total}
+                "hysteresis": self.hysteresis, "shed_requests": self.shed_total,
+                "plan_holds_bytes": self.planned_bytes, "marks_from": self.basis}

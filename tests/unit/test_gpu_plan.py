@@ -111,6 +111,7 @@ def test_parse_vllm_log_lines():
 
 @pytest.mark.parametrize("title, role", [
     ("ray::RayWorkerWrapper.execute_method", "vllm_worker"),
+    ("ray::RayWorkerProc.run", "vllm_worker"),  # vLLM 0.26's title (an H100, 2026-12-06)
     ("ray::ServeReplica:poolserve:embedder", "embedder"),
     ("ray::ServeReplica:poolserve:PoolserveLLMServer:chat", "chat_replica"),
     ("VLLM::EngineCore", "engine_core"),
@@ -119,3 +120,24 @@ def test_parse_vllm_log_lines():
 ])
 def test_role_of(title, role):
     assert role_of(title) == role
+
+
+def test_decode_roofline_per_card():
+    from bench.gpu_probe import decode_roofline
+
+    weights = int(50.13 * 2**30)  # the 27B's weights as vLLM 0.26 logged them
+    assert decode_roofline(weights, "NVIDIA H100 80GB HBM3") == pytest.approx(62.2, abs=0.1)
+    assert decode_roofline(weights, "NVIDIA H200") == pytest.approx(89.2, abs=0.1)
+    assert decode_roofline(weights, "NVIDIA A10") is None
+
+
+def test_run_steps_keeps_every_outcome():
+    from bench.bench_gpu_plan import run_steps
+
+    def broken() -> dict:
+        raise RuntimeError("404: no collection")
+
+    out = run_steps({"chat": lambda: {"tokens": 3}, "rag query": broken, "embeddings": lambda: {"vectors": 2}})
+    assert out["chat"]["ok"] and out["embeddings"]["ok"] and out["chat"]["tokens"] == 3
+    assert out["rag query"] == {"ok": False, "error": "RuntimeError: 404: no collection",
+                                "seconds": out["rag query"]["seconds"]}

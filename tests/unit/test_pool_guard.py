@@ -196,6 +196,8 @@ def test_describe():
         "shed_all_at": 0.9,
         "hysteresis": 0.05,
         "shed_requests": 1,
+        "plan_holds_bytes": None,
+        "marks_from": "",
     }
     reader.reading = PoolReading(1, 3, "thirds")
     clock.advance(1.0)
