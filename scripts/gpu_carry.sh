@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Fills .gpustage/ with what one transfer to an offline GPU machine carries, when a transfer holds at most
+# 64 MiB with the checkout (about 12 MiB) included: docs/GPU.md "Staging a GPU machine" says why and how.
+#
+#   bash scripts/gpu_carry.sh prepare BUNDLE_PARTS_DIR   # once: the bundle's parts (PART_MIB=50), the wheels
+#   bash scripts/gpu_carry.sh N                          # before transfer N (0-6): prints the paths to carry
+#
+# Transfers 0-4 carry one part each of ../shared/gpu's bundle (built with PART_MIB=50 so a part fits beside
+# the checkout); 5 the stack's own wheels that neither the bundle nor the machine's image has (.whl/) and the
+# chat models' configs and tokenizer; 6 the fp16 embedder. On the machine each transfer runs
+#   bash .gpustage/stage_and_install.sh .gpustage && . .gpustage/env.sh
+# (transfer 5 also: pip install --no-index --no-deps --target /tmp/site2 .whl/*.whl).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STAGE=.gpustage
+PARTS=.gpuparts  # every part, kept here: never carried
+# The wheels a GPU machine needs beyond the bundle and its image (docs/GPU.md lists why each).
+EXTRA_WHEELS=(faiss-cpu==1.15.1 inscriptis==2.7.6 argon2-cffi==25.1.0 argon2-cffi-bindings==26.2.0 cffi==2.1.1
+              pycparser==3.12 limits==5.8.0 deprecated==3.0.1 pypdf==7.1.1 python-docx==1.2.0 python-pptx==1.0.2
+              XlsxWriter==3.3.1)
+
+case "${1:-}" in
+prepare)
+  parts=${2:?the bundle parts folder, e.g. /tmp/bundle/parts}
+  mkdir -p "$PARTS" "$STAGE" .whl
+  cp "$parts"/part.* "$parts"/parts.sha256 "$parts"/bundle.sha256 "$parts"/stage_and_install.sh "$PARTS/"
+  cp scripts/gpu_env.sh "$STAGE/env.sh"
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64 \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl "${EXTRA_WHEELS[@]}"
+  grep -qx '/.gpustage/' .git/info/exclude 2>/dev/null || printf '/.gpustage/\n/.gpuparts/\n/.whl/\n' >> .git/info/exclude
+  ;;
+[0-4])
+  rm -f "$STAGE"/part.*
+  cp "$PARTS/part.$1" "$PARTS/parts.sha256" "$PARTS/bundle.sha256" "$PARTS/stage_and_install.sh" "$STAGE/"
+  echo '[".gpustage"]'
+  ;;
+5)
+  rm -f "$STAGE"/part.*
+  echo '[".gpustage", ".whl", "models/gpu/Qwen3.8-27B-dummy", "models/gpu/Qwen3.8-27B-4layer-dummy/config.json", "models/gpu/Qwen3.8-27B-DSpark-dummy/config.json"]'
+  ;;
+6)
+  rm -f "$STAGE"/part.*
+  echo '[".gpustage", "models/gpu/all-MiniLM-L6-v2-fp16"]'
+  ;;
+*) sed -n 2,13p "$0"; exit 2 ;;
+esac
