@@ -3,13 +3,13 @@
 # 64 MiB with the checkout (about 12 MiB) included: docs/GPU.md "Staging a GPU machine" says why and how.
 #
 #   bash scripts/gpu_carry.sh prepare BUNDLE_PARTS_DIR   # once: the bundle's parts (PART_MIB=50), the wheels
-#   bash scripts/gpu_carry.sh N                          # before transfer N (0-6): prints the paths to carry
+#   bash scripts/gpu_carry.sh N                          # before transfer N (0-5): prints the paths to carry
 #
 # Transfers 0-4 carry one part each of ../shared/gpu's bundle (built with PART_MIB=50 so a part fits beside
-# the checkout); 5 the stack's own wheels that neither the bundle nor the machine's image has (.whl/) and the
-# chat models' configs and tokenizer; 6 the fp16 embedder. On the machine each transfer runs
+# the checkout); the last part (24 MiB) also the stack's own wheels that neither the bundle nor the machine's
+# image has (.whl/) and the chat models' configs and tokenizer; 5 the fp16 embedder. On the machine each runs
 #   bash .gpustage/stage_and_install.sh .gpustage && . .gpustage/env.sh
-# (transfer 5 also: pip install --no-index --no-deps --target /tmp/site2 .whl/*.whl).
+# (transfer 4 also: pip install --no-index --no-deps --target /tmp/site2 .whl/*.whl).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STAGE=.gpustage
@@ -30,16 +30,17 @@ prepare)
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl "${EXTRA_WHEELS[@]}"
   grep -qx '/.gpustage/' .git/info/exclude 2>/dev/null || printf '/.gpustage/\n/.gpuparts/\n/.whl/\n' >> .git/info/exclude
   ;;
-[0-4])
+[0-3])
   rm -f "$STAGE"/part.*
   cp "$PARTS/part.$1" "$PARTS/parts.sha256" "$PARTS/bundle.sha256" "$PARTS/stage_and_install.sh" "$STAGE/"
   echo '[".gpustage"]'
   ;;
-5)
+4)
   rm -f "$STAGE"/part.*
+  cp "$PARTS/part.4" "$STAGE/"
   echo '[".gpustage", ".whl", "models/gpu/Qwen3.8-27B-dummy", "models/gpu/Qwen3.8-27B-4layer-dummy/config.json", "models/gpu/Qwen3.8-27B-DSpark-dummy/config.json"]'
   ;;
-6)
+5)
   rm -f "$STAGE"/part.*
   echo '[".gpustage", "models/gpu/all-MiniLM-L6-v2-fp16"]'
   ;;
