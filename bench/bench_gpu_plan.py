@@ -144,6 +144,17 @@ def run_steps(steps: dict) -> dict:
     return out
 
 
+def engine_log(worker_pid: int, logs: dict[int, dict]) -> dict:
+    """The worker's memory lines plus its EngineCore's: vLLM 0.26 logs "GPU KV cache size" in the EngineCore
+    process, the weights and graphs in the worker. The EngineCore is the other process whose log has the same
+    weights and attention block (engines of one stack differ in one or the other)."""
+    own = dict(logs.get(worker_pid, {}))
+    for pid, lines in logs.items():
+        if pid != worker_pid and all(lines.get(k) == own.get(k) for k in ("weights_gib", "attention_block_tokens")):
+            own.update({k: v for k, v in lines.items() if k not in own})
+    return own
+
+
 def measured_by_replica(plan, sampler: GpuSampler, seen: dict, logs: dict) -> dict[str, dict]:
     """Each GPU process, by the replica it belongs to: vLLM workers in the order they appeared (engines
     start one at a time, in the plan's order), the embedder by its title."""
@@ -153,7 +164,7 @@ def measured_by_replica(plan, sampler: GpuSampler, seen: dict, logs: dict) -> di
                      key=lambda pid: seen[pid].t if pid in seen else 0)
     result: dict[str, dict] = {}
     for name, pid in zip(engines, workers):
-        result[name] = {"pid": pid, "gpu_bytes": now.processes[pid], "vllm_log": logs.get(pid, {}),
+        result[name] = {"pid": pid, "gpu_bytes": now.processes[pid], "vllm_log": engine_log(pid, logs),
                         "free_before_start_bytes": seen[pid].free if pid in seen else None}
     others = {pid: b for pid, b in now.processes.items() if pid not in workers}
     for pid, nbytes in others.items():

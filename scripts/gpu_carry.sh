@@ -4,12 +4,15 @@
 #
 #   bash scripts/gpu_carry.sh prepare BUNDLE_PARTS_DIR   # once: the bundle's parts (PART_MIB=50), the wheels
 #   bash scripts/gpu_carry.sh N                          # before transfer N (0-5): prints the paths to carry
+#   bash scripts/gpu_carry.sh run                        # before every later call: the models a run needs
 #
 # Transfers 0-4 carry one part each of ../shared/gpu's bundle (built with PART_MIB=50 so a part fits beside
 # the checkout); the last part (24 MiB) also the stack's own wheels that neither the bundle nor the machine's
 # image has (.whl/) and the chat models' configs and tokenizer; 5 the fp16 embedder. On the machine each runs
-#   bash .gpustage/stage_and_install.sh .gpustage && . .gpustage/env.sh
-# (transfer 4 also: pip install --no-index --no-deps --target /tmp/site2 .whl/*.whl).
+#   bash .gpustage/stage_and_install.sh .gpustage && . scripts/gpu_env.sh
+# (transfer 4 also: pip install --no-index --no-deps --target /tmp/site2 .whl/*.whl). What is installed stays
+# in /tmp while the machine is held, but an ignored folder of the checkout that a call does not name in `carry`
+# was gone on the machine at the next call (2026-12-06): every run names the models again (`run`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STAGE=.gpustage
@@ -24,7 +27,6 @@ prepare)
   parts=${2:?the bundle parts folder, e.g. /tmp/bundle/parts}
   mkdir -p "$PARTS" "$STAGE" .whl
   cp "$parts"/part.* "$parts"/parts.sha256 "$parts"/bundle.sha256 "$parts"/stage_and_install.sh "$PARTS/"
-  cp scripts/gpu_env.sh "$STAGE/env.sh"
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl "${EXTRA_WHEELS[@]}"
@@ -40,9 +42,9 @@ prepare)
   cp "$PARTS/part.4" "$STAGE/"
   echo '[".gpustage", ".whl", "models/gpu/Qwen3.8-27B-dummy", "models/gpu/Qwen3.8-27B-4layer-dummy/config.json", "models/gpu/Qwen3.8-27B-DSpark-dummy/config.json"]'
   ;;
-5)
+5|run)
   rm -f "$STAGE"/part.*
-  echo '[".gpustage", "models/gpu/all-MiniLM-L6-v2-fp16"]'
+  echo '["models/gpu/all-MiniLM-L6-v2-fp16", "models/gpu/Qwen3.8-27B-dummy", "models/gpu/Qwen3.8-27B-4layer-dummy/config.json", "models/gpu/Qwen3.8-27B-DSpark-dummy/config.json"]'
   ;;
 *) sed -n 2,13p "$0"; exit 2 ;;
 esac

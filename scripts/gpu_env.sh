@@ -1,4 +1,4 @@
-# Sourced on the GPU machine: the offline bundle (/tmp/site), the stack's extra wheels (/tmp/site2), this checkout.
+# Sourced on the GPU machine (`. scripts/gpu_env.sh`, docs/GPU.md): the offline bundle (/tmp/site), the stack's extra wheels (/tmp/site2), this checkout.
 export PYTHONPATH=/tmp/site:/tmp/site2:$PWD PATH=/tmp/site/bin:$PATH VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
 for d in Qwen3.8-27B-4layer-dummy Qwen3.8-27B-DSpark-dummy; do

@@ -65,6 +65,7 @@ class Embedder:
         # torch frees a batch's activations to glibc, which keeps them; hand them back to the pool
         # (a few ms) so a replica at rest holds weights + runtime, as planned.
         release_freed_heap(collect=False)
+        self.embedder.release_device_cache()
         return result
 
     def _document_batch_size(self) -> int:

@@ -141,3 +141,14 @@ def test_run_steps_keeps_every_outcome():
     assert out["chat"]["ok"] and out["embeddings"]["ok"] and out["chat"]["tokens"] == 3
     assert out["rag query"] == {"ok": False, "error": "RuntimeError: 404: no collection",
                                 "seconds": out["rag query"]["seconds"]}
+
+
+def test_engine_log_takes_the_kv_line_from_its_engine_core():
+    from bench.bench_gpu_plan import engine_log
+
+    # The smoke run on an H100 (2026-12-06): the worker logs weights and graphs, its EngineCore the KV tokens.
+    logs = {2686: {"weights_gib": 7.6, "cuda_graph_gib": 0.06, "attention_block_tokens": 784},
+            1974: {"weights_gib": 7.6, "kv_tokens": 404918, "max_concurrency": 49.43, "attention_block_tokens": 784},
+            3000: {"weights_gib": 50.13, "kv_tokens": 97718, "attention_block_tokens": 784}}
+    merged = engine_log(2686, logs)
+    assert merged["kv_tokens"] == 404918 and merged["cuda_graph_gib"] == 0.06
