@@ -13,6 +13,8 @@ end, so `document[chunk.start:chunk.end] == chunk.text` always holds (citations 
 
 from __future__ import annotations
 
+import copy
+
 import re
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -40,11 +42,23 @@ class Chunk:
 
 
 def fast_tokenizer_spans(tokenizer) -> TokenSpans:
-    """The token spans of a Hugging Face fast tokenizer (one call per text, no special tokens)."""
+    """The token spans of a Hugging Face fast tokenizer (one call per text, no special tokens), read from its
+    Rust tokenizer directly: transformers' own call turns the offsets into an array through a recursive Python
+    flatten that took 2/3 of an ingest's chunking (1.7 of 2.6 s for 120 pydoc pages). A private copy, so no
+    truncation or padding the embedder's encode sets on the shared one ever applies to a whole document."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:  # a slow (Python) tokenizer: transformers' call, which it alone answers
+        def spans_slow(text: str) -> np.ndarray:
+            encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True,
+                                return_attention_mask=False, return_token_type_ids=False, verbose=False)
+            return np.asarray(encoded["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+        return spans_slow
+    own = copy.deepcopy(backend)
+    own.no_truncation()
+    own.no_padding()
+
     def spans(text: str) -> np.ndarray:
-        encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, return_attention_mask=False,
-                            return_token_type_ids=False, return_tensors="np", verbose=False)  # no >512 warning
-        return encoded["offset_mapping"].reshape(-1, 2)
+        return np.asarray(own.encode(text, add_special_tokens=False).offsets, dtype=np.int64).reshape(-1, 2)
     return spans
 
 
