@@ -584,6 +584,11 @@ class RaySpec(_Strict):
     object_store_memory: Size = Field(parse_size("256MiB"), description="Plasma store size (shared memory); "
                                       "Ray's default of 30% of RAM is never used.")
     include_dashboard: bool = Field(False, description="The dashboard costs ~0.8 GB; off unless asked for.")
+    allow_open: bool = Field(False, description="Deploy on a Ray cluster that listens beyond loopback or has no "
+                             "private token (token auth off, or a token file others can read): anyone who reaches "
+                             "such a Ray runs code as this user. Off: the app refuses to deploy there, as on plain "
+                             "`serve run serve.yaml` with Ray's defaults; `poolserve up` starts a closed Ray. Only "
+                             "for a cluster an operator closed by other means (a firewall, a private network).")
 
 
 class StressSpec(_Strict):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 
 from pydantic import BaseModel, Field
 from ray import serve
@@ -23,6 +25,7 @@ from serve.gateway import Gateway
 from serve.retriever import Retriever
 from serve.start_order import StartOrder
 from system.private_files import make_private_dir
+from system.ray_exposure import exposure
 
 logger = logging.getLogger("poolserve.app")
 
@@ -40,16 +43,28 @@ def _options(plan, name: str) -> dict:
     return plan.replica(name).serve_options()
 
 
-def _warn_if_ray_is_open() -> None:
-    """`serve run serve.yaml` on its own starts Ray with its defaults: reachable from the network
-    without authentication. `poolserve up` (make serve) never does; say so loudly when it happens."""
-    import ray
+OPEN_RAY_GRACE_S = 5.0  # the refusal reaches the terminal of `serve run` (Ray's log monitor) before it is ended
 
-    node_ip = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
-    if os.environ.get("RAY_AUTH_MODE") != "token" and not node_ip.startswith("127."):
-        logger.error("Ray listens on %s without token authentication: anyone who reaches it can run code as "
-                     "this user. Start the stack with `poolserve up serve.yaml` (make serve), or set "
-                     "RAY_AUTH_MODE=token (docs/SECURITY.md).", node_ip)
+
+def refuse_if_ray_is_open(profile: Profile) -> None:
+    """Fail closed: refuse to deploy on a Ray cluster others can reach (system/ray_exposure.py). Plain `serve run
+    serve.yaml` starts Ray with its defaults (every interface, no private token); the `serve run` that started
+    such a Ray itself is ended after the refusal is logged, and with it that Ray."""
+    if profile.ray.allow_open:
+        return
+    found = exposure()
+    problem = found.problem(several_nodes=len(profile.pools) > 1)
+    if problem is None:
+        return
+    message = (f"refusing to deploy: the Ray cluster this app runs in is open: {problem}. Anyone who reaches it "
+               "can run code as this user. Start the stack with `poolserve up serve.yaml` (make serve): a private "
+               "Ray on loopback with token authentication. To deploy on this Ray on purpose (a cluster closed by "
+               "other means), set `ray.allow_open: true` in the profile (docs/SECURITY.md).")
+    logger.error(message)
+    if found.started_by:
+        logger.error("ending the `serve run` (pid %d) that started this Ray, and with it the Ray", found.started_by)
+        threading.Timer(OPEN_RAY_GRACE_S, os.kill, (found.started_by, signal.SIGTERM)).start()
+    raise RuntimeError(message)
 
 
 def engine_deployments(profile: Profile, plan: Plan) -> tuple[dict, dict, list[tuple[str, str]]]:
@@ -94,10 +109,10 @@ def embedder_deployment(profile: Profile, plan: Plan, start_after: list[tuple[st
 def build_app(args: dict) -> serve.Application:
     parsed = AppArgs.model_validate(args or {})
     profile = load_profile(os.path.abspath(parsed.profile))
+    refuse_if_ray_is_open(profile)  # first: a refused stack plans nothing and leaves no state behind
     plan = resolved_plan(profile, parsed.plan)
     os.umask(0o077)  # databases, keys and snapshots this process creates are the owner's only
     make_private_dir(profile.state_dir)
-    _warn_if_ray_is_open()
     logger.info("plan for %s: %s", profile.name, {r.name: r.planned_bytes for r in plan.replicas})
 
     # Ordered start: the engines one at a time (each after the previous one has allocated its KV cache and
