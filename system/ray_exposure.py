@@ -55,15 +55,17 @@ class RayExposure:
 
 def is_loopback(address: str) -> bool:
     try:
-        return ipaddress.ip_address(address.split("%")[0]).is_loopback
+        ip = ipaddress.ip_address(address.split("%")[0])
     except ValueError:
         return False
+    mapped = getattr(ip, "ipv4_mapped", None)  # Ray's servers on 127.0.0.1 show as ::ffff:127.0.0.1
+    return (mapped or ip).is_loopback
 
 
 def open_listeners(listening: list[tuple[str, str, int]]) -> list[Listener]:
     """(process name, address, port) of listening sockets -> those reachable from beyond this machine."""
     return sorted({Listener(name, address, port) for name, address, port in listening if not is_loopback(address)},
-                  key=lambda x: (x.process, x.port))
+                  key=lambda x: (x.process, x.port, x.address))
 
 
 def token_problem(env: dict[str, str], home: Path | None = None) -> str | None:

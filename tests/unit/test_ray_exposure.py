@@ -13,9 +13,11 @@ def test_only_listeners_beyond_loopback_count():
     # What plain `serve run` showed (DESIGN-FACTS §7): the GCS and the raylet on every interface.
     found = open_listeners([("gcs_server", "::", 6379), ("raylet", "::", 39477), ("raylet", "127.0.0.1", 40000),
                             ("dashboard", "127.0.0.1", 8265), ("raylet", "::1", 41000), ("agent", "10.0.0.5", 52365),
+                            ("gcs_server", "::ffff:127.0.0.1", 43275), ("raylet", "::ffff:10.0.0.5", 43276),
                             ("gcs_server", "0.0.0.0", 6379)])
     assert [str(x) for x in found] == ["agent on 10.0.0.5:52365", "gcs_server on 0.0.0.0:6379",
-                                       "gcs_server on :::6379", "raylet on :::39477"]
+                                       "gcs_server on :::6379", "raylet on :::39477", "raylet on ::ffff:10.0.0.5:43276"]
+    # poolserve up's Ray on 127.0.0.1, as psutil lists its IPv6 sockets, is loopback.
 
 
 def test_a_token_must_be_on_and_private(tmp_path):
