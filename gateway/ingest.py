@@ -35,7 +35,7 @@ from gateway.ingest_jobs import IngestJobRoutes
 from gateway.rag_adapters import pipeline_settings
 from gateway.rag_adapters import RayEmbedder, RayIndex
 from gateway.schemas import AddDocumentsRequest
-from gateway.tenants import record_usage
+from gateway.tenants import record_usage, reserve_tokens
 from gateway.uploads import decoded_data, read_ingest_body
 from planner.profile import ExtractionSpec
 from rag.extract import Extracted
@@ -43,6 +43,7 @@ from rag.extract_worker import ExtractionFailed, ExtractionLimits, ExtractionPoo
 from gateway.work import release_heap_after_sending, run_to_completion, wait_out
 from rag.ids import validate_collection, validate_document_id
 from rag.pipeline import DocumentInput, IngestProgress, ProgressCallback, RagPipeline
+from tenancy.limits import estimate_text_tokens
 
 logger = logging.getLogger("poolserve.ingest")
 NDJSON = "application/x-ndjson"
@@ -78,7 +79,7 @@ class IngestRoutes(IngestJobRoutes):
     def _check_ingest_limits(self, body: AddDocumentsRequest) -> None:
         limit = self._settings.max_documents_per_request
         if len(body.documents) > limit:
-            raise HTTPException(400, f"documents has {len(body.documents)} items; the limit is {limit} per request "
+            raise HTTPException(413, f"documents has {len(body.documents)} items; the limit is {limit} per request "
                                      "(rag.max_documents_per_request)")
         ids = [validate_document_id(doc.id) for doc in body.documents]
         if len(set(ids)) != len(ids):
@@ -114,7 +115,8 @@ class IngestRoutes(IngestJobRoutes):
         pipeline = RagPipeline(RayEmbedder(self._embedder, embed_and_count, tenant), RayIndex(self._retriever),
                                pipeline_settings(self), extractor=extract_and_charge)
         started = time.perf_counter()
-        counts = await pipeline.ingest(tenant, collection, inputs, on_progress)
+        counts = await pipeline.ingest(tenant, collection, inputs, on_progress,
+                                       lambda texts: self._reserve_chunks(request, texts))
         seconds = time.perf_counter() - started
         chunks = sum(counts)
         logger.info("ingest %s/%s: %d documents, %d chunks, %d tokens, %.2f s extraction CPU in %.1f s (%.1f chunks/s)",
@@ -123,6 +125,14 @@ class IngestRoutes(IngestJobRoutes):
         return {"collection": collection, "documents": [{"id": doc.id, "chunks": n} for doc, n in zip(inputs, counts)],
                 "chunks": chunks, "tokens": embedded["tokens"],
                 "extraction_cpu_seconds": round(extraction["cpu_seconds"], 3)}
+
+    async def _reserve_chunks(self, request: Request, texts: list[str]) -> None:
+        """Once chunked, before anything is embedded: the chunks' tokens, as the embedder will read them, are
+        the ingest's estimate (raised from the one made from its documents' text, or made here for files,
+        which had none). Over the whole TPM it is a 429 "Request too large" and nothing is embedded."""
+        await reserve_tokens(request, estimate_text_tokens(texts, self._settings.embed_max_seq_tokens),
+                             "characters / 4 of each chunk to embed, with its title, at most embed_max_seq_tokens "
+                             "each")
 
     def _extraction_spec(self) -> ExtractionSpec:
         return self._settings.extraction

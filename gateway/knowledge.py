@@ -19,13 +19,13 @@ from gateway.no_answer import no_answer_response
 from gateway.rag_adapters import GatewayChat, RayEmbedder, RayIndex, pipeline_settings
 from gateway.schemas import AddDocumentsRequest, RagOptions, RagQueryRequest, SearchRequest
 from gateway.streams import rag_stream, tracked_stream
-from gateway.tenants import record_usage, reserve_tokens
+from gateway.tenants import record_usage, refuse_if_too_large, reserve_tokens
 from gateway.work import page_limit, run_to_completion, without_credentials
 from rag.filters import InvalidFilter, normalize_filters
 from rag.ids import validate_collection, validate_document_id
 from rag.pipeline import Grounding, InvalidQuery, RagPipeline
 from rag.prompt import citations, rag_messages
-from tenancy.limits import estimate_ingest_tokens
+from tenancy.limits import estimate_ingest_tokens, estimate_text_tokens
 
 # The search route's `filters` query parameter is JSON; bounded so parsing it stays cheap.
 FILTERS_PARAM_MAX_CHARS = 4096
@@ -56,9 +56,10 @@ class KnowledgeRoutes(IngestRoutes):
     async def ingest_body(self, collection: str, body: AddDocumentsRequest, request: Request) -> Response:
         """The ingest (IngestRoutes.ingest_body, JSON or multipart), after its estimated embedding tokens
         are reserved: a 429 when the tenant's minute cannot hold them, so parallel ingests cannot each
-        start on a budget of one token. The reservation is held until the ingest ends, covering its
-        embedder calls (record_usage), and settled to what they read. Files (PDF, DOCX, PPTX) have no
-        text before extraction: they are charged as their extracted text is embedded, not reserved."""
+        start on a budget of one token, and "Request too large" when they are over the whole TPM. The
+        reservation is held until the ingest ends, covering its embedder calls (record_usage), and settled to
+        what they read. Files (PDF, DOCX, PPTX) have no text before extraction: their chunks are reserved
+        once extracted and chunked, before the first is embedded (IngestRoutes._reserve_chunks)."""
         estimate = estimate_ingest_tokens([doc.text or "" for doc in body.documents], self._settings.chunk_tokens,
                                           self._settings.chunk_overlap)
         await reserve_tokens(request, estimate, "characters / 4 of the documents, with the chunks' overlap")
@@ -122,7 +123,7 @@ class KnowledgeRoutes(IngestRoutes):
             result = await self._pipeline(request).search(self._tenant(request), collection, text, top_k,
                                                           filters=filters)
         except InvalidQuery as exc:
-            raise HTTPException(400, str(exc)) from None
+            raise HTTPException(exc.status, str(exc)) from None
         return JSONResponse({"object": "list", "collection": collection, "query": text,
                              "retrieval": self._settings.retrieval, "best_similarity": result.best_similarity,
                              "data": citations(result.hits)})
@@ -136,7 +137,7 @@ class KnowledgeRoutes(IngestRoutes):
                 self._tenant(request), options.collection, messages, options.top_k, options.filters,
                 options.min_score, options.context_tokens)
         except InvalidQuery as exc:
-            raise HTTPException(400, str(exc)) from None
+            raise HTTPException(exc.status, str(exc)) from None
 
     async def _no_answer(self, request: Request, model: str, messages: list[dict], max_tokens: int | None,
                          stream: bool, choices: int = 1) -> Response:
@@ -148,6 +149,7 @@ class KnowledgeRoutes(IngestRoutes):
     async def rag_query(self, body: RagQueryRequest, request: Request) -> Response:
         model = await self._require_model(request, body.model)
         validate_collection(body.collection)
+        await self._refuse_rag_too_large(request, body.question, body.max_tokens or self._settings.answer_max_tokens)
         if body.stream:
             return await self._rag_answer(body, request, model)
         # Non-streamed: runs to the end even if the client hangs up, so what ran is charged (gateway._generate).
@@ -160,7 +162,7 @@ class KnowledgeRoutes(IngestRoutes):
                 temperature=body.temperature, stream=body.stream, filters=body.filters, min_score=body.min_score,
                 context_tokens=body.context_tokens)
         except InvalidQuery as exc:
-            raise HTTPException(400, str(exc)) from None
+            raise HTTPException(exc.status, str(exc)) from None
         response, cited, grounding = result.reply, result.citations, result.grounding
         if response is None:
             response = await self._no_answer(request, model, rag_messages(body.question, []),
@@ -181,6 +183,14 @@ class KnowledgeRoutes(IngestRoutes):
         answer = payload["choices"][0]["message"].get("content") or ""
         return JSONResponse({"answer": answer, "citations": cited, **retrieval, "usage": payload.get("usage", {}),
                              "model": payload.get("model"), "id": payload.get("id")})
+
+
+    @staticmethod
+    async def _refuse_rag_too_large(request: Request, question: str, max_tokens: int) -> None:
+        """Before the question is embedded and searched: the "Request too large" 429 when the question and the
+        answer's max_tokens alone are over the tenant's whole TPM (the prompt's context only adds to them)."""
+        await refuse_if_too_large(request, estimate_text_tokens([question]) + max_tokens,
+                                  "the question at characters / 4 + max_tokens, before any context is added")
 
 
 def _filters_param(raw: str | None) -> dict | None:

@@ -25,7 +25,7 @@ from enginepair.compat import ChatCompletionRequest, CompletionRequest, Embeddin
 from gateway.errors import EngineNotRunning, error_body, unavailable
 from gateway.schemas import RagOptions
 from gateway.streams import force_stream_usage, tracked_stream
-from gateway.tenants import guard_of, record_usage, reserve_tokens, tenant_of
+from gateway.tenants import guard_of, record_usage, reserve_tokens, tenant_of, tpm_of
 from gateway.work import release_heap_after_sending, run_to_completion, without_credentials
 from tenancy.limits import estimate_text_tokens
 
@@ -207,11 +207,31 @@ class OpenAIRoutes:
         wanted = getattr(body, "max_completion_tokens", None) or body.max_tokens or default
         return wanted if wanted is not None else max(1, self._engines[body.model].max_model_len - prompt_tokens)
 
+    @staticmethod
+    def _fit_default_budget(body, request: Request, prompt_tokens: int, budget: int, choices: int) -> tuple[int, str]:
+        """A chat without max_tokens may answer what the context leaves; for a tenant whose TPM is smaller than
+        that, at most what the TPM leaves after the prompt (the engine is told, so the answer stops there and
+        the estimate holds). Without this, such a chat would be "too large" for a TPM it never asked for.
+        A client's own max_tokens is never changed: over the TPM, it is refused."""
+        what = "prompt + max_tokens x n"
+        if getattr(body, "max_completion_tokens", None) or body.max_tokens:
+            return budget, what
+        what += "; max_tokens not given: what the model's context leaves"
+        tpm = tpm_of(request)
+        if tpm is None or prompt_tokens + budget * choices <= tpm:
+            return budget, what
+        fitted = max(1, (tpm - prompt_tokens) // choices)  # below 1 the prompt alone is too large: refused
+        body.max_tokens = fitted
+        return fitted, what + ", at most what the tenant's TPM leaves after the prompt"
+
     async def _check_prompt_fits(self, body: ChatCompletionRequest, request: Request) -> None:
-        """400 for a prompt that does not fit, else charge its estimate (prompt + max_tokens x n) to TPM."""
+        """400 for a prompt that does not fit, else charge its estimate (prompt + max_tokens x n) to TPM
+        (429 when the minute cannot hold it, "Request too large" when no minute could)."""
         choices = self._check_choices(body)
         tokens = await self._check_prompt_length(body)
-        await reserve_tokens(request, tokens + self._completion_budget(body, tokens, None) * choices)
+        budget, what = self._fit_default_budget(body, request, tokens, self._completion_budget(body, tokens, None),
+                                                choices)
+        await reserve_tokens(request, tokens + budget * choices, what)
         self._salt(body, request)
 
     async def _check_prompt_length(self, body: ChatCompletionRequest) -> int:
@@ -226,8 +246,8 @@ class OpenAIRoutes:
         prompts = body.prompt if isinstance(body.prompt, list) else [body.prompt]
         if prompts and all(isinstance(p, int) for p in prompts):
             prompts = [prompts]  # one prompt given as token ids
-        if len(prompts) > self._settings.max_prompts:
-            raise HTTPException(400, f"prompt is a list of {len(prompts)} prompts; the limit is "
+        if len(prompts) > self._settings.max_prompts:  # more than one request may carry: it can never fit
+            raise HTTPException(413, f"prompt is a list of {len(prompts)} prompts; the limit is "
                                      f"{self._settings.max_prompts} (gateway.max_prompts)")
         estimate = 0
         for prompt in prompts:
@@ -293,12 +313,13 @@ class OpenAIRoutes:
             texts = [texts]
         if not texts or not all(isinstance(t, str) for t in texts):
             raise HTTPException(400, "input must be a non-empty string or list of strings (token ids are not accepted)")
-        if len(texts) > self._settings.max_embedding_inputs:
-            raise HTTPException(400, f"input has {len(texts)} items; the limit is {self._settings.max_embedding_inputs} "
+        if len(texts) > self._settings.max_embedding_inputs:  # more than one request may carry: it can never fit
+            raise HTTPException(413, f"input has {len(texts)} items; the limit is {self._settings.max_embedding_inputs} "
                                      "(gateway.max_embedding_inputs)")
         if getattr(body, "dimensions", None):
             raise HTTPException(400, f"dimensions is not supported: {self._embed_model_id} has one output size")
-        # Reserved before it runs (a 429 when the tenant's minute cannot hold it), settled to the real count.
+        # Reserved before it runs (a 429 when the tenant's minute cannot hold it, "Request too large" when no
+        # minute could), settled to the real count.
         await reserve_tokens(request, estimate_text_tokens(texts, self._settings.embed_max_seq_tokens),
                              "characters / 4 of each input, at most embed_max_seq_tokens each")
         # Runs to the end even if the client hangs up: the work is paid for, and the tenant's

@@ -44,7 +44,7 @@ from tenancy import (
     resolve_demo_key,
 )
 from tenancy.client_limits import ClientLimiter
-from tenancy.limits import RequestTokens
+from tenancy.limits import LimitDecision, RequestTokens
 from tenancy.rejections import RejectionLog
 
 logger = logging.getLogger("poolserve.tenants")
@@ -316,28 +316,69 @@ def _unauthenticated(message: str) -> Response:
     return response
 
 
-def over_limit_message(tenant, decision) -> str:
-    what = {"rpm": f"{tenant.rpm} requests per minute", "tpm": f"{tenant.tpm} tokens per minute",
-            "concurrency": f"{tenant.max_concurrency} concurrent requests"}[decision.reason]
-    return (f"tenant {tenant.name!r} is over its limit of {what}; retry after "
+# OpenAI's clients retry a 429 unless told not to: a request too large for the TPM fails the same way every time.
+NO_RETRY = {"x-should-retry": "false"}
+
+
+def over_limit_message(tenant, decision, what: str | None = None) -> str:
+    """The 429's message. TPM refusals name the limit and the request's estimate (and the minute's use), in
+    OpenAI's words ("Request too large ... Limit 20000, Requested 47352"); `what` says how it was estimated."""
+    how = f" ({what})" if what else ""
+    if decision.reason == "request_too_large":
+        return (f"Request too large for tenant {tenant.name!r} on tokens per minute (TPM): Limit {decision.limit}, "
+                f"Requested {decision.requested}. This request is estimated at {decision.requested} tokens{how}, "
+                "more than the tenant may use in a minute, so it can never run: reduce the input or max_tokens, "
+                "or ask for a higher tpm. Nothing was charged.")
+    what_limit = {"rpm": f"{tenant.rpm} requests per minute", "tpm": f"{tenant.tpm} tokens per minute",
+                  "concurrency": f"{tenant.max_concurrency} concurrent requests"}[decision.reason]
+    numbers = ""
+    if decision.reason == "tpm" and decision.limit is not None:
+        numbers = f": Limit {decision.limit}, Used {decision.used}"
+        if decision.requested is not None:
+            numbers += (f", Requested {decision.requested} (this request is estimated at {decision.requested} "
+                        f"tokens{': ' + what if what else ''})")
+    return (f"tenant {tenant.name!r} is over its limit of {what_limit}{numbers}; retry after "
             f"{decision.retry_after_seconds}s")
+
+
+def _tpm_refusal(tenant, decision, what: str | None) -> HTTPException:
+    if decision.reason == "request_too_large":
+        return HTTPException(429, over_limit_message(tenant, decision, what), headers=dict(NO_RETRY))
+    return HTTPException(429, over_limit_message(tenant, decision, what),
+                         headers={"Retry-After": str(decision.retry_after_seconds)})
 
 
 async def reserve_tokens(request: Request, estimated_tokens: int, what: str = "prompt + max_tokens x n") -> None:
     """Charge a request's estimate before it runs (generation: prompt + max_tokens x n; embeddings and
-    ingest: characters / 4): 429 when the tenant's minute cannot hold it. Held until the request ends,
-    then settled to what it used (record_usage reports it)."""
+    ingest: characters / 4): 429 when the tenant's minute cannot hold it, naming the limit, the minute's use
+    and the estimate, with Retry-After; 429 "Request too large" when no minute could (the estimate is over
+    the whole TPM), without Retry-After and with `x-should-retry: false`. A refusal charges nothing. Held
+    until the request ends, then settled to what it used (record_usage reports it)."""
     tenant, tokens = tenant_of(request), request.scope.get(TOKENS_KEY)
     if tenant is None or tokens is None:
         return
     guard = guard_of(request)
     admission = await run_in_threadpool(guard.limiter.reserve_more, tenant, tokens.reservation, estimated_tokens)
     if not admission.allowed:
-        await run_in_threadpool(guard.observe_rejection, tenant.name, "tpm")
-        raise HTTPException(429, over_limit_message(tenant, admission.decision) +
-                            f" (this request is estimated at {estimated_tokens} tokens: {what})",
-                            headers={"Retry-After": str(admission.decision.retry_after_seconds)})
+        await run_in_threadpool(guard.observe_rejection, tenant.name, admission.decision.reason)
+        raise _tpm_refusal(tenant, admission.decision, what)
     tokens.reserved(admission.reservation)
+
+
+async def refuse_if_too_large(request: Request, estimated_tokens: int, what: str) -> None:
+    """The "Request too large" 429 before any work, for a request whose least possible cost is already over
+    the tenant's whole TPM (a RAG query before its question is embedded); nothing is reserved here."""
+    tenant = tenant_of(request)
+    if tenant is None or tenant.tpm is None or estimated_tokens <= tenant.tpm:
+        return
+    await run_in_threadpool(guard_of(request).observe_rejection, tenant.name, "request_too_large")
+    raise _tpm_refusal(tenant, LimitDecision.too_large(tenant.tpm, estimated_tokens), what)
+
+
+def tpm_of(request: Request) -> int | None:
+    """The caller's tenant's TPM, or None (unlimited, or no tenant)."""
+    tenant = tenant_of(request)
+    return None if tenant is None else tenant.tpm
 
 
 async def record_usage(request: Request, model: str, usage: dict | None, status: int = 200) -> None:

@@ -27,6 +27,14 @@ from rag.retrieval import RetrievalMode, SearchQuery, SearchResult
 class InvalidQuery(ValueError):
     """The question or its options cannot be served; the message says why (a client error)."""
 
+    status = 400
+
+
+class QuestionTooLong(InvalidQuery):
+    """The question is over rag.max_question_chars: no request could carry it (413)."""
+
+    status = 413
+
 
 class PipelineSettings(RagSpec):
     """The profile's `rag` section as the pipeline reads it: one definition (planner/profile.py RagSpec),
@@ -64,6 +72,9 @@ class IngestProgress(BaseModel):
 
 
 ProgressCallback = Callable[[IngestProgress], Awaitable[None] | None]
+# Told every text an ingest is about to embed, once they are chunked and before the first embedder call: the
+# gateway reserves their tokens against the tenant's TPM there, and refuses the ingest (raising) if it cannot.
+BeforeEmbedding = Callable[[list[str]], Awaitable[None]]
 
 
 async def _report(on_progress: ProgressCallback | None, progress: IngestProgress) -> None:
@@ -129,14 +140,18 @@ class RagPipeline:
 
     # ---- ingest ----------------------------------------------------------------------------
     async def ingest(self, tenant: str, collection: str, documents: list[DocumentInput],
-                     on_progress: ProgressCallback | None = None) -> list[int]:
+                     on_progress: ProgressCallback | None = None,
+                     before_embedding: BeforeEmbedding | None = None) -> list[int]:
         """Extract, chunk and embed every document, then store them all in one transaction (all or
-        none). Returns each document's chunk count; `on_progress` hears how far it got."""
+        none). Returns each document's chunk count; `on_progress` hears how far it got, and
+        `before_embedding` gets every text to embed before the first is (it may refuse by raising)."""
         documents = list(await asyncio.gather(*(self._plain(doc) for doc in documents)))
         chunked = await asyncio.gather(*(self.embedder.chunk(doc.text) for doc in documents))
         texts = [text for doc, chunks in zip(documents, chunked) for text in self.texts_to_embed(doc, chunks)]
         progress = IngestProgress(stage="chunked", documents=len(documents), chunks=len(texts), chunks_embedded=0)
         await _report(on_progress, progress)
+        if before_embedding is not None:
+            await before_embedding(texts)
         vectors = await self._embed(texts, progress, on_progress)
         batch, start = [], 0
         for doc, chunks in zip(documents, chunked):
@@ -184,8 +199,8 @@ class RagPipeline:
         if not question.strip():
             raise InvalidQuery("no question: the question (in chat, the last user message) is empty")
         if len(question) > self.settings.max_question_chars:  # lexical search and the embedder read all of it
-            raise InvalidQuery(f"the question (in chat, the last user message) is {len(question)} characters; the "
-                               f"limit is {self.settings.max_question_chars} (rag.max_question_chars)")
+            raise QuestionTooLong(f"the question (in chat, the last user message) is {len(question)} characters; "
+                                  f"the limit is {self.settings.max_question_chars} (rag.max_question_chars)")
         try:
             filters = normalize_filters(filters) or None
         except InvalidFilter as exc:

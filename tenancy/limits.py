@@ -14,8 +14,16 @@ TPM: estimate, then settle. Tokens are only known once a request has run, so
 and ``settle`` corrects it to the real count. The window is a fixed minute,
 keyed by floor(now / 60), because charges arrive after the fact: a counter
 per minute can always absorb a late correction, where a moving window would
-have to rewrite hits in the past. An estimate above the whole TPM is capped
-to the TPM, so an oversized request can still run in an unused minute.
+have to rewrite hits in the past. A limit is a limit:
+- a request whose own estimate is above the whole TPM is refused
+  ("request_too_large", naming the limit and the estimate) and charged nothing:
+  it could never fit in a minute;
+- no minute is ever charged more than the TPM. Use beyond a request's estimate
+  (known only after it ran) is not lost: what the minute cannot hold is carried
+  to the next minutes, each taking at most the TPM, so the tenant waits for it.
+  One row per tenant holds the tokens charged from its minute on; the minute's
+  own charge is min(that, TPM), the rest is the carry, and each minute that
+  passes takes one TPM of it.
 
 Concurrency: one lease row per in-flight request, holding the holder's pid.
 Leases of processes that no longer exist are deleted before each acquire,
@@ -34,7 +42,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -42,7 +50,8 @@ from system.sqlite import connect
 from tenancy.models import Tenant
 from tenancy.sqlite_db import LockedSQLite
 
-RejectReason = Literal["rpm", "tpm", "concurrency"]
+# "request_too_large": the request alone needs more than the whole TPM (no retry helps).
+RejectReason = Literal["rpm", "tpm", "concurrency", "request_too_large"]
 # When the concurrency cap is hit there is no window to wait for; ask for a short retry.
 CONCURRENCY_RETRY_AFTER_SECONDS = 1
 WINDOW_SECONDS = 60
@@ -53,7 +62,7 @@ CREATE INDEX IF NOT EXISTS rpm_hits_by_tenant ON rpm_hits(tenant, ts);
 CREATE TABLE IF NOT EXISTS tpm_minutes (
     tenant TEXT NOT NULL,
     minute INTEGER NOT NULL,    -- floor(unix time / 60)
-    tokens INTEGER NOT NULL,
+    tokens INTEGER NOT NULL,    -- charged from this minute on: min(tokens, tpm) in it, the rest carried
     PRIMARY KEY (tenant, minute)
 );
 CREATE TABLE IF NOT EXISTS leases (
@@ -70,17 +79,28 @@ CREATE INDEX IF NOT EXISTS leases_by_tenant ON leases(tenant);
 class LimitDecision:
     allowed: bool
     reason: RejectReason | None = None  # set when allowed is False
-    retry_after_seconds: int = 0  # >= 1 when allowed is False; for the Retry-After header
+    # >= 1 when refused for a limit that frees in time (the Retry-After header); 0 for request_too_large
+    retry_after_seconds: int = 0
     lease_id: str | None = None  # try_acquire only: pass it to release()
+    # TPM refusals only, for the message: the tenant's TPM, the request's estimate, and what the minute holds
+    limit: int | None = None
+    requested: int | None = None
+    used: int | None = None
 
     @classmethod
     def allow(cls, lease_id: str | None = None) -> LimitDecision:
         return cls(allowed=True, lease_id=lease_id)
 
     @classmethod
-    def reject(cls, reason: RejectReason, retry_after_seconds: float) -> LimitDecision:
-        return cls(allowed=False, reason=reason,
-                   retry_after_seconds=max(1, math.ceil(retry_after_seconds)))
+    def reject(cls, reason: RejectReason, retry_after_seconds: float, *, limit: int | None = None,
+               requested: int | None = None, used: int | None = None) -> LimitDecision:
+        return cls(allowed=False, reason=reason, retry_after_seconds=max(1, math.ceil(retry_after_seconds)),
+                   limit=limit, requested=requested, used=used)
+
+    @classmethod
+    def too_large(cls, limit: int, requested: int) -> LimitDecision:
+        """The request alone is over the whole limit: it could never run, so there is nothing to wait for."""
+        return cls(allowed=False, reason="request_too_large", limit=limit, requested=requested)
 
 
 @dataclass(frozen=True)
@@ -179,17 +199,39 @@ class TenantLimiter(LockedSQLite):
 
 
     @staticmethod
-    def _add_tokens(conn: sqlite3.Connection, tenant: str, minute: int, delta: int) -> None:
-        conn.execute(
-            "INSERT INTO tpm_minutes (tenant, minute, tokens) VALUES (?, ?, max(0, ?)) "
-            "ON CONFLICT (tenant, minute) DO UPDATE SET tokens = max(0, tokens + ?)",
-            (tenant, minute, delta, delta))
+    def _outstanding(conn: sqlite3.Connection, tenant: Tenant, minute: int) -> int:
+        """Tokens charged to the tenant from `minute` on: the minute's own (at most the TPM) and the carry.
+        Each minute since the last write took one TPM of what was charged then."""
+        row = conn.execute("SELECT minute, tokens FROM tpm_minutes WHERE tenant = ? AND minute <= ? "
+                           "ORDER BY minute DESC LIMIT 1", (tenant.name, minute)).fetchone()
+        if row is None:
+            return 0
+        written_at, tokens = row
+        return max(0, tokens - (tenant.tpm or 0) * (minute - written_at))
 
-    @staticmethod
-    def _used_tokens(conn: sqlite3.Connection, tenant: str, minute: int) -> int:
-        row = conn.execute("SELECT tokens FROM tpm_minutes WHERE tenant = ? AND minute = ?",
-                           (tenant, minute)).fetchone()
-        return row[0] if row else 0
+    def _add_tokens(self, conn: sqlite3.Connection, tenant: Tenant, minute: int, delta: int) -> None:
+        """Charge (or, negative, refund) tokens from `minute` on; the count never drops below 0, and what
+        the minute cannot hold is carried, never charged to it."""
+        outstanding = max(0, self._outstanding(conn, tenant, minute) + delta)
+        conn.execute("DELETE FROM tpm_minutes WHERE tenant = ? AND minute < ?", (tenant.name, minute))
+        conn.execute("INSERT INTO tpm_minutes (tenant, minute, tokens) VALUES (?, ?, ?) "
+                     "ON CONFLICT (tenant, minute) DO UPDATE SET tokens = excluded.tokens",
+                     (tenant.name, minute, outstanding))
+
+    def _tpm_refusal(self, conn: sqlite3.Connection, tenant: Tenant, now: float, needed: int,
+                     estimate: int) -> LimitDecision | None:
+        """Why `needed` more tokens cannot be charged in this minute (the request's whole `estimate` over the
+        TPM, or the minute without room for them), or None. The wait counts the carried minutes too."""
+        tpm = tenant.tpm
+        if estimate > tpm:
+            return LimitDecision.too_large(tpm, estimate)
+        minute = math.floor(now / WINDOW_SECONDS)
+        outstanding = self._outstanding(conn, tenant, minute)
+        if outstanding + needed <= tpm:
+            return None
+        minutes = math.ceil((outstanding + needed - tpm) / tpm)  # until enough of the charge has passed
+        return LimitDecision.reject("tpm", (minute + minutes) * WINDOW_SECONDS - now, limit=tpm,
+                                    requested=estimate, used=min(outstanding, tpm))
 
     # ---- rate limits ---------------------------------------------------------
 
@@ -197,11 +239,12 @@ class TenantLimiter(LockedSQLite):
         """Admit or refuse one request; when admitted, count one RPM hit and reserve tokens.
 
         ``estimated_tokens`` is prompt tokens + max_tokens when known; at least 1 is reserved,
-        so a tenant whose minute is spent is refused even without an estimate. Both limits are
-        tested before anything is written, so a request refused for TPM uses no RPM slot.
+        so a tenant whose minute is spent is refused even without an estimate, and an estimate above
+        the whole TPM is refused as request_too_large. Both limits are tested before anything is
+        written, so a request refused for TPM uses no RPM slot.
         With ``reserve=False`` the minute must still have a token left, but none is held: the request
         reserves its own estimate later (reserve_more), and parallel admissions holding a token each
-        cannot keep an estimate capped to the whole TPM out of an otherwise unused minute.
+        cannot keep an estimate of the whole TPM out of an otherwise unused minute.
         """
         now = self._clock()
         if _unlimited(tenant):
@@ -213,12 +256,12 @@ class TenantLimiter(LockedSQLite):
                   reserve: bool) -> Admission:
         """admit's tests and writes, inside the caller's transaction."""
         minute = math.floor(now / WINDOW_SECONDS)
-        needed = 0 if tenant.tpm is None else min(max(estimated_tokens, 1), tenant.tpm)
+        needed = 0 if tenant.tpm is None else max(estimated_tokens, 1)
         reserve = needed if reserve else 0
         if tenant.tpm is not None:
-            conn.execute("DELETE FROM tpm_minutes WHERE tenant = ? AND minute < ?", (tenant.name, minute))
-            if self._used_tokens(conn, tenant.name, minute) + needed > tenant.tpm:
-                return Admission(LimitDecision.reject("tpm", (minute + 1) * WINDOW_SECONDS - now))
+            refused = self._tpm_refusal(conn, tenant, now, needed, needed)
+            if refused is not None:  # without a reservation the estimate is not known yet: no "Requested"
+                return Admission(refused if reserve else replace(refused, requested=None))
         if tenant.rpm is not None:
             conn.execute("DELETE FROM rpm_hits WHERE tenant = ? AND ts <= ?", (tenant.name, now - WINDOW_SECONDS))
             hits, oldest = conn.execute("SELECT count(*), min(ts) FROM rpm_hits WHERE tenant = ?",
@@ -228,7 +271,7 @@ class TenantLimiter(LockedSQLite):
                 return Admission(LimitDecision.reject("rpm", oldest + WINDOW_SECONDS - now))
             conn.execute("INSERT INTO rpm_hits (tenant, ts) VALUES (?, ?)", (tenant.name, now))
         if reserve:
-            self._add_tokens(conn, tenant.name, minute, reserve)
+            self._add_tokens(conn, tenant, minute, reserve)
         return Admission(LimitDecision.allow(), TokenReservation(minute, reserve))
 
     def acquire_and_admit(self, tenant: Tenant, estimated_tokens: int = 1,
@@ -254,7 +297,7 @@ class TenantLimiter(LockedSQLite):
             return
         with self._transaction() as conn:
             if delta:
-                self._add_tokens(conn, tenant.name, minute, delta)
+                self._add_tokens(conn, tenant, minute, delta)
             if lease_id is not None:
                 conn.execute("DELETE FROM leases WHERE tenant = ? AND lease_id = ?", (tenant.name, lease_id))
 
@@ -262,21 +305,23 @@ class TenantLimiter(LockedSQLite):
                      estimated_tokens: int) -> Admission:
         """Raise an admitted request's reservation to its real estimate (prompt + max_tokens x n),
         known only once the body is read. Refused: the old reservation stands and nothing is written.
-        An estimate above the whole TPM is capped to it, so an oversized request can run in an
-        unused minute."""
+        An estimate above the whole TPM is refused as request_too_large: no minute could hold it."""
         now = self._clock()
         minute = math.floor(now / WINDOW_SECONDS)
         if tenant.tpm is None:
             return Admission(LimitDecision.allow(), reservation)
-        wanted = min(max(estimated_tokens, 1), tenant.tpm)
+        wanted = max(estimated_tokens, 1)
+        if wanted > tenant.tpm:  # decided without the database: nothing is read or written for it
+            return Admission(LimitDecision.too_large(tenant.tpm, wanted), reservation)
         held = reservation.tokens if reservation is not None and reservation.minute == minute else 0
         extra = wanted - held
         if extra <= 0:
             return Admission(LimitDecision.allow(), reservation)
         with self._transaction() as conn:
-            if self._used_tokens(conn, tenant.name, minute) + extra > tenant.tpm:
-                return Admission(LimitDecision.reject("tpm", (minute + 1) * WINDOW_SECONDS - now), reservation)
-            self._add_tokens(conn, tenant.name, minute, extra)
+            refused = self._tpm_refusal(conn, tenant, now, extra, wanted)
+            if refused is not None:
+                return Admission(refused, reservation)
+            self._add_tokens(conn, tenant, minute, extra)
         return Admission(LimitDecision.allow(), TokenReservation(minute, wanted))
 
     def settle(self, tenant: Tenant, reservation: TokenReservation | None, actual_tokens: int) -> None:
@@ -284,12 +329,13 @@ class TenantLimiter(LockedSQLite):
 
         Within the reserved minute the difference (possibly negative; the count never drops
         below 0) is applied to that minute. Once that minute has ended a refund is pointless
-        and is dropped, while an excess is charged to the current minute so it is not lost.
+        and is dropped, while an excess is charged to the current minute so it is not lost
+        (what the minute cannot hold is carried to the next ones).
         """
         delta, minute = self._settlement(tenant, reservation, actual_tokens)
         if delta:
             with self._transaction() as conn:
-                self._add_tokens(conn, tenant.name, minute, delta)
+                self._add_tokens(conn, tenant, minute, delta)
 
     def _settlement(self, tenant: Tenant, reservation: TokenReservation | None,
                     actual_tokens: int) -> tuple[int, int]:
@@ -303,13 +349,14 @@ class TenantLimiter(LockedSQLite):
         return delta, minute
 
     def charge_tokens(self, tenant: Tenant, tokens: int) -> None:
-        """Charge tokens with no reservation (work whose count is only known afterwards)."""
+        """Charge tokens with no reservation (work whose count is only known afterwards). What the
+        minute cannot hold is carried to the next minutes (at most the TPM each), so later requests
+        wait for it and no minute is charged more than the TPM."""
         if tenant.tpm is None or tokens <= 0:
             return
         minute = math.floor(self._clock() / WINDOW_SECONDS)
         with self._transaction() as conn:
-            # Past the TPM is still recorded, so later requests wait for the next minute.
-            self._add_tokens(conn, tenant.name, minute, tokens)
+            self._add_tokens(conn, tenant, minute, tokens)
 
     def tokens_remaining(self, tenant: Tenant) -> int | None:
         """Tokens left in the current TPM minute; None when unlimited."""
@@ -317,7 +364,17 @@ class TenantLimiter(LockedSQLite):
             return None
         minute = math.floor(self._clock() / WINDOW_SECONDS)
         with self._lock:
-            return max(0, tenant.tpm - self._used_tokens(self._conn, tenant.name, minute))
+            return max(0, tenant.tpm - self._outstanding(self._conn, tenant, minute))
+
+    def tokens_charged(self, tenant: Tenant) -> tuple[int, int]:
+        """(tokens charged to the current minute, at most the TPM; tokens carried to the minutes after it).
+        (0, 0) when unlimited."""
+        if tenant.tpm is None:
+            return 0, 0
+        minute = math.floor(self._clock() / WINDOW_SECONDS)
+        with self._lock:
+            outstanding = self._outstanding(self._conn, tenant, minute)
+        return min(outstanding, tenant.tpm), max(0, outstanding - tenant.tpm)
 
     # ---- concurrency ---------------------------------------------------------
 

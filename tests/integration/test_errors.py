@@ -37,11 +37,12 @@ def test_over_long_prompt_is_400_saying_so(client):
     assert response.status_code == 400 and "context" in _message(response)
 
 
-def test_over_long_rag_question_is_400(client):
+def test_over_long_rag_question_is_413(client):
     client.post("/v1/collections/errs/documents", json={"documents": [{"id": "d", "text": "Some text."}]})
     response = client.post("/v1/rag/query", json={"collection": "errs", "question": "why " * 6000})
-    # 24,000 characters: over rag.max_question_chars (8,000) before it could reach the context limit
-    assert response.status_code == 400 and "rag.max_question_chars" in _message(response)
+    # 24,000 characters: over rag.max_question_chars (8,000) before it could reach the context limit; no
+    # request could carry it (413)
+    assert response.status_code == 413 and "rag.max_question_chars" in _message(response)
 
 
 def test_openai_client_sees_bad_request_for_long_prompt(openai_client):

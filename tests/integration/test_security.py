@@ -137,12 +137,15 @@ def test_tpm_charges_the_estimate_before_running_and_settles_after(stack, admin_
         ok = http.post("/v1/chat/completions", json={**chat, "max_tokens": 20})
         assert ok.status_code == 200, ok.text
         used = ok.json()["usage"]["total_tokens"]
-        # prompt + 200 x 2 does not fit what is left of the minute (an estimate above the whole TPM
-        # is capped to it, so only an unused minute could run it): refused before the engine runs.
+        # prompt + 120 x 2 fits the TPM but not what is left of the minute: refused before the engine runs.
         started = time.monotonic()
-        refused = http.post("/v1/chat/completions", json={**chat, "max_tokens": 200, "n": 2, "temperature": 0.8})
+        refused = http.post("/v1/chat/completions", json={**chat, "max_tokens": 120, "n": 2, "temperature": 0.8})
         assert refused.status_code == 429 and "estimated" in refused.json()["error"]["message"], refused.text
         assert int(refused.headers["Retry-After"]) >= 1 and time.monotonic() - started < 5
+        # prompt + 200 x 2 is over the whole TPM: no minute could hold it, so no Retry-After and nothing charged.
+        too_large = http.post("/v1/chat/completions", json={**chat, "max_tokens": 200, "n": 2, "temperature": 0.8})
+        assert too_large.status_code == 429 and "Request too large" in too_large.json()["error"]["message"]
+        assert "Limit 300, Requested" in too_large.json()["error"]["message"] and "Retry-After" not in too_large.headers
         # Settled to the real count (not the 4k-token default budget): small requests still fit.
         assert http.post("/v1/chat/completions", json={**chat, "max_tokens": 20}).status_code == 200
     usage = httpx.get(f"{stack.url}/admin/tenants/{name}/usage", headers=admin_headers, timeout=30).json()["usage"]

@@ -104,14 +104,62 @@ def test_rpm_limit_answers_429_with_retry_after(stack, admin_headers):
 
 
 def test_tpm_limit_answers_429_after_tokens_are_spent(stack, admin_headers):
-    _, headers = _create_tenant(stack, admin_headers, tpm=50)
+    _, headers = _create_tenant(stack, admin_headers, tpm=100)
     with_most_of_a_minute_left(10)  # two short chats
     with httpx.Client(base_url=stack.url, headers=headers, timeout=120) as http:
         first = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 30, "temperature": 0,
+                                                        "ignore_eos": True,
                                                         "messages": [{"role": "user", "content": "Tell me a story."}]})
-        assert first.status_code == 200 and first.json()["usage"]["total_tokens"] >= 50
+        assert first.status_code == 200 and first.json()["usage"]["completion_tokens"] == 30, first.text
+        spent = first.json()["usage"]["total_tokens"]
+        # Without max_tokens the answer may take what the TPM leaves after the prompt: the whole minute, of which
+        # `spent` is gone. An ordinary 429 to wait out, naming the limit, the minute's use and the estimate.
         second = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
         assert second.status_code == 429 and int(second.headers["retry-after"]) >= 1
+        assert f"Limit 100, Used {spent}, Requested 100" in second.json()["error"]["message"], second.text
+
+
+def test_parallel_requests_of_several_sizes_never_charge_more_than_the_tpm(stack, admin_headers):
+    """Issue 46: one embedding call of 200 passages (about 50,000 tokens by the estimate) used to be capped to a
+    tenant's whole TPM of 20,000 and run, 2.4x the limit. Sent with requests of other sizes at once: it is a 429
+    naming the limit and its estimate, charged nothing, and what runs fits the minute."""
+    from tenancy.limits import estimate_text_tokens
+
+    name, headers = _create_tenant(stack, admin_headers, tpm=20000)
+    passage = "the quick brown fox jumps over the lazy dog " * 22  # ~990 characters, ~230 tokens
+    sizes = [200, 60, 30, 30, 10, 1]
+    bodies = [("/v1/embeddings", {"input": [f"passage {i}: {passage}" for i in range(n)]}) for n in sizes]
+    bodies += [("/v1/chat/completions", {"model": MODEL, "max_tokens": 2000, "temperature": 0,
+                                          "messages": [{"role": "user", "content": "Say hello."}]})] * 2
+    whole = estimate_text_tokens(bodies[0][1]["input"], 256)
+    assert whole > 20000
+
+    def send(item):
+        path, body = item
+        with httpx.Client(base_url=stack.url, headers=headers, timeout=300) as http:
+            return http.post(path, json=body)
+
+    with_most_of_a_minute_left(40)  # every request of the test in one TPM minute
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        answers = list(pool.map(send, bodies))
+    statuses = [a.status_code for a in answers]
+    print(f"\nparallel requests of several sizes, tpm 20000: statuses {statuses}")
+    large = answers[0]
+    assert large.status_code == 429, large.text
+    assert (f"Request too large for tenant {name!r} on tokens per minute (TPM): Limit 20000, Requested {whole}."
+            in large.json()["error"]["message"]), large.text
+    assert "retry-after" not in large.headers and large.headers["x-should-retry"] == "false"
+    for refused in answers[1:]:
+        if refused.status_code == 429:  # the minute could not hold it now: an ordinary wait, naming both
+            assert "Limit 20000, Used" in refused.json()["error"]["message"] and int(refused.headers["retry-after"]) >= 1
+        else:
+            assert refused.status_code == 200, refused.text
+    used = sum(a.json()["usage"]["total_tokens"] for a in answers if a.status_code == 200)
+    assert 0 < used <= 20000, f"{used} tokens ran in one minute against a TPM of 20000"
+    usage = httpx.get(f"{stack.url}/admin/tenants/{name}/usage", headers=admin_headers, timeout=30).json()
+    assert sum(r["prompt_tokens"] + r["completion_tokens"] for r in usage["usage"]) == used, "charged what ran"
+    assert usage["rejected_today"].get("request_too_large") == 1
 
 
 def test_concurrency_cap_answers_429(stack, admin_headers):

@@ -308,7 +308,7 @@ def test_an_over_long_question_is_still_400_when_nothing_is_found(http):
 
 
 @pytest.mark.parametrize("route", ["rag", "search_get", "search_post"])
-def test_a_question_over_the_profiles_limit_is_a_400_naming_it(http, route):
+def test_a_question_over_the_profiles_limit_is_a_413_naming_it(http, route):
     limit = RagSpec().max_question_chars
     question = "a" * (limit + 1)
     if route == "rag":
@@ -318,7 +318,7 @@ def test_a_question_over_the_profiles_limit_is_a_400_naming_it(http, route):
     else:
         response = http.post("/v1/collections/facts/search", json={"q": question})
     message = response.json()["error"]["message"]
-    assert response.status_code == 400 and f"is {limit + 1} characters" in message
+    assert response.status_code == 413 and f"is {limit + 1} characters" in message, "no request could carry it"
     assert f"the limit is {limit} (rag.max_question_chars)" in message
     # One character less is served.
     assert http.post("/v1/collections/facts/search", json={"q": "a" * limit}).status_code == 200

@@ -123,26 +123,47 @@ def test_unknown_estimate_reserves_one_token(limiter):
     assert limiter.admit(tenant).decision.reason == "tpm"  # the minute is spent
 
 
-def test_charge_tokens_overshoot_is_recorded_until_the_next_minute(limiter, clock):
+def test_use_beyond_the_minute_is_carried_to_the_next_minutes_never_charged_past_the_tpm(limiter, clock):
     tenant = Tenant(name="overshoot", tpm=100)
     limiter.charge_tokens(tenant, 90)
-    limiter.charge_tokens(tenant, 50)  # actual usage beyond the limit still counts
+    limiter.charge_tokens(tenant, 150)  # use known after the fact, beyond the minute: it still counts
+    assert limiter.tokens_charged(tenant) == (100, 140), "the minute holds its TPM, the rest is carried"
     assert limiter.tokens_remaining(tenant) == 0
-    assert limiter.admit(tenant, estimated_tokens=1).decision.reason == "tpm"
+    refused = limiter.admit(tenant, estimated_tokens=1).decision
+    assert refused.reason == "tpm" and refused.retry_after_seconds == 120, "it waits out the carried minute too"
     clock.advance(60)
-    assert limiter.tokens_remaining(tenant) == 100
-    assert limiter.admit(tenant, estimated_tokens=1).allowed
+    assert limiter.tokens_charged(tenant) == (100, 40) and limiter.tokens_remaining(tenant) == 0
+    clock.advance(60)
+    assert limiter.tokens_charged(tenant) == (40, 0) and limiter.tokens_remaining(tenant) == 60
+    assert limiter.admit(tenant, estimated_tokens=60).allowed
+    assert limiter.tokens_charged(tenant) == (100, 0)
+    clock.advance(600)  # idle minutes take their TPM each: nothing is owed forever
+    assert limiter.tokens_charged(tenant) == (0, 0) and limiter.tokens_remaining(tenant) == 100
 
 
-def test_estimate_above_whole_tpm_runs_only_in_an_unused_minute(limiter, clock):
-    tenant = Tenant(name="big", tpm=100)
-    admission = limiter.admit(tenant, estimated_tokens=500)
-    assert admission.allowed and admission.reservation.tokens == 100
-    limiter.settle(tenant, admission.reservation, 0)
-    limiter.charge_tokens(tenant, 1)
-    assert limiter.admit(tenant, estimated_tokens=500).decision.reason == "tpm"
-    clock.advance(60)
-    assert limiter.admit(tenant, estimated_tokens=500).allowed
+def test_a_refund_in_the_minute_shrinks_the_carry_first(limiter):
+    tenant = Tenant(name="refund-carry", tpm=100)
+    first = limiter.admit(tenant, estimated_tokens=100)
+    limiter.charge_tokens(tenant, 30)  # another request's use beyond its estimate: carried
+    assert limiter.tokens_charged(tenant) == (100, 30)
+    limiter.settle(tenant, first.reservation, 20)  # the first used 20 of its 100
+    assert limiter.tokens_charged(tenant) == (50, 0), "20 + 30 were used, all of it in this minute"
+
+
+def test_an_estimate_above_the_whole_tpm_is_refused_naming_both_and_charges_nothing(limiter, clock):
+    tenant = Tenant(name="big", rpm=5, tpm=100)
+    refused = limiter.admit(tenant, estimated_tokens=500).decision
+    assert (refused.allowed, refused.reason, refused.limit, refused.requested) == (False, "request_too_large", 100, 500)
+    assert refused.retry_after_seconds == 0, "no minute could hold it: nothing to wait for"
+    assert limiter.tokens_remaining(tenant) == 100, "charged nothing"
+    clock.advance(60)  # an unused minute does not help either
+    assert limiter.admit(tenant, estimated_tokens=500).decision.reason == "request_too_large"
+    admitted = limiter.admit(tenant, estimated_tokens=1)
+    refused_more = limiter.reserve_more(tenant, admitted.reservation, 101)
+    assert refused_more.decision.reason == "request_too_large" and refused_more.reservation == admitted.reservation
+    assert limiter.tokens_remaining(tenant) == 99, "only the admission's own token is held"
+    assert limiter.reserve_more(tenant, admitted.reservation, 100).allowed, "the whole TPM fits an unused minute"
+    assert limiter.tokens_charged(tenant) == (100, 0)
 
 
 def test_tpm_refusal_does_not_use_an_rpm_slot(limiter):
@@ -284,13 +305,16 @@ def test_text_estimates_are_characters_over_four_capped_per_text_and_with_overla
     assert estimate_ingest_tokens(["a" * 800], chunk_tokens=200, chunk_overlap=40) == 250
 
 
-def test_parallel_admissions_do_not_keep_an_oversized_estimate_out_of_an_unused_minute(limiter):
+def test_parallel_admissions_do_not_keep_a_whole_minute_estimate_out_of_an_unused_minute(limiter):
     tenant = Tenant(name="burst", tpm=20000)
     admitted = [limiter.admit(tenant, 1, reserve=False) for _ in range(4)]  # four calls arrive at once
     assert all(a.allowed and a.reservation.tokens == 0 for a in admitted)
-    outcomes = [limiter.reserve_more(tenant, a.reservation, 50_000).allowed for a in admitted]
-    assert outcomes == [True, False, False, False]  # one runs (capped to the TPM), the rest get 429
+    outcomes = [limiter.reserve_more(tenant, a.reservation, 20000).decision for a in admitted]
+    assert [o.allowed for o in outcomes] == [True, False, False, False]  # one runs, the rest get 429
+    assert {(o.reason, o.limit, o.requested, o.used) for o in outcomes[1:]} == {("tpm", 20000, 20000, 20000)}
     assert not limiter.admit(tenant, 1, reserve=False).allowed  # and the spent minute refuses the next
+    too_big = limiter.reserve_more(tenant, None, 47352).decision
+    assert (too_big.reason, too_big.limit, too_big.requested) == ("request_too_large", 20000, 47352)
 
 
 def test_the_heaviest_tenant_holds_the_most_leases_and_more_than_any_other(limiter):
