@@ -34,6 +34,7 @@ from gateway.errors import map_exception
 from gateway.ingest_jobs import IngestJobRoutes
 from gateway.rag_adapters import pipeline_settings
 from gateway.rag_adapters import RayEmbedder, RayIndex
+from gateway.retriever_calls import RetrieverHandle
 from gateway.schemas import AddDocumentsRequest
 from gateway.tenants import record_usage, reserve_tokens
 from gateway.uploads import decoded_data, read_ingest_body
@@ -52,6 +53,10 @@ EXTRACTION_USAGE_MODEL = "poolserve/extraction-cpu-ms"
 
 class IngestRoutes(IngestJobRoutes):
     """Needs from the gateway: _embedder, _retriever, _settings, _embed_model_id, _tenant."""
+
+    # Every route of the gateway reads the retriever through this: its refusals (a missing collection, a full
+    # quota) are raised here as the client errors they are (gateway/retriever_calls.py).
+    _retriever = RetrieverHandle()
 
     async def add_documents(self, collection: str, request: Request) -> Response:
         validate_collection(collection)

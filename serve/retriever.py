@@ -3,6 +3,7 @@ rag.retrieval (dense, lexical or hybrid search, fused here so a query is one cal
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -12,8 +13,15 @@ from system.process_memory import process_tree_memory, release_freed_heap
 from serve.start_order import StartOrder
 from rag.capacity import Quotas, TenantQuota
 from rag.retrieval import FusionSettings, SearchQuery, SearchResult, retrieve
+from rag.refusals import refusing
 from rag.store import KnowledgeStore
 from rag.store_schema import STORE_FILE
+
+# Ray Serve's replica logger: a line here lands in the replica's log with the request's id.
+logger = logging.getLogger("ray.serve")
+# A missing collection or document, a malformed id or a full quota is the client's mistake: answered as a value
+# (rag/refusals.py) and logged in one line, where an exception would log an ERROR with its traceback.
+client_errors_answered = refusing(logger)
 
 
 @serve.deployment(name="retriever")  # its options: the plan's (serve/app.py)
@@ -44,33 +52,40 @@ class Retriever:
         if store is not None:
             store.close()
 
+    @client_errors_answered
     def upsert_documents(self, tenant, collection, documents: list[tuple]) -> list[int]:
         """All of a request's documents in one transaction: an ingest is stored whole or not at all."""
         stored = self.store.upsert_documents(tenant, collection, documents)
         release_freed_heap(collect=False)  # the request's vectors and SQLite rows are garbage now
         return stored
 
+    @client_errors_answered
     def delete_document(self, tenant: str, collection: str, doc_id: str) -> None:
         self.store.delete_document(tenant, collection, doc_id)
 
+    @client_errors_answered
     def delete_collection(self, tenant: str, collection: str) -> None:
         self.store.delete_collection(tenant, collection)
 
     def delete_tenant(self, tenant: str) -> int:
         return self.store.delete_tenant(tenant)
 
+    @client_errors_answered
     def list_collections(self, tenant: str) -> list[dict]:
         return self.store.list_collections(tenant)
 
     def all_collections(self) -> dict:
         return {"index": self.store.index_kind, "data": self.store.list_all_collections()}
 
+    @client_errors_answered
     def collection_info(self, tenant: str, collection: str) -> dict:
         return self.store.collection_info(tenant, collection)
 
+    @client_errors_answered
     def list_documents(self, tenant: str, collection: str, limit: int, after: str | None) -> dict:
         return self.store.list_documents(tenant, collection, limit, after)
 
+    @client_errors_answered
     def search(self, tenant: str, collection: str, query: SearchQuery) -> SearchResult:
         return retrieve(self.store, tenant, collection, query, self.fusion)
 

@@ -186,11 +186,11 @@ def test_a_cancelled_job_stores_nothing(gateway):
     cancelled = asyncio.run(scenario())
     assert cancelled["status"] == "cancelled" and cancelled["error"]["type"] == "cancelled"
     with pytest.raises(CollectionNotFound):  # not even the collection was made
-        gateway._retriever._target.store.list_documents("tenant-a", "kb", 10, None)
+        gateway._retriever.handle._target.store.list_documents("tenant-a", "kb", 10, None)
 
 
 def test_a_failed_job_keeps_the_error_the_request_would_have_had(gateway):
-    gateway._retriever._target.store.capacity_chunks = 2
+    gateway._retriever.handle._target.store.capacity_chunks = 2
 
     async def scenario():
         sent = request()

@@ -55,7 +55,7 @@ def test_stream_reports_progress_then_the_same_answer_as_json(gateway):
 
 
 def test_a_failed_ingest_ends_the_stream_with_its_error(gateway):
-    gateway._retriever._target.store.capacity_chunks = 2
+    gateway._retriever.handle._target.store.capacity_chunks = 2
     events = streamed(asyncio.run(gateway.ingest_body("kb", body({"id": "a", "text": LONG}, stream=True), request())))
     assert events[-1]["event"] == "error" and events[-1]["status"] == 413
     assert "capacity" in events[-1]["error"]["message"].lower()
@@ -68,7 +68,7 @@ def test_html_and_markdown_uploads_are_stored_as_text(gateway):
         {"id": "notes", "text": "# Valves\n\nThe *valve* [clicks](https://x).", "content_type": "text/markdown"},
         {"id": "raw", "text": "<p>kept as typed</p>"}), request())).body)
     assert answer["chunks"] == 4
-    store = gateway._retriever._target.store
+    store = gateway._retriever.handle._target.store
     assert [h.text for h in store.search_lexical("tenant-a", "kb", "pump", 5)] == ["The pump hums."]
     assert [h.text for h in store.search_lexical("tenant-a", "kb", "valve", 5)][-1] == "The valve clicks."
     assert [h.text for h in store.search_lexical("tenant-a", "kb", "typed", 5)] == ["<p>kept as typed</p>"]
@@ -109,5 +109,5 @@ def test_a_client_that_leaves_mid_stream_still_gets_the_whole_ingest_stored(gate
         return first
 
     assert asyncio.run(leave_after_first_event())["stage"] == "chunked"
-    info = gateway._retriever._target.store.collection_info("tenant-a", "kb")
+    info = gateway._retriever.handle._target.store.collection_info("tenant-a", "kb")
     assert info["chunk_count"] == info["indexed_vectors"] == 7
