@@ -89,28 +89,57 @@ def _read_all(fd: int, wall_seconds: float) -> tuple[bytes, bool]:
 
 
 def _child(job: dict, content: bytes, write_end: int) -> None:
-    code = 0
-    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # stdout is the worker's answer channel: a library print must not reach it
+    """The forked child's whole life: it never returns (a return would go on as a second worker), whatever
+    happens, even a MemoryError at a point no handler expects."""
+    code = 3  # nothing written: the worker reports the memory cap from the exit status
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)  # stdout is the worker's answer channel: a library print must not reach it
+        # Nor stderr, which is the gateway's log: a child dying at its memory cap could not even print its last
+        # words and left "Exception ignored in: <object repr() failed> ... MemoryError" there (issue 46), and a
+        # parser's complaints about a client's file are no news to the operator. The child's whole outcome is
+        # its answer, its exit status or its signal, which the worker reports.
+        os.dup2(devnull, 2)
+        # Made before the cap: once the address space is at it, even this small answer might not be.
+        over_the_cap = json.dumps({"status": 413, "error": f"extracting it needs more than the "
+                                   f"{job['memory_bytes'] // 2**20} MiB memory cap (rag.extraction.memory_bytes)"}
+                                  ).encode()
+        reply = _extract_capped(job, content)
+        try:
+            payload = over_the_cap if reply is None else json.dumps(reply).encode()
+        except MemoryError:  # its text alone is over the memory cap
+            payload = over_the_cap
+        _write_all(write_end, payload)
+        code = 0
+    finally:
+        os._exit(code)
+
+
+def _extract_capped(job: dict, content: bytes) -> dict | None:
+    """The child's answer, or None when the extraction ran out of memory. Returned, not answered in the
+    handler: the failed extraction's memory is held by its exception until the handler ends."""
     try:
         _cap(job)
         data = content if job["binary"] else content.decode("utf-8")
-        reply = {"ok": extract(data, job["content_type"], job["max_locations"]).__dict__}
+        return {"ok": extract(data, job["content_type"], job["max_locations"]).__dict__}
     except MemoryError:
-        reply = {"status": 413, "error": f"extracting it needs more than the {job['memory_bytes'] // 2**20} MiB "
-                                         "memory cap (rag.extraction.memory_bytes)"}
+        return None
     except UnreadableDocument as exc:
-        reply = {"status": 422, "error": str(exc)}
+        return {"status": 422, "error": str(exc)}
     except RecursionError:
-        reply = {"status": 422, "error": "the document nests too deeply to extract"}
+        return {"status": 422, "error": "the document nests too deeply to extract"}
     except BaseException as exc:  # a parser failing on a hostile file is still the file's problem: a 422
-        reply = {"status": 422, "error": f"cannot extract text from it: {type(exc).__name__}: {str(exc)[:200]}"}
-    try:
-        payload = json.dumps(reply).encode()
-        with os.fdopen(write_end, "wb") as out:
-            out.write(payload)
-    except MemoryError:
-        code = 3  # its text alone is over the memory cap: the worker reports the cap
-    os._exit(code)
+        return {"status": 422, "error": f"cannot extract text from it: {type(exc).__name__}: {str(exc)[:200]}"}
+
+
+def _write_all(fd: int, payload: bytes) -> None:
+    """Write all of it; a short answer (the 413 above) in one write that allocates nothing, so that it gets out
+    even when the child's address space is at its cap."""
+    written = os.write(fd, payload)
+    if written < len(payload):
+        view = memoryview(payload)[written:]
+        while view:
+            view = view[os.write(fd, view):]
 
 
 def _cap(job: dict) -> None:

@@ -135,6 +135,6 @@ class ExtractionPool:
         if answer["signal"] in (signal.SIGXCPU, signal.SIGKILL) and cpu >= limits.cpu_seconds - 0.05:
             raise ExtractionFailed(422, f"extracting it needs more than the {limits.cpu_seconds} s CPU-time cap "
                                    "(rag.extraction.cpu_seconds)", cpu)
+        ended = f"; the child ended with signal {answer['signal']}" if answer["signal"] is not None else ""
         raise ExtractionFailed(413, f"extracting it needs more than the {limits.memory_bytes // 2**20} MiB memory "
-                               f"cap (rag.extraction.memory_bytes); the child ended with signal {answer['signal']}",
-                               cpu)
+                               f"cap (rag.extraction.memory_bytes){ended}", cpu)

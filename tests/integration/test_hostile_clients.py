@@ -270,6 +270,35 @@ def test_a_bulk_ingest_leaves_the_other_tenants_p95_within_2x(bulk_ingest):
     assert attack <= max(2 * quiet, quiet + LATENCY_SLACK_S), bulk_ingest
 
 
+# What an attack must never leave in any log of the stack (issue 46: "Exception ignored ... MemoryError" was seen
+# in the gateway's while the keyless flood ran; it came from the heavy extraction's capped children).
+ALARMING = ("MemoryError", "Exception ignored", "Traceback (most recent call last)")
+
+
+def _stack_logs(stack) -> list[Path]:
+    from stackctl.launcher import StackLayout
+
+    ray_logs = StackLayout(stack.state_dir).ray_temp_dir / "session_latest" / "logs"
+    found = [stack.log_path] + (sorted(p for p in ray_logs.rglob("*") if p.is_file()) if ray_logs.is_dir() else [])
+    return [p for p in found if p.exists()]
+
+
+def _log_sizes(stack) -> dict[Path, int]:
+    return {path: path.stat().st_size for path in _stack_logs(stack)}
+
+
+def _alarming_lines_since(stack, sizes: dict[Path, int]) -> list[str]:
+    """Lines the stack's logs (the launcher's and every Ray log) gained since `sizes` that hold an ALARMING word."""
+    found = []
+    for path in _stack_logs(stack):
+        with open(path, "rb") as log:
+            log.seek(sizes.get(path, 0))
+            for line in log.read().decode(errors="replace").splitlines():
+                if any(word in line for word in ALARMING):
+                    found.append(f"{path.name}: {line.strip()[:300]}")
+    return found
+
+
 # The issue's extraction attack: Markdown that is one long list (the costliest input of markdown-it-py and
 # inscriptis per character), at most of rag.max_document_chars, two documents in one ingest.
 HEAVY_MARKDOWN = "- a\n" * 450_000
@@ -280,6 +309,7 @@ def heavy_extraction(stack, admin_headers, victim, quiet) -> dict:
     """The victim's chat and RAG while another tenant's ingest job extracts two 1.8 M-character Markdown lists,
     each in a capped child of the gateway (the victim's rounds start as the job does; the cap ends it after
     about 7 s of CPU, within the rounds); then the job is cancelled if it still runs."""
+    logs_before = _log_sizes(stack)
     with _attacking_tenant(stack, admin_headers, "md") as (attacker, admin):
         documents = [{"id": f"list-{i}", "text": HEAVY_MARKDOWN, "content_type": "text/markdown"} for i in range(2)]
         answer = attacker.http.post("/v1/collections/heavy/documents", json={"documents": documents, "async": True})
@@ -297,6 +327,9 @@ def heavy_extraction(stack, admin_headers, victim, quiet) -> dict:
                     "seconds": {"chat_attack": sorted(round(v, 2) for v in loud_chat),
                                 "rag_attack": sorted(round(v, 2) for v in loud_rag)}})
     print(f"\nheavy extraction: {figures}")
+    # The children dying at their memory cap share the gateway's stderr (issue 46: "Exception ignored ...
+    # MemoryError" was found there): their outcome is their answer, and the log is left alone.
+    figures["alarming_log_lines"] = _alarming_lines_since(stack, logs_before)
     return figures
 
 
@@ -307,8 +340,10 @@ def test_a_heavy_extraction_leaves_the_other_tenants_p95_within_2x_and_is_charge
     # names it (or cancelled, should a larger cap let it run past the victim's rounds); its CPU time is billed.
     if figures["job_after"] == "failed":
         assert figures["job_error"]["code"] == 413 and "rag.extraction.memory_bytes" in figures["job_error"]["message"]
+        assert "signal None" not in figures["job_error"]["message"], "the child answered its 413 itself"
     else:
         assert figures["job_after"] == "cancelled", figures
+    assert figures["alarming_log_lines"] == [], "nothing of the capped children in the stack's logs"
     assert figures["charged"].get("poolserve/extraction-cpu-ms", 0) > 1000, figures
     for kind in ("chat", "rag"):
         assert_within_2x(figures[kind], (kind, figures))
@@ -348,6 +383,7 @@ def healthz_flood(stack, victim, quiet, tmp_path_factory) -> dict:
     # From an address of its own (any 127.x reaches loopback), as an attacker elsewhere would be: the keyless
     # minute it exhausts is its own, not that of the modules after this one, which poll /healthz from 127.0.0.1.
     attacker_address = f"127.0.0.{random.randint(2, 250)}"
+    logs_before = _log_sizes(stack)
     with attacking_process(ATTACKER, [stack.url, str(ATTACKERS), str(log), attacker_address], log, ATTACKERS // 4):
         loud_chat, loud_rag, loud_statuses = _victim_round(victim)
     outcomes = _outcomes(log)
@@ -362,6 +398,7 @@ def healthz_flood(stack, victim, quiet, tmp_path_factory) -> dict:
                    ("rag_attack", loud_rag))}}
     print(f"\nhealthz flood: { {k: v for k, v in figures.items() if k != 'outcomes'} }")
     figures["healthz_after"] = httpx.get(f"{stack.url}/healthz", timeout=30).status_code
+    figures["alarming_log_lines"] = _alarming_lines_since(stack, logs_before)
     return figures
 
 
@@ -371,6 +408,48 @@ def test_a_keyless_flood_is_refused_unread_and_refuses_the_other_tenant_nothing(
     answered = [o for o in figures["outcomes"] if isinstance(o, int)]
     assert answered and set(answered) <= {413, 429}, figures["attack_outcomes"]  # refused, never served
     assert figures["healthz_after"] == 200
+    assert figures["alarming_log_lines"] == [], "the flood left errors in the stack's logs"
+
+
+# Keyless 8 MiB bodies on the gateway's own paths (the proxy refuses only public paths' bodies, so these reach
+# the gateway replica): each is refused from its headers, unread, and nothing alarming is logged.
+KEYLESS_ON_THE_GATEWAY = """
+import json, sys, threading, httpx
+url, count, log, address = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+body = b"[" + b"[]," * (8 * 2**20 // 3) + b"[]]"
+stop, lock = threading.Event(), threading.Lock()
+paths = ["/v1/embeddings", "/v1/chat/completions", "/v1/collections/kb/documents", "/admin/tenants"]
+def record(outcome):
+    with lock, open(log, "a") as out:
+        out.write(json.dumps(outcome) + "\\n")
+def attack(i):
+    headers = {"content-type": "application/json", **({"Authorization": "Bearer ps_000000000000_" + "x" * 43}
+                                                       if i % 2 else {})}
+    with httpx.Client(timeout=60, transport=httpx.HTTPTransport(local_address=address)) as http:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            try:
+                record(http.post(url + paths[(i + n) % len(paths)], content=body, headers=headers).status_code)
+            except Exception as exc:
+                record(type(exc).__name__)
+threads = [threading.Thread(target=attack, args=(i,), daemon=True) for i in range(count)]
+""" + UNTIL_STDIN_CLOSES
+
+
+def test_a_keyless_flood_on_the_gateways_paths_is_refused_and_leaves_no_error_in_the_logs(stack, tmp_path):
+    log = tmp_path / "outcomes.jsonl"
+    before = _log_sizes(stack)
+    address = f"127.0.0.{random.randint(2, 250)}"  # its keyless minute is its own
+    with attacking_process(KEYLESS_ON_THE_GATEWAY, [stack.url, "16", str(log), address], log, 16):
+        time.sleep(15)
+    outcomes = _outcomes(log)
+    answered = [o for o in outcomes if isinstance(o, int)]
+    print(f"\nkeyless flood on the gateway's paths: {len(outcomes)} requests, "
+          f"{ {str(o): outcomes.count(o) for o in set(outcomes)} }")
+    assert answered and set(answered) <= {401, 429}, set(outcomes)  # refused from the headers, never read
+    assert httpx.get(f"{stack.url}/healthz", timeout=30).status_code == 200
+    assert _alarming_lines_since(stack, before) == []
 
 
 def test_rays_proxy_refuses_a_public_paths_body_before_the_gateway(stack):

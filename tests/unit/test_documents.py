@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import codecs
+import os
 from pathlib import Path
 
 import pytest
@@ -150,15 +151,67 @@ def test_a_document_over_the_cpu_cap_is_a_clear_error_quickly(small_caps):
     assert small_caps.extract_blocking(b"<p>still serving</p>", "text/html").extracted.text == "still serving"
 
 
-def test_a_document_over_the_memory_cap_is_a_413_naming_it():
+def test_a_document_over_the_memory_cap_is_a_413_naming_it(capfd):
     pool = ExtractionPool(ExtractionLimits(workers=1, cpu_seconds=20, memory_bytes=150 * 2**20, wall_seconds=60,
                                            max_locations=100))
     try:
         with pytest.raises(ExtractionFailed, match=r"150 MiB memory cap \(rag.extraction.memory_bytes\)") as failed:
             pool.extract_blocking("<div>" + "x " * 20_000_000 + "</div>", "text/html")
-        assert failed.value.status == 413
+        assert failed.value.status == 413 and "signal" not in str(failed.value), "the child's own answer"
     finally:
         pool.close()
+    # The worker's and its children's stderr is the gateway's log: nothing there from a child at its cap.
+    assert "MemoryError" not in capfd.readouterr().err
+
+
+def test_a_child_that_runs_out_of_memory_answers_413_and_leaves_the_log_alone(monkeypatch, capfd):
+    """Issue 46: "Exception ignored in: <object repr() failed> ... MemoryError" in the gateway's log, and a 413
+    saying "the child ended with signal None". A child at its memory cap could not build or write its answer
+    (the failed parse's memory still held), and printed its dying words to the stderr it shares with the
+    gateway. Reproduced by the extraction test above at some caps (300 MiB), not at every one; here the two
+    failures are made certain: once capped, nothing can be serialized, and the extraction writes to fd 2."""
+    import json
+
+    from rag import extract_child
+
+    capped = []
+
+    def cap(job):
+        capped.append(True)
+
+    class NoMemoryOnceCapped:
+        loads = staticmethod(json.loads)
+
+        @staticmethod
+        def dumps(obj):
+            if capped:
+                raise MemoryError
+            return json.dumps(obj)
+
+    def exhausting(data, content_type, max_locations):
+        os.write(2, b"Exception ignored in: <object repr() failed>\nMemoryError\n")  # as the interpreter does
+        raise MemoryError
+
+    monkeypatch.setattr(extract_child, "_cap", cap)
+    monkeypatch.setattr(extract_child, "json", NoMemoryOnceCapped)
+    monkeypatch.setattr(extract_child, "extract", exhausting)
+    job = {"content_type": "text/plain", "binary": True, "cpu_seconds": 30, "memory_bytes": 64 * 2**20,
+           "wall_seconds": 60, "max_locations": 10}
+    answer = extract_child.run_one(job, b"some text")  # forks: the child is this process's copy
+    assert answer["reply"] == {"status": 413, "error": "extracting it needs more than the 64 MiB memory cap "
+                                                       "(rag.extraction.memory_bytes)"}, answer
+    assert answer["signal"] is None and not answer["overran"]
+    assert capfd.readouterr().err == "", "the child printed nothing to the gateway's log"
+
+
+def test_the_memory_cap_message_names_a_signal_only_when_there_was_one():
+    pool = ExtractionPool(ExtractionLimits(workers=1, cpu_seconds=1, memory_bytes=64 * 2**20, wall_seconds=5,
+                                           max_locations=10))
+    for signal_number, expected in ((None, "(rag.extraction.memory_bytes)"), (9, "ended with signal 9")):
+        with pytest.raises(ExtractionFailed) as failed:
+            pool._result({"reply": None, "cpu_seconds": 0.1, "overran": False, "signal": signal_number})
+        assert failed.value.status == 413 and str(failed.value).endswith(expected)
+        assert "signal None" not in str(failed.value)
 
 
 def test_base64_and_multipart_uploads_reach_the_same_extraction(http):
