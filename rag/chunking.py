@@ -21,6 +21,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from rag.documents import TITLE_MAX_CHARS
+
 # Character spans (start, end) of a text's tokens, in order: what a chunker needs from a tokenizer.
 TokenSpans = Callable[[str], Sequence[tuple[int, int]]]
 
@@ -139,9 +141,6 @@ def word_windows(text: str, words: int, overlap: int = 0) -> list[str]:
     tokens = text.split()
     step = words - overlap
     return [" ".join(tokens[i:i + words]) for i in range(0, max(1, len(tokens) - overlap), step) if tokens[i:i + words]]
-
-
-TITLE_MAX_CHARS = 120
 
 
 def document_title(text: str, metadata: dict | None = None) -> str | None:

@@ -20,7 +20,7 @@ PDF = "application/pdf"
 DOCX = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
 PPTX = "application/vnd.openxmlformats-officedocument.presentationml.presentation"
 BINARY_TYPES = (PDF, DOCX, PPTX)
-TITLE_MAX_CHARS = 120
+TITLE_MAX_CHARS = 120  # the longest title kept for a document (rag/extract.py and rag/chunking.py use it too)
 # A PDF's running header and footer: the outermost two lines of a page's top or bottom that repeat there,
 # numbers aside, on at least three pages and half the pages of their span (without_running_lines).
 RUNNING_EDGE_LINES = 2

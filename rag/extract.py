@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 
 from rag.charset import decode_html, strip_declaration
-from rag.documents import BINARY_TYPES, PDF, UnreadableDocument, extract_binary
+from rag.documents import BINARY_TYPES, PDF, TITLE_MAX_CHARS, UnreadableDocument, extract_binary
 from rag.locations import HEADING_MAX_CHARS
 
 PLAIN, MARKDOWN, HTML = "text/plain", "text/markdown", "text/html"
@@ -25,10 +25,6 @@ TEXT_TYPES = (PLAIN, MARKDOWN, HTML)
 CONTENT_TYPES = (*TEXT_TYPES, *BINARY_TYPES)
 # Names clients commonly send for the same formats.
 ALIASES = {"text/x-markdown": MARKDOWN, "application/xhtml+xml": HTML, "application/x-pdf": PDF}
-# Unless a request says otherwise, this many parts (pages, slides, sections) get their own location;
-# later ones count as the last (planner/profile.py ExtractionSpec.max_locations sets it for the server).
-DEFAULT_MAX_LOCATIONS = 2000
-TITLE_MAX_CHARS = 120
 # Headings that start a section a citation names (and a chunk is embedded under); deeper ones are
 # usually run-in labels of a single paragraph.
 HEADING_TAGS = ("h1", "h2", "h3", "h4")
@@ -73,12 +69,23 @@ def normalize_content_type(content_type: str | None) -> str:
     return media_type
 
 
+def default_max_locations() -> int:
+    """How many parts (pages, slides, sections) get their own location unless a caller says otherwise;
+    later ones count as the last. The one definition is planner/profile.py's ExtractionSpec.max_locations,
+    imported here at call time: the extraction worker always passes the limit and never loads pydantic."""
+    from planner.profile import ExtractionSpec
+
+    return ExtractionSpec.model_fields["max_locations"].default
+
+
 def extract(content: str | bytes, content_type: str | None = PLAIN,
-            max_locations: int = DEFAULT_MAX_LOCATIONS) -> Extracted:
+            max_locations: int | None = None) -> Extracted:
     """The readable text of `content` (and its title when the format names one). PDF, DOCX and PPTX
     need bytes; text formats take either (bytes: HTML as declared, the others UTF-8). Raises
     UnreadableDocument naming the reason when there is no text to be had."""
     media_type = normalize_content_type(content_type)
+    if max_locations is None:
+        max_locations = default_max_locations()
     if media_type in BINARY_TYPES:
         if isinstance(content, str):
             raise UnreadableDocument(f"a {content_type} document must be sent as bytes (data_base64 or a "
@@ -106,7 +113,7 @@ def markdown_to_html(markdown: str) -> str:
     return MarkdownIt("commonmark", {"html": True}).enable("table").render(markdown)
 
 
-def html_to_text(html: str, max_locations: int = DEFAULT_MAX_LOCATIONS) -> Extracted:
+def html_to_text(html: str, max_locations: int | None = None) -> Extracted:
     import lxml.html
     from lxml.etree import ParserError, strip_elements
     from inscriptis import Inscriptis
@@ -125,6 +132,8 @@ def html_to_text(html: str, max_locations: int = DEFAULT_MAX_LOCATIONS) -> Extra
     tree = _main_content(tree)
     headings = _headings(tree)
     text = _tidy(Inscriptis(tree, _parser_config()).get_text())
+    if max_locations is None:
+        max_locations = default_max_locations()
     return Extracted(text, title, section_locations(text, headings, max_locations))
 
 
