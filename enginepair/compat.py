@@ -2,7 +2,7 @@
 
 Two pairs are supported (docs/OPERATIONS.md, "Engine pairs"):
 - vLLM 0.32 + Ray 2.60 (the `cpu` and `gpu` extras);
-- vLLM 0.26 + Ray 2.58.1 (constraints/vllm-0.26-ray-2.58.txt: NVIDIA-style containers of that
+- vLLM 0.26 + Ray 2.58.1 (the `gpu-vllm026` extra in pyproject.toml: NVIDIA-style containers of that
   generation, and the H200 of docs/GPU.md).
 
 Every use of ray.serve.llm internals and of vLLM names goes through this module, so a third pair

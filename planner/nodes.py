@@ -1,14 +1,13 @@
 """Several nodes: which pool each replica lives on, how Ray is told so, and Ray's own processes per node.
 
 Placement is never left to Ray's scheduler: every node advertises a custom resource of its own
-(`ray start --resources`, stackctl/launcher.py node_resources_json) and every replica actor, and every
-rank of a split engine (its placement bundle), asks a sliver of its node's resource. One node keeps
-its plan as it was: no resources at all.
+(`ray start --resources`, the plan's pool.ray_resources: stackctl/launcher.py node_resources_flag for
+the head, stackctl/cluster.py join_command for the others) and every replica actor, and every rank of
+a split engine (its placement bundle), asks a sliver of its node's resource. One node keeps its plan
+as it was: no resources at all.
 """
 
 from __future__ import annotations
-
-import json
 
 from planner import runtime
 
@@ -32,11 +31,6 @@ def placement_resources(node: str) -> dict[str, float]:
 def advertised_resources(node: str) -> dict[str, float]:
     """What the node's `ray start` advertises so that exactly its replicas land on it."""
     return {node_resource(node): NODE_RESOURCE_TOTAL}
-
-
-def resources_json(node: str) -> str:
-    """`ray start --resources=` for a node (JSON, as Ray parses it)."""
-    return json.dumps(advertised_resources(node), sort_keys=True)
 
 
 def ray_system_lines(head: bool) -> dict[str, int]:
