@@ -12,6 +12,7 @@ from gateway import pool_guard
 from gateway.pool_guard import PoolGuard, PoolReading, read_pool
 from system import cgroup
 from system.cgroup import MemoryCgroup
+from tests.unit.fakes import FakeClock
 
 GiB = 2**30
 LIMIT = 1000 * 2**20  # fractions of it are exact: 800 of 1000 MiB is 0.8
@@ -28,17 +29,6 @@ class FakeReader:
     def __call__(self) -> PoolReading:
         self.calls += 1
         return self.reading
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float = 1.0) -> None:
-        self.now += seconds
 
 
 def _guard(reader: FakeReader, clock: FakeClock, registry: CollectorRegistry | None = None, **kwargs) -> PoolGuard:

@@ -6,24 +6,14 @@ import pytest
 
 from tenancy.limits import LimitDecision, TenantLimiter, TokenReservation
 from tenancy.models import Tenant
+from tests.unit.fakes import FakeClock
 
 START = 6_000_000.0  # a minute boundary: 100_000 * 60
 
 
-class FakeClock:
-    def __init__(self, now: float = START) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
 @pytest.fixture
 def clock():
-    return FakeClock()
+    return FakeClock(START)
 
 
 @pytest.fixture
