@@ -105,7 +105,8 @@ BENCH := PYTHONPATH=$(CURDIR) $(PY) bench/run.py
 bench: setup
 	$(BENCH) all --profile $(PROFILE)
 
-# Under 3 minutes: gateway vs raw vLLM at concurrency 1 (4 prompts), retrieval at N=2000, the limiter.
+# About 5 minutes on a 2-core AVX2 host (304 s, 2026-12-02; docs/BENCHMARKS.md): gateway vs raw vLLM
+# at concurrency 1 (4 prompts), retrieval at N=2000, the limiter.
 bench-smoke: setup
 	$(BENCH) smoke --profile $(PROFILE)
 
