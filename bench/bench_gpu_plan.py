@@ -317,7 +317,22 @@ def boots_agree(boots: list[dict], tolerance: float = 0.01) -> dict:
                                                  for s in spread.values())}
 
 
-def run(profile_path: Path, out: Path, timeout_s: float, do_squeeze: bool, do_ingest: bool, boots: int = 1) -> dict:
+def earlier_boots(paths: list[Path]) -> list[dict]:
+    """The boots of earlier reports of the same profile (their first boot, then its later ones), so that
+    boots measured in separate runs (e.g. on either side of another bench) are compared as one series."""
+    boots = []
+    for path in paths:
+        report = json.loads(Path(path).read_text())
+        if report.get("rows"):
+            boots.append({"rows": report["rows"], "from": str(path)})
+        boots += [{**b, "from": str(path)} for b in report.get("later_boots") or [] if b.get("rows")]
+    return boots
+
+
+def run(profile_path: Path, out: Path, timeout_s: float, do_squeeze: bool, do_ingest: bool, boots: int = 1,
+        use: bool = True, with_boots: list[Path] | None = None) -> dict:
+    """Boot the profile `boots` times (the first one used unless use=False) and write the report after each
+    boot, so that a run cut short keeps the boots it finished."""
     workdir = Path(tempfile.mkdtemp(prefix="gpu-plan-"))
     logging_config = workdir / "vllm-logging.json"
     logging_config.write_text(json.dumps(VLLM_LOGGING_CONFIG))
@@ -326,24 +341,27 @@ def run(profile_path: Path, out: Path, timeout_s: float, do_squeeze: bool, do_in
     profile = load_profile(profile_path)
     plan = build_plan(profile)
     report: dict = {"profile": str(profile_path), "plan": json.loads(plan.model_dump_json())}
+    earlier = earlier_boots(with_boots or [])
+    out.mkdir(parents=True, exist_ok=True)
+    result_path = out / f"gpu-plan-{profile.name}{'' if use else '-boots'}.json"
     with GpuSampler() as sampler:
         report["device"], report["gpu_total_bytes"] = sampler.device_name(), sampler.total()
         started = time.time()
         runs = []
         for index in range(boots):  # the first boot is used; the later ones only start, measure and stop
             runs.append(boot(profile, profile_path, plan, sampler, workdir / f"boot{index}", timeout_s,
-                             use=index == 0, do_squeeze=do_squeeze, do_ingest=do_ingest))
+                             use=use and index == 0, do_squeeze=do_squeeze, do_ingest=do_ingest))
+            report.update(runs[0])
+            report["later_boots"] = runs[1:]
+            if len(earlier) + len(runs) > 1:
+                report["boots_agree"] = boots_agree(earlier + runs)
+                report["boots_agree"]["earlier_from"] = sorted({b["from"] for b in earlier})
+            report["series"] = [{"t": round(s.t - started, 1), "used_gib": round(s.used / GIB, 2),
+                                 "processes": {str(p): round(b / GIB, 2) for p, b in s.processes.items()}}
+                                for s in sampler.samples]
+            result_path.write_text(json.dumps(report, indent=1, default=str))
             if runs[-1].get("error"):
                 break
-        report.update(runs[0])
-        report["later_boots"] = runs[1:]
-        if len(runs) > 1:
-            report["boots_agree"] = boots_agree(runs)
-        report["series"] = [{"t": round(s.t - started, 1), "used_gib": round(s.used / GIB, 2),
-                             "processes": {str(p): round(b / GIB, 2) for p, b in s.processes.items()}}
-                            for s in sampler.samples]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"gpu-plan-{profile.name}.json").write_text(json.dumps(report, indent=1, default=str))
     return report
 
 
@@ -355,8 +373,12 @@ def main() -> None:
     parser.add_argument("--squeeze", action="store_true", help="squeeze the GPU until the pool guard sheds")
     parser.add_argument("--ingest", action="store_true", help="ingest through the stack against raw ST")
     parser.add_argument("--boots", type=int, default=1, help="cold boots of the same profile (the first is used)")
+    parser.add_argument("--no-use", action="store_true", help="every boot only starts, measures at rest and stops")
+    parser.add_argument("--with-boots", type=Path, action="append", default=[], metavar="REPORT",
+                        help="an earlier report of the same profile whose boots join the comparison")
     args = parser.parse_args()
-    report = run(args.profile, args.out, args.timeout, args.squeeze, args.ingest, args.boots)
+    report = run(args.profile, args.out, args.timeout, args.squeeze, args.ingest, args.boots, use=not args.no_use,
+                 with_boots=args.with_boots)
     print(json.dumps({k: report.get(k) for k in ("device", "start_to_healthy_s", "guard_at_rest", "answers", "decode",
                                                   "error", "after_down", "ingest", "squeeze", "boots_agree")},
                      indent=1, default=str))

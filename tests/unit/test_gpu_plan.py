@@ -4,6 +4,7 @@ adapter, and the readers bench/bench_gpu_plan.py uses on the device."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -152,3 +153,22 @@ def test_engine_log_takes_the_kv_line_from_its_engine_core():
             3000: {"weights_gib": 50.13, "kv_tokens": 97718, "attention_block_tokens": 784}}
     merged = engine_log(2686, logs)
     assert merged["kv_tokens"] == 404918 and merged["cuda_graph_gib"] == 0.06
+
+
+def test_boots_of_separate_runs_are_compared_as_one_series(tmp_path):
+    from bench.bench_gpu_plan import boots_agree, earlier_boots
+
+    def rows(kv: int, chat: int) -> list[dict]:
+        return [{"replica": "chat", "measured_bytes": chat, "kv_tokens_vllm": kv},
+                {"replica": "embedder", "measured_bytes": 1000}]
+
+    first = tmp_path / "gpu-plan-h100.json"
+    first.write_text(json.dumps({"rows": rows(52043, 10_000), "later_boots": [{"rows": rows(52043, 10_050)},
+                                                                              {"error": "start failed"}]}))
+    earlier = earlier_boots([first])
+    assert len(earlier) == 2 and all(b["from"] == str(first) for b in earlier)  # the failed boot has no rows
+    agreed = boots_agree(earlier + [{"rows": rows(52043, 10_020)}])
+    assert agreed["boots"] == 3 and agreed["kv_tokens_equal"] and agreed["bytes_within"]
+    assert agreed["bytes"]["chat"]["max_over_min"] == 1.005
+    drifted = boots_agree(earlier + [{"rows": rows(52000, 10_300)}])
+    assert not drifted["kv_tokens_equal"] and not drifted["bytes_within"]
