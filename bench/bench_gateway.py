@@ -203,6 +203,8 @@ def main() -> None:
     parser.add_argument("--name", default=NAME, help="the result's name (bench/results/NAME.json)")
     parser.add_argument("--gateway", action="append", default=[], metavar="FIELD=JSON",
                         help="override a gateway field of the profile, e.g. direct_ingress=true")
+    parser.add_argument("--chat", action="append", default=[], metavar="FIELD=JSON",
+                        help="override a chat field of the profile, e.g. stream_batching_interval_ms=0")
     parser.add_argument("--no-raw", action="store_true", help="measure the stack only")
     parser.add_argument("--llama-cpp", action="store_true",
                         help="also llama.cpp's server on the same weights (skipped with a message when not built)")
@@ -212,8 +214,9 @@ def main() -> None:
              for dataset in args.datasets for c in args.concurrency]
     workdir = Path(tempfile.mkdtemp(prefix="bench-serving-"))
     gateway = {key: json.loads(value) for key, value in (item.split("=", 1) for item in args.gateway)}
-    result = run(args.profile, loads, workdir, args.name, gateway_overrides=gateway or None, raw=not args.no_raw,
-                 llama=args.llama_cpp)
+    chat = {key: json.loads(value) for key, value in (item.split("=", 1) for item in args.chat)}
+    result = run(args.profile, loads, workdir, args.name, chat_overrides=chat or None,
+                 gateway_overrides=gateway or None, raw=not args.no_raw, llama=args.llama_cpp)
     print(tables(result))
     print(f"wrote {write_result(result, args.out_dir)} (logs in {workdir})")
 

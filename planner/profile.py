@@ -275,6 +275,12 @@ class ChatSpec(_Strict):
                                       "serve/cpu_worker.py.")
     speculative: SpeculativeSpec = Field(default_factory=SpeculativeSpec, description="Speculative decoding.")
     warmup_prompt: str = Field("Say OK.", description="Sent once before the replica reports ready.")
+    # Ray Serve LLM's 50 ms: on an H100 the 27B decodes a token every ~25 ms, so a stream arrived two tokens a
+    # chunk (ITL p95 51 ms against raw vLLM's 25, docs/GPU.md); fewer chunks cost less CPU per token at 64 streams.
+    stream_batching_interval_ms: float = Field(50.0, ge=0, le=1000, description="How long the chat replica "
+                                               "gathers a stream's tokens into one chunk after the first (Ray "
+                                               "Serve LLM's stream_batching_interval_ms); 0 = every engine output "
+                                               "is its own chunk. The first output is never held.")
     heap_trim_interval_s: float = Field(60.0, ge=0, description="How often the chat replica hands the freed heap "
                                         "of its vLLM Worker processes back to the pool (glibc malloc_trim through "
                                         "collective_rpc); 0 = never. Without it the Worker keeps ~200-400 MiB of "

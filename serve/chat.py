@@ -190,6 +190,7 @@ def llm_config_from_plan(chat: ChatSpec, chat_plan: ReplicaPlan, start_after: li
         experimental_configs={"warmup_prompt": chat.warmup_prompt, "start_after": [list(p) for p in start_after],
                               "start_wait_timeout_s": chat_plan.serve.start_wait_timeout_s,
                               "heap_trim_interval_s": chat.heap_trim_interval_s,
+                              "stream_batching_interval_ms": chat.stream_batching_interval_ms,
                               **({"engine_ranks": ranks, "rank_engine_kwargs": {**engine_kwargs, "model": chat.model}}
                                  if ranks else {})},
         log_engine_metrics=True,

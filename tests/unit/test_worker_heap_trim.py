@@ -49,6 +49,15 @@ def test_the_interval_comes_from_the_profile_and_the_workers_get_the_extension()
     assert "worker_extension_cls" not in off.engine_kwargs
 
 
+def test_the_stream_batching_interval_comes_from_the_profile():
+    profile = load_profile("configs/cpu-tiny.yaml")
+    config = llm_config_from_plan(profile.chat, build_plan(profile).replica("chat"), [])
+    assert config.experimental_configs["stream_batching_interval_ms"] == 50.0  # Ray Serve LLM's own default
+    profile.chat.stream_batching_interval_ms = 0
+    unbatched = llm_config_from_plan(profile.chat, build_plan(profile).replica("chat"), [])
+    assert unbatched.experimental_configs["stream_batching_interval_ms"] == 0
+
+
 def test_the_extension_is_importable_by_the_name_vllm_is_given():
     import importlib
 
