@@ -490,6 +490,11 @@ class RagSpec(_Strict):
     max_question_chars: int = Field(8000, ge=16, description="Characters in the question of a search, a RAG "
                                     "query or chat-with-RAG (its last user message); longer ones get 400.")
     answer_max_tokens: int = Field(256, ge=1, description="Default completion budget for RAG answers.")
+    trim_capped_answers: bool = Field(True, description="A RAG answer (/v1/rag/query, chat with `rag`) whose "
+                                      "generation hit its token cap ends at its last complete sentence "
+                                      "(rag/answer_trim.py); finish_reason stays \"length\" and usage counts "
+                                      "every generated token. Streams hold back only the partial sentence after "
+                                      "the last sentence end. false: the cut-off text as generated.")
     min_score: float = Field(0.30, ge=-1.0, le=1.0, description="No-answer threshold: a RAG query or chat-with-RAG "
                              "whose question has a best cosine similarity below this with every chunk the filters "
                              "allow gets a fixed 'the knowledge base does not contain an answer' reply, no "
