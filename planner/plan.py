@@ -24,7 +24,7 @@ from planner.architecture import ArchitectureError, embedding_dimension
 from planner.embedder import activation_bytes
 from planner.engine import EngineError, plan_engine, utilization_for
 from planner.errors import Overcommit, PlanError
-from planner.gpu import gpu_fraction, split_device_lines
+from planner.gpu import gpu_fraction, released_at_rest, split_device_lines
 from planner.guard import GuardPlan, guard_plan
 from planner.outputs import (FROM_GATEWAY_SPEC, ChatModelCard, ContentsPlan, EngineArgs, GatewaySettings,
                              RayActorOptions)
@@ -272,7 +272,7 @@ def _side_replicas(profile: Profile, gpu: bool, dim: int, first_order: int = 1,
 
     return [
         replica("embedder", emb_lines, emb, emb.torch_threads, first_order,
-                growth=runtime.EMBEDDER_TRAFFIC_GROWTH + (0 if gpu else emb_act),
+                growth=runtime.EMBEDDER_TRAFFIC_GROWTH + emb_act,  # a GPU embedder empties torch's cache too
                 gpus=gpu_fraction(sum(emb_lines.values()), pool_bytes) if gpu else 0.0),
         replica("retriever", ret_lines, ret, ret.faiss_threads, first_order + 1,
                 growth=index + n * 56 + ret.sqlite_cache_bytes,
@@ -349,7 +349,7 @@ def _engine_replicas(name: str, chat, eng, pools: dict, home: str, order: int) -
             if spec.gpu:
                 engine_args = vllm.model_copy(update={
                     "gpu_memory_utilization": _utilization(name, chat, chat_bytes, total)})
-        growth = 0 if discrete or node != home else runtime.VLLM_TRAFFIC_GROWTH
+        growth = released_at_rest(device) if discrete else 0 if node != home else runtime.VLLM_TRAFFIC_GROWTH
         env = {**eng.env, **(_rank_env(pools[node][0]) if cpu_split else {})}
         replicas.append(ReplicaPlan(name=name if node == home else f"{name}@{node}", kind="chat",
                                     node=node if len(pools) > 1 else "local", planned_bytes=chat_bytes,
@@ -553,7 +553,8 @@ def _on_device(replica: ReplicaPlan, total: int) -> ReplicaPlan:
     options = replica.ray_actor_options.model_copy(update={
         "memory": host_bytes, "num_gpus": gpu_fraction(device_bytes, total) if device_bytes else None})
     return replica.model_copy(update={"planned_bytes": device_bytes, "breakdown": device, "host_bytes": host_bytes,
-                                      "host_breakdown": host, "growth_bytes": 0, "ray_actor_options": options})
+                                      "host_breakdown": host, "growth_bytes": released_at_rest(device),
+                                      "ray_actor_options": options})
 
 
 def _embedder_ingest_threads(profile: Profile, spec: PoolSpec, cpus: float) -> int:

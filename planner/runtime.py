@@ -57,7 +57,8 @@ GPU_DRAFTER_ACTIVATION_SHARE = 0.4
 EMBEDDER_CUDA_CONTEXT = 755 * MB
 # Its activations on a GPU (same H200 run): bytes per token per hidden unit, fp32 weights, SDPA attention,
 # as torch's caching allocator keeps them reserved after a batch (450.3 MB at 64 x 256 x 384; linear in
-# tokens, not quadratic in length as on CPU's eager formula). They stay reserved: resident, not growth.
+# tokens, not quadratic in length as on CPU's eager formula). torch's allocator keeps them reserved after a
+# batch unless emptied: the replica empties it after each call (rag/embedding.py), so they are growth.
 EMBEDDER_GPU_ACT_PER_TOKEN_DIM = 72  # fp32 weights; a checkpoint in fp16/bf16 halves it (planner/embedder.py)
 # A model whose attention materialises its scores (all-mpnet-base-v2: a relative position bias, no SDPA), on
 # an H100 2026-12-05 (torch 2.11+cu130), reserved after a batch of 64: 914 MiB at 256 tokens and 1,802 MiB at

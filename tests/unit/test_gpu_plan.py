@@ -172,3 +172,25 @@ def test_boots_of_separate_runs_are_compared_as_one_series(tmp_path):
     assert agreed["bytes"]["chat"]["max_over_min"] == 1.005
     drifted = boots_agree(earlier + [{"rows": rows(52000, 10_300)}])
     assert not drifted["kv_tokens_equal"] and not drifted["bytes_within"]
+
+
+def test_gpu_replicas_are_compared_at_rest_without_their_activations_and_at_peak_with_them():
+    """The H100 run of 2026-12-06: at rest the 27B's worker and the embedder hold their plan less the
+    activations they release; in use they rise towards, and stay under, the whole plan."""
+    from bench.bench_gpu_plan import compare, peaks_by_replica
+    from bench.gpu_probe import GpuSample
+
+    plan = build_plan(load_profile("configs/h100.yaml"), 81_559 * 2**20)
+    chat, embedder = plan.replica("chat"), plan.replica("embedder")
+    assert chat.growth_bytes == chat.breakdown["activations"] + chat.breakdown["drafter.activations (dspark)"]
+    assert embedder.growth_bytes == embedder.breakdown["activations"]
+    measured = {"chat": {"pid": 11, "gpu_bytes": 74_809_606_144}, "embedder": {"pid": 12, "gpu_bytes": 809_500_672}}
+    samples = [GpuSample(5.0, 0, 0, {11: 99 * 2**30}),  # before the boot: not counted
+               GpuSample(10.0, 0, 0, {11: 74_809_606_144, 12: 809_500_672}),
+               GpuSample(20.0, 0, 0, {11: 76_954_000_000, 12: 1_020_000_000})]
+    peaks = peaks_by_replica(measured, samples, since=8.0)
+    assert peaks == {"chat": 76_954_000_000, "embedder": 1_020_000_000}
+    rows = {r["replica"]: r for r in compare(plan, measured, peaks)}
+    for name in ("chat", "embedder"):
+        assert rows[name]["within_5pct"] and rows[name]["under_budget"] and rows[name]["peak_under_budget"]
+    assert 0.99 < rows["chat"]["ratio"] < 1.01
