@@ -104,7 +104,7 @@ FUSIONS = MappingProxyType({
     "weighted 0.5/0.5": FusionSettings(method="weighted", dense_weight=0.5, lexical_weight=0.5, **PLAIN),
     "weighted 0.7/0.3": FusionSettings(method="weighted", dense_weight=0.7, lexical_weight=0.3, **PLAIN),
     # With a document's other chunks as support (rag.fusion.document_support; the default is 0.2, with the spread
-    # below: docs/BENCHMARKS.md 7f, 7h).
+    # below: docs/BENCHMARKS.md 7.6, 7.8).
     **{f"weighted 0.7/0.3, document support {w:g}": FusionSettings(
         method="weighted", dense_weight=0.7, lexical_weight=0.3, document_support=w, chunks_per_document=0)
         for w in (0.1, 0.2, 0.4)},

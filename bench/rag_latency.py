@@ -178,7 +178,7 @@ def stream_timing(timed_events: list[tuple[float, dict]], total_s: float) -> dic
 
 
 def output_name(target_chunks: int | None, corpora: list | None, name: str | None = None) -> str:
-    """rag-latency for the default run (its table in docs/BENCHMARKS.md 2b), else rag-latency-<N> (10k for 10000)."""
+    """rag-latency for the default run (its table in docs/BENCHMARKS.md 2.4), else rag-latency-<N> (10k for 10000)."""
     if name:
         return name
     if target_chunks is None:
