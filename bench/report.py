@@ -1,7 +1,7 @@
 """Regenerate the docs' benchmark tables and plots from the JSON results; runs no benchmark.
 
     .venv/bin/python bench/report.py            # rewrite docs/BENCHMARKS.md's marked tables, docs/img/*.png
-    .venv/bin/python bench/report.py --check    # exit 1 if the docs' marked tables differ from the results
+    .venv/bin/python bench/report.py --check    # exit 1, naming them, if the docs' marked tables differ from the results
 
 A table in docs/BENCHMARKS.md is regenerated when it stands between
 
@@ -10,8 +10,9 @@ A table in docs/BENCHMARKS.md is regenerated when it stands between
     <!-- /bench-report:KEY -->
 
 where KEY is a result's name (bench/results/NAME.json) or smoke/NAME (bench/results/smoke/NAME.json).
-Text outside the markers is never touched. Plots prefer a full run's result and fall back to the smoke
-run's; each plot names the file it was drawn from.
+Text outside the markers is never touched; tests/unit/test_bench_docs.py fails when a marked table is
+stale. A superseded run moves to docs/archive/BENCHMARKS-history.md as plain text, without markers. Plots
+prefer a full run's result and fall back to the smoke run's; each plot names the file it was drawn from.
 """
 
 from __future__ import annotations
@@ -93,6 +94,18 @@ def render_docs(text: str, results: dict[str, tuple[BenchResult, Path]]) -> tupl
     return MARKER.sub(replace, text), missing
 
 
+def stale_tables(text: str, results: dict[str, tuple[BenchResult, Path]]) -> list[str]:
+    """The keys of text's marked tables that differ from what their result gives today (tables without a
+    result are not counted here: render_docs reports them)."""
+    stale = []
+    for match in MARKER.finditer(text):
+        key = match["key"]
+        table = table_for(key, results[key][0]) if key in results else None
+        if table is not None and match["body"] != f"{table.strip()}\n":
+            stale.append(key)
+    return stale
+
+
 def _preferred(results: dict, name: str) -> tuple[BenchResult, Path] | None:
     return results.get(name) or results.get(f"smoke/{name}")
 
@@ -132,7 +145,8 @@ def main(results_dir: Path = typer.Option(RESULTS_DIR, help="Where the JSON resu
         console.print(f"[yellow]no result for the marked table {key!r}; left as it is")
     if check:
         if updated != text:
-            console.print(f"[red]{docs} differs from the results; run bench/report.py")
+            stale = ", ".join(stale_tables(text, results)) or "?"
+            console.print(f"[red]{docs}: marked tables differ from the results ({stale}); run bench/report.py")
             raise typer.Exit(1)
         console.print(f"{docs}: marked tables match the results")
         return
