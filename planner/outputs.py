@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from planner.profile import RagSpec
+from planner.profile import FusionSpec, RagSpec, TenantQuotaSpec
 
 
 class _Output(BaseModel):
@@ -131,3 +131,25 @@ class GatewaySettings(RagSpec):
 
     def as_dict(self) -> dict:
         return self.model_dump()
+
+
+class RetrieverSettings(_Output):
+    """Everything the retriever replica reads, from the profile and its plan: bound as it is (serve/app.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    state_dir: str = Field(description="Where the chunk store (SQLite) and the FAISS snapshots live.")
+    dim: int = Field(description="Vector dimension: retriever.dim, else the embedder's hidden size.")
+    index_kind: Literal["flat", "hnsw"] = Field(description="FAISS index kind (RetrieverSpec.index).")
+    hnsw_m: int = Field(description="HNSW graph degree.")
+    hnsw_ef_search: int = Field(description="HNSW candidates kept while searching.")
+    faiss_threads: int = Field(description="FAISS OpenMP threads.")
+    capacity_chunks: int = Field(description="Chunks the index is planned to hold (all tenants).")
+    sqlite_cache_bytes: int = Field(description="SQLite page cache of the chunk store.")
+    tenant_max_chunks: int | None = Field(description="Chunks one tenant may store; None = no quota.")
+    tenant_max_documents: int | None = Field(description="Documents one tenant may store; None = no quota.")
+    tenant_quotas: dict[str, TenantQuotaSpec] = Field(description="Per-tenant overrides of the two above.")
+    hnsw_rebuild_deleted_fraction: float = Field(description="Share of marked-deleted HNSW rows that rebuilds.")
+    index_save_interval_s: float = Field(description="Seconds between saves of changed FAISS indexes.")
+    embedder_model_id: str = Field(description="The embedder whose vectors the store holds (recorded, checked).")
+    fusion: FusionSpec = Field(description="Hybrid retrieval's fusion of the rankings (rag.fusion).")

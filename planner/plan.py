@@ -27,7 +27,7 @@ from planner.errors import Overcommit, PlanError
 from planner.gpu import gpu_fraction, released_at_rest, split_device_lines
 from planner.guard import GuardPlan, guard_plan
 from planner.outputs import (FROM_GATEWAY_SPEC, ChatModelCard, ContentsPlan, EngineArgs, GatewaySettings,
-                             RayActorOptions)
+                             RayActorOptions, RetrieverSettings)
 from planner.profile import PoolSpec, Profile, ServeSpec, pinned
 from planner.units import gib
 from planner.weights import safetensors_bytes
@@ -172,6 +172,7 @@ class Plan(BaseModel):
     notes: list[str] = Field(default_factory=list)
     gateway: GatewaySettings = Field(description="Everything the gateway reads (limits, models, budgets).")
     guard: GuardPlan = Field(description="The pool guard's marks, from what the plan holds (planner/guard.py).")
+    retriever: RetrieverSettings = Field(description="Everything the retriever replica reads.")
 
     def replica(self, name: str) -> ReplicaPlan:
         for replica in self.replicas:
@@ -493,6 +494,7 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
                  "gateway": 1},
         page_cache=page_cache, start_peak=start, notes=notes, gateway=_gateway_settings(profile, deployed),
         guard=guard_plan(spec, pool.total_bytes, pool.free_bytes - pool.headroom_bytes, pool.discrete),
+        retriever=_retriever_settings(profile, embedder_dimension(profile)),
     )
 
 
@@ -563,6 +565,15 @@ def _embedder_ingest_threads(profile: Profile, spec: PoolSpec, cpus: float) -> i
     emb = profile.embedder
     default = emb.torch_threads if spec.gpu else int(cpus)
     return max(emb.torch_threads, emb.ingest_threads or default)
+
+
+def _retriever_settings(profile: Profile, dim: int) -> RetrieverSettings:
+    ret = profile.retriever
+    return RetrieverSettings(
+        state_dir=profile.state_dir, dim=dim, index_kind=ret.index, embedder_model_id=profile.embedder.model_id,
+        fusion=profile.rag.fusion, **ret.model_dump(include={
+            "hnsw_m", "hnsw_ef_search", "faiss_threads", "capacity_chunks", "sqlite_cache_bytes", "tenant_max_chunks",
+            "tenant_max_documents", "tenant_quotas", "hnsw_rebuild_deleted_fraction", "index_save_interval_s"}))
 
 
 def _gateway_settings(profile: Profile, replicas: list[ReplicaPlan]) -> GatewaySettings:

@@ -17,7 +17,7 @@ from ray import serve
 from enginepair.compat import build_llm_deployment, make_fastapi_ingress, to_model_metadata
 from gateway.http_app import ENDPOINTS, make_app
 from planner.gpu import torch_device
-from planner.plan import Plan, embedder_dimension, resolved_plan
+from planner.plan import Plan, resolved_plan
 from planner.profile import Profile, load_profile
 from serve.chat import PoolserveLLMServer, llm_config_from_plan
 from serve.embedder import Embedder
@@ -120,15 +120,7 @@ def build_app(args: dict) -> serve.Application:
     llm_deployments, model_cards, after_engines = engine_deployments(profile, plan)
     embedder = embedder_deployment(profile, plan, after_engines)
     retriever = Retriever.options(**_options(plan, "retriever")).bind(
-        profile.state_dir, embedder_dimension(profile), profile.retriever.index,
-        profile.retriever.hnsw_m, profile.retriever.hnsw_ef_search, profile.retriever.faiss_threads,
-        profile.retriever.capacity_chunks, profile.retriever.sqlite_cache_bytes,
-        _start_order(plan, "retriever", after_engines),
-        {**profile.retriever.model_dump(include={"tenant_max_chunks", "tenant_max_documents", "tenant_quotas",
-                                                 "hnsw_rebuild_deleted_fraction", "index_save_interval_s"}),
-         "embedder": profile.embedder.model_id},
-        profile.rag.fusion.model_dump(),
-    )
+        plan.retriever, _start_order(plan, "retriever", after_engines))
     guard_config = {"state_dir": profile.state_dir, "tenants_file": profile.tenants_file, "marks": plan.guard,
                     "gateway": profile.gateway.model_dump()}
     app = make_app(guard_config, profile.gateway.max_body_bytes, plan.gateway.unavailable_retry_after_s)

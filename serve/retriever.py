@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ray import serve
 
+from planner.outputs import RetrieverSettings
 from system.process_memory import process_tree_memory, release_freed_heap
 from serve.start_order import StartOrder
 from rag.capacity import Quotas, TenantQuota
@@ -26,25 +27,20 @@ client_errors_answered = refusing(logger)
 
 @serve.deployment(name="retriever")  # its options: the plan's (serve/app.py)
 class Retriever:
-    async def __init__(self, state_dir: str, dim: int, index_kind: str, hnsw_m: int, hnsw_ef_search: int,
-                       faiss_threads: int, capacity_chunks: int, sqlite_cache_bytes: int, start: StartOrder,
-                       store_settings: dict, fusion: dict):
-        """store_settings: the profile's retriever fields the store reads beyond those above (quotas,
-        HNSW's rebuild threshold, the index save interval) and `embedder` (embedder.model_id, which the store
-        records and checks), as serve/app.py binds them."""
+    async def __init__(self, settings: RetrieverSettings, start: StartOrder):
         import faiss
 
         await start.wait("retriever", serve.get_replica_context().app_name)
         os.umask(0o077)  # the chunk store and its -wal/-shm are the owner's only
-        faiss.omp_set_num_threads(faiss_threads)
-        self.fusion = FusionSettings.model_validate(fusion)  # the profile's rag.fusion
-        self.store = KnowledgeStore(Path(state_dir) / STORE_FILE, dim=dim, index_kind=index_kind,
-                                    hnsw_m=hnsw_m, hnsw_ef_search=hnsw_ef_search,
-                                    capacity_chunks=capacity_chunks, sqlite_cache_bytes=sqlite_cache_bytes,
-                                    quotas=_quotas(store_settings),
-                                    rebuild_deleted_fraction=store_settings["hnsw_rebuild_deleted_fraction"],
-                                    index_save_interval_s=store_settings["index_save_interval_s"],
-                                    embedder=store_settings["embedder"])
+        faiss.omp_set_num_threads(settings.faiss_threads)
+        self.fusion = FusionSettings.model_validate(settings.fusion.model_dump())  # the profile's rag.fusion
+        self.store = KnowledgeStore(Path(settings.state_dir) / STORE_FILE, dim=settings.dim,
+                                    index_kind=settings.index_kind, hnsw_m=settings.hnsw_m,
+                                    hnsw_ef_search=settings.hnsw_ef_search, capacity_chunks=settings.capacity_chunks,
+                                    sqlite_cache_bytes=settings.sqlite_cache_bytes, quotas=_quotas(settings),
+                                    rebuild_deleted_fraction=settings.hnsw_rebuild_deleted_fraction,
+                                    index_save_interval_s=settings.index_save_interval_s,
+                                    embedder=settings.embedder_model_id)
 
     def __del__(self):
         # Serve calls this at shutdown: the changed indexes are saved, so the next start loads them.
@@ -99,7 +95,6 @@ class Retriever:
         return True
 
 
-def _quotas(settings: dict) -> Quotas:
-    default = TenantQuota(settings["tenant_max_chunks"], settings["tenant_max_documents"])
-    return Quotas(default, {name: TenantQuota(q.get("chunks"), q.get("documents"))
-                            for name, q in settings["tenant_quotas"].items()})
+def _quotas(settings: RetrieverSettings) -> Quotas:
+    default = TenantQuota(settings.tenant_max_chunks, settings.tenant_max_documents)
+    return Quotas(default, {name: TenantQuota(q.chunks, q.documents) for name, q in settings.tenant_quotas.items()})
