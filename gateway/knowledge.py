@@ -21,6 +21,7 @@ from gateway.schemas import AddDocumentsRequest, RagOptions, RagQueryRequest, Se
 from gateway.streams import rag_stream, tracked_stream
 from gateway.tenants import record_usage, refuse_if_too_large, reserve_tokens
 from gateway.work import page_limit, run_to_completion, without_credentials
+from rag.answer_trim import finish_answer
 from rag.filters import InvalidFilter, normalize_filters
 from rag.ids import validate_collection, validate_document_id
 from rag.pipeline import Grounding, InvalidQuery, RagPipeline
@@ -170,7 +171,8 @@ class KnowledgeRoutes(IngestRoutes):
         retrieval = {"refused": not grounding.answerable, "best_similarity": grounding.best_similarity}
         if isinstance(response, StreamingResponse):
             tracked = tracked_stream(response.body_iterator, request, model, None, True, False,
-                                     on_broken=self._recheck_health)
+                                     on_broken=self._recheck_health,
+                                     trim_at_cap=self._settings.trim_capped_answers)
             return StreamingResponse(rag_stream(tracked, cited, retrieval), media_type="text/event-stream")
         if response.status_code >= 500:
             self._healthy_until = 0.0
@@ -180,9 +182,12 @@ class KnowledgeRoutes(IngestRoutes):
         await record_usage(request, model, payload.get("usage"))
         if response.status_code >= 400 or not payload.get("choices"):
             return response  # the engine's own OpenAI-shaped error, passed on as it is
-        answer = payload["choices"][0]["message"].get("content") or ""
-        return JSONResponse({"answer": answer, "citations": cited, **retrieval, "usage": payload.get("usage", {}),
-                             "model": payload.get("model"), "id": payload.get("id")})
+        choice = payload["choices"][0]
+        answer, finish_reason = choice["message"].get("content") or "", choice.get("finish_reason")
+        if self._settings.trim_capped_answers:  # at the token cap: up to its last complete sentence
+            answer = finish_answer(answer, finish_reason)
+        return JSONResponse({"answer": answer, "finish_reason": finish_reason, "citations": cited, **retrieval,
+                             "usage": payload.get("usage", {}), "model": payload.get("model"), "id": payload.get("id")})
 
 
     @staticmethod

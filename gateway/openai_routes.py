@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from enginepair.compat import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ModelCard, ModelList
 from gateway.errors import EngineNotRunning, error_body, unavailable
 from gateway.schemas import RagOptions
-from gateway.streams import force_stream_usage, tracked_stream
+from gateway.streams import force_stream_usage, trim_capped_choices, tracked_stream
 from gateway.tenants import guard_of, record_usage, reserve_tokens, tenant_of, tpm_of
 from gateway.work import release_heap_after_sending, run_to_completion, without_credentials
 from tenancy.limits import estimate_text_tokens
@@ -155,10 +155,13 @@ class OpenAIRoutes:
 
     async def _finish(self, request: Request, model: str, response: Response, cited: list[dict] | None,
                       usage_wanted: tuple[bool, bool], choices_per_prompt: int = 1) -> Response:
-        """Record usage (streams: when they end) and attach citations for chat-with-RAG."""
+        """Record usage (streams: when they end) and attach citations for chat-with-RAG, whose choices that
+        hit the token cap end at their last complete sentence (rag.trim_capped_answers)."""
+        trim = cited is not None and self._settings.trim_capped_answers
         if isinstance(response, StreamingResponse):
             stream = tracked_stream(response.body_iterator, request, model, cited, *usage_wanted,
-                                    on_broken=self._recheck_health, choices_per_prompt=choices_per_prompt)
+                                    on_broken=self._recheck_health, choices_per_prompt=choices_per_prompt,
+                                    trim_at_cap=trim)
             return StreamingResponse(stream, media_type="text/event-stream")
         if response.status_code >= 500:  # the engine failed or is restarting: the client may retry
             logger.warning("chat replica answered %s: %s", response.status_code, bytes(response.body)[:300])
@@ -170,6 +173,8 @@ class OpenAIRoutes:
         if cited is None:
             return response
         payload["citations"] = cited
+        if trim and response.status_code < 400:
+            trim_capped_choices(payload)
         return JSONResponse(payload, status_code=response.status_code)
 
     # ---- chat ----------------------------------------------------------------------------
@@ -283,6 +288,8 @@ class OpenAIRoutes:
         cited = None
         if rag is not None:
             options = RagOptions.model_validate(rag)
+            if not (getattr(body, "max_completion_tokens", None) or body.max_tokens):
+                body.max_tokens = self._settings.answer_max_tokens  # a RAG answer's default, as /v1/rag/query's
             body.messages, grounding = await self._augment_chat(request, options, [dict(m) for m in body.messages],
                                                                 model)
             cited = grounding.citations

@@ -11,6 +11,7 @@ from fastapi import Request
 
 from enginepair.compat import StreamOptions
 from gateway.tenants import record_usage
+from rag.answer_trim import SentenceHoldback, finish_answer
 
 logger = logging.getLogger("poolserve.streams")
 
@@ -121,16 +122,49 @@ class UsageTally:
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
+class CappedAnswerTrimmer:
+    """A RAG answer's stream, each choice ending at its last complete sentence when it hits the token cap
+    (rag/answer_trim.py): a choice's text after its last sentence end is held back, sent with its finish
+    chunk when it stops on its own, dropped when it ends by length. finish_reason and usage are untouched."""
+
+    def __init__(self) -> None:
+        self.choices: dict[int, SentenceHoldback] = {}
+
+    def apply(self, chunk: dict) -> None:
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta")
+            if not isinstance(delta, dict):
+                continue
+            holdback = self.choices.setdefault(int(choice.get("index", 0)), SentenceHoldback())
+            content = delta.get("content")
+            out = holdback.feed(content) if isinstance(content, str) else ""
+            if choice.get("finish_reason"):
+                out += holdback.finish(choice["finish_reason"])
+            if content is not None or out:
+                delta["content"] = out
+
+
+def trim_capped_choices(payload: dict) -> dict:
+    """A non-streamed chat completion's choices that hit the token cap, cut to their last sentence end."""
+    for choice in payload.get("choices") or []:
+        message = choice.get("message")
+        if isinstance(message, dict) and isinstance(message.get("content"), str):
+            message["content"] = finish_answer(message["content"], choice.get("finish_reason"))
+    return payload
+
+
 async def tracked_stream(body_iterator, request: Request, model: str, cited: list[dict] | None,
                          client_wants_usage: bool, client_continuous_usage: bool = False, on_broken=None,
-                         choices_per_prompt: int = 1):
+                         choices_per_prompt: int = 1, trim_at_cap: bool = False):
     """Pass OpenAI chunks through; record usage when the stream ends (or the client leaves: every
     choice's tokens so far, UsageTally); chat-with-RAG's first chunk carries `citations`. Usage the
     client did not ask for is removed. A stream the engine did not finish ends with an error event
-    and no `[DONE]`."""
+    and no `[DONE]`. `trim_at_cap` (RAG answers): each choice ends at its last complete sentence when it
+    hits the token cap (CappedAnswerTrimmer)."""
     first, done = True, False
     tally = UsageTally(choices_per_prompt)
     seen = StreamCompleteness()
+    trimmer = CappedAnswerTrimmer() if trim_at_cap else None
     try:
         try:
             async for events in sse_event_batches(body_iterator):
@@ -145,6 +179,8 @@ async def tracked_stream(body_iterator, request: Request, model: str, cited: lis
                     chunk = json.loads(data)
                     seen.observe(chunk)
                     tally.observe(chunk)
+                    if trimmer is not None:
+                        trimmer.apply(chunk)
                     if not chunk.get("choices"):
                         if not client_wants_usage or "error" in chunk or chunk.get("object") == "error":
                             continue  # the final usage-only chunk; an error is reported once, at the end
@@ -174,7 +210,8 @@ async def tracked_stream(body_iterator, request: Request, model: str, cited: lis
 
 async def rag_stream(body_iterator, cited: list[dict], retrieval: dict | None = None):
     """/v1/rag/query stream: a citations event (with `retrieval`'s keys: refused, best_similarity),
-    answer deltas, a final usage event, [DONE].
+    answer deltas, a finish event (finish_reason: "stop", or "length" when the answer hit its token cap),
+    a final usage event, [DONE].
     An error event from the chat stream is passed on and ends the stream without [DONE]."""
     yield f"data: {json.dumps({'object': 'rag.citations', 'citations': cited, **(retrieval or {})})}\n\n"
     failed = False
@@ -192,6 +229,9 @@ async def rag_stream(body_iterator, cited: list[dict], retrieval: dict | None = 
                 delta = (choice.get("delta") or {}).get("content")
                 if delta:
                     out.append(f"data: {json.dumps({'object': 'rag.delta', 'delta': delta})}\n\n")
+                if choice.get("finish_reason"):
+                    finish = {"object": "rag.finish", "finish_reason": choice["finish_reason"]}
+                    out.append(f"data: {json.dumps(finish)}\n\n")
             if chunk.get("usage"):
                 out.append(f"data: {json.dumps({'object': 'rag.usage', 'usage': chunk['usage']})}\n\n")
         if out:

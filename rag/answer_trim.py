@@ -84,18 +84,25 @@ class SentenceHoldback:
         self.text = ""
         self.sent = 0  # characters of self.text already released
         self.confirmed = False  # a sentence end has been seen (followed by more text)
+        self.open_candidate: int | None = None  # start of a candidate end that reaches the end of the text
 
     def feed(self, delta: str) -> str:
         if not delta:
             return ""
         self.text += delta
         # Only the new text (and the few characters before it a terminator may straddle) can hold a new end.
-        # An end at self.sent itself (a terminator that was the last character) is confirmed now.
+        # New ends lie in the new text, or in a candidate that ran to the end of the text before it (its
+        # closers and citation markers may go on in this delta); one at self.sent itself (a terminator that
+        # was the last character) is confirmed now.
         scan_from = max(0, self.sent - 64)
-        end = None
+        if self.open_candidate is not None:
+            scan_from = min(scan_from, self.open_candidate)
+        end, self.open_candidate = None, None
         for match in _CANDIDATE.finditer(self.text, scan_from):
             if match.end() >= self.sent and _is_end(self.text, match.start(), match.end(), final=False):
                 end = match.end()
+            if match.end() == len(self.text):
+                self.open_candidate = match.start()
         if end is not None:
             self.confirmed = True
         elif not self.confirmed:

@@ -57,8 +57,9 @@ def test_a_non_streamed_answer_is_finished_and_charged_after_the_client_hangs_up
 def test_a_streamed_answer_is_tracked_with_its_choices(gateway, monkeypatch):
     seen = {}
 
-    def tracked(body_iterator, request, model, cited, *wanted, on_broken=None, choices_per_prompt=1):
-        seen.update(model=model, choices_per_prompt=choices_per_prompt)
+    def tracked(body_iterator, request, model, cited, *wanted, on_broken=None, choices_per_prompt=1,
+                trim_at_cap=False):
+        seen.update(model=model, choices_per_prompt=choices_per_prompt, trim_at_cap=trim_at_cap)
         return body_iterator
 
     monkeypatch.setattr(gateway_module, "tracked_stream", tracked)
@@ -71,7 +72,8 @@ def test_a_streamed_answer_is_tracked_with_its_choices(gateway, monkeypatch):
 
     response = asyncio.run(gateway._generate(SimpleNamespace(scope={}), "m", engine(),
                                              SimpleNamespace(stream=True, n=3), None, (False, False)))
-    assert isinstance(response, StreamingResponse) and seen == {"model": "m", "choices_per_prompt": 3}
+    assert isinstance(response, StreamingResponse)
+    assert seen == {"model": "m", "choices_per_prompt": 3, "trim_at_cap": False}  # not a RAG answer: as generated
 
 
 def _slow_engine(release: asyncio.Event):

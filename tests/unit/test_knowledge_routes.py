@@ -72,10 +72,13 @@ class RetrieverReplica:
 
 
 class ChatIngress:
+    reply, finish_reason = "Mira Quell", None
+
     async def chat(self, body, request):
         self.prompts.append(body)
         return JSONResponse({"id": "c1", "model": body.model, "usage": {"prompt_tokens": 9, "completion_tokens": 2},
-                             "choices": [{"message": {"role": "assistant", "content": "Mira Quell"}}]})
+                             "choices": [{"message": {"role": "assistant", "content": self.reply},
+                                          "finish_reason": self.finish_reason}]})
 
 
 class WordTokenizer:
@@ -151,6 +154,21 @@ def test_ingest_then_query_answers_with_citations(gateway):
     assert gateway.checked == ["chat-model"]  # the prompt went through the gateway's length/TPM check
     # The documents' and the question's batches wait in the embedder as this tenant's (one turn per tenant).
     assert gateway._embedder._target.turns_of == [("documents", "tenant-a"), ("question", "tenant-a")]
+
+
+@pytest.mark.parametrize("finish_reason, trim, answer", [
+    ("length", True, "Dr. Mira Quell invented it [1]."),
+    ("stop", True, "Dr. Mira Quell invented it [1]. It makes"),
+    ("length", False, "Dr. Mira Quell invented it [1]. It makes"),
+])
+def test_an_answer_at_the_token_cap_ends_at_its_last_sentence(gateway, finish_reason, trim, answer):
+    ingest(gateway, [("zorblax", REACTOR)])
+    gateway.reply, gateway.finish_reason = "Dr. Mira Quell invented it [1]. It makes", finish_reason
+    gateway._settings = gateway._settings.model_copy(update={"trim_capped_answers": trim})
+    body = RagQueryRequest(collection="facts", question="Who invented the Zorblax reactor?", top_k=1)
+    payload = json.loads(asyncio.run(gateway.rag_query(body, request())).body)
+    assert payload["answer"] == answer and payload["finish_reason"] == finish_reason
+    assert payload["usage"]["completion_tokens"] == 2  # what was generated, trimmed or not
 
 
 @pytest.mark.parametrize("question, top_k, message", [("   ", 2, "no question"), ("cats?", 6, "above the limit")])

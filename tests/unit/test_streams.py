@@ -7,7 +7,9 @@ import asyncio
 import json
 from types import SimpleNamespace
 
-from gateway.streams import rag_stream, sse_event_batches, tracked_stream
+import pytest
+
+from gateway.streams import rag_stream, sse_event_batches, tracked_stream, trim_capped_choices
 from gateway.tenants import GUARD_KEY, TENANT_KEY
 from tenancy.limits import RequestTokens, TokenReservation
 
@@ -106,7 +108,63 @@ def test_rag_stream_sequence():
     cited = [{"document_id": "d"}]
     out = _payloads(_collect(rag_stream(_aiter(_chunks(DELTA, FINAL, USAGE, "[DONE]")), cited)))
     assert out == [{"object": "rag.citations", "citations": cited}, {"object": "rag.delta", "delta": "Hi"},
-                   {"object": "rag.usage", "usage": USAGE["usage"]}, "[DONE]"]
+                   {"object": "rag.finish", "finish_reason": "stop"}, {"object": "rag.usage", "usage": USAGE["usage"]},
+                   "[DONE]"]
+
+
+def _answer_chunks(pieces: list[str], finish: str) -> list[dict]:
+    return [{"object": "chat.completion.chunk", "choices": [_choice(0, piece)]} for piece in pieces] + [
+        {"object": "chat.completion.chunk", "choices": [_choice(0, "", finish)]}]
+
+
+def _text(out: list) -> str:
+    return "".join((c["choices"][0]["delta"].get("content") or "") for c in out if isinstance(c, dict) and c.get("choices"))
+
+
+@pytest.mark.parametrize("finish, expected", [("length", "It checks the ref [1]. Then it pushes."),
+                                              ("stop", "It checks the ref [1]. Then it pushes. And the")])
+def test_a_rag_stream_at_the_cap_ends_at_its_last_sentence(finish, expected):
+    pieces = ["It checks", " the ref [1", "].", " Then it pushes", ".", " And the"]
+    out = _payloads(_collect(tracked_stream(_aiter(_chunks(*_answer_chunks(pieces, finish), USAGE, "[DONE]")),
+                                            REQUEST, "m", [], True, trim_at_cap=True)))
+    assert _text(out) == expected and out[-1] == "[DONE]"
+    assert out[0]["choices"][0]["delta"]["content"] == "It checks"  # the first sentence is not held
+    assert [c["choices"][0]["finish_reason"] for c in out if isinstance(c, dict) and c.get("choices")][-1] == finish
+    assert out[-2]["usage"] == USAGE["usage"]  # usage as generated
+
+
+def test_without_trim_a_capped_stream_is_passed_as_generated():
+    pieces = ["Done. And the"]
+    out = _payloads(_collect(tracked_stream(_aiter(_chunks(*_answer_chunks(pieces, "length"), "[DONE]")),
+                                            REQUEST, "m", None, False)))
+    assert _text(out) == "Done. And the"
+
+
+def test_n2_rag_stream_trims_each_choice_on_its_own():
+    chunks = [{"choices": [_choice(0, "A one. A tw"), _choice(1, "B one. B tw")]},
+              {"choices": [_choice(1, "o.", "stop")]}, {"choices": [_choice(0, "o", "length")]}, "[DONE]"]
+    out = _payloads(_collect(tracked_stream(_aiter(_chunks(*chunks)), REQUEST, "m", [], False, trim_at_cap=True)))
+    texts = {0: "", 1: ""}
+    for chunk in out[:-1]:
+        for choice in chunk["choices"]:
+            texts[choice["index"]] += choice["delta"].get("content") or ""
+    assert texts == {0: "A one.", 1: "B one. B two."}
+
+
+def test_rag_query_stream_says_how_the_answer_finished():
+    source = tracked_stream(_aiter(_chunks(*_answer_chunks(["Yes. Bu"], "length"), USAGE, "[DONE]")), REQUEST, "m",
+                            None, True, False, trim_at_cap=True)
+    out = _payloads(_collect(rag_stream(source, [])))
+    assert [e for e in out if isinstance(e, dict) and e["object"] in ("rag.delta", "rag.finish")] == [
+        {"object": "rag.delta", "delta": "Yes."}, {"object": "rag.finish", "finish_reason": "length"}]
+    assert out[-1] == "[DONE]"
+
+
+def test_trim_capped_choices_cuts_only_the_capped_ones():
+    payload = {"choices": [{"index": 0, "message": {"content": "One. Tw"}, "finish_reason": "length"},
+                           {"index": 1, "message": {"content": "One. Tw"}, "finish_reason": "stop"},
+                           {"index": 2, "message": {"content": None}, "finish_reason": "length"}]}
+    assert [c["message"]["content"] for c in trim_capped_choices(payload)["choices"]] == ["One.", "One. Tw", None]
 
 
 # ---- broken streams: an error event instead of [DONE] -------------------------------------
