@@ -489,7 +489,11 @@ class RagSpec(_Strict):
                                           "readable.")
     max_question_chars: int = Field(8000, ge=16, description="Characters in the question of a search, a RAG "
                                     "query or chat-with-RAG (its last user message); longer ones get 400.")
-    answer_max_tokens: int = Field(256, ge=1, description="Default completion budget for RAG answers.")
+    answer_max_tokens: int = Field(128, ge=1, description="Default completion budget of a RAG answer "
+                                   "(/v1/rag/query, and chat with `rag` when the request has no max_tokens). 256 "
+                                   "until 2026-12-06: SmolLM2-135M rarely stops on its own, and 20 of 20 Git "
+                                   "manual questions ran to 256 tokens; 128 halves the decode "
+                                   "(docs/results/rag-answer-length-2026-12-06.md).")
     trim_capped_answers: bool = Field(True, description="A RAG answer (/v1/rag/query, chat with `rag`) whose "
                                       "generation hit its token cap ends at its last complete sentence "
                                       "(rag/answer_trim.py); finish_reason stays \"length\" and usage counts "
