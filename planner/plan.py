@@ -263,8 +263,9 @@ def _side_replicas(profile: Profile, gpu: bool, dim: int, first_order: int = 1,
     gw_lines.update({"extraction.workers": ext.workers * runtime.EXTRACTION_WORKER,
                      "extraction.documents (memory cap)": extraction_growth})
 
-    def replica(name, lines, spec, threads, order, growth=0, gpus=0.0, copies=1, contents=None):
-        env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
+    def replica(name, lines, spec, threads, order, growth=0, gpus=0.0, copies=1, contents=None, env=None):
+        env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
+               **(env or {})}
         total = sum(lines.values())
         opts = RayActorOptions(num_cpus=spec.num_cpus, memory=total, num_gpus=gpus or None)
         return ReplicaPlan(name=name, kind=name, planned_bytes=total, breakdown=lines, growth_bytes=growth,
@@ -274,7 +275,8 @@ def _side_replicas(profile: Profile, gpu: bool, dim: int, first_order: int = 1,
     return [
         replica("embedder", emb_lines, emb, emb.torch_threads, first_order,
                 growth=runtime.EMBEDDER_TRAFFIC_GROWTH + emb_act,  # a GPU embedder empties torch's cache too
-                gpus=gpu_fraction(sum(emb_lines.values()), pool_bytes) if gpu else 0.0),
+                gpus=gpu_fraction(sum(emb_lines.values()), pool_bytes) if gpu else 0.0,
+                env={"MALLOC_ARENA_MAX": str(runtime.EMBEDDER_MALLOC_ARENA_MAX)}),
         replica("retriever", ret_lines, ret, ret.faiss_threads, first_order + 1,
                 growth=index + n * 56 + ret.sqlite_cache_bytes,
                 contents=ContentsPlan(per_chunk_bytes=index // n + 56, cache_bytes=ret.sqlite_cache_bytes,

@@ -119,6 +119,13 @@ GB10_SPECULATOR_GRAPH_CAPTURE = int(5.5 * GiB)
 # where a warm venv's replica measures ~10% under (file pages 65-75 MiB).
 EMBEDDER_RUNTIME = 350 * MB
 EMBEDDER_MAPPED_FILES = 125 * MB
+# glibc malloc arenas the embedder's process may make (MALLOC_ARENA_MAX in its environment, read when glibc
+# starts; its default is 8 per core). Real documents (chunked on Serve's worker threads, the arguments and
+# answers on Ray's) left the replica's growth spread over about 20 arenas, each keeping its own fragments
+# that malloc_trim cannot return (smaps, 2026-12-06: 421 -> 480 MiB anon over 216 outside-corpora pages,
+# +0.5 to +5.5 MiB in each of a dozen arenas); two arenas share those fragments (docs/STRESS.md, "The
+# embedder's heap after real documents").
+EMBEDDER_MALLOC_ARENA_MAX = 2
 # What it grows beyond that under traffic, with batches of 4 (2026-12-05, every forward pass on one
 # thread): after the suite's hostile-client tests (a bulk ingest in two jobs beside another tenant's
 # embeddings and questions) the replica measured 607.6 MB (anon 470.0, file 136.8) against 552 MB

@@ -249,3 +249,16 @@ def test_the_default_cpu_engine_gets_the_step_threads_worker_on_two_cpus(tmp_pat
     assert chat.vllm.worker_cls == "serve.cpu_worker.StepThreadsCPUWorker"
     assert chat.env["OMP_NUM_THREADS"] == "2" and chat.env["POOLSERVE_NARROW_STEP_THREADS"] == "1"
     assert chat.env["POOLSERVE_WIDE_STEP_TOKENS"] == "128" and chat.env["NUMBA_THREADING_LAYER"] == "workqueue"
+
+
+def test_the_embedder_process_makes_at_most_two_malloc_arenas(tmp_path):
+    """Issue 46: the embedder's growth after real documents was spread over a glibc arena per thread; its
+    environment caps them (read when glibc starts, so it must be in the process's environment)."""
+    from planner import runtime
+
+    plan = build_plan(load_profile(_profile(tmp_path, "cpu-tiny")), pool_total_bytes=24 * GiB)
+    embedder = plan.replica("embedder")
+    assert embedder.env["MALLOC_ARENA_MAX"] == str(runtime.EMBEDDER_MALLOC_ARENA_MAX) == "2"
+    assert embedder.serve_options()["ray_actor_options"]["runtime_env"]["env_vars"]["MALLOC_ARENA_MAX"] == "2"
+    assert embedder.env["OMP_NUM_THREADS"] and embedder.env["TOKENIZERS_PARALLELISM"] == "false"
+    assert "MALLOC_ARENA_MAX" not in plan.replica("retriever").env | plan.replica("gateway").env
