@@ -62,6 +62,45 @@ def test_rag_query_stream_sends_citations_and_answer(client):
     assert any(e["object"] == "rag.usage" for e in parsed)
 
 
+CAPPED = "Explain in detail everything the context says about the Zorblax reactor: who, when, where, how and why."
+CAP = 40
+
+
+def _ends_at_a_sentence(text: str) -> bool:
+    from rag.answer_trim import last_sentence_end
+
+    return bool(text) and last_sentence_end(text) == len(text)
+
+
+def test_a_capped_rag_answer_ends_at_its_last_sentence_streamed_or_not(client, openai_client):
+    """An answer that hits max_tokens ends at its last complete sentence (rag.trim_capped_answers), says so
+    (finish_reason "length") and is charged every generated token; the stream holds back only the partial
+    sentence and sends the same text."""
+    _ingest(client, "facts", [("zorblax", ZORB), *FILLER])
+    ask = {"collection": "facts", "question": CAPPED, "top_k": 2, "max_tokens": CAP, "temperature": 0}
+    body = client.post("/v1/rag/query", json=ask).json()
+    assert body["finish_reason"] == "length" and body["usage"]["completion_tokens"] == CAP
+    assert _ends_at_a_sentence(body["answer"]), body["answer"]
+    events = []
+    with client.stream("POST", "/v1/rag/query", json={**ask, "stream": True}) as response:
+        for line in response.iter_lines():  # bounded by the client's timeout
+            if line.startswith("data: ") and line != "data: [DONE]":
+                events.append(json.loads(line[len("data: "):]))
+    assert "".join(e["delta"] for e in events if e["object"] == "rag.delta") == body["answer"]
+    assert [e["finish_reason"] for e in events if e["object"] == "rag.finish"] == ["length"]
+    assert [e["usage"]["completion_tokens"] for e in events if e["object"] == "rag.usage"] == [CAP]
+
+    chat = dict(model="smollm2-135m-instruct", temperature=0, max_tokens=CAP,
+                messages=[{"role": "user", "content": CAPPED}], extra_body={"rag": {"collection": "facts", "top_k": 2}})
+    response = openai_client.chat.completions.create(**chat)
+    content = response.choices[0].message.content
+    assert response.choices[0].finish_reason == "length" and response.usage.completion_tokens == CAP
+    assert _ends_at_a_sentence(content), content
+    chunks = list(openai_client.chat.completions.create(**chat, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+
+
 def test_context_tokens_keep_the_best_passages_that_fit_and_shorten_the_prompt(openai_client, client):
     _ingest(client, "budget", [("zorblax", ZORB), *FILLER])
     ask = {"collection": "budget", "question": "Who invented the Zorblax reactor?", "top_k": 4, "max_tokens": 4,
