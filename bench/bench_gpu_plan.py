@@ -303,7 +303,7 @@ def boot(profile, profile_path: Path, plan, sampler: GpuSampler, workdir: Path, 
                     steps["ingest"] = lambda: ingest_ratio(server.base_url, server.api_key, profile)
                 if do_squeeze:
                     steps["squeeze"] = lambda: squeeze(server.base_url, server.api_key, profile, sampler,
-                                                              plan.guard.shed_ingest_at)
+                                                              plan.edge.guard.shed_ingest_at)
                 for name, step in steps.items():  # one failing step does not cost the others
                     try:
                         report[name] = step()

@@ -11,6 +11,7 @@ from gateway.ingest_jobs import JOB_ENDPOINTS
 from gateway.request_guard import RequestBodyGuard
 from gateway.tenants import ADMIN_ENDPOINTS, TenantAuthMiddleware
 from gateway.uploads import INGEST_OPENAPI
+from planner.outputs import GatewayEdge
 
 ENDPOINTS = {
     "models": lambda app: app.get("/v1/models", response_model=ModelList),
@@ -36,15 +37,15 @@ ENDPOINTS = {
 }
 
 
-def make_app(guard_config: dict, max_body_bytes: int, unavailable_retry_after_s: int) -> FastAPI:
+def make_app(edge: GatewayEdge) -> FastAPI:
     """The gateway's FastAPI app: error mapping, a strict body guard, and outermost tenant auth.
     No CORS middleware: cross-origin browser calls stay closed unless an operator adds it."""
     app = FastAPI(title="poolserve", docs_url="/docs", redoc_url=None)
-    install_error_handlers(app, unavailable_retry_after_s)
+    install_error_handlers(app, edge.gateway.unavailable_retry_after_s)
     # An over-long body is a JSON 413, and NaN, lone surrogates, invalid UTF-8 or absurd nesting a 400
     # naming the field, before anything parses or stores it.
-    app.add_middleware(RequestBodyGuard, max_body_bytes=max_body_bytes)
+    app.add_middleware(RequestBodyGuard, max_body_bytes=edge.gateway.max_body_bytes)
     # Outermost (added last): a request without a valid key, or one the pool guard sheds, is answered
     # before its body is even read, so unauthenticated clients cannot make the gateway buffer and parse.
-    app.add_middleware(TenantAuthMiddleware, guard_config=guard_config)
+    app.add_middleware(TenantAuthMiddleware, edge=edge)
     return app

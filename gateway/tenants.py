@@ -27,6 +27,7 @@ from gateway.pool_guard import PoolGuard, read_gpu_pool, read_pool
 from gateway.public_paths import is_public, refuse_unauthenticated, serve_public
 from gateway.read_lanes import ReadLanes, ReadsQueued, is_read
 from planner.guard import GuardPlan, unplanned_guard
+from planner.outputs import GatewayEdge
 from planner.profile import GatewaySpec
 from system.private_files import make_private_dir, write_private
 from tenancy import (
@@ -82,7 +83,7 @@ class TenantGuard:
     """Everything tenant-related one gateway replica holds: store, limiter, metrics."""
 
     def __init__(self, state_dir: str, tenants_file: str | None, marks: GuardPlan | None = None,
-                 gateway: dict | None = None):
+                 gateway: GatewaySpec | None = None):
         """`marks` is the plan's pool guard section (planner/guard.py): the marks follow what the plan holds.
         None (unit tests that build a guard alone): the profile schema's fixed marks."""
         marks = marks or unplanned_guard()
@@ -103,7 +104,7 @@ class TenantGuard:
         self.shed_heaviest_at_least = marks.heaviest_at_least
         self.admin_key = os.environ.get(ADMIN_KEY_ENV) or None
         # Traffic without a valid key, per client address (planner/profile.py GatewaySpec.client_*).
-        spec = GatewaySpec.model_validate(gateway or {})
+        spec = gateway or GatewaySpec()
         self.clients = ClientLimiter(spec.client_max_concurrent, spec.client_requests_per_minute,
                                      spec.login_failures_per_minute, spec.tracked_clients)
         self.login_form_max_bytes = spec.login_form_max_bytes
@@ -177,9 +178,9 @@ def _bearer(scope) -> str | None:
 class TenantAuthMiddleware:
     """Pure ASGI middleware: admin-key and bearer auth, RPM/TPM/concurrency limits."""
 
-    def __init__(self, app, guard_config: dict):
+    def __init__(self, app, edge: GatewayEdge):
         self.app = app
-        self.guard = TenantGuard(**guard_config)
+        self.guard = TenantGuard(edge.state_dir, edge.tenants_file, edge.guard, edge.gateway)
         self._closing: set[asyncio.Future] = set()  # strong references to in-progress lease releases
 
     async def _reject(self, scope, receive, send, status: int, message: str, headers: dict | None = None,

@@ -7,7 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from planner.profile import FusionSpec, RagSpec, TenantQuotaSpec
+from planner.guard import GuardPlan
+from planner.profile import FusionSpec, GatewaySpec, RagSpec, TenantQuotaSpec
 
 
 class _Output(BaseModel):
@@ -153,3 +154,15 @@ class RetrieverSettings(_Output):
     index_save_interval_s: float = Field(description="Seconds between saves of changed FAISS indexes.")
     embedder_model_id: str = Field(description="The embedder whose vectors the store holds (recorded, checked).")
     fusion: FusionSpec = Field(description="Hybrid retrieval's fusion of the rankings (rag.fusion).")
+
+
+class GatewayEdge(_Output):
+    """What the gateway's outer middleware reads (gateway/http_app.py make_app): where the tenants live, the
+    pool guard's marks, and the profile's gateway section (keyless clients' limits, the body cap, read lanes)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    state_dir: str = Field(description="The tenant store, the limiter's and the rejections' databases.")
+    tenants_file: str | None = Field(description="Tenants declared in a file, synced at start; None = none.")
+    guard: GuardPlan = Field(description="The pool guard's marks, from what the plan holds (planner/guard.py).")
+    gateway: GatewaySpec = Field(description="The profile's gateway section, as the middleware reads it.")

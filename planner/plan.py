@@ -25,9 +25,9 @@ from planner.embedder import activation_bytes
 from planner.engine import EngineError, plan_engine, utilization_for
 from planner.errors import Overcommit, PlanError
 from planner.gpu import gpu_fraction, released_at_rest, split_device_lines
-from planner.guard import GuardPlan, guard_plan
-from planner.outputs import (FROM_GATEWAY_SPEC, ChatModelCard, ContentsPlan, EngineArgs, GatewaySettings,
-                             RayActorOptions, RetrieverSettings)
+from planner.guard import guard_plan
+from planner.outputs import (FROM_GATEWAY_SPEC, ChatModelCard, ContentsPlan, EngineArgs, GatewayEdge,
+                             GatewaySettings, RayActorOptions, RetrieverSettings)
 from planner.profile import PoolSpec, Profile, ServeSpec, pinned
 from planner.units import gib
 from planner.weights import safetensors_bytes
@@ -171,7 +171,8 @@ class Plan(BaseModel):
     start_peak: dict[str, int] = Field(default_factory=dict, description="Start lines of the engine whose start is tightest.")
     notes: list[str] = Field(default_factory=list)
     gateway: GatewaySettings = Field(description="Everything the gateway reads (limits, models, budgets).")
-    guard: GuardPlan = Field(description="The pool guard's marks, from what the plan holds (planner/guard.py).")
+    edge: GatewayEdge = Field(description="What the gateway's outer middleware reads, the pool guard's marks "
+                             "(planner/guard.py) included.")
     retriever: RetrieverSettings = Field(description="Everything the retriever replica reads.")
 
     def replica(self, name: str) -> ReplicaPlan:
@@ -495,7 +496,9 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
                  "faiss": profile.retriever.faiss_threads,
                  "gateway": 1},
         page_cache=page_cache, start_peak=start, notes=notes, gateway=_gateway_settings(profile, deployed),
-        guard=guard_plan(spec, pool.total_bytes, pool.free_bytes - pool.headroom_bytes, pool.discrete),
+        edge=GatewayEdge(state_dir=profile.state_dir, tenants_file=profile.tenants_file, gateway=profile.gateway,
+                         guard=guard_plan(spec, pool.total_bytes, pool.free_bytes - pool.headroom_bytes,
+                                          pool.discrete)),
         retriever=_retriever_settings(profile, embedder_dimension(profile)),
     )
 

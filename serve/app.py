@@ -121,9 +121,7 @@ def build_app(args: dict) -> serve.Application:
     embedder = embedder_deployment(profile, plan, after_engines)
     retriever = Retriever.options(**_options(plan, "retriever")).bind(
         plan.retriever, _start_order(plan, "retriever", after_engines))
-    guard_config = {"state_dir": profile.state_dir, "tenants_file": profile.tenants_file, "marks": plan.guard,
-                    "gateway": profile.gateway.model_dump()}
-    app = make_app(guard_config, profile.gateway.max_body_bytes, plan.gateway.unavailable_retry_after_s)
+    app = make_app(plan.edge)
     ingress_cls = make_fastapi_ingress(Gateway, endpoint_map=ENDPOINTS, app=app)
     gateway = serve.deployment(ingress_cls, name="gateway").options(
         **_options(plan, "gateway"))

@@ -14,3 +14,14 @@ class FakeClock:
 
     def advance(self, seconds: float = 1.0) -> None:
         self.now += seconds
+
+
+def unplanned_edge(state_dir, gateway: dict | None = None):
+    """The gateway's outer settings for an app built alone (no plan): the schema's fixed guard marks and the
+    profile schema's gateway section with `gateway`'s fields over it."""
+    from planner.guard import unplanned_guard
+    from planner.outputs import GatewayEdge
+    from planner.profile import GatewaySpec
+
+    return GatewayEdge(state_dir=str(state_dir), tenants_file=None, guard=unplanned_guard(),
+                       gateway=GatewaySpec.model_validate(gateway or {}))

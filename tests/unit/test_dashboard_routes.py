@@ -15,6 +15,7 @@ from gateway.http_app import make_app
 from rag.store import KnowledgeStore
 from tests.unit.test_knowledge_routes import Handle
 from tests.unit.gateway_settings import gateway_settings
+from tests.unit.fakes import unplanned_edge
 
 ADMIN = "unit-admin-key-0123456789"
 MIB = 2**20
@@ -56,7 +57,7 @@ def http(tmp_path, monkeypatch):
     monkeypatch.setenv("POOLSERVE_ADMIN_KEY", ADMIN)
     store = KnowledgeStore(tmp_path / "knowledge.sqlite3", dim=4)
     store.upsert_document("demo", "handbook", "leave", ["a", "b"], np.eye(4, dtype=np.float32)[:2], {})
-    app = make_app({"state_dir": str(tmp_path / "state"), "tenants_file": None}, max_body_bytes=1 << 20, unavailable_retry_after_s=10)
+    app = make_app(unplanned_edge(tmp_path / "state", {"max_body_bytes": 1 << 20, "unavailable_retry_after_s": 10}))
     gateway = Gateway(store)
     for name, route in DASHBOARD_ENDPOINTS.items():
         route(app)(getattr(gateway, name))
@@ -119,7 +120,7 @@ def test_the_cookie_secure_flag_follows_the_profile_not_the_scheme_alone():
 def test_behind_a_tls_proxy_the_login_cookie_is_secure(tmp_path, monkeypatch):
     monkeypatch.setenv("POOLSERVE_ADMIN_KEY", ADMIN)
     store = KnowledgeStore(tmp_path / "knowledge.sqlite3", dim=4)
-    app = make_app({"state_dir": str(tmp_path / "state"), "tenants_file": None}, max_body_bytes=1 << 20, unavailable_retry_after_s=10)
+    app = make_app(unplanned_edge(tmp_path / "state", {"max_body_bytes": 1 << 20, "unavailable_retry_after_s": 10}))
     gateway = Gateway(store)
     gateway._settings = gateway._settings.model_copy(update={"trust_forwarded_proto": True})
     for name, route in DASHBOARD_ENDPOINTS.items():

@@ -81,6 +81,6 @@ def test_unplanned_guard_is_the_schemas_defaults():
 
 def test_the_cpu_default_plan_carries_the_fixed_marks():
     plan = build_plan(load_profile("configs/cpu-tiny.yaml"), pool_total_bytes=24 * GIB)
-    assert plan.guard.reader == "pool"
-    assert plan.guard.shed_ingest_at >= 0.9 and plan.guard.shed_all_at >= 0.95
-    assert plan.guard.planned_bytes == plan.pool.free_bytes - plan.pool.headroom_bytes
+    assert plan.edge.guard.reader == "pool"
+    assert plan.edge.guard.shed_ingest_at >= 0.9 and plan.edge.guard.shed_all_at >= 0.95
+    assert plan.edge.guard.planned_bytes == plan.pool.free_bytes - plan.pool.headroom_bytes

@@ -18,6 +18,7 @@ from gateway.public_paths import body_limit, body_refusal
 from gateway.tenants import ADMIN_KEY_ENV, RESEED_ENV, guard_of
 from planner.profile import GatewaySpec
 from tenancy import DEMO_KEY_ENV
+from tests.unit.fakes import unplanned_edge
 
 pytestmark = pytest.mark.timeout(60)
 ADMIN = "admin-" + "k" * 40
@@ -32,7 +33,7 @@ def app(tmp_path, monkeypatch):
     umask = os.umask(0o022)
     os.umask(umask)
     gateway = GatewaySpec(client_max_concurrent=2, client_requests_per_minute=6).model_dump()
-    built = make_app({"state_dir": str(tmp_path / "state"), "tenants_file": None, "gateway": gateway}, MAX_BODY, 10)
+    built = make_app(unplanned_edge(tmp_path / "state", {**gateway, "max_body_bytes": MAX_BODY, "unavailable_retry_after_s": 10}))
     started = asyncio.Event()
     release = asyncio.Event()
 

@@ -17,6 +17,7 @@ from gateway.errors import install_error_handlers
 from gateway.tenants import (ADMIN_KEY_ENV, RESEED_ENV, TenantAuthMiddleware, detach, guard_of, record_usage,
                                  reserve_tokens, tenant_of)
 from tenancy import DEMO_KEY_ENV, parse_api_key
+from tests.unit.fakes import unplanned_edge
 
 pytestmark = pytest.mark.timeout(60)
 ADMIN = "admin-" + "k" * 40
@@ -96,7 +97,7 @@ def make_mw(tmp_path, monkeypatch):
     made: list[TenantAuthMiddleware] = []
 
     def make(state_dir=tmp_path / "state") -> TenantAuthMiddleware:
-        made.append(TenantAuthMiddleware(_app(), {"state_dir": str(state_dir), "tenants_file": None}))
+        made.append(TenantAuthMiddleware(_app(), unplanned_edge(state_dir)))
         return made[-1]
     yield make
     os.umask(umask)

@@ -28,6 +28,7 @@ from tenancy.limits import TenantLimiter, estimate_text_tokens
 from tenancy.models import Tenant
 from tests.unit.gateway_settings import gateway_settings
 from tests.unit.rag_fakes import DIM, FakeEmbedder, RecordingIndex, bag_of_words, paragraph_chunks
+from tests.unit.fakes import unplanned_edge
 
 pytestmark = pytest.mark.timeout(120)
 FROZEN = 6_000_000.0 + 1  # one second into a minute: the test's requests all share it
@@ -226,7 +227,7 @@ def stack(tmp_path, monkeypatch):
     os.umask(umask)
     store = KnowledgeStore(tmp_path / "knowledge.sqlite3", dim=DIM)
     gateway = Gateway(store)
-    app = make_app({"state_dir": str(tmp_path / "state"), "tenants_file": None}, 32 * 2**20, 10)
+    app = make_app(unplanned_edge(tmp_path / "state", {"max_body_bytes": 32 * 2**20, "unavailable_retry_after_s": 10}))
     for name in ("embeddings", "chat", "add_documents", "rag_query"):
         ENDPOINTS[name](app)(getattr(gateway, name))
     app.middleware_stack = app.build_middleware_stack()
