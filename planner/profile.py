@@ -264,7 +264,7 @@ class ChatSpec(_Strict):
                                            "wide_step_tokens tokens (decoding); None = the pool's CPUs less the "
                                            "embedder's threads, at most omp_threads.")
     # 128: a decode step of the default's 16 sequences with 4 speculative tokens each schedules 80 tokens, a RAG
-    # prompt 300-1,000 (docs/BENCHMARKS.md section 2d').
+    # prompt 300-1,000 (docs/archive/BENCHMARKS-history.md, the old section 2d′).
     wide_step_tokens: int = Field(128, ge=1, description="CPU: a step of at least this many tokens (a prefill) runs "
                                   "on omp_threads, smaller ones on decode_omp_threads (serve/cpu_worker.py).")
     # 0.05 s: vLLM's Worker busy-waits (sched_yield) 1 s for its next step after each one, a core of two held
@@ -334,7 +334,7 @@ class EmbedderSpec(_Strict):
                                   "from; None = the folder is provided locally.")
     batch_size: int = Field(32, ge=1, le=1024, description="Texts embedded per forward pass. A question waits for "
                             "the batch in progress (rag/embed_turns.py), so on CPU keep it small: 4 is as "
-                            "fast as 32 there (docs/BENCHMARKS.md section 8c).")
+                            "fast as 32 there (docs/BENCHMARKS.md section 8.3).")
     # 5 s: an interactive user's next question comes within it; beside a bulk ingest another tenant's RAG p95 went
     # from 1.95-2.26x quiet to 1.60-1.85x (docs/SECURITY.md). Measured on CPU only, with batches of 4.
     question_window_s: float = Field(5.0, ge=0, description="While a question came in this recently, document "
@@ -349,7 +349,7 @@ class EmbedderSpec(_Strict):
                                        "each batch the embedder borrows the cores the rest of the machine left idle "
                                        "since the last one (the chat engine between requests), never fewer than "
                                        "torch_threads. None = the pool's CPUs; torch_threads = never borrow. "
-                                       "docs/BENCHMARKS.md section 8.")
+                                       "docs/BENCHMARKS.md section 8.1.")
     query_prefix: str = Field("", description="Text put in front of every question before it is embedded, for models "
                               "trained with a query instruction (bge-*-en-v1.5: 'Represent this sentence for searching "
                               "relevant passages: '); documents are embedded as they are. Empty for all-MiniLM-L6-v2.")
@@ -425,7 +425,7 @@ class FusionSpec(_Strict):
     """How hybrid retrieval merges the dense and lexical rankings (measured in docs/BENCHMARKS.md section 7)."""
 
     # Weighted 0.7/0.3 is at or near the best recall on all three corpora measured (pydoc, the SQLite
-    # manual, 61 LaTeX PDFs: docs/BENCHMARKS.md 7 and 7c); RRF k=60 led only on pydoc. The no-answer
+    # manual, 61 LaTeX PDFs: docs/BENCHMARKS.md 7.1 and 7.3); RRF k=60 led only on pydoc. The no-answer
     # threshold does not move with it: it reads the dense cosine, not the fused score (rag/no_answer.py).
     method: Literal["rrf", "weighted"] = Field("weighted", description="Min-max normalised weighted scores, or "
                                                "reciprocal-rank fusion.")
@@ -436,13 +436,13 @@ class FusionSpec(_Strict):
     candidates: int = Field(50, ge=1, description="Chunks taken from each index before fusing (at least top_k).")
     # 0.2 with chunks_per_document 1: the most found at rank 1 over the three tuning corpora (pydoc, the SQLite
     # manual, the LaTeX PDFs: 257 of 284, against 254 with 0.1) and none lost at rank 5 (280). Alone, 0.2 had lost
-    # one at rank 5 on SQLite, so 0.1 was chosen first (docs/BENCHMARKS.md sections 7f, 7h).
+    # one at rank 5 on SQLite, so 0.1 was chosen first (docs/BENCHMARKS.md sections 7.6, 7.8).
     document_support: float = Field(0.2, ge=0, description="Each fused chunk also scores this times the best fused "
                                     "score of another chunk of its document among the candidates: a page that "
                                     "answers in several places ranks over one that matches once. 0 = off.")
     # 1: over the three tuning corpora (284 questions, document support 0.1) 5 more found in the top 5 (275 -> 280:
     # pydoc +2, SQLite +2, LaTeX PDFs +1), none lost; 2 found 1 more, 3 one more. Rank 1 cannot move
-    # (docs/BENCHMARKS.md section 7h).
+    # (docs/BENCHMARKS.md section 7.8).
     chunks_per_document: int = Field(1, ge=0, description="In every mode, each document's chunks beyond its best "
                                      "this many go after the other documents' chunks, so a page that matches in "
                                      "many places cannot fill the top_k alone; nothing is dropped. 0 = off.")
@@ -464,7 +464,7 @@ class RagSpec(_Strict):
                                 "starts in (HTML and Markdown headings, DOCX sections: rag/extract.py). Off: on the "
                                 "SQLite manual hybrid recall@1 went 0.800 -> 0.815, but on the two held-out manuals "
                                 "it lost a question each (Git 0.744 -> 0.732 at rank 1, Apache 0.961 -> 0.947 at "
-                                "rank 5; docs/BENCHMARKS.md 7g).")
+                                "rank 5; docs/BENCHMARKS.md 7.7).")
     embed_batch_chunks: int = Field(64, ge=1, description="Chunks per embedder call during an ingest: the "
                                     "granularity of its progress reports and of a job's cancel: a call of 256 took "
                                     "about 18 s beside a chatting tenant on 2 CPU cores, and a cancelled job ran on "
@@ -475,7 +475,7 @@ class RagSpec(_Strict):
     max_top_k: int = Field(20, ge=1, description="Largest top_k a request may ask for.")
     context_tokens: int | None = Field(None, ge=16, description="Most chat-model tokens of retrieved passages in a "
                                        "RAG prompt (best first; a request may ask for fewer); None = all top_k. The "
-                                       "prompt's prefill is most of a CPU answer's time (docs/BENCHMARKS.md 2d).")
+                                       "prompt's prefill is most of a CPU answer's time (docs/BENCHMARKS.md 2.5).")
     max_documents_per_request: int = Field(256, ge=1, description="Documents per ingest request.")
     documents_page_default: int = Field(20, ge=1, description="Documents a listing page holds when the request "
                                         "gives no `limit`.")

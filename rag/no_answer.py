@@ -4,7 +4,7 @@ A small chat model given unrelated passages answers anyway, from the passages or
 "the knowledge base does not contain this" is the honest reply, and it costs no generation. The
 gate reads the best cosine similarity of the question with any chunk the filters allow (see
 rag/retrieval.py for why not the fused score); its default, `rag.min_score`, was chosen by
-measurement (docs/BENCHMARKS.md section 7b: the refusal table of bench/bench_rag_quality.py).
+measurement (docs/BENCHMARKS.md section 7.2: the refusal table of bench/bench_rag_quality.py).
 
 The reply is shaped like the chat engine's (an OpenAI chat completion, or its stream chunks, with
 `refused: true` added), so the gateway returns it through the same paths as a generated answer.

@@ -53,7 +53,7 @@ def fit_context(chunks: list[RetrievedChunk], budget: int | None,
     """The best-ranked passages whose text fits `budget` tokens together, in rank order.
 
     The prompt's prefill is most of a CPU RAG answer's time (about 2.7-4.8 ms a token for SmolLM2 on
-    this machine's cores, docs/BENCHMARKS.md section 2d), so the context is budgeted in the chat model's
+    this machine's cores, docs/BENCHMARKS.md section 2.5), so the context is budgeted in the chat model's
     tokens, not counted in chunks. A passage that does not fit ends the context (a lower-ranked
     shorter one is not pulled in ahead of it); the first passage is always kept, cut to the budget
     if it alone is longer (its `end` offset then marks where the cut fell)."""

@@ -3,7 +3,7 @@
 On a small host the chat engine shares its cores with the embedder, the gateway and Ray. A second OpenMP
 thread nearly doubles a prompt's prefill (1.85-1.93x idle, 1.10-1.22x beside a busy core) but, beside a
 busy core, slows decoding by a third (0.72x / 0.64x): a decode step is many short parallel regions, and
-each waits for the thread that lost its core (docs/BENCHMARKS.md section 2d'). So a step that schedules
+each waits for the thread that lost its core (docs/BENCHMARKS.md section 2.6). So a step that schedules
 at least `POOLSERVE_WIDE_STEP_TOKENS` tokens (a prompt's prefill) runs on the plan's `OMP_NUM_THREADS`,
 and any other step (decoding, speculation's few tokens per sequence) on `POOLSERVE_NARROW_STEP_THREADS`.
 The planner sets both (planner/engine.py); the thread team and its core binding stay as vLLM made them,

@@ -71,7 +71,7 @@ class Embedder:
     def _document_batch_size(self) -> int:
         """Half a batch while questions come in (each waits for the document batch in progress: 0.06-0.15 s
         instead of 0.12-0.29 on CPU), the whole one otherwise (batches of 2 cost 3-7% of the encoder's speed on
-        two threads, docs/BENCHMARKS.md section 8c)."""
+        two threads, docs/BENCHMARKS.md section 8.3)."""
         whole = self.embedder.batch_size
         if self._question_window_s and self._turns.question_within(self._question_window_s):
             return max(1, whole // 2)

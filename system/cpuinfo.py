@@ -19,7 +19,7 @@ def cpu_flags(cpuinfo: str) -> set[str]:
 
 def cpu_has_native_bf16(cpuinfo_path: str = "/proc/cpuinfo") -> bool:
     """False where bfloat16 is emulated: torch's bf16 GEMMs and vLLM's CPU attention then run several
-    times slower than float32 (docs/BENCHMARKS.md section 0)."""
+    times slower than float32 (docs/BENCHMARKS.md section 1.2)."""
     try:
         text = Path(cpuinfo_path).read_text()
     except OSError:

@@ -24,7 +24,7 @@ def test_a_fused_attention_model_is_linear_in_tokens_and_follows_its_dtype(tmp_p
     fp16 = _folder(tmp_path, "fp16", model_type="bert", num_attention_heads=12, dtype="float16")
     gpu = activation_bytes(minilm, 384, 64, 256, gpu=True)
     assert gpu == 64 * 256 * 384 * runtime.EMBEDDER_GPU_ACT_PER_TOKEN_DIM
-    assert gpu >= 408 * MiB  # all-MiniLM-L6-v2 fp32, 64 x 256: 408 MiB reserved on an H100 (BENCHMARKS 6b)
+    assert gpu >= 408 * MiB  # all-MiniLM-L6-v2 fp32, 64 x 256: 408 MiB reserved on an H100 (BENCHMARKS 6.2)
     assert activation_bytes(minilm, 384, 64, 512, gpu=True) == 2 * gpu
     assert activation_bytes(fp16, 384, 64, 256, gpu=True) == gpu // 2
     # CPU (eager formula, unchanged): one layer's hidden states and scores

@@ -123,11 +123,11 @@ def test_retrieve_refuses_what_it_cannot_do():
 
 
 def test_the_default_fusion_is_weighted_dense_first():
-    # docs/BENCHMARKS.md 7 and 7c: at or near the best recall on pydoc, the SQLite manual and LaTeX PDFs.
+    # docs/BENCHMARKS.md 7.1 and 7.3: at or near the best recall on pydoc, the SQLite manual and LaTeX PDFs.
     default = FusionSettings()
     assert (default.method, default.dense_weight, default.lexical_weight) == ("weighted", 0.7, 0.3)
-    assert default.document_support == 0.2  # docs/BENCHMARKS.md 7f, 7h
-    assert default.chunks_per_document == 1  # docs/BENCHMARKS.md 7h
+    assert default.document_support == 0.2  # docs/BENCHMARKS.md 7.6, 7.8
+    assert default.chunks_per_document == 1  # docs/BENCHMARKS.md 7.8
     store = TwoLists([chunk("a", 0.9), chunk("b", 0.5)], [chunk("c", 5.0), chunk("b", 4.0)])
     hits = retrieve(store, "t", "c", SearchQuery(mode="hybrid", text="q", top_k=3, vector=[1.0])).hits
     assert [h.document_id for h in hits] == ["a", "c", "b"]  # 0.7, 0.3, 0: dense's first leads
