@@ -166,3 +166,21 @@ class GatewayEdge(_Output):
     tenants_file: str | None = Field(description="Tenants declared in a file, synced at start; None = none.")
     guard: GuardPlan = Field(description="The pool guard's marks, from what the plan holds (planner/guard.py).")
     gateway: GatewaySpec = Field(description="The profile's gateway section, as the middleware reads it.")
+
+
+class EmbedderSettings(_Output):
+    """Everything the embedder replica reads, from the profile and its plan: bound as it is (serve/app.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_path: str = Field(description="The sentence-transformers model folder.")
+    model_id: str = Field(description="The id clients send to /v1/embeddings.")
+    batch_size: int = Field(description="Texts one forward pass embeds.")
+    chunk_tokens: int = Field(description="Tokens per chunk (rag.chunk_tokens), cut with the model's tokenizer.")
+    chunk_overlap: int = Field(description="Tokens a chunk repeats of the one before (rag.chunk_overlap).")
+    torch_threads: int = Field(description="torch threads of a question's forward pass.")
+    ingest_threads: int = Field(description="The most threads a document batch may borrow from idle cores.")
+    device: Literal["cpu", "cuda"] = Field(description="`cuda` when the plan gives the replica a GPU share.")
+    query_prefix: str = Field(description="Prepended to a question before it is embedded (the model's convention).")
+    cpu_nice: int = Field(description="Linux nice of the replica's threads (document batches yield to chat).")
+    question_window_s: float = Field(description="How recent a question halves the document batch.")

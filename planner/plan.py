@@ -24,10 +24,10 @@ from planner.architecture import ArchitectureError, embedding_dimension
 from planner.embedder import activation_bytes
 from planner.engine import EngineError, plan_engine, utilization_for
 from planner.errors import Overcommit, PlanError
-from planner.gpu import gpu_fraction, released_at_rest, split_device_lines
+from planner.gpu import gpu_fraction, released_at_rest, split_device_lines, torch_device
 from planner.guard import guard_plan
 from planner.outputs import (FROM_GATEWAY_SPEC, ChatModelCard, ContentsPlan, EngineArgs, GatewayEdge,
-                             GatewaySettings, RayActorOptions, RetrieverSettings)
+                             EmbedderSettings, GatewaySettings, RayActorOptions, RetrieverSettings)
 from planner.profile import PoolSpec, Profile, ServeSpec, pinned
 from planner.units import gib
 from planner.weights import safetensors_bytes
@@ -173,6 +173,7 @@ class Plan(BaseModel):
     gateway: GatewaySettings = Field(description="Everything the gateway reads (limits, models, budgets).")
     edge: GatewayEdge = Field(description="What the gateway's outer middleware reads, the pool guard's marks "
                              "(planner/guard.py) included.")
+    embedder: EmbedderSettings = Field(description="Everything the embedder replica reads.")
     retriever: RetrieverSettings = Field(description="Everything the retriever replica reads.")
 
     def replica(self, name: str) -> ReplicaPlan:
@@ -499,6 +500,7 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
         edge=GatewayEdge(state_dir=profile.state_dir, tenants_file=profile.tenants_file, gateway=profile.gateway,
                          guard=guard_plan(spec, pool.total_bytes, pool.free_bytes - pool.headroom_bytes,
                                           pool.discrete)),
+        embedder=_embedder_settings(profile, deployed, _embedder_ingest_threads(profile, spec, cpus)),
         retriever=_retriever_settings(profile, embedder_dimension(profile)),
     )
 
@@ -570,6 +572,16 @@ def _embedder_ingest_threads(profile: Profile, spec: PoolSpec, cpus: float) -> i
     emb = profile.embedder
     default = emb.torch_threads if spec.gpu else int(cpus)
     return max(emb.torch_threads, emb.ingest_threads or default)
+
+
+def _embedder_settings(profile: Profile, replicas: list[ReplicaPlan], ingest_threads: int) -> EmbedderSettings:
+    emb = profile.embedder
+    options = next(r for r in replicas if r.name == "embedder").ray_actor_options
+    return EmbedderSettings(
+        model_path=str(emb.model), model_id=emb.model_id, batch_size=emb.batch_size,
+        chunk_tokens=profile.rag.chunk_tokens, chunk_overlap=profile.rag.chunk_overlap,
+        torch_threads=emb.torch_threads, ingest_threads=ingest_threads, device=torch_device(options.num_gpus),
+        query_prefix=emb.query_prefix, cpu_nice=emb.cpu_nice, question_window_s=emb.question_window_s)
 
 
 def _retriever_settings(profile: Profile, dim: int) -> RetrieverSettings:

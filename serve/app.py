@@ -16,7 +16,6 @@ from ray import serve
 
 from enginepair.compat import build_llm_deployment, make_fastapi_ingress, to_model_metadata
 from gateway.http_app import ENDPOINTS, make_app
-from planner.gpu import torch_device
 from planner.plan import Plan, resolved_plan
 from planner.profile import Profile, load_profile
 from serve.chat import PoolserveLLMServer, llm_config_from_plan
@@ -95,15 +94,9 @@ def _start_order(plan: Plan, name: str, after: list[tuple[str, str]]) -> StartOr
     return StartOrder(after, plan.replica(name).serve.start_wait_timeout_s)
 
 
-def embedder_deployment(profile: Profile, plan: Plan, start_after: list[tuple[str, str]]) -> serve.Application:
-    """The embedder bound as its plan says: resources, and the device that goes with them."""
-    emb = profile.embedder
-    return Embedder.options(**_options(plan, "embedder")).bind(
-        emb.model, emb.model_id, emb.batch_size, profile.rag.chunk_tokens, profile.rag.chunk_overlap,
-        emb.torch_threads, _start_order(plan, "embedder", start_after), device=torch_device(plan.replica("embedder").ray_actor_options.num_gpus),
-        ingest_threads=plan.threads["embedder_ingest_most"], query_prefix=emb.query_prefix, cpu_nice=emb.cpu_nice,
-        question_window_s=emb.question_window_s,
-    )
+def embedder_deployment(plan: Plan, start_after: list[tuple[str, str]]) -> serve.Application:
+    """The embedder bound with its plan: resources, and the settings (the device among them) that go with them."""
+    return Embedder.options(**_options(plan, "embedder")).bind(plan.embedder, _start_order(plan, "embedder", start_after))
 
 
 def build_app(args: dict) -> serve.Application:
@@ -118,7 +111,7 @@ def build_app(args: dict) -> serve.Application:
     # Ordered start: the engines one at a time (each after the previous one has allocated its KV cache and
     # answered its warm-up) or, on a CPU, together (PoolSpec.engines_start), then everything else.
     llm_deployments, model_cards, after_engines = engine_deployments(profile, plan)
-    embedder = embedder_deployment(profile, plan, after_engines)
+    embedder = embedder_deployment(plan, after_engines)
     retriever = Retriever.options(**_options(plan, "retriever")).bind(
         plan.retriever, _start_order(plan, "retriever", after_engines))
     app = make_app(plan.edge)

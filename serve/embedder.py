@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from ray import serve
 
 from rag.embed_turns import BatchTurns, IdleCores, OneForwardThread, threads_for
+from planner.outputs import EmbedderSettings
 from system.priority import lower_cpu_priority
 from system.process_memory import process_tree_memory, release_freed_heap
 from serve.start_order import StartOrder
@@ -18,26 +19,24 @@ from rag.embedding import SentenceTransformerEmbedder
 
 @serve.deployment(name="embedder")  # its options: the plan's (serve/app.py)
 class Embedder:
-    async def __init__(self, model_path: str, model_id: str, batch_size: int, chunk_tokens: int,
-                       chunk_overlap: int, torch_threads: int, start: StartOrder,
-                       device: str, ingest_threads: int | None = None, query_prefix: str = "", cpu_nice: int = 0,
-                       question_window_s: float = 0.0):
+    async def __init__(self, settings: EmbedderSettings, start: StartOrder):
         await start.wait("embedder", serve.get_replica_context().app_name)
         # Before torch starts its OpenMP threads, which inherit it from the thread that starts them.
-        lower_cpu_priority(cpu_nice)
+        lower_cpu_priority(settings.cpu_nice)
 
-        self.model_id = model_id
-        self._torch_threads = torch_threads
-        self._ingest_threads = max(torch_threads, ingest_threads or torch_threads)
+        self.model_id = settings.model_id
+        self._torch_threads = settings.torch_threads
+        self._ingest_threads = max(settings.torch_threads, settings.ingest_threads)
         # One batch in flight: the plan budgets one batch's activations, and concurrent encodes on the
         # same cores only share them (measured: four at once held 4x the activations, 0.5 GiB over budget).
         self._turns = BatchTurns()
-        self._question_window_s = question_window_s
+        self._question_window_s = settings.question_window_s
         self._forward = OneForwardThread()
         self._idle_cores = IdleCores(len(os.sched_getaffinity(0)))
         # `cuda` only when the plan gave this replica a GPU share: Ray then sets CUDA_VISIBLE_DEVICES to it.
-        self.embedder = SentenceTransformerEmbedder(model_path, batch_size, chunk_tokens, chunk_overlap, device,
-                                                    query_prefix=query_prefix)
+        self.embedder = SentenceTransformerEmbedder(settings.model_path, settings.batch_size, settings.chunk_tokens,
+                                                    settings.chunk_overlap, settings.device,
+                                                    query_prefix=settings.query_prefix)
         self.dimension = self.embedder.dimension
         self._warm_up()
 

@@ -44,7 +44,7 @@ def _built(config: str, pool_total_bytes: int | None = None):
     profile = load_profile(ROOT / "configs" / config)
     plan = build_plan(profile, pool_total_bytes)
     engines, _, after = engine_deployments(profile, plan)
-    return plan, [app._bound_deployment for app in engines.values()], embedder_deployment(profile, plan, after)
+    return plan, [app._bound_deployment for app in engines.values()], embedder_deployment(plan, after)
 
 
 def _units(share: float) -> int:
@@ -91,7 +91,7 @@ def test_spark_gpu_shares_are_granted(config, no_ray):
         on_gpu += [share] * deployment._deployment_config.num_replicas
 
     emb = embedder._bound_deployment
-    assert emb._replica_config.init_kwargs["device"] == "cuda"
+    assert emb._replica_config.init_args[0].device == "cuda"
     assert emb.ray_actor_options["num_gpus"] == plan.replica("embedder").ray_actor_options.num_gpus
     on_gpu += [emb.ray_actor_options["num_gpus"]] * emb._deployment_config.num_replicas
     for name in ("retriever", "gateway"):
@@ -110,7 +110,7 @@ def test_cpu_tiny_asks_no_gpu(no_ray):
         assert "VLLM_RAY_PER_WORKER_GPUS" not in deployment.ray_actor_options["runtime_env"]["env_vars"]
         assert llm_config.get_engine_config().get_initialization_kwargs()["distributed_executor_backend"] == "mp"
     emb = embedder._bound_deployment
-    assert emb._replica_config.init_kwargs["device"] == "cpu"
+    assert emb._replica_config.init_args[0].device == "cpu"
     assert not emb.ray_actor_options.get("num_gpus")
 
 
