@@ -184,3 +184,31 @@ class EmbedderSettings(_Output):
     query_prefix: str = Field(description="Prepended to a question before it is embedded (the model's convention).")
     cpu_nice: int = Field(description="Linux nice of the replica's threads (document batches yield to chat).")
     question_window_s: float = Field(description="How recent a question halves the document batch.")
+
+
+class EngineRank(_Output):
+    """A CPU engine split over nodes: its share on one other node, as the chat replica starts it
+    (serve/engine_ranks.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    node_rank: int = Field(description="vLLM's node rank of the share.")
+    bundle_index: int = Field(description="Its bundle in the replica's placement group (share i: bundle i + 1).")
+    num_cpus: float = Field(description="Ray CPUs of the share's host actor.")
+    resources: dict[str, float] = Field(description="Its bundle's other resources (the node's placement resource).")
+    env: dict[str, str] = Field(description="The share's engine environment, from its plan.")
+
+
+class ChatReplicaSettings(_Output):
+    """What the chat replica reads beyond ray.serve.llm's own config (serve/chat.py PoolserveLLMServer)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    warmup_prompt: str = Field(description="Sent once before the replica reports ready.")
+    start_after: list[tuple[str, str]] = Field(description="(deployment, method) whose health the engine waits for "
+                                               "before it starts: the ordered start.")
+    start_wait_timeout_s: float = Field(description="The longest wait for those.")
+    heap_trim_interval_s: float = Field(description="How often the Workers' freed heap is handed back; 0 = never.")
+    ranks: list[EngineRank] = Field(default_factory=list, description="A split engine's shares on other nodes.")
+    rank_engine_kwargs: dict = Field(default_factory=dict, description="The ranks' vLLM engine arguments, as vLLM "
+                                     "takes them (keywords of its engine args).")

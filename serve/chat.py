@@ -19,6 +19,7 @@ from system.process_memory import WORKER_EXTENSION, WORKER_TRIM_METHOD, process_
 from serve.engine_ranks import end_local_engine, start_rank_hosts
 from serve.start_order import wait_for_predecessors
 from planner.gpu import engine_placement
+from planner.outputs import ChatReplicaSettings, EngineRank
 from planner.plan import ReplicaPlan
 from planner.profile import ChatSpec
 
@@ -79,34 +80,33 @@ class PoolserveLLMServer(LLMServer):
         # CPU together (PoolSpec.engines_start), with nothing to wait for.
         from ray import serve
 
-        configs = self._llm_config.experimental_configs
-        start_after = [tuple(p) for p in configs.get("start_after", [])]
-        await wait_for_predecessors(self._llm_config.model_id, start_after, serve.get_replica_context().app_name,
-                                    configs["start_wait_timeout_s"])
+        settings = replica_settings(self._llm_config)
+        await wait_for_predecessors(self._llm_config.model_id, settings.start_after,
+                                    serve.get_replica_context().app_name, settings.start_wait_timeout_s)
         self._rank_lost: str | None = None
-        if configs.get("engine_ranks"):
-            self._watch_ranks(configs["engine_ranks"], configs["rank_engine_kwargs"])
+        if settings.ranks:
+            self._watch_ranks(settings.ranks, settings.rank_engine_kwargs)
         await super().start()
         await self._warm_up()
         self._last_worker_trim: dict = {}
-        interval = float(configs.get("heap_trim_interval_s", 0))
+        interval = settings.heap_trim_interval_s
         if interval > 0:
             self._trim_task = asyncio.get_running_loop().create_task(self._trim_workers_every(interval))
 
-    def _watch_ranks(self, ranks: list[dict], engine_kwargs: dict) -> None:
+    def _watch_ranks(self, ranks: list[EngineRank], engine_kwargs: dict) -> None:
         """A split engine: start its ranks on the other nodes and mark this replica unhealthy the moment one
         of them ends (its node lost, its process dead), so Serve replaces the replica and all its ranks
         together instead of leaving an engine that waits on a rank forever."""
         hosts = start_rank_hosts(ranks, engine_kwargs)
 
-        async def watch(host, rank: dict) -> None:
+        async def watch(host, rank: EngineRank) -> None:
             try:
                 code = await host.wait.remote()
                 reason = f"exited with {code}"
             except Exception as exc:  # the actor died with its node, or was never placed
                 reason = f"were lost ({type(exc).__name__}: {exc})"
             if self._rank_lost is None:
-                self._rank_lost = f"the engine's ranks on node_rank {rank['node_rank']} {reason}"
+                self._rank_lost = f"the engine's ranks on node_rank {rank.node_rank} {reason}"
                 ended = end_local_engine()
                 logger.error("%s: this replica is now unhealthy (%d engine processes here ended)",
                              self._rank_lost, ended)
@@ -121,7 +121,7 @@ class PoolserveLLMServer(LLMServer):
         await super().check_health()
 
     async def _warm_up(self) -> None:
-        prompt = self._llm_config.experimental_configs.get("warmup_prompt", "Say OK.")
+        prompt = replica_settings(self._llm_config).warmup_prompt
         request = ChatCompletionRequest(
             model=self._llm_config.model_id, messages=[{"role": "user", "content": prompt}],
             max_tokens=4, temperature=0.0, stream=False,
@@ -154,15 +154,23 @@ class PoolserveLLMServer(LLMServer):
         return {**measured, "worker_heap_trim": getattr(self, "_last_worker_trim", {})}
 
 
-def rank_configs(rank_plans: list[ReplicaPlan]) -> list[dict]:
+# The key of experimental_configs (ray.serve.llm's free-form dict) that holds the replica's typed settings.
+SETTINGS_KEY = "poolserve"
+
+
+def replica_settings(llm_config: LLMConfig) -> ChatReplicaSettings:
+    return llm_config.experimental_configs[SETTINGS_KEY]
+
+
+def rank_configs(rank_plans: list[ReplicaPlan]) -> list[EngineRank]:
     """A CPU split engine's shares on other nodes as the replica starts them: bundle i + 1 of its placement
     group is share i's node (serve/engine_ranks.py)."""
-    configs = []
+    ranks = []
     for index, share in enumerate(rank_plans, start=1):
         bundle = engine_placement(share.ray_actor_options)[1]
-        configs.append({"node_rank": share.engine_node_rank, "bundle_index": index, "num_cpus": bundle["CPU"],
-                        "resources": {k: v for k, v in bundle.items() if k != "CPU"}, "env": dict(share.env)})
-    return configs
+        ranks.append(EngineRank(node_rank=share.engine_node_rank, bundle_index=index, num_cpus=bundle["CPU"],
+                                resources={k: v for k, v in bundle.items() if k != "CPU"}, env=dict(share.env)))
+    return ranks
 
 
 def llm_config_from_plan(chat: ChatSpec, chat_plan: ReplicaPlan, start_after: list[tuple[str, str]],
@@ -187,12 +195,14 @@ def llm_config_from_plan(chat: ChatSpec, chat_plan: ReplicaPlan, start_after: li
         placement_group_config={"bundles": [bundle, *(engine_placement(r.ray_actor_options)[1] for r in rank_plans)],
                                 "strategy": "PACK"},
         runtime_env={"env_vars": adapt_engine_env({**chat_plan.env, **gpu_env})},
-        experimental_configs={"warmup_prompt": chat.warmup_prompt, "start_after": [list(p) for p in start_after],
-                              "start_wait_timeout_s": chat_plan.serve.start_wait_timeout_s,
-                              "heap_trim_interval_s": chat.heap_trim_interval_s,
-                              "stream_batching_interval_ms": chat.stream_batching_interval_ms,
-                              **({"engine_ranks": ranks, "rank_engine_kwargs": {**engine_kwargs, "model": chat.model}}
-                                 if ranks else {})},
+        experimental_configs={
+            SETTINGS_KEY: ChatReplicaSettings(
+                warmup_prompt=chat.warmup_prompt, start_after=list(start_after),
+                start_wait_timeout_s=chat_plan.serve.start_wait_timeout_s,
+                heap_trim_interval_s=chat.heap_trim_interval_s, ranks=ranks,
+                rank_engine_kwargs={**engine_kwargs, "model": chat.model} if ranks else {}),
+            "stream_batching_interval_ms": chat.stream_batching_interval_ms,  # ray.serve.llm's own key
+        },
         log_engine_metrics=True,
         callback_config=NODE_INIT_CALLBACK,
     )

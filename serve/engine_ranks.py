@@ -20,6 +20,8 @@ import sys
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from planner.outputs import EngineRank
+
 logger = logging.getLogger("poolserve.engine_ranks")
 
 STOP_GRACE_S = 20.0
@@ -69,18 +71,18 @@ def end_local_engine() -> int:
     return ended
 
 
-def start_rank_hosts(ranks: list[dict], engine_kwargs: dict) -> list:
-    """One EngineRankHost per further node, each in its bundle of the replica's placement group. `ranks`:
-    the replica's experimental_configs["engine_ranks"] (node_rank, bundle_index, num_cpus, resources, env)."""
+def start_rank_hosts(ranks: list[EngineRank], engine_kwargs: dict) -> list:
+    """One EngineRankHost per further node, each in its bundle of the replica's placement group (`ranks`: the
+    replica's ChatReplicaSettings.ranks)."""
     group = ray.util.get_current_placement_group()
     if group is None:
         raise RuntimeError("a split engine's replica runs without its placement group; its ranks cannot be placed")
     host_cls = ray.remote(EngineRankHost)
     hosts = []
     for rank in ranks:
-        strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank["bundle_index"])
+        strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank.bundle_index)
         hosts.append(host_cls.options(
-            num_cpus=rank["num_cpus"], resources=rank["resources"], scheduling_strategy=strategy,
+            num_cpus=rank.num_cpus, resources=rank.resources, scheduling_strategy=strategy,
             name=None, max_restarts=0,
-        ).remote({**engine_kwargs, "node_rank": rank["node_rank"]}, rank["env"]))
+        ).remote({**engine_kwargs, "node_rank": rank.node_rank}, rank.env))
     return hosts

@@ -227,25 +227,26 @@ def test_the_split_engines_ports_are_in_each_nodes_listening_set_for_the_firewal
 
 
 def test_the_replica_places_each_further_nodes_ranks_in_its_own_bundle():
-    from serve.chat import llm_config_from_plan
+    from serve.chat import llm_config_from_plan, replica_settings
 
     profile = load_profile(TWO)
     plan = build_plan(profile)
     config = llm_config_from_plan(profile.chat, plan.replica("chat"), [], plan.shares)
     bundles = config.placement_group_config["bundles"]
     assert [set(b) - {"CPU"} for b in bundles] == [{"poolserve_node_node-a"}, {"poolserve_node_node-b"}]
-    (rank,) = config.experimental_configs["engine_ranks"]
-    assert rank["bundle_index"] == 1 and rank["node_rank"] == 1
-    assert rank["resources"] == {"poolserve_node_node-b": 0.001} and rank["num_cpus"] == bundles[1]["CPU"]
-    assert rank["env"]["VLLM_HOST_IP"] == "127.0.0.2"
-    kwargs = config.experimental_configs["rank_engine_kwargs"]
+    settings = replica_settings(config)
+    (rank,) = settings.ranks
+    assert rank.bundle_index == 1 and rank.node_rank == 1
+    assert rank.resources == {"poolserve_node_node-b": 0.001} and rank.num_cpus == bundles[1]["CPU"]
+    assert rank.env["VLLM_HOST_IP"] == "127.0.0.2"
+    kwargs = settings.rank_engine_kwargs
     # the headless ranks build the same engine: the replica's arguments and the model's local path
     assert {k: v for k, v in kwargs.items() if k != "model"} == config.engine_kwargs
     assert kwargs["model"] == profile.chat.model
     # one node: no ranks, one bundle
     tiny = load_profile(ROOT / "configs/cpu-tiny.yaml")
     one = llm_config_from_plan(tiny.chat, build_plan(tiny, 24 * GiB).replica("chat"), [])
-    assert len(one.placement_group_config["bundles"]) == 1 and "engine_ranks" not in one.experimental_configs
+    assert len(one.placement_group_config["bundles"]) == 1 and not replica_settings(one).ranks
 
 
 def test_nodes_on_one_machine_bind_their_ranks_to_the_cores_each_pool_names(tmp_path):

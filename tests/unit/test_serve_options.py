@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from serve.chat import llm_config_from_plan
+from serve.chat import llm_config_from_plan, replica_settings
 from planner.plan import build_plan
 from planner.profile import ServeSpec, load_profile
 
@@ -40,8 +40,8 @@ def test_start_wait_and_gateway_timeouts_come_from_the_profile_not_the_code():
     assert (settings.dashboard_refresh_s, settings.dashboard_history_sample_s) == (9, 30)
     assert settings.dashboard_measure_timeout_s == profile.gateway.dashboard_measure_timeout_s
     config = llm_config_from_plan(profile.chat, plan.replica("chat"), [("before", "check_health")])
-    assert config.experimental_configs["start_wait_timeout_s"] == 600
-    assert config.experimental_configs["start_after"] == [["before", "check_health"]]
+    assert replica_settings(config).start_wait_timeout_s == 600
+    assert replica_settings(config).start_after == [("before", "check_health")]
     # poolserve's own wait is not a Ray Serve option: Ray would refuse an unknown deployment field
     assert "start_wait_timeout_s" not in config.deployment_config
     assert "start_wait_timeout_s" not in plan.replica("embedder").serve_options()

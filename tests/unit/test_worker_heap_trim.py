@@ -10,7 +10,7 @@ import logging
 
 from planner.plan import build_plan
 from planner.profile import load_profile
-from serve.chat import PoolserveLLMServer, llm_config_from_plan
+from serve.chat import PoolserveLLMServer, llm_config_from_plan, replica_settings
 from system.process_memory import WORKER_EXTENSION, WORKER_TRIM_METHOD, HeapTrimWorkerExtension
 
 
@@ -42,7 +42,7 @@ def test_the_interval_comes_from_the_profile_and_the_workers_get_the_extension()
     profile = load_profile("configs/cpu-tiny.yaml")
     profile.chat.heap_trim_interval_s = 12.5
     config = llm_config_from_plan(profile.chat, build_plan(profile).replica("chat"), [])
-    assert config.experimental_configs["heap_trim_interval_s"] == 12.5
+    assert replica_settings(config).heap_trim_interval_s == 12.5
     assert config.engine_kwargs["worker_extension_cls"] == "system.process_memory.HeapTrimWorkerExtension"
     profile.chat.heap_trim_interval_s = 0
     off = llm_config_from_plan(profile.chat, build_plan(profile).replica("chat"), [])
