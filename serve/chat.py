@@ -159,7 +159,8 @@ SETTINGS_KEY = "poolserve"
 
 
 def replica_settings(llm_config: LLMConfig) -> ChatReplicaSettings:
-    return llm_config.experimental_configs[SETTINGS_KEY]
+    """The replica's settings, typed again should ray.serve.llm have copied its config through a dict."""
+    return ChatReplicaSettings.model_validate(llm_config.experimental_configs[SETTINGS_KEY])
 
 
 def rank_configs(rank_plans: list[ReplicaPlan]) -> list[EngineRank]:

@@ -45,3 +45,13 @@ def test_start_wait_and_gateway_timeouts_come_from_the_profile_not_the_code():
     # poolserve's own wait is not a Ray Serve option: Ray would refuse an unknown deployment field
     assert "start_wait_timeout_s" not in config.deployment_config
     assert "start_wait_timeout_s" not in plan.replica("embedder").serve_options()
+
+
+def test_the_chat_replicas_settings_survive_a_copy_of_its_config_through_a_dict():
+    from ray.llm._internal.serve.core.configs.llm_config import LLMConfig
+
+    profile = load_profile("configs/cpu-tiny.yaml")
+    config = llm_config_from_plan(profile.chat, build_plan(profile).replica("chat"), [("before", "check_health")])
+    copied = LLMConfig.model_validate(config.model_dump())
+    assert replica_settings(copied) == replica_settings(config)
+    assert replica_settings(copied).start_after == [("before", "check_health")]
