@@ -12,10 +12,10 @@ from planner.plan import build_plan
 from planner.profile import load_profile
 
 TOLERANCE = 0.10
-# First, on the stack as its own warm-up leaves it: the embedder's resident heap grows as it serves varied
-# inputs (one run: 404 -> 545 MiB PSS over 120 batches of 1-64 texts of 3-300 words; malloc_trim, a fixed
-# glibc mmap threshold and oneDNN's primitive cache off did not stop it; an open finding, docs/ARCHITECTURE.md),
-# so after the other tests its at-rest figure says more about them than about the plan.
+# First, on the stack as its own warm-up leaves it: a replica's heap keeps some of what it served (the
+# embedder's, in glibc's arenas, now capped at two: docs/STRESS.md, "The embedder's heap after real
+# documents"), so after the other tests its at-rest figure says more about them than about the plan; the
+# budget after real use is test_budgets_after_real_use.py's.
 pytestmark = pytest.mark.late("measures the stack")
 
 
