@@ -491,7 +491,7 @@ class RagSpec(_Strict):
                                     "query or chat-with-RAG (its last user message); longer ones get 400.")
     answer_max_tokens: int = Field(128, ge=1, description="Default completion budget of a RAG answer "
                                    "(/v1/rag/query, and chat with `rag` when the request has no max_tokens). 256 "
-                                   "until 2026-12-06: SmolLM2-135M rarely stops on its own, and 20 of 20 Git "
+                                   "until 2026-12-06: SmolLM2-135M rarely stops on its own, and 19 of 20 Git "
                                    "manual questions ran to 256 tokens; 128 halves the decode "
                                    "(docs/results/rag-answer-length-2026-12-06.md).")
     trim_capped_answers: bool = Field(True, description="A RAG answer (/v1/rag/query, chat with `rag`) whose "
