@@ -457,7 +457,8 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
         engines[name] = (chat, eng)
     eng = engines["chat"][1]
     emb_spec, emb_total, _ = pools[_home(profile.embedder, first)]
-    side = _side_replicas(profile, emb_spec.gpu, embedder_dimension(profile), order + 1, pool_bytes=emb_total)
+    dim = embedder_dimension(profile)  # the embedder's config.json, read once
+    side = _side_replicas(profile, emb_spec.gpu, dim, order + 1, pool_bytes=emb_total)
     for r in side:
         node = first if r.kind == "gateway" else _home(getattr(profile, r.kind), first)  # the gateway: the head
         spec, total, _ = pools[node]
@@ -501,7 +502,7 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
                          guard=guard_plan(spec, pool.total_bytes, pool.free_bytes - pool.headroom_bytes,
                                           pool.discrete)),
         embedder=_embedder_settings(profile, deployed, _embedder_ingest_threads(profile, spec, cpus)),
-        retriever=_retriever_settings(profile, embedder_dimension(profile)),
+        retriever=_retriever_settings(profile, dim),
     )
 
 
