@@ -101,8 +101,8 @@ class Timed:
         finally:
             self.seconds[part] += time.perf_counter() - start
 
-    async def chunk(self, text):
-        return await self._timed("chunk", self._embedder.chunk(text))
+    async def chunk_documents(self, texts):
+        return await self._timed("chunk", self._embedder.chunk_documents(texts))
 
     async def embed_documents(self, texts):
         return await self._timed("embed", self._embedder.embed_documents(texts))

@@ -23,12 +23,20 @@ from bench.harness.serving import ServingLoad, run_serving_load  # noqa: E402
 from planner.plan import build_plan  # noqa: E402
 from planner.profile import load_profile  # noqa: E402
 
-# name -> engine-argument overrides; "planned" is the profile's own, "compiled-full-and-piecewise" vLLM's default.
+# name -> changes to the planned compilation_config (planner/graphs.py: FULL_DECODE_ONLY graphs at the planned
+# capture sizes, no torch.compile). The sizes stay the planned ones, so only compilation differs.
 MODES = {
     "planned": {},
-    "compiled-full-and-piecewise": {"compilation_config": {"mode": 3, "cudagraph_mode": "FULL_AND_PIECEWISE"}},
-    "compiled-full-decode-only": {"compilation_config": {"mode": 3, "cudagraph_mode": "FULL_DECODE_ONLY"}},
+    "compiled-full-decode-only": {"mode": 3},
+    "compiled-full-and-piecewise": {"mode": 3, "cudagraph_mode": "FULL_AND_PIECEWISE"},
 }
+
+
+def mode_overrides(planned: dict | None, name: str) -> dict:
+    """The engine-argument overrides of one mode: the planned compilation_config with its changes."""
+    if not MODES[name]:
+        return {}
+    return {"enforce_eager": False, "compilation_config": {**(planned or {}), **MODES[name]}}
 
 
 def main() -> None:
@@ -36,6 +44,7 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, default=Path("configs/gh200-bench.yaml"))
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated names of MODES")
     parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--start-timeout", type=float, default=420, help="seconds for one server to start")
     parser.add_argument("--out", type=Path, default=Path("bench/results/gpu"))
     args = parser.parse_args()
     import pynvml
@@ -48,11 +57,12 @@ def main() -> None:
     rows = []
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.modes.split(","):
-        setup = engine_setup(args.profile, MODES[name])
+        planned = engine_setup(args.profile).args.compilation_config
+        setup = engine_setup(args.profile, mode_overrides(planned, name))
         workdir = Path(tempfile.mkdtemp(prefix="decode-mode-"))
-        row = {"mode": name, "overrides": MODES[name]}
+        row = {"mode": name, "compilation_config": setup.args.compilation_config}
         try:
-            with raw_vllm_server(setup, workdir, timeout_s=420) as server:
+            with raw_vllm_server(setup, workdir, timeout_s=args.start_timeout) as server:
                 row["start_s"] = round(server.start_s, 1)
                 metrics = run_serving_load(server.base_url, setup.served_model_name, setup.model,
                                            ServingLoad(args.prompts, 1, 256, 128), workdir / "load.log")

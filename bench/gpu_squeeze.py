@@ -7,7 +7,8 @@
   512 MiB, so nothing already admitted can run out. The marks come from the plan (planner/guard.py): on an
   H100 running the 27B the last one sits about 1.4 GiB below the card's size, hence the small steps.
 - ingest_ratio: the pydoc corpus ingested through the stack (20 documents per request, as clients send
-  them) against raw sentence-transformers encoding the same chunks on the same GPU.
+  them) against raw sentence-transformers encoding the same chunks on the same GPU; and the same requests
+  through rag.pipeline in one process, timed by part (chunk, embed, store), for where the stack's time goes.
 """
 
 from __future__ import annotations
@@ -94,15 +95,35 @@ def _corpus(limit: int) -> list[dict]:
 
 
 RAW_ENCODE = """
-import json, sys, time
+import asyncio, json, sys, tempfile, time
+from pathlib import Path
+from bench.bench_ingest import Timed
 from rag.embedding import SentenceTransformerEmbedder
-model, batch, chunk_tokens, overlap, device, corpus = json.loads(sys.argv[1])
+from rag.local import LocalEmbedder, LocalIndex
+from rag.pipeline import DocumentInput, PipelineSettings, RagPipeline
+from rag.store import KnowledgeStore
+model, batch, chunk_tokens, overlap, device, corpus, per_request = json.loads(sys.argv[1])
 raw = SentenceTransformerEmbedder(model, batch, chunk_tokens, overlap, device)
-texts = [c.text for line in open(corpus) for c in raw.chunk(json.loads(line)["text"])]
+docs = [json.loads(line)["text"] for line in open(corpus)]
+texts = [c.text for d in docs for c in raw.chunk(d)]
 raw.model.encode(texts[:64], batch_size=batch)  # warm-up, as the replica's
 started = time.perf_counter()
 raw.model.encode(texts, batch_size=batch, normalize_embeddings=True)
-print(json.dumps({"chunks": len(texts), "seconds": time.perf_counter() - started}))
+seconds = time.perf_counter() - started
+
+async def pipeline_parts():  # the stack's pipeline in this one process: where an ingest's time goes
+    with tempfile.TemporaryDirectory() as tmp:
+        store = KnowledgeStore(Path(tmp) / "parts.sqlite3", dim=raw.dimension)
+        timed = Timed(LocalEmbedder(raw), LocalIndex(store))
+        pipeline = RagPipeline(timed, timed, PipelineSettings())
+        started = time.perf_counter()
+        for i in range(0, len(docs), per_request):
+            await pipeline.ingest("t", "c", [DocumentInput(id=f"d{i + j}", text=t)
+                                             for j, t in enumerate(docs[i:i + per_request])])
+        store.close()
+        return {"wall_s": round(time.perf_counter() - started, 3), **{k: round(v, 3) for k, v in timed.seconds.items()}}
+
+print(json.dumps({"chunks": len(texts), "seconds": seconds, "in_process": asyncio.run(pipeline_parts())}))
 """
 
 
@@ -127,11 +148,12 @@ def ingest_ratio(base_url: str, key: str, profile, documents: int = 120, per_req
         corpus.write("".join(json.dumps({"text": d["text"]}) + "\n" for d in docs))
         corpus.flush()
         args = [profile.embedder.model, profile.embedder.batch_size, profile.rag.chunk_tokens,
-                profile.rag.chunk_overlap, device, corpus.name]
+                profile.rag.chunk_overlap, device, corpus.name, per_request]
         done = subprocess.run([sys.executable, "-c", RAW_ENCODE, json.dumps(args)], capture_output=True, text=True,
                               timeout=600, cwd=Path(__file__).resolve().parents[1], check=True)
     raw = json.loads(done.stdout.strip().splitlines()[-1])
     return {"documents": len(docs), "per_request": per_request, "chunks_stack": chunks_stack,
             "chunks_raw": raw["chunks"], "stack_chunks_per_s": round(chunks_stack / stack_s, 1),
             "raw_chunks_per_s": round(raw["chunks"] / raw["seconds"], 1),
-            "ratio": round((chunks_stack / stack_s) / (raw["chunks"] / raw["seconds"]), 3)}
+            "ratio": round((chunks_stack / stack_s) / (raw["chunks"] / raw["seconds"]), 3),
+            "in_process_pipeline_s": raw["in_process"]}

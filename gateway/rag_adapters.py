@@ -25,8 +25,8 @@ class RayEmbedder:
         self._embed_and_charge = embed_and_charge  # the gateway's: embeds and records the tenant's usage
         self._tenant = tenant  # whose turn a question's batch takes in the embedder
 
-    async def chunk(self, text: str) -> list[Chunk]:
-        return await self._handle.chunk.remote(text)
+    async def chunk_documents(self, texts: list[str]) -> list[list[Chunk]]:
+        return await self._handle.chunk_documents.remote(texts)
 
     async def embed_documents(self, texts: list[str]) -> np.ndarray:
         return (await self._embed_and_charge(texts))["vectors"]

@@ -242,7 +242,7 @@ def embedder_dimension(profile: Profile) -> int:
 
 
 def _side_replicas(profile: Profile, gpu: bool, dim: int, first_order: int = 1,
-                   pool_bytes: int = 0) -> list[ReplicaPlan]:
+                   pool_bytes: int = 0, embedder_ingest_threads: int = 1) -> list[ReplicaPlan]:
     emb, ret, gw = profile.embedder, profile.retriever, profile.gateway
     emb_weights = safetensors_bytes(emb.model)
     if not emb_weights:
@@ -278,7 +278,10 @@ def _side_replicas(profile: Profile, gpu: bool, dim: int, first_order: int = 1,
         replica("embedder", emb_lines, emb, emb.torch_threads, first_order,
                 growth=runtime.EMBEDDER_TRAFFIC_GROWTH + emb_act,  # a GPU embedder empties torch's cache too
                 gpus=gpu_fraction(sum(emb_lines.values()), pool_bytes) if gpu else 0.0,
-                env={"MALLOC_ARENA_MAX": str(runtime.EMBEDDER_MALLOC_ARENA_MAX)}),
+                # Documents are tokenized for chunking and embedding in batches spread over the ingest threads
+                # (the tokenizer's pool, sized once at its first use); one thread each was the GPU ingest's floor.
+                env={"MALLOC_ARENA_MAX": str(runtime.EMBEDDER_MALLOC_ARENA_MAX), "TOKENIZERS_PARALLELISM": "true",
+                     "RAYON_NUM_THREADS": str(embedder_ingest_threads)}),
         replica("retriever", ret_lines, ret, ret.faiss_threads, first_order + 1,
                 growth=index + n * 56 + ret.sqlite_cache_bytes,
                 contents=ContentsPlan(per_chunk_bytes=index // n + 56, cache_bytes=ret.sqlite_cache_bytes,
@@ -456,9 +459,11 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
         engine_replicas += _engine_replicas(name, chat, eng, pools, home, order)
         engines[name] = (chat, eng)
     eng = engines["chat"][1]
-    emb_spec, emb_total, _ = pools[_home(profile.embedder, first)]
+    emb_spec, emb_total, emb_cpus = pools[_home(profile.embedder, first)]
     dim = embedder_dimension(profile)  # the embedder's config.json, read once
-    side = _side_replicas(profile, emb_spec.gpu, dim, order + 1, pool_bytes=emb_total)
+    ingest_threads = _embedder_ingest_threads(profile, emb_spec, emb_cpus)
+    side = _side_replicas(profile, emb_spec.gpu, dim, order + 1, pool_bytes=emb_total,
+                          embedder_ingest_threads=ingest_threads)
     for r in side:
         node = first if r.kind == "gateway" else _home(getattr(profile, r.kind), first)  # the gateway: the head
         spec, total, _ = pools[node]
@@ -494,14 +499,14 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
         threads={"cpus": int(cpus), "chat_omp": eng.facts["omp_threads"],
                  "chat_decode_omp": eng.facts["decode_omp_threads"],
                  "embedder_torch": profile.embedder.torch_threads,
-                 "embedder_ingest_most": _embedder_ingest_threads(profile, spec, cpus),
+                 "embedder_ingest_most": ingest_threads,
                  "faiss": profile.retriever.faiss_threads,
                  "gateway": 1},
         page_cache=page_cache, start_peak=start, notes=notes, gateway=_gateway_settings(profile, deployed),
         edge=GatewayEdge(state_dir=profile.state_dir, tenants_file=profile.tenants_file, gateway=profile.gateway,
                          guard=guard_plan(spec, pool.total_bytes, pool.free_bytes - pool.headroom_bytes,
                                           pool.discrete)),
-        embedder=_embedder_settings(profile, deployed, _embedder_ingest_threads(profile, spec, cpus)),
+        embedder=_embedder_settings(profile, deployed, ingest_threads),
         retriever=_retriever_settings(profile, dim),
     )
 
@@ -568,10 +573,11 @@ def _on_device(replica: ReplicaPlan, total: int) -> ReplicaPlan:
 
 
 def _embedder_ingest_threads(profile: Profile, spec: PoolSpec, cpus: float) -> int:
-    """The most threads a document batch may borrow (EmbedderSpec.ingest_threads): on a GPU the forward
-    pass is not the CPU's, so it keeps torch_threads unless the profile pins more."""
+    """The most threads a document batch may borrow (EmbedderSpec.ingest_threads): the pool's CPUs on a CPU
+    pool; on a GPU, where the forward pass is the device's and tokenizing is the CPU's share of an ingest,
+    half of them (the rest stay the engine's and the gateway's)."""
     emb = profile.embedder
-    default = emb.torch_threads if spec.gpu else int(cpus)
+    default = max(1, int(cpus) // 2) if spec.gpu else int(cpus)
     return max(emb.torch_threads, emb.ingest_threads or default)
 
 

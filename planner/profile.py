@@ -345,11 +345,12 @@ class EmbedderSpec(_Strict):
     torch_threads: int = Field(1, ge=1, description="torch intra-op threads (questions, and every batch while the "
                                "rest of the machine keeps the other cores busy); the chat engine's OMP threads are "
                                "planned around them.")
-    ingest_threads: int | None = Field(None, ge=1, description="Most torch threads for a batch of documents: before "
-                                       "each batch the embedder borrows the cores the rest of the machine left idle "
+    ingest_threads: int | None = Field(None, ge=1, description="Most threads for a batch of documents: torch's, "
+                                       "borrowing before each batch the cores the rest of the machine left idle "
                                        "since the last one (the chat engine between requests), never fewer than "
-                                       "torch_threads. None = the pool's CPUs; torch_threads = never borrow. "
-                                       "docs/BENCHMARKS.md section 8.1.")
+                                       "torch_threads; and the tokenizer's, which chunks and tokenizes an ingest's "
+                                       "documents in parallel. None = the pool's CPUs (on a GPU pool half of them); "
+                                       "torch_threads = never borrow. docs/BENCHMARKS.md section 8.1.")
     query_prefix: str = Field("", description="Text put in front of every question before it is embedded, for models "
                               "trained with a query instruction (bge-*-en-v1.5: 'Represent this sentence for searching "
                               "relevant passages: '); documents are embedded as they are. Empty for all-MiniLM-L6-v2.")

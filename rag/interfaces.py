@@ -18,8 +18,9 @@ Reply = TypeVar("Reply", covariant=True)
 
 
 class Embedder(Protocol):
-    async def chunk(self, text: str) -> list[Chunk]:
-        """The document's chunks, each small enough for the model to read whole, with their offsets."""
+    async def chunk_documents(self, texts: list[str]) -> list[list[Chunk]]:
+        """Each document's chunks, each small enough for the model to read whole, with their offsets (one
+        call for all of an ingest's documents: they are tokenized together, over the embedder's threads)."""
 
     async def embed_documents(self, texts: list[str]) -> np.ndarray:
         """One vector per chunk text (rows), for storing."""

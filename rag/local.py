@@ -23,11 +23,14 @@ class LocalEmbedder:
     def __init__(self, embedder: SentenceTransformerEmbedder,
                  chunker: Callable[[str], list[Chunk] | list[str]] | None = None):
         self._embedder = embedder
-        self._chunk = chunker or embedder.chunk
+        self._chunk = chunker
         self.tokens = 0  # tokens embedded for documents, as the gateway charges them
 
-    async def chunk(self, text: str) -> list[Chunk]:
-        return [c if isinstance(c, Chunk) else Chunk(index=i, text=c) for i, c in enumerate(self._chunk(text))]
+    async def chunk_documents(self, texts: list[str]) -> list[list[Chunk]]:
+        if self._chunk is None:
+            return self._embedder.chunk_documents(texts)
+        return [[c if isinstance(c, Chunk) else Chunk(index=i, text=c) for i, c in enumerate(self._chunk(text))]
+                for text in texts]
 
     async def embed_documents(self, texts: list[str]) -> np.ndarray:
         result = self._embedder.embed(texts)

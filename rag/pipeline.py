@@ -146,7 +146,7 @@ class RagPipeline:
         none). Returns each document's chunk count; `on_progress` hears how far it got, and
         `before_embedding` gets every text to embed before the first is (it may refuse by raising)."""
         documents = list(await asyncio.gather(*(self._plain(doc) for doc in documents)))
-        chunked = await asyncio.gather(*(self.embedder.chunk(doc.text) for doc in documents))
+        chunked = await self.embedder.chunk_documents([doc.text for doc in documents])
         texts = [text for doc, chunks in zip(documents, chunked) for text in self.texts_to_embed(doc, chunks)]
         progress = IngestProgress(stage="chunked", documents=len(documents), chunks=len(texts), chunks_embedded=0)
         await _report(on_progress, progress)

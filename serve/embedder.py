@@ -82,8 +82,10 @@ class Embedder:
         release_freed_heap(collect=False)  # as after documents: the replica at rest stays as planned
         return vector
 
-    def chunk(self, text: str) -> list[Chunk]:
-        return self.embedder.chunk(text)
+    def chunk_documents(self, texts: list[str]) -> list[list[Chunk]]:
+        """Each document's chunks: one call an ingest, tokenized over the planned ingest threads
+        (RAYON_NUM_THREADS, planner/plan.py)."""
+        return self.embedder.chunk_documents(texts)
 
     def memory(self) -> dict:
         """The process tree's host memory; on a GPU also what torch's caching allocator holds there (the

@@ -33,8 +33,8 @@ class FakeEmbedder:
         self.document_calls: list[list[str]] = []
         self.queries: list[str] = []
 
-    async def chunk(self, text: str) -> list[Chunk]:
-        return paragraph_chunks(text)
+    async def chunk_documents(self, texts: list[str]) -> list[list[Chunk]]:
+        return [paragraph_chunks(text) for text in texts]
 
     async def embed_documents(self, texts):
         self.document_calls.append(list(texts))

@@ -40,8 +40,8 @@ class EmbedderReplica:
     def __init__(self):
         self.turns_of = []  # the tenant each call's batches queue as (rag/embed_turns.py)
 
-    def chunk(self, text):
-        return paragraph_chunks(text)
+    def chunk_documents(self, texts):
+        return [paragraph_chunks(text) for text in texts]
 
     def embed(self, texts, tenant):
         import numpy as np

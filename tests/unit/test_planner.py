@@ -260,5 +260,23 @@ def test_the_embedder_process_makes_at_most_two_malloc_arenas(tmp_path):
     embedder = plan.replica("embedder")
     assert embedder.env["MALLOC_ARENA_MAX"] == str(runtime.EMBEDDER_MALLOC_ARENA_MAX) == "2"
     assert embedder.serve_options()["ray_actor_options"]["runtime_env"]["env_vars"]["MALLOC_ARENA_MAX"] == "2"
-    assert embedder.env["OMP_NUM_THREADS"] and embedder.env["TOKENIZERS_PARALLELISM"] == "false"
+    assert embedder.env["OMP_NUM_THREADS"]
     assert "MALLOC_ARENA_MAX" not in plan.replica("retriever").env | plan.replica("gateway").env
+
+
+def test_the_embedder_tokenizes_documents_over_its_ingest_threads_and_no_other_replica_does(tmp_path):
+    """Issue 45: chunking and embedding tokenize an ingest's documents in batches; the tokenizer's pool is the
+    embedder's ingest threads (the pool's CPUs; on a GPU half of them), every other replica stays serial."""
+    cpu = build_plan(load_profile(_profile(tmp_path, "cpu-tiny")), pool_total_bytes=24 * GiB)
+    embedder = cpu.replica("embedder")
+    assert embedder.env["TOKENIZERS_PARALLELISM"] == "true"
+    assert embedder.env["RAYON_NUM_THREADS"] == str(cpu.embedder.ingest_threads) == str(cpu.threads["cpus"])
+    for other in ("chat", "retriever", "gateway"):
+        assert cpu.replica(other).env["TOKENIZERS_PARALLELISM"] == "false"
+        assert "RAYON_NUM_THREADS" not in cpu.replica(other).env
+    pinned = _profile(tmp_path, "cpu-tiny", **{"embedder.ingest_threads": 1})
+    assert build_plan(load_profile(pinned), pool_total_bytes=24 * GiB).replica("embedder").env["RAYON_NUM_THREADS"] \
+        == str(cpu.embedder.torch_threads)
+    gpu = build_plan(load_profile(_profile(tmp_path, "dgx-spark")))
+    assert gpu.replica("embedder").env["RAYON_NUM_THREADS"] == str(gpu.embedder.ingest_threads) \
+        == str(max(gpu.embedder.torch_threads, gpu.threads["cpus"] // 2))

@@ -262,3 +262,84 @@ def test_chunks_are_at_least_half_full_unless_last():
     chunks = Chunker(word_spans, 10, 0).split(text)
     assert chunks[0].text.startswith("Title\n\nw0")  # the heading is not a chunk of its own
     assert all(len(c.text.split()) >= 5 for c in chunks[:-1])
+
+
+# ---- the batched, vectorised path is the per-gap definition --------------------------------------------------
+
+def _reference_windows(text: str, spans_of, chunk_tokens: int, overlap: int) -> list[tuple[int, int]]:
+    """The chunker as it was, one break_level call per gap considered: what the vectorised one must equal."""
+    spans = [tuple(s) for s in spans_of(text)]
+    starts, ends = [s for s, _ in spans], [e for _, e in spans]
+    out, first, stop, count = [], 0, 0, len(spans)
+    while first < count:
+        if count - first <= chunk_tokens:
+            stop, level = count, PARAGRAPH
+        else:
+            lowest = max(first + max(1, chunk_tokens // 2), stop + 1)
+            stop, level = first + chunk_tokens, INSIDE_WORD + 1
+            for candidate in range(first + chunk_tokens, lowest - 1, -1):
+                here = break_level(text, ends[candidate - 1], starts[candidate])
+                if here < level:
+                    stop, level = candidate, here
+                    if here == PARAGRAPH:
+                        break
+        out.append((starts[first], ends[stop - 1]))
+        if stop == count:
+            break
+        nxt = stop
+        for candidate in range(max(first + 1, stop - overlap), stop):
+            if break_level(text, ends[candidate - 1], starts[candidate]) <= level:
+                nxt = candidate
+                break
+        first = nxt
+    return out
+
+
+def _varied_texts() -> list[str]:
+    import random
+
+    rng = random.Random(45)
+    alphabet = list("abcXYZ019 .,;:!?-'\"()\n\t") + ["\n\n", " \n \n", "\u00a0", "é", "ß", "中文", "\u2003", "\x1c",
+                                                  "\u0301", "🙂", "\r\n", "...", "  "]
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 3000))) for _ in range(40)]
+    data = Path(__file__).resolve().parents[1] / "data"
+    texts += [p.read_text(errors="replace") for p in sorted(data.glob("*")) if p.suffix in {".txt", ".md", ".html"}]
+    return texts + [TEXT, "", " ", "\n\n\n", "x"]
+
+
+def test_every_gaps_vectorised_level_is_break_levels():
+    import numpy as np
+
+    from rag.chunking import break_levels
+
+    for text in _varied_texts():
+        spans = np.asarray(word_spans(text) + [], dtype=np.int64).reshape(-1, 2)
+        # also a tokenizer that drops characters and overlaps spans, as real ones do at odd input
+        odd = np.array([(i, min(len(text), i + 2)) for i in range(0, len(text), 3)], dtype=np.int64).reshape(-1, 2)
+        for s in (spans, odd):
+            expected = [break_level(text, int(s[i - 1, 1]), int(s[i, 0])) for i in range(1, len(s))]
+            assert break_levels(text, s[:, 0], s[:, 1]).tolist() == expected
+
+
+def test_batched_tokenizing_in_pieces_gives_the_whole_documents_spans_and_chunks(tokenizer, spans, monkeypatch):
+    """A long document is cut at spaces and line ends into pieces tokenized in one batch; the spans (so the
+    chunks) are exactly those of tokenizing it whole."""
+    import numpy as np
+
+    from rag import chunking
+
+    monkeypatch.setattr(chunking, "PIECE_CHARS", 700)  # many pieces per document, even for the small ones
+    texts = _varied_texts()
+    backend = tokenizer.backend_tokenizer
+    whole = [np.asarray(backend.encode(t, add_special_tokens=False).offsets, dtype=np.int64).reshape(-1, 2)
+             for t in texts]
+    assert spans._splits_on_whitespace  # BERT's pre-tokenizer: the pieces path is the one tested
+    assert any(len(spans._pieces(t)) > 3 for t in texts)
+    for got, expected in zip(spans.many(texts), whole):
+        assert np.array_equal(got, expected)
+    for size, overlap in ((200, 30), (64, 8), (16, 4)):
+        chunker = Chunker(spans, size, overlap)
+        batched = chunker.split_many(texts)
+        for text, chunks in zip(texts, batched):
+            assert [(c.start, c.end) for c in chunks] == _reference_windows(text, spans, size, overlap)
+            assert all(c.text == text[c.start:c.end] for c in chunks)

@@ -169,8 +169,8 @@ class EmbedderReplica:
         self.queries.append(text)
         return bag_of_words(text)
 
-    def chunk(self, text):
-        return paragraph_chunks(text)
+    def chunk_documents(self, texts):
+        return [paragraph_chunks(text) for text in texts]
 
 
 class RetrieverReplica:
