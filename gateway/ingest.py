@@ -43,7 +43,7 @@ from rag.extract import Extracted
 from rag.extract_worker import ExtractionFailed, ExtractionLimits, ExtractionPool
 from gateway.work import release_heap_after_sending, run_to_completion, wait_out
 from rag.ids import validate_collection, validate_document_id
-from rag.pipeline import DocumentInput, IngestProgress, ProgressCallback, RagPipeline
+from rag.pipeline import DocumentInput, IngestProgress, IngestTimings, ProgressCallback, RagPipeline
 from tenancy.limits import estimate_text_tokens
 
 logger = logging.getLogger("poolserve.ingest")
@@ -78,8 +78,10 @@ class IngestRoutes(IngestJobRoutes):
             return StreamingResponse(self._ingest_events(request, tenant, collection, inputs), media_type=NDJSON,
                                      background=release_heap_after_sending())
         # The whole ingest finishes even if the client hangs up (it is atomic and it is paid for).
-        result = await run_to_completion(self._ingest(request, tenant, collection, inputs))
-        return JSONResponse(result, background=release_heap_after_sending())
+        timings = IngestTimings()
+        result = await run_to_completion(self._ingest(request, tenant, collection, inputs, timings=timings))
+        return JSONResponse(result, headers={"Server-Timing": timings.server_timing()},
+                            background=release_heap_after_sending())
 
     def _check_ingest_limits(self, body: AddDocumentsRequest) -> None:
         limit = self._settings.max_documents_per_request
@@ -96,12 +98,13 @@ class IngestRoutes(IngestJobRoutes):
                                          f"limit is {max_chars} (rag.max_document_chars)")
 
     async def _ingest(self, request: Request, tenant: str, collection: str, inputs: list[DocumentInput],
-                      on_progress: ProgressCallback | None = None) -> dict:
+                      on_progress: ProgressCallback | None = None, timings: IngestTimings | None = None) -> dict:
         """Extract, chunk and embed everything, then store all documents in one transaction: all or none."""
         embedded = {"tokens": 0}
+        timings = timings if timings is not None else IngestTimings()
 
         async def embed_and_count(texts: list[str]) -> dict:
-            result = await self._embed_and_charge(request, texts)
+            result = await self._embed_and_charge(request, texts, timings)
             embedded["tokens"] += result["tokens"]
             return result
 
@@ -121,12 +124,12 @@ class IngestRoutes(IngestJobRoutes):
                                pipeline_settings(self), extractor=extract_and_charge)
         started = time.perf_counter()
         counts = await pipeline.ingest(tenant, collection, inputs, on_progress,
-                                       lambda texts: self._reserve_chunks(request, texts))
+                                       lambda texts: self._reserve_chunks(request, texts), timings)
         seconds = time.perf_counter() - started
         chunks = sum(counts)
-        logger.info("ingest %s/%s: %d documents, %d chunks, %d tokens, %.2f s extraction CPU in %.1f s (%.1f chunks/s)",
-                    tenant, collection, len(inputs), chunks, embedded["tokens"], extraction["cpu_seconds"], seconds,
-                    chunks / seconds if seconds else 0.0)
+        logger.info("ingest %s/%s: %d documents, %d chunks, %d tokens, %.2f s extraction CPU in %.1f s (%.1f chunks/s; "
+                    "ms %s)", tenant, collection, len(inputs), chunks, embedded["tokens"], extraction["cpu_seconds"],
+                    seconds, chunks / seconds if seconds else 0.0, timings.server_timing())
         return {"collection": collection, "documents": [{"id": doc.id, "chunks": n} for doc, n in zip(inputs, counts)],
                 "chunks": chunks, "tokens": embedded["tokens"],
                 "extraction_cpu_seconds": round(extraction["cpu_seconds"], 3)}
@@ -159,10 +162,14 @@ class IngestRoutes(IngestJobRoutes):
         await record_usage(request, EXTRACTION_USAGE_MODEL, {"prompt_tokens": milliseconds,
                                                              "total_tokens": milliseconds})
 
-    async def _embed_and_charge(self, request: Request, texts: list[str]) -> dict:
+    async def _embed_and_charge(self, request: Request, texts: list[str], timings: IngestTimings | None = None) -> dict:
         result = await self._embedder.embed.remote(texts, self._tenant(request))
+        charging = time.perf_counter()
         await record_usage(request, self._embed_model_id, {"prompt_tokens": result["tokens"],
                                                            "total_tokens": result["tokens"]})
+        if timings is not None:
+            timings.charge += time.perf_counter() - charging
+            timings.embedder_busy += result.get("busy_s", 0.0)
         return result
 
     async def _ingest_events(self, request: Request, tenant: str, collection: str,

@@ -6,10 +6,13 @@ decode batches only (`cudagraph_mode: FULL_DECODE_ONLY`; prefill runs eager), wh
 for the hybrid GDN models (its GDN and FlashAttention backends declare UNIFORM_BATCH graph support) with
 and without a drafter. Public GB10 recipes for Qwen3.8-Flash-Next at MTP 3 pin exactly those widths
 ([4, 8, 12, 16] at 4 sequences; usmaneth/Qwen3.8-Flash-Next-Single-DGX-Spark profiles/spark1-best.env,
-vllm#56824) and keep vLLM's torch.compile. The other speculators and plain decoding capture without
-torch.compile (`mode: NONE`, vllm/config/vllm.py: FULL_DECODE_ONLY needs no piecewise compilation):
-one eager decode step of the 27B is about 10x its HBM roofline in launches, which the full graph removes,
-while compiling it costs every cold start tens of seconds for prefill alone.
+vllm#56824) and keep vLLM's torch.compile. Plain decoding compiles too: on an H100 (2026-12-06, raw
+vLLM 0.26, the 27B, one stream, 256 in / 128 out) the full decode graph alone decoded at 0.68 of the HBM
+roofline and with
+torch.compile at 0.81 (its fused kernels), TTFT 197 -> 94 ms, for 66 s of compiling at the first start
+(cached after). The other speculators (DSpark, ngram, draft models) capture without torch.compile
+(`mode: NONE`; FULL_DECODE_ONLY needs no piecewise compilation) until compiling them is measured;
+`chat.torch_compile` pins either way.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ from planner.profile import ChatSpec
 from planner.speculative import Drafter
 
 NO_TORCH_COMPILE = 0  # vLLM's CompilationMode.NONE
+TORCH_COMPILE = 3  # vLLM's CompilationMode.VLLM_COMPILE
+# Where compiling is known to start and to pay: plain decoding (measured, docs/GPU.md) and MTP (the recipes).
+COMPILED_BY_DEFAULT = frozenset({"none", "mtp"})
 
 
 def mtp_capture_sizes(k: int, seqs: int) -> list[int]:
@@ -37,6 +43,13 @@ def compilation_config(chat: ChatSpec, drafter: Drafter, seqs: int) -> dict | No
         return None
     if drafter.method == "mtp":
         sizes = chat.cuda_graph_capture_sizes or mtp_capture_sizes(drafter.k, seqs)
-        return {"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": sizes}
+        config = {"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": sizes}
+        return config if compiles(chat, drafter) else {"mode": NO_TORCH_COMPILE, **config}
     sizes = chat.cuda_graph_capture_sizes or decode_capture_sizes(drafter.k, seqs)
-    return {"mode": NO_TORCH_COMPILE, "cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": sizes}
+    return {"mode": TORCH_COMPILE if compiles(chat, drafter) else NO_TORCH_COMPILE, "cudagraph_mode": "FULL_DECODE_ONLY",
+            "cudagraph_capture_sizes": sizes}
+
+
+def compiles(chat: ChatSpec, drafter: Drafter) -> bool:
+    """Whether the engine runs torch.compile before capturing: the profile's pin, else where it was measured."""
+    return chat.torch_compile if chat.torch_compile is not None else drafter.method in COMPILED_BY_DEFAULT

@@ -239,6 +239,12 @@ class ChatSpec(_Strict):
         "auto", description="Hybrid models: dtype of the recurrent (SSM/GDN) state; auto = the config's (often float32).")
     enforce_eager: bool | None = Field(None, description="GPU: no CUDA graphs. CPU: no torch.compile (eager PyTorch).")
     cuda_graph_capture_sizes: list[int] | None = Field(None, description="Batch sizes to capture (GPU only; ignored on CPU).")
+    torch_compile: bool | None = Field(None, description="GPU: compile the model with torch.compile before its decode "
+                                       "graphs are captured (vLLM's VLLM_COMPILE mode). None = the planner's choice: "
+                                       "on for plain decoding and MTP, where it was measured (the 27B on an H100 decoded "
+                                       "one stream at 0.81 of its HBM roofline compiled, 0.68 not; TTFT 94 against 197 "
+                                       "ms at 256 prompt tokens; a first start 43 s longer: docs/GPU.md), off with the "
+                                       "other drafters until measured. Ignored with enforce_eager and on CPU.")
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="Pin vLLM's utilization; None = the "
                                                  "planner gives the engine exactly its planned bytes over the pool.")
     activation_bytes: SizeOrAuto = Field("auto", description="Activations for max_num_batched_tokens; auto = estimated.")

@@ -7,6 +7,8 @@ rag/interfaces.py, so the gateway adapts HTTP and Ray to it and the unit tests d
 from __future__ import annotations
 
 import asyncio
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Generic, Literal
 
@@ -50,6 +52,31 @@ class DocumentInput:
     metadata: dict[str, Any] = field(default_factory=dict)
     content_type: str = PLAIN  # how `text` is written (rag/extract.py CONTENT_TYPES)
     data: bytes | None = None  # the file's bytes instead of text (PDF, DOCX, PPTX; HTML as its file declares)
+
+
+@dataclass
+class IngestTimings:
+    """Wall seconds an ingest spent in each part, as the caller saw them (the gateway reports them in a
+    Server-Timing header and its log line): where the time of an ingest goes."""
+
+    extract: float = 0.0
+    chunk: float = 0.0
+    embed: float = 0.0  # the embedder calls as awaited, of which:
+    embedder_busy: float = 0.0  # inside the embedder (its forward passes and their bookkeeping), as it reports
+    charge: float = 0.0  # recording the tenant's usage after each call
+    store: float = 0.0
+
+    def server_timing(self) -> str:
+        """The Server-Timing header's value (milliseconds), which browsers' and clients' tools show."""
+        return ", ".join(f"{name};dur={seconds * 1000:.1f}" for name, seconds in vars(self).items())
+
+    @contextmanager
+    def part(self, name: str):
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            setattr(self, name, getattr(self, name) + time.perf_counter() - started)
 
 
 # Text out of one document (rag/extract.py; the gateway runs it in a capped worker process).
@@ -141,24 +168,31 @@ class RagPipeline:
     # ---- ingest ----------------------------------------------------------------------------
     async def ingest(self, tenant: str, collection: str, documents: list[DocumentInput],
                      on_progress: ProgressCallback | None = None,
-                     before_embedding: BeforeEmbedding | None = None) -> list[int]:
+                     before_embedding: BeforeEmbedding | None = None,
+                     timings: IngestTimings | None = None) -> list[int]:
         """Extract, chunk and embed every document, then store them all in one transaction (all or
-        none). Returns each document's chunk count; `on_progress` hears how far it got, and
-        `before_embedding` gets every text to embed before the first is (it may refuse by raising)."""
-        documents = list(await asyncio.gather(*(self._plain(doc) for doc in documents)))
-        chunked = await self.embedder.chunk_documents([doc.text for doc in documents])
+        none). Returns each document's chunk count; `on_progress` hears how far it got,
+        `before_embedding` gets every text to embed before the first is (it may refuse by raising), and
+        `timings` adds up the seconds of each part."""
+        timings = timings if timings is not None else IngestTimings()
+        with timings.part("extract"):
+            documents = list(await asyncio.gather(*(self._plain(doc) for doc in documents)))
+        with timings.part("chunk"):
+            chunked = await self.embedder.chunk_documents([doc.text for doc in documents])
         texts = [text for doc, chunks in zip(documents, chunked) for text in self.texts_to_embed(doc, chunks)]
         progress = IngestProgress(stage="chunked", documents=len(documents), chunks=len(texts), chunks_embedded=0)
         await _report(on_progress, progress)
         if before_embedding is not None:
             await before_embedding(texts)
-        vectors = await self._embed(texts, progress, on_progress)
+        with timings.part("embed"):
+            vectors = await self._embed(texts, progress, on_progress)
         batch, start = [], 0
         for doc, chunks in zip(documents, chunked):
             batch.append((doc.id, chunks, vectors[start:start + len(chunks)], doc.metadata, len(doc.text)))
             start += len(chunks)
         await _report(on_progress, progress.model_copy(update={"stage": "storing", "chunks_embedded": len(texts)}))
-        counts = await self.index.upsert_documents(tenant, collection, batch)
+        with timings.part("store"):
+            counts = await self.index.upsert_documents(tenant, collection, batch)
         await _report(on_progress, progress.model_copy(update={"stage": "stored", "chunks_embedded": len(texts)}))
         return counts
 

@@ -34,6 +34,7 @@ for name in $steps; do
            python3 bench/bench_gpu_plan.py --profile "$profile" --out "$out" --no-use --boots 2 --timeout 560 \
              --with-boots "$first" > "$out/boots.log" 2>&1 ;;
     decode) python3 bench/gpu_decode_modes.py --profile "$bench_profile" --out "$out" --start-timeout 540 \
+              --modes "${DECODE_MODES:-planned,compiled-full-decode-only,compiled-full-and-piecewise}" \
               > "$out/decode.log" 2>&1 ;;
     ingest) mkdir -p "$out/ingest"
             python3 bench/bench_gpu_plan.py --profile "$profile" --out "$out/ingest" --ingest --timeout 560 \

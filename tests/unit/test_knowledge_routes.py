@@ -156,6 +156,16 @@ def test_ingest_then_query_answers_with_citations(gateway):
     assert gateway._embedder._target.turns_of == [("documents", "tenant-a"), ("question", "tenant-a")]
 
 
+def test_an_ingest_says_where_its_time_went_in_a_server_timing_header(gateway):
+    """Issue 45: the stack's ingest was 0.13 of raw sentence-transformers on an H100 while the same pipeline
+    in one process was 0.49; each part's milliseconds come back so a run shows which hop costs it."""
+    body = AddDocumentsRequest.model_validate({"documents": [{"id": "a", "text": "Cats sleep.\n\nDogs bark."}]})
+    response = asyncio.run(gateway.ingest_body("facts", body, request()))
+    parts = dict(part.split(";dur=") for part in response.headers["server-timing"].split(", "))
+    assert set(parts) == {"extract", "chunk", "embed", "embedder_busy", "charge", "store"}
+    assert all(float(ms) >= 0 for ms in parts.values()) and float(parts["embed"]) >= float(parts["charge"])
+
+
 @pytest.mark.parametrize("finish_reason, trim, answer", [
     ("length", True, "Dr. Mira Quell invented it [1]."),
     ("stop", True, "Dr. Mira Quell invented it [1]. It makes"),

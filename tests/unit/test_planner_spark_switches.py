@@ -86,3 +86,27 @@ def test_spark_profiles_plan_one_pool_size():
     for name in ("dgx-spark-128", "dgx-spark-27b", "dgx-spark-27b-plus-small"):
         pool = build_plan(load_profile(ROOT / f"configs/{name}.yaml")).pool
         assert (pool.total_bytes, pool.reserve_bytes) == (int(121.7 * 2**30), int(11.7 * 2**30)), name
+
+
+def test_plain_decoding_compiles_before_capturing_and_the_other_drafters_do_not_until_measured():
+    """Issue 45: the 27B decoded one stream at 0.81 of the H100's roofline compiled, 0.68 not (docs/GPU.md);
+    DSpark and ngram keep the uncompiled graphs until compiling them is measured; the profile pins either way."""
+    from planner.graphs import NO_TORCH_COMPILE, TORCH_COMPILE, compilation_config
+    from planner.profile import ChatSpec
+    from planner.speculative import Drafter
+
+    def drafter(method, k=0):
+        return Drafter(method=method, k=k, weight_bytes=0, kv_bytes_per_token=0, state_blocks=0, vllm_config=None)
+
+    chat = ChatSpec(model="m", model_id="m")
+    plain = compilation_config(chat, drafter("none"), 4)
+    assert plain == {"mode": TORCH_COMPILE, "cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 2, 3, 4]}
+    assert compilation_config(chat, drafter("dspark", 7), 2)["mode"] == NO_TORCH_COMPILE
+    assert compilation_config(chat, drafter("ngram", 3), 2)["mode"] == NO_TORCH_COMPILE
+    assert "mode" not in compilation_config(chat, drafter("mtp", 3), 2)  # vLLM's default: compiled
+    off = chat.model_copy(update={"torch_compile": False})
+    assert compilation_config(off, drafter("none"), 4)["mode"] == NO_TORCH_COMPILE
+    assert compilation_config(off, drafter("mtp", 3), 2)["mode"] == NO_TORCH_COMPILE
+    on = chat.model_copy(update={"torch_compile": True})
+    assert compilation_config(on, drafter("dspark", 7), 2)["mode"] == TORCH_COMPILE
+    assert compilation_config(chat.model_copy(update={"enforce_eager": True}), drafter("none"), 4) is None
