@@ -18,6 +18,7 @@ from planner.outputs import EngineArgs
 from planner.ple_switch import PleSwitchError, ple_disk_switch
 from planner.profile import ChatSpec, PoolSpec, pinned
 from planner.speculative import Drafter, SpeculativeError, plan_drafter
+from planner.step_worker import STEP_THREADS_WORKER, StepWorkerSettings
 from planner.units import cdiv, gib
 from planner.weights import DEFAULT_QUANTIZED, QUANT_METHODS, component_bytes, component_dtypes, safetensors_bytes
 
@@ -314,9 +315,8 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
     if not gpu:
         env["VLLM_CPU_OMP_THREADS_BIND"] = omp_bind(chat.omp_bind, omp) if one_rank else chat.omp_bind
         args["worker_cls"] = STEP_THREADS_WORKER
-        env[WORKER_IDLE_SPIN_ENV] = f"{chat.worker_idle_spin_s:g}"
-        if decode_omp < omp:
-            env.update({NARROW_STEP_THREADS_ENV: str(decode_omp), WIDE_STEP_TOKENS_ENV: str(chat.wide_step_tokens)})
+        env |= StepWorkerSettings(narrow_step_threads=decode_omp if decode_omp < omp else None,
+                                  wide_step_tokens=chat.wide_step_tokens, idle_spin_s=chat.worker_idle_spin_s).as_env()
         if omp > 1:
             # The ngram proposer's numba kernels on numba's OpenMP layer cost a second core all its gain
             # (800-token prefill 3.1 s against 1.7 s on its workqueue layer; docs/BENCHMARKS.md 2.5).
@@ -348,14 +348,6 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
         if state_seq else 0,
     }
     return EnginePlan(arch, breakdown, EngineArgs(**args), env, facts, comp, disk, page_cache, drafter, notes)
-
-
-# The CPU worker that runs a prefill on all the engine's threads and a decode step on fewer, and busy-waits
-# only briefly for its next step (serve/cpu_worker.py, which reads these variables).
-STEP_THREADS_WORKER = "serve.cpu_worker.StepThreadsCPUWorker"
-NARROW_STEP_THREADS_ENV = "POOLSERVE_NARROW_STEP_THREADS"
-WIDE_STEP_TOKENS_ENV = "POOLSERVE_WIDE_STEP_TOKENS"
-WORKER_IDLE_SPIN_ENV = "POOLSERVE_WORKER_IDLE_SPIN_S"
 
 
 def cpu_threads(chat: ChatSpec, cpus: float, other_threads: int, step_threads: bool) -> tuple[int, int]:
