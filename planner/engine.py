@@ -7,11 +7,12 @@ reported in the plan's notes.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 
 from planner import runtime
 from planner.architecture import DTYPE_BYTES, Architecture, read_architecture
+from planner.engine_threads import cpu_threads, omp_bind
+from planner.errors import EngineError
 from planner.kvgroups import KVGroups, kv_cache_groups
 from planner.graphs import compilation_config
 from planner.outputs import EngineArgs
@@ -21,10 +22,6 @@ from planner.speculative import Drafter, SpeculativeError, plan_drafter
 from planner.step_worker import STEP_THREADS_WORKER, StepWorkerSettings
 from planner.units import cdiv, gib
 from planner.weights import DEFAULT_QUANTIZED, QUANT_METHODS, component_bytes, component_dtypes, safetensors_bytes
-
-
-class EngineError(ValueError):
-    """The chat section cannot be planned as pinned."""
 
 
 @dataclass
@@ -348,38 +345,6 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
         if state_seq else 0,
     }
     return EnginePlan(arch, breakdown, EngineArgs(**args), env, facts, comp, disk, page_cache, drafter, notes)
-
-
-def cpu_threads(chat: ChatSpec, cpus: float, other_threads: int, step_threads: bool) -> tuple[int, int]:
-    """OpenMP threads for the engine's prefill steps and for its decode steps.
-
-    On 2 cores a prefill on both runs 1.7-1.9x faster idle (0.86-1.14x beside a busy core, by prompt length),
-    while a decode step on both loses a third beside a busy core (0.68x; docs/BENCHMARKS.md section 2.6 and the archived 2d′):
-    so, by default, prefill on all the pool's CPUs and decoding on the CPUs the embedder leaves. Without the step
-    worker (GPU, several ranks) one number serves both: the CPUs the embedder leaves."""
-    leftover = max(1, int(cpus) - other_threads)
-    if not step_threads:
-        omp = chat.omp_threads or leftover
-        return omp, omp
-    omp = chat.omp_threads or max(1, int(cpus))
-    return omp, min(omp, chat.decode_omp_threads or leftover)
-
-
-def omp_bind(setting: str, threads: int, allowed_cpus: list[int] | None = None) -> str:
-    """VLLM_CPU_OMP_THREADS_BIND for a CPU worker of `threads` OpenMP threads.
-
-    vLLM's 'auto' binds the worker to one core per rank and sets OMP_NUM_THREADS to match, whatever the
-    plan asked (vllm/utils/ompmultiprocessing.py keeps the others for its EngineCore); so more than one
-    thread needs an explicit core list: the first `threads` CPUs this process may run on. On 2 cores,
-    without speculation, prefill ran 1.5-1.6x faster bound to both than under 'auto' (docs/BENCHMARKS.md
-    section 2.5)."""
-    if setting != "auto" or threads <= 1:
-        return setting
-    cpus = sorted(allowed_cpus if allowed_cpus is not None else os.sched_getaffinity(0))
-    if len(cpus) < threads:
-        raise EngineError(f"chat: {threads} OpenMP threads planned but this host lets the process run on "
-                          f"{len(cpus)} CPUs; lower chat.omp_threads or set chat.omp_bind")
-    return ",".join(str(c) for c in cpus[:threads])
 
 
 def vllm_logged_kv_tokens(kv_cache_memory_bytes: int, max_model_len: int, block: int, groups: KVGroups,

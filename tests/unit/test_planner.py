@@ -193,7 +193,8 @@ def test_advice_is_replanned(tmp_path):
 
 def test_omp_bind_binds_as_many_cores_as_threads():
     """vLLM's 'auto' binds one core whatever OMP_NUM_THREADS says: more threads need a core list."""
-    from planner.engine import EngineError, omp_bind
+    from planner.engine_threads import omp_bind
+    from planner.errors import EngineError
 
     assert omp_bind("auto", 1, [0, 1]) == "auto"
     assert omp_bind("auto", 2, [3, 1, 2]) == "1,2"
@@ -228,7 +229,7 @@ def test_chat_omp_threads_reach_the_engine_env(tmp_path):
 
 
 def test_cpu_threads_prefill_on_every_cpu_and_decode_on_what_the_embedder_leaves():
-    from planner.engine import cpu_threads
+    from planner.engine_threads import cpu_threads
     from planner.profile import ChatSpec
 
     chat = ChatSpec(model_id="m", model="m")
