@@ -96,7 +96,7 @@ def main() -> None:
         with ThreadPoolExecutor(concurrency) as pool:
             list(pool.map(lambda p: chat(p, 64, ignore_eos=True), prompts))
         decode[f"c{concurrency}_tok_s"] = round(64 * len(prompts) / (time.perf_counter() - started), 2)
-    settings = StepWorkerSettings.from_env(worker.environ())  # the plan's (planner/engine.py)
+    settings = StepWorkerSettings.from_env(worker.environ())  # the plan's (planner/engine_args.py)
     row = {"label": args.label, "spin_s": settings.idle_spin_s if settings else None,
            "worker_cpu_in_idle_second": idle, "short_chat_p50_s": round(statistics.median(short), 3),
            "short_chat_p95_s": round(short[18], 3), **decode, "at": time.strftime("%Y-%m-%d %H:%M")}
