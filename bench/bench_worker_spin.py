@@ -29,6 +29,7 @@ import psutil
 import yaml
 
 from bench.bench_engine_fidelity import speed_indices
+from planner.step_worker import StepWorkerSettings
 from stackctl.launcher import StackLayout
 from stackctl.processes import stack_pids
 
@@ -95,8 +96,8 @@ def main() -> None:
         with ThreadPoolExecutor(concurrency) as pool:
             list(pool.map(lambda p: chat(p, 64, ignore_eos=True), prompts))
         decode[f"c{concurrency}_tok_s"] = round(64 * len(prompts) / (time.perf_counter() - started), 2)
-    spin = worker.environ().get("POOLSERVE_WORKER_IDLE_SPIN_S")  # the plan's (planner/engine.py)
-    row = {"label": args.label, "spin_s": float(spin) if spin else None,
+    settings = StepWorkerSettings.from_env(worker.environ())  # the plan's (planner/engine_args.py)
+    row = {"label": args.label, "spin_s": settings.idle_spin_s if settings else None,
            "worker_cpu_in_idle_second": idle, "short_chat_p50_s": round(statistics.median(short), 3),
            "short_chat_p95_s": round(short[18], 3), **decode, "at": time.strftime("%Y-%m-%d %H:%M")}
     print(json.dumps(row))

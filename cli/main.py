@@ -158,10 +158,10 @@ def plan(profile: Path = profile_argument(),
 def _chat_deployment(r) -> dict:
     """A chat replica as the app deploys it (planner.gpu.engine_placement, which serve/chat.py uses):
     ray.serve.llm adds the replica actor's resources to the engine's bundle, and the actor runs in it."""
-    actor, bundle, env = engine_placement(r.ray_actor_options)
+    actor, bundle = engine_placement(r.ray_actor_options)
     merged = {"GPU": 0, **bundle, "CPU": bundle["CPU"] + actor["num_cpus"], "memory": actor["memory"]}
     return {"name": f"PoolserveLLMServer:{r.name}", "num_replicas": r.num_replicas,
-            "ray_actor_options": {**actor, "runtime_env": {"env_vars": {**r.env, **env}}},
+            "ray_actor_options": {**actor, "runtime_env": {"env_vars": dict(r.env)}},
             "placement_group_bundles": [merged], "placement_group_strategy": "PACK", **r.serve.deployment_options()}
 
 

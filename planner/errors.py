@@ -11,3 +11,7 @@ class Overcommit(ValueError):
     def __init__(self, message: str, needed: int, free: int):
         super().__init__(message)
         self.needed, self.free = needed, free
+
+
+class EngineError(ValueError):
+    """The chat section cannot be planned as pinned."""

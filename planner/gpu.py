@@ -37,9 +37,9 @@ def torch_device(num_gpus: float | None) -> str:
     return "cuda" if num_gpus else "cpu"
 
 
-def engine_placement(options: RayActorOptions) -> tuple[dict, dict, dict[str, str]]:
-    """The replica actor's options, the engine's bundle and the env vLLM needs, as ray.serve.llm 2.60 and
-    vLLM 0.32 read them (site-packages paths under ray/llm/_internal/serve and vllm/):
+def engine_placement(options: RayActorOptions) -> tuple[dict, dict]:
+    """The replica actor's options and the engine's bundle, as ray.serve.llm 2.60 and vLLM 0.32 read them
+    (site-packages paths under ray/llm/_internal/serve and vllm/):
 
     - core/server/llm_server.py get_deployment_options: the replica's num_cpus/num_gpus/memory are added to
       the engine's first bundle and the replica actor runs in bundle 0.
@@ -48,22 +48,17 @@ def engine_placement(options: RayActorOptions) -> tuple[dict, dict, dict[str, st
     - vllm/v1/executor/ray_executor.py _init_workers_ray: that worker asks num_gpus=VLLM_RAY_PER_WORKER_GPUS
       (default 1.0) from the first bundle that has a GPU key (or VLLM_RAY_BUNDLE_INDICES).
     So the engine's whole GPU share sits in its bundle, the replica actor asks none (it only relays; a
-    share of its own would double bundle 0's GPU), and VLLM_RAY_PER_WORKER_GPUS must equal the share.
+    share of its own would double bundle 0's GPU), and VLLM_RAY_PER_WORKER_GPUS must equal the share: the
+    planner puts it in the engine's environment (planner/engine_args.py).
     """
     gpus = options.num_gpus or 0
     actor = options.as_dict()
     for key in ("num_cpus", "num_gpus"):
         actor.pop(key, None)
     bundle: dict = {"CPU": max(0.05, options.num_cpus - REPLICA_ACTOR_CPUS), **(options.resources or {})}
-    env: dict[str, str] = {}
     if gpus:
         bundle["GPU"] = gpus
-        # vllm_models.py get_runtime_env_with_local_env_vars derives this same value (str of the bundle's
-        # fraction) but only for its own start-up tasks' runtime_env, not the replica's, and the executor
-        # reads it in the EngineCore the replica spawns: without it the worker asks a whole GPU from a
-        # fractional bundle and never schedules (ray#58328). Set here, it reaches the replica's env.
-        env["VLLM_RAY_PER_WORKER_GPUS"] = str(gpus)
-    return {**actor, "num_cpus": REPLICA_ACTOR_CPUS}, bundle, env
+    return {**actor, "num_cpus": REPLICA_ACTOR_CPUS}, bundle
 
 
 # On a discrete GPU (PoolSpec.unified false) the pool is the device's memory: only these plan lines live

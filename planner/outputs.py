@@ -20,7 +20,10 @@ class _Output(BaseModel):
 
 
 class EngineArgs(_Output):
-    """One chat engine's vLLM arguments (AsyncEngineArgs names), passed as ray.serve.llm engine_kwargs."""
+    """One chat engine's vLLM arguments (AsyncEngineArgs names), passed as ray.serve.llm engine_kwargs as they are
+    (complete when the planner returns them: planner/engine_args.py)."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=(), frozen=True)
 
     dtype: str = Field(description="Weights and activations dtype.")
     max_model_len: int = Field(description="Longest prompt + completion, in tokens.")
@@ -50,6 +53,9 @@ class EngineArgs(_Output):
     worker_cls: str | None = Field(None, exclude_if=lambda v: v is None,
                                    description="CPU: the worker that runs a prefill on all the engine's threads and "
                                                "a decode step on fewer (serve/cpu_worker.py); None: vLLM's.")
+    worker_extension_cls: str | None = Field(None, exclude_if=lambda v: v is None,
+                                             description="Methods mixed into vLLM's Worker: the heap trim the chat "
+                                                         "replica calls (system/process_memory.py); None: none.")
     distributed_executor_backend: str | None = Field(None, exclude_if=lambda v: v is None,
                                                      description="Ranks over nodes: 'ray' on GPU pools, 'mp' "
                                                                  "(vLLM's multi-node multiprocessing) on CPU pools.")

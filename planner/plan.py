@@ -18,12 +18,14 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from planner import gb10, nodes, parallel, runtime
+from planner import gb10, nodes, runtime
 from planner.advice import overcommit_message
 from planner.architecture import ArchitectureError, embedding_dimension
 from planner.embedder import activation_bytes
-from planner.engine import EngineError, plan_engine, utilization_for
-from planner.errors import Overcommit, PlanError
+from planner.engine import plan_engine
+from planner.engine_args import EngineNode, engine_launch
+from planner.engine_split import split_engine
+from planner.errors import EngineError, Overcommit, PlanError
 from planner.gpu import gpu_fraction, released_at_rest, split_device_lines, torch_device
 from planner.guard import guard_plan
 from planner.outputs import (FROM_GATEWAY_SPEC, ChatModelCard, ContentsPlan, EngineArgs, GatewayEdge,
@@ -329,21 +331,19 @@ def _home(section, first: str) -> str:
     return (getattr(section, "nodes", None) or [None])[0] or section.node or first
 
 
-def _engine_replicas(name: str, chat, eng, pools: dict, home: str, order: int) -> list[ReplicaPlan]:
-    """One engine's replica, and on a split engine (pipeline x tensor ranks) one share per further node."""
-    spec, total, _ = pools[home]
-    discrete = spec.gpu and not spec.unified
-    pp, tp = chat.pipeline_parallel_size, chat.tensor_parallel_size
-    vllm = eng.vllm
-    if pp * tp == 1:
-        if spec.gpu and spec.unified:
-            eng.breakdown.update(gb10.overhead_lines(eng.breakdown))
-        per_node = {home: eng.breakdown}
+def _engine_replicas(name: str, chat, eng, pools: dict, home: str, order: int) -> tuple[list[ReplicaPlan], list[str]]:
+    """One engine's replica, and on a split engine (pipeline x tensor ranks) one share per further node; with
+    the notes of its split."""
+    home_spec = pools[home][0]
+    if chat.pipeline_parallel_size * chat.tensor_parallel_size == 1:
+        split = None
+        gb10_lines = gb10.overhead_lines(eng.breakdown) if home_spec.gpu and home_spec.unified else {}
+        lines_by_node = {home: {**eng.breakdown, **gb10_lines}}
     else:
-        per_node, vllm = _split(name, chat, eng, home, pools)
-    cpu_split = vllm.distributed_executor_backend == "mp"
+        split = split_engine(name, chat, eng, home, pools)
+        lines_by_node = split.lines_by_node
     replicas = []
-    for node_rank, (node, lines) in enumerate(per_node.items()):
+    for node_rank, (node, lines) in enumerate(lines_by_node.items()):
         spec, total, _ = pools[node]
         discrete = spec.gpu and not spec.unified
         device, host = split_device_lines(lines) if discrete else (lines, {})
@@ -351,86 +351,16 @@ def _engine_replicas(name: str, chat, eng, pools: dict, home: str, order: int) -
         opts = RayActorOptions(num_cpus=chat.num_cpus, memory=host_bytes if discrete else chat_bytes,
                                num_gpus=gpu_fraction(chat_bytes, total) if spec.gpu else None,
                                resources=nodes.placement_resources(node) if len(pools) > 1 else None)
-        engine_args = None
-        if node == home:
-            engine_args = vllm
-            if spec.gpu:
-                engine_args = vllm.model_copy(update={
-                    "gpu_memory_utilization": _utilization(name, chat, chat_bytes, total)})
+        launch = engine_launch(name, eng, split, EngineNode(spec=spec, total=total, device_bytes=chat_bytes,
+                                                             num_gpus=opts.num_gpus, home=node == home))
         growth = released_at_rest(device) if discrete else 0 if node != home else runtime.VLLM_TRAFFIC_GROWTH
-        env = {**eng.env, **(_rank_env(pools[node][0]) if cpu_split else {})}
+        cpu_share = split is not None and split.over_cpu_nodes and node != home
         replicas.append(ReplicaPlan(name=name if node == home else f"{name}@{node}", kind="chat",
                                     node=node if len(pools) > 1 else "local", planned_bytes=chat_bytes,
-                                    breakdown=device, host_bytes=host_bytes, host_breakdown=host, vllm=engine_args,
-                                    ray_actor_options=opts, env=env, start_order=order, growth_bytes=growth,
-                                    serve=chat.serve,
-                                    engine_node_rank=node_rank if cpu_split and node != home else None))
-    return replicas
-
-
-def _rank_env(spec) -> dict[str, str]:
-    """A CPU split engine's vLLM processes on one node: the address they give the other nodes (vLLM would
-    otherwise guess the host's outbound one) and the first port their message queues take."""
-    cores = {"VLLM_CPU_OMP_THREADS_BIND": spec.chat_cores} if spec.chat_cores else {}
-    return {"VLLM_HOST_IP": spec.address, "VLLM_PORT": str(spec.ray_ports.vllm_ports), **cores}
-
-
-def _executor_args(name: str, chat, home_spec, node_count: int) -> dict:
-    """How the ranks reach each other. GPU pools: vLLM's Ray executor, one Ray actor per rank. CPU pools:
-    vllm-cpu has no Ray executor ("current platform cpu does not support ray"), so vLLM's multi-node
-    multiprocessing executor: the replica runs node 0's ranks, a headless vLLM on every other node the rest
-    (serve/engine_ranks.py), meeting at node 0's fixed rendezvous port."""
-    if home_spec.gpu or node_count == 1:
-        return {"distributed_executor_backend": "ray"}
-    if chat.enforce_eager:
-        # vllm-cpu allocates a later pipeline rank's intermediate-tensor buffer in the torch.compile warm-up;
-        # eager skips it and that rank's first step fails (gpu_model_runner.py
-        # sync_and_gather_intermediate_tensors; tried here, docs/PLANNER.md "Several nodes").
-        raise PlanError(f"{name}: a CPU engine split over nodes cannot run with enforce_eager: true (vllm-cpu's "
-                        "later pipeline ranks need the torch.compile warm-up); set enforce_eager: false")
-    if chat.speculative.method != "none":
-        # Tried here: the first pipeline rank's runner builds no drafter and fails at the warm-up
-        # ("'CPUModelRunner' object has no attribute 'drafter'", vllm-cpu 0.32).
-        raise PlanError(f"{name}: a CPU engine split over nodes cannot speculate ({chat.speculative.method}): "
-                        "vllm-cpu's first pipeline rank has no drafter; set speculative.method: none")
-    return {"distributed_executor_backend": "mp", "nnodes": node_count, "node_rank": 0,
-            "master_addr": home_spec.address, "master_port": home_spec.ray_ports.vllm_master}
-
-
-def _split(name: str, chat, eng, home: str, pools: dict) -> tuple[dict[str, dict[str, int]], EngineArgs]:
-    """Per node, the lines of the engine's ranks there (rank<r>.<line>); and its vLLM args for the split."""
-    unified_gpu = pools[home][0].gpu and pools[home][0].unified
-    pp, tp = chat.pipeline_parallel_size, chat.tensor_parallel_size
-    facts = eng.facts
-    logits = facts["max_num_seqs"] * (1 + eng.drafter.k) * eng.arch.vocab_size * 4 * 2
-    if chat.activation_bytes != "auto":
-        logits = 0  # a pinned figure: every rank keeps all of it
-    partition = ",".join(map(str, chat.pp_layer_partition)) if chat.pp_layer_partition else None
-    try:
-        ranks = parallel.split_engine(eng.breakdown, eng.arch, pp, tp, logits, partition,
-                                      tied_embeddings=not eng.component_bytes.get("lm_head"))
-        where = parallel.rank_nodes(chat.nodes or [home], pp, tp)
-    except parallel.ParallelError as exc:
-        raise PlanError(f"{name}: {exc}") from exc
-    per_node: dict[str, dict[str, int]] = {}
-    for rank, lines in enumerate(ranks):
-        if unified_gpu:  # every rank's worker carries the GB10 overhead (planner/gb10.py)
-            lines.update(gb10.overhead_lines(lines))
-        per_node.setdefault(where[rank], {}).update({f"rank{rank}.{k}": v for k, v in lines.items()})
-    update = {"kv_cache_memory_bytes": parallel.kv_cache_bytes_per_worker(ranks),
-              "pipeline_parallel_size": pp if pp > 1 else None, "tensor_parallel_size": tp if tp > 1 else None,
-              **_executor_args(name, chat, pools[home][0], len(per_node))}
-    if update["distributed_executor_backend"] == "mp":
-        for node, lines in per_node.items():
-            if node != home:  # the processes that parent that node's workers (serve/engine_ranks.py)
-                lines.update({"runtime.headless_executor": runtime.VLLM_HEADLESS_EXECUTOR,
-                              "runtime.rank_host": runtime.RANK_HOST_ACTOR})
-    eng.notes.append(f"{name}: {pp} pipeline x {tp} tensor ranks on {', '.join(dict.fromkeys(where))} "
-                     f"(layers per pipeline rank {parallel.pp_partition(eng.arch.num_layers, pp, partition)}); "
-                     "kv_cache_memory_bytes is per worker")
-    if partition:
-        eng.env["VLLM_PP_LAYER_PARTITION"] = partition
-    return per_node, eng.vllm.model_copy(update=update)
+                                    breakdown=device, host_bytes=host_bytes, host_breakdown=host, vllm=launch.args,
+                                    ray_actor_options=opts, env=launch.env, start_order=order, growth_bytes=growth,
+                                    serve=chat.serve, engine_node_rank=node_rank if cpu_share else None))
+    return replicas, [split.note] if split else []
 
 
 def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bool = True,
@@ -446,7 +376,7 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
     multi = len(listed) > 1
     first = listed[0][0].name
     other_threads = profile.embedder.torch_threads
-    engines, engine_replicas = {}, []
+    engines, engine_replicas, engine_notes = {}, [], []
     order = -1
     for name, chat in profile.chat_engines():
         home = _home(chat, first)
@@ -456,8 +386,10 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
             eng = plan_engine(chat, spec, cpus, total, other_threads, cpu_native_bf16)
         except (EngineError, ArchitectureError) as exc:
             raise PlanError(f"{name}: {exc}" if name != "chat" else str(exc)) from exc
-        engine_replicas += _engine_replicas(name, chat, eng, pools, home, order)
+        replicas, split_notes = _engine_replicas(name, chat, eng, pools, home, order)
+        engine_replicas += replicas
         engines[name] = (chat, eng)
+        engine_notes += [*eng.notes, *split_notes]
     eng = engines["chat"][1]
     emb_spec, emb_total, emb_cpus = pools[_home(profile.embedder, first)]
     dim = embedder_dimension(profile)  # the embedder's config.json, read once
@@ -484,8 +416,7 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
         node_plans[spec.name] = _node_plan(profile, spec, total, cpus, mine, mine_engines, engines, head=spec.name == first,
                                            replan=replan, multi=multi, override=pool_total_bytes)
     pool, ray, admission, page_cache, start, notes = node_plans[first]
-    notes = [n for name, (_, e) in engines.items() for n in e.notes] + \
-        [n for _, _, _, _, _, node_notes in node_plans.values() for n in node_notes]
+    notes = engine_notes + [n for _, _, _, _, _, node_notes in node_plans.values() for n in node_notes]
     facts = {name: ChatFacts(**{k: v for k, v in e.facts.items() if k in ChatFacts.model_fields},
                              architecture_source=e.arch.source) for name, (_, e) in engines.items()}
     if multi:
@@ -631,18 +562,6 @@ def _start_lines(name: str, chat, eng, spec: PoolSpec) -> dict[str, int]:
         else:
             lines[f"start.{name}.cuda_graph_capture"] = runtime.START_GRAPH_CAPTURE
     return lines
-
-
-def _utilization(name: str, chat, planned: int, total: int) -> float:
-    """The engine's gpu_memory_utilization: covers exactly its planned bytes, or the pinned value if that does."""
-    util = chat.gpu_memory_utilization
-    if util is None:
-        return utilization_for(planned, total)
-    if util * total < planned:
-        raise PlanError(f"{name}.gpu_memory_utilization {util} is pinned: {gib(util * total)} of the pool, "
-                        f"but the engine is planned at {gib(planned)}; unpin it or raise it to "
-                        f"{utilization_for(planned, total)}")
-    return util
 
 
 def _admission(replicas: list[ReplicaPlan], total: int, spec: PoolSpec, outside: int,

@@ -15,7 +15,7 @@ from enginepair.compat import (
     adapt_engine_env,
     engine_client,
 )
-from system.process_memory import WORKER_EXTENSION, WORKER_TRIM_METHOD, process_tree_memory
+from system.process_memory import WORKER_TRIM_METHOD, process_tree_memory
 from serve.engine_ranks import end_local_engine, start_rank_hosts
 from serve.start_order import wait_for_predecessors
 from planner.gpu import engine_placement
@@ -179,10 +179,8 @@ def llm_config_from_plan(chat: ChatSpec, chat_plan: ReplicaPlan, start_after: li
     """One engine's ray.serve.llm config, every number from its plan. The replica's Serve name is
     `PoolserveLLMServer:<plan name>` (`chat` for the first engine). `rank_plans`: a CPU engine split over
     nodes, its shares on the other nodes (ReplicaPlans with engine_node_rank), started by the replica."""
-    actor_options, bundle, gpu_env = engine_placement(chat_plan.ray_actor_options)
-    # The Workers get the heap-trim method the replica calls every heap_trim_interval_s.
-    engine_kwargs = {**chat_plan.vllm.as_dict(),
-                     **({"worker_extension_cls": WORKER_EXTENSION} if chat.heap_trim_interval_s > 0 else {})}
+    actor_options, bundle = engine_placement(chat_plan.ray_actor_options)
+    engine_kwargs = chat_plan.vllm.as_dict()  # complete as planned (planner/engine_args.py)
     ranks = rank_configs(list(rank_plans))
     return LLMConfig(
         model_loading_config={"model_id": chat.model_id, "model_source": chat.model},
@@ -195,12 +193,13 @@ def llm_config_from_plan(chat: ChatSpec, chat_plan: ReplicaPlan, start_after: li
         },
         placement_group_config={"bundles": [bundle, *(engine_placement(r.ray_actor_options)[1] for r in rank_plans)],
                                 "strategy": "PACK"},
-        runtime_env={"env_vars": adapt_engine_env({**chat_plan.env, **gpu_env})},
+        runtime_env={"env_vars": adapt_engine_env(chat_plan.env)},  # what the installed vLLM accepts
         experimental_configs={
             SETTINGS_KEY: ChatReplicaSettings(
                 warmup_prompt=chat.warmup_prompt, start_after=list(start_after),
                 start_wait_timeout_s=chat_plan.serve.start_wait_timeout_s,
                 heap_trim_interval_s=chat.heap_trim_interval_s, ranks=ranks,
+                # A headless rank is vLLM's own engine: it names the model as an argument, not as Serve's source.
                 rank_engine_kwargs={**engine_kwargs, "model": chat.model} if ranks else {}),
             "stream_batching_interval_ms": chat.stream_batching_interval_ms,  # ray.serve.llm's own key
         },

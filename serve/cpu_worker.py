@@ -4,15 +4,15 @@ On a small host the chat engine shares its cores with the embedder, the gateway 
 thread nearly doubles a prompt's prefill (1.85-1.93x idle, 1.10-1.22x beside a busy core) but, beside a
 busy core, slows decoding by a third (0.72x / 0.64x): a decode step is many short parallel regions, and
 each waits for the thread that lost its core (docs/BENCHMARKS.md section 2.6). So a step that schedules
-at least `POOLSERVE_WIDE_STEP_TOKENS` tokens (a prompt's prefill) runs on the plan's `OMP_NUM_THREADS`,
-and any other step (decoding, speculation's few tokens per sequence) on `POOLSERVE_NARROW_STEP_THREADS`.
-The planner sets both (planner/engine.py); the thread team and its core binding stay as vLLM made them,
-only the number of threads a parallel region uses changes.
+at least `wide_step_tokens` tokens (a prompt's prefill) runs on the plan's `OMP_NUM_THREADS`, and any
+other step (decoding, speculation's few tokens per sequence) on `narrow_step_threads`. The planner sets both
+in one StepWorkerSettings (planner/step_worker.py); the thread team and its core binding stay as vLLM made
+them, only the number of threads a parallel region uses changes.
 
 Between steps the Worker waits for the next on a shared-memory queue: vLLM busy-waits (sched_yield) for
 a second after each step before it sleeps on the queue's socket, which on a GPU host costs a spare core
 and here holds one of two cores for a second after every request, beside the other tenants' requests
-and the embedder. The Worker busy-waits for `POOLSERVE_WORKER_IDLE_SPIN_S` instead (chat.worker_idle_spin_s).
+and the embedder. The Worker busy-waits for the settings' `idle_spin_s` instead (chat.worker_idle_spin_s).
 """
 
 from __future__ import annotations
@@ -24,12 +24,7 @@ import torch
 from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
 from vllm.v1.worker.cpu_worker import CPUWorker
 
-from planner.engine import NARROW_STEP_THREADS_ENV, WIDE_STEP_TOKENS_ENV, WORKER_IDLE_SPIN_ENV
-
-
-def step_threads(scheduled_tokens: int, wide_threads: int, narrow_threads: int, wide_step_tokens: int) -> int:
-    """OpenMP threads for one engine step of `scheduled_tokens` tokens."""
-    return wide_threads if scheduled_tokens >= wide_step_tokens else min(narrow_threads, wide_threads)
+from planner.step_worker import STEP_THREADS_WORKER, StepWorkerSettings, step_threads
 
 
 def limit_idle_spin(seconds: float) -> None:
@@ -49,8 +44,9 @@ class StepThreadsCPUWorker(CPUWorker):
     steps (see the module's doc)."""
 
     def __init__(self, *args, **kwargs):
-        if WORKER_IDLE_SPIN_ENV in os.environ:
-            limit_idle_spin(float(os.environ[WORKER_IDLE_SPIN_ENV]))
+        self._settings = StepWorkerSettings.from_env(os.environ)
+        if self._settings is not None:
+            limit_idle_spin(self._settings.idle_spin_s)
         super().__init__(*args, **kwargs)
 
     def init_device(self):
@@ -58,8 +54,9 @@ class StepThreadsCPUWorker(CPUWorker):
         self._set_threads = torch._C.set_num_threads
         super().init_device()
         self._wide_threads = torch.get_num_threads()
-        self._narrow_threads = int(os.environ.get(NARROW_STEP_THREADS_ENV, self._wide_threads))
-        self._wide_step_tokens = int(os.environ.get(WIDE_STEP_TOKENS_ENV, 1))
+        settings = self._settings
+        self._narrow_threads = (settings and settings.narrow_step_threads) or self._wide_threads
+        self._wide_step_tokens = settings.wide_step_tokens if settings else 1
         self._threads = self._wide_threads
 
     def execute_model(self, scheduler_output):
@@ -69,3 +66,9 @@ class StepThreadsCPUWorker(CPUWorker):
             self._set_threads(threads)
             self._threads = threads
         return super().execute_model(scheduler_output)
+
+
+# The planner names this class by string for vLLM (planner/step_worker.py): a rename must move both together.
+if f"{__name__}.{StepThreadsCPUWorker.__qualname__}" != STEP_THREADS_WORKER:
+    raise ImportError(f"planner.step_worker.STEP_THREADS_WORKER names {STEP_THREADS_WORKER!r}, not this class "
+                      f"({__name__}.{StepThreadsCPUWorker.__qualname__})")

@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from planner.step_worker import STEP_WORKER_ENV, StepWorkerSettings
 from serve import cpu_worker  # vLLM is in the `cpu` extra: an import that fails here is a failure, not a skip
 
 
@@ -32,10 +33,11 @@ def test_the_worker_limits_the_busy_wait_of_the_queue_readers_it_makes_next(monk
     monkeypatch.setattr(SpinCondition.__init__, "__defaults__", SpinCondition.__init__.__defaults__)  # restored after
     assert SpinCondition.__init__.__defaults__[-1] == 1  # vLLM's: a second of sched_yield after every step
     monkeypatch.setattr(cpu_worker.CPUWorker, "__init__", lambda self, *args, **kwargs: None)
-    monkeypatch.delenv("POOLSERVE_WORKER_IDLE_SPIN_S", raising=False)
+    monkeypatch.delenv(STEP_WORKER_ENV, raising=False)
     cpu_worker.StepThreadsCPUWorker()
     assert SpinCondition.__init__.__defaults__[-1] == 1  # not planned: vLLM's own
-    monkeypatch.setenv("POOLSERVE_WORKER_IDLE_SPIN_S", "0.05")
+    planned = StepWorkerSettings(narrow_step_threads=1, wide_step_tokens=128, idle_spin_s=0.05)
+    monkeypatch.setenv(STEP_WORKER_ENV, planned.as_env()[STEP_WORKER_ENV])
     cpu_worker.StepThreadsCPUWorker()
     assert SpinCondition.__init__.__defaults__[-1] == 0.05
 

@@ -13,6 +13,7 @@ from planner.profile_file import read_profile_data
 from planner.architecture import read_architecture
 from planner.plan import PlanError, build_plan
 from planner.profile import load_profile
+from planner.step_worker import StepWorkerSettings
 from planner.weights import component_params
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -192,7 +193,8 @@ def test_advice_is_replanned(tmp_path):
 
 def test_omp_bind_binds_as_many_cores_as_threads():
     """vLLM's 'auto' binds one core whatever OMP_NUM_THREADS says: more threads need a core list."""
-    from planner.engine import EngineError, omp_bind
+    from planner.engine_threads import omp_bind
+    from planner.errors import EngineError
 
     assert omp_bind("auto", 1, [0, 1]) == "auto"
     assert omp_bind("auto", 2, [3, 1, 2]) == "1,2"
@@ -217,8 +219,8 @@ def test_chat_omp_threads_reach_the_engine_env(tmp_path):
     assert "NUMBA_THREADING_LAYER" not in plan.replica("chat").env
     # One thread for every step: no step threads, but the CPU worker still limits its busy-wait between steps.
     assert plan.replica("chat").vllm.worker_cls == "serve.cpu_worker.StepThreadsCPUWorker"
-    assert "POOLSERVE_NARROW_STEP_THREADS" not in plan.replica("chat").env
-    assert plan.replica("chat").env["POOLSERVE_WORKER_IDLE_SPIN_S"] == "0.05"
+    worker = StepWorkerSettings.from_env(plan.replica("chat").env)
+    assert worker.narrow_step_threads is None and worker.idle_spin_s == 0.05
     if len(os.sched_getaffinity(0)) >= 2:
         plan = build_plan(load_profile(_profile(tmp_path, "cpu-tiny", **{"chat.omp_threads": 2})), 24 * GiB)
         bind = plan.replica("chat").env["VLLM_CPU_OMP_THREADS_BIND"]
@@ -227,7 +229,7 @@ def test_chat_omp_threads_reach_the_engine_env(tmp_path):
 
 
 def test_cpu_threads_prefill_on_every_cpu_and_decode_on_what_the_embedder_leaves():
-    from planner.engine import cpu_threads
+    from planner.engine_threads import cpu_threads
     from planner.profile import ChatSpec
 
     chat = ChatSpec(model_id="m", model="m")
@@ -247,8 +249,9 @@ def test_the_default_cpu_engine_gets_the_step_threads_worker_on_two_cpus(tmp_pat
                                                                          "reserve": "3GiB", "cpus": 2}]}))
     chat = build_plan(profile, 24 * GiB).replica("chat")
     assert chat.vllm.worker_cls == "serve.cpu_worker.StepThreadsCPUWorker"
-    assert chat.env["OMP_NUM_THREADS"] == "2" and chat.env["POOLSERVE_NARROW_STEP_THREADS"] == "1"
-    assert chat.env["POOLSERVE_WIDE_STEP_TOKENS"] == "128" and chat.env["NUMBA_THREADING_LAYER"] == "workqueue"
+    worker = StepWorkerSettings.from_env(chat.env)
+    assert chat.env["OMP_NUM_THREADS"] == "2" and worker.narrow_step_threads == 1
+    assert worker.wide_step_tokens == 128 and chat.env["NUMBA_THREADING_LAYER"] == "workqueue"
 
 
 def test_the_embedder_process_makes_at_most_two_malloc_arenas(tmp_path):

@@ -46,7 +46,7 @@ def test_one_node_asks_no_custom_resource_and_ray_start_advertises_none():
     assert node_resources_flag(plan, "local") == []
     # one node: the plan's only pool is the node's, and nothing is split across nodes
     assert plan.pools == [plan.pool] and not plan.shares
-    _, bundle, _ = engine_placement(plan.replica("chat").ray_actor_options)
+    _, bundle = engine_placement(plan.replica("chat").ray_actor_options)
     assert set(bundle) == {"CPU"}
 
 
@@ -113,7 +113,7 @@ def test_every_replica_and_rank_asks_its_nodes_resource_and_ray_start_advertises
     assert node_resources_flag(plan, "node-b") == ['--resources={"poolserve_node_node-b": 1.0}']
     with pytest.raises(ValueError, match="node-c"):
         node_resources_flag(plan, "node-c")
-    actor, bundle, _ = engine_placement(plan.replica("chat").ray_actor_options)
+    actor, bundle = engine_placement(plan.replica("chat").ray_actor_options)
     assert bundle["poolserve_node_node-a"] == 0.001 and actor["resources"] == {"poolserve_node_node-a": 0.001}
     bundles = rank_bundles([plan.replica("chat").ray_actor_options, plan.shares[0].ray_actor_options])
     assert [b.get("poolserve_node_node-a", 0) for b in bundles] == [0.001, 0]
