@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cli.commands import register as register_client_commands
+from cli.plan_on_demand import print_on_demand
 from planner.gpu import engine_placement
 from planner.plan import Plan, PlanError, build_plan
 from planner.profile import load_profile, parse_size
@@ -134,6 +135,7 @@ def _print_plan(plan: Plan, console: Console) -> None:
         adm.add_row(str(a.start_order), a.name, a.check, gib(a.requested_bytes), gib(a.free_before_bytes),
                     gib(a.start_peak_bytes), gib(a.start_headroom_bytes), gib(a.free_worst_bytes))
     console.print(adm)
+    print_on_demand(plan, console)  # issue 48: on-demand engines, when any
     console.print(f"threads: {plan.threads}; ray: object_store_memory {plan.ray.object_store_memory:,}, "
                   f"include_dashboard {plan.ray.include_dashboard}, memory {plan.ray.memory:,}", highlight=False)
     for r in plan.replicas:

@@ -28,6 +28,8 @@ from planner.engine_split import split_engine
 from planner.errors import EngineError, Overcommit, PlanError
 from planner.gpu import gpu_fraction, released_at_rest, split_device_lines, torch_device
 from planner.guard import guard_plan
+from planner.on_demand_plan import OnDemandPlan
+from planner.on_demand_pool import on_demand_pool
 from planner.outputs import (FROM_GATEWAY_SPEC, ChatModelCard, ContentsPlan, EngineArgs, GatewayEdge,
                              EmbedderSettings, GatewaySettings, RayActorOptions, RetrieverSettings)
 from planner.profile import PoolSpec, Profile, ServeSpec, pinned
@@ -177,6 +179,9 @@ class Plan(BaseModel):
                              "(planner/guard.py) included.")
     embedder: EmbedderSettings = Field(description="Everything the embedder replica reads.")
     retriever: RetrieverSettings = Field(description="Everything the retriever replica reads.")
+    # issue 48: left out of the plan when no engine is on demand (planner/on_demand_pool.py)
+    on_demand: OnDemandPlan | None = Field(None, exclude_if=lambda v: v is None, description="On-demand chat "
+                                           "engines: the awake set the pool holds, each engine's bytes asleep.")
 
     def replica(self, name: str) -> ReplicaPlan:
         for replica in self.replicas:
@@ -415,8 +420,8 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
         mine_engines = {n: e for n, e in engines.items() if node_of[n] == spec.name}
         node_plans[spec.name] = _node_plan(profile, spec, total, cpus, mine, mine_engines, engines, head=spec.name == first,
                                            replan=replan, multi=multi, override=pool_total_bytes)
-    pool, ray, admission, page_cache, start, notes = node_plans[first]
-    notes = engine_notes + [n for _, _, _, _, _, node_notes in node_plans.values() for n in node_notes]
+    pool, ray, admission, page_cache, start, notes, demand = node_plans[first]
+    notes = engine_notes + [n for _, _, _, _, _, node_notes, _ in node_plans.values() for n in node_notes]
     facts = {name: ChatFacts(**{k: v for k, v in e.facts.items() if k in ChatFacts.model_fields},
                              architecture_source=e.arch.source) for name, (_, e) in engines.items()}
     if multi:
@@ -438,7 +443,7 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
                          guard=guard_plan(spec, pool.total_bytes, pool.free_bytes - pool.headroom_bytes,
                                           pool.discrete)),
         embedder=_embedder_settings(profile, deployed, ingest_threads),
-        retriever=_retriever_settings(profile, dim),
+        retriever=_retriever_settings(profile, dim), on_demand=demand.section,
     )
 
 
@@ -453,7 +458,10 @@ def _node_plan(profile: Profile, spec: PoolSpec, total: int, cpus: float, replic
     ray_bytes = 0 if discrete else sum(ray.breakdown.values())
     page_cache = {f"page_cache.{name}.{c} (on disk, {gib(b)})": chat.disk_page_cache_bytes
                   for name, (chat, e) in engines.items() for c, b in e.disk_components.items()}
-    needed = sum(r.pool_bytes for r in replicas) + ray_bytes + sum(page_cache.values())
+    starts = {name: _start_lines(name, chat, e, spec) for name, (chat, e) in engines.items()}
+    # issue 48: on-demand engines count asleep, but for the worst awake set; they start asleep (no admission row)
+    demand = on_demand_pool(profile, spec, total, replicas, starts, ray_bytes + sum(page_cache.values()), multi)
+    needed = sum(r.pool_bytes for r in replicas) + ray_bytes + sum(page_cache.values()) + demand.adjust_bytes
     if needed > free:
         where = f"node {spec.name} is short by" if multi else "short by"
         if replan is None:
@@ -466,9 +474,10 @@ def _node_plan(profile: Profile, spec: PoolSpec, total: int, cpus: float, replic
     if want_cpus > cpus:
         raise PlanError(f"replicas ask for {want_cpus:g} Ray CPUs but pool {spec.name} has {cpus:g}: lower the "
                         "num_cpus of chat/embedder/retriever/gateway (fractions are fine)")
-    starts = {name: _start_lines(name, chat, e, spec) for name, (chat, e) in engines.items()}
-    notes: list[str] = []
-    admission = _admission(replicas, total, spec, ray_bytes + sum(page_cache.values()), notes, starts, discrete)
+    notes: list[str] = list(demand.notes)
+    admission = _admission([r for r in replicas if r.name not in demand.engines], total, spec,
+                           ray_bytes + sum(page_cache.values()), notes, starts, discrete)
+    admission += [Admission(**row) for row in demand.wake_rows]  # issue 48: each on-demand engine's wake
     if multi:
         notes = [f"node {spec.name}: {n}" for n in notes]
     # Headroom at start: the tightest moment of the start order (an engine at its start peak).
@@ -488,7 +497,7 @@ def _node_plan(profile: Profile, spec: PoolSpec, total: int, cpus: float, replic
             "head": head, "replicas": [r.name for r in replicas], "ray_breakdown": ray.breakdown,
             "admission": admission, "start_peak": start, "page_cache": page_cache,
             "ray_resources": nodes.advertised_resources(spec.name)})
-    return pool, ray, admission, page_cache, start, notes
+    return pool, ray, admission, page_cache, start, notes, demand
 
 
 def _on_device(replica: ReplicaPlan, total: int) -> ReplicaPlan:

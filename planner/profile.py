@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from planner.on_demand_spec import OnDemandSpec
 from planner.profile_file import read_profile_data
 
 _UNITS = {
@@ -164,6 +165,10 @@ class PoolSpec(_Strict):
     shed_heaviest_at_least: int = Field(2, ge=1, description="Pool guard: past shed_ingest_at, new work of the "
                                         "tenant with the most requests in flight (this many at least, and more than "
                                         "any other tenant) is refused too: shedding starts with whoever grows the pool.")
+    # --- issue 48: on-demand engines (planner/on_demand_pool.py); left out of the dump when unset ---
+    max_awake_on_demand: int | None = Field(None, ge=0, exclude_if=lambda v: v is None, description="The most "
+                                            "on-demand chat engines of this pool awake at once; the plan holds the "
+                                            "largest such set by bytes. None = all of them.")
 
     @property
     def engines_together(self) -> bool:
@@ -317,6 +322,9 @@ class ChatSpec(_Strict):
                              "replica, its scheduler and rank 0.")
     pp_layer_partition: list[int] | None = Field(None, description="Layers per pipeline rank "
                                                  "(VLLM_PP_LAYER_PARTITION); None = vLLM's even split.")
+    # --- issue 48: on-demand engines (planner/on_demand_spec.py); left out of the dump when unset ---
+    on_demand: OnDemandSpec | None = Field(None, exclude_if=lambda v: v is None, description="Sleep when idle "
+                                           "and wake on a request; None = always awake.")
     vllm_build: str = Field("0.32.0", min_length=1, description="The vLLM the engine runs: a release (the pinned "
                             "0.32.0, or the version a container ships) or a named build (planner/ple_switch.py). "
                             "Decides the switch that puts the PLE on disk; a build without one refuses ple: disk.")

@@ -1,0 +1,124 @@
+"""On-demand chat engines in the plan (issue 48): the pool holds the always-on replicas, every engine asleep
+and the worst awake set; a set that does not fit is refused with the set that would."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from planner.advice import apply
+from planner.awake_sets import can_wake, fits_awake
+from planner.on_demand_spec import OnDemandSpec
+from planner.plan import PlanError, build_plan
+from planner.profile import Profile, load_profile
+
+ROOT = Path(__file__).resolve().parents[2]
+GiB = 2**30
+
+
+def _with_pool(profile: Profile, **pool) -> Profile:
+    return profile.model_copy(update={"pools": [profile.pools[0].model_copy(update=pool)]})
+
+
+def _on_demand(profile: Profile, level: int = 1, engines: tuple[int, ...] = (0,)) -> Profile:
+    """The first engine and the listed ones of profile.engines marked on demand."""
+    spec = OnDemandSpec(idle_sleep_s=30, level=level)
+    marked = [e.model_copy(update={"on_demand": spec}) if i in engines else e for i, e in enumerate(profile.engines)]
+    return apply(profile, {"chat.on_demand": spec}).model_copy(update={"engines": marked})
+
+
+def test_the_cpu_example_holds_one_engine_awake():
+    profile = load_profile(ROOT / "configs" / "cpu-on-demand.yaml")
+    plan = build_plan(profile)
+    od = plan.on_demand
+    assert od.max_awake == 1 and list(od.engines) == ["chat", "chat-smollm2-135m-draft6"]
+    chat, small = od.engines.values()
+    assert chat.awake_bytes == plan.replica("chat").planned_bytes > small.awake_bytes
+    assert od.worst_awake_set == ["chat"]
+    # CPU: no sleep mode; a sleeping engine is stopped and holds nothing
+    assert {e.sleep for e in od.engines.values()} == {"stop"} and {e.wake for e in od.engines.values()} == {"cold_start"}
+    assert chat.asleep_bytes == 0 and chat.asleep_breakdown == {}
+    always_on = sum(r.pool_bytes for r in plan.replicas if r.name not in od.engines)
+    assert plan.pool.planned_bytes == always_on + chat.awake_bytes
+    assert od.room_bytes == plan.pool.free_bytes - plan.pool.ray_bytes - plan.pool.page_cache_bytes - always_on
+    assert fits_awake(od, ["chat"]) and not fits_awake(od, ["chat", "chat-smollm2-135m-draft6"])
+    assert can_wake(od, [], "chat-smollm2-135m-draft6")
+    wakes = {a.name: a for a in plan.admission if a.check.startswith("wake")}
+    assert set(wakes) == set(od.engines) and wakes["chat"].start_peak_bytes == chat.wake_peak_bytes > 0
+    assert any("no vLLM sleep mode" in n for n in plan.notes)
+    # the smallest pool covers the tightest wake
+    assert plan.pool.needed_bytes >= plan.pool.total_bytes - plan.pool.start_headroom_bytes
+
+
+def test_both_awake_is_refused_with_the_set_that_fits():
+    profile = _with_pool(load_profile(ROOT / "configs" / "cpu-on-demand.yaml"), max_awake_on_demand=2)
+    with pytest.raises(PlanError) as refused:
+        build_plan(profile)
+    text = str(refused.value)
+    assert "awake set does not fit" in text
+    assert "At most 1 of these on-demand engines awake at once fit: set pools[0].max_awake_on_demand: 1" in text
+
+
+def test_an_engine_too_big_to_wake_alone_is_named():
+    profile = _with_pool(load_profile(ROOT / "configs" / "cpu-on-demand.yaml"), max_awake_on_demand=1)
+    plan = build_plan(profile)
+    room = plan.on_demand.room_bytes
+    chat = plan.on_demand.engines["chat"]
+    tight = plan.pool.total_bytes - (room - chat.wake_check_bytes) - 1  # one byte short of chat's wake
+    with pytest.raises(PlanError, match="only chat-smollm2-135m-draft6 can wake alone"):
+        build_plan(profile, tight)
+
+
+def test_max_awake_beyond_the_engines_is_refused():
+    profile = _with_pool(load_profile(ROOT / "configs" / "cpu-on-demand.yaml"), max_awake_on_demand=3)
+    with pytest.raises(PlanError, match="has 2 on-demand engines"):
+        build_plan(profile)
+
+
+def test_a_profile_without_on_demand_engines_is_unchanged():
+    profile = load_profile(ROOT / "configs" / "cpu-two-engines.yaml")
+    plan = build_plan(profile, 24 * GiB)
+    assert plan.on_demand is None and "on_demand" not in plan.model_dump()
+    # the profile's identity (its digest) and the plan's JSON carry no new keys
+    assert "on_demand" not in profile.model_dump_json() and "max_awake" not in profile.model_dump_json()
+
+
+def test_a_discrete_gpu_keeps_the_context_and_level_1_weights_on_the_host():
+    profile = load_profile(ROOT / "configs" / "gh200-two-engines.yaml")
+    profile = _on_demand(profile, level=1)
+    profile = profile.model_copy(update={"engines": [profile.engines[0].model_copy(update={
+        "on_demand": OnDemandSpec(level=2)})]})
+    plan = build_plan(_with_pool(profile, max_awake_on_demand=1), 139 * GiB)
+    first, second = plan.on_demand.engines.values()
+    assert (first.sleep, first.wake, second.sleep, second.wake) == (
+        "level_1", "copy_from_host", "level_2", "reload_from_disk")
+    for e in (first, second):
+        assert "cuda_context.worker" in e.asleep_breakdown
+        assert not any(k.startswith(("weights.", "kv_pool.", "drafter.kv", "recurrent_state")) for k in e.asleep_breakdown)
+    weights = sum(v for k, v in plan.replica("chat").breakdown.items() if k.startswith(("weights.", "drafter.weights")))
+    on_host = sum(v for k, v in first.asleep_host_breakdown.items() if k.endswith("(on host, level 1)"))
+    assert on_host == weights > 0
+    assert not any(k.endswith("(on host, level 1)") for k in second.asleep_host_breakdown)
+    assert plan.on_demand.asleep_host_bytes_most == first.asleep_host_bytes + second.asleep_host_bytes
+
+
+def test_unified_memory_plans_level_2_and_a_reload_through_the_page_cache():
+    profile = load_profile(ROOT / "configs" / "dgx-spark-27b-plus-small.yaml")
+    profile = profile.model_copy(update={"engines": [profile.engines[0].model_copy(update={
+        "on_demand": OnDemandSpec(level=1)})]})
+    plan = build_plan(profile)
+    engine = plan.on_demand.engines["chat-smollm2-135m-instruct"]
+    assert (engine.level_asked, engine.sleep, engine.wake) == (1, "level_2", "reload_from_disk")
+    assert engine.asleep_host_bytes == 0 and "runtime.engine_core" in engine.asleep_breakdown
+    wake = next(a for a in plan.admission if a.name == "chat-smollm2-135m-instruct")
+    assert wake.check.startswith("wake") and wake.start_peak_bytes == engine.wake_peak_bytes
+    assert any("level 1 frees nothing" in n and "page cache" in n for n in plan.notes)
+    # the always-on 27B keeps its own admission row
+    assert [a.name for a in plan.admission].count("chat") == 1
+
+
+def test_several_nodes_are_refused():
+    profile = _on_demand(load_profile(ROOT / "configs" / "cpu-two-nodes.yaml"), engines=())
+    with pytest.raises(PlanError, match="one pool only"):
+        build_plan(profile)
