@@ -64,3 +64,15 @@ def test_nothing_to_embed_is_no_batch(embedder):
 def test_a_question_is_embedded_with_the_query_prefix(embedder):
     np.testing.assert_allclose(embedder.embed_query("what moves water?"),
                                embedder.embed(["query: what moves water?"])["vectors"][0], atol=1e-6)
+
+
+def test_usage_is_the_tokens_each_batch_read_counted_without_tokenizing_twice(embedder, monkeypatch):
+    """Issue 45: the tokens charged are counted from encode's own batches (cut at max_seq_length, special
+    tokens in), equal to tokenizing the texts again, which embed no longer does."""
+    long = " ".join(["pressure valve pump"] * 200)  # past max_seq_length: read only up to it
+    texts = TEXTS + [long, long[:700], "é" * 300]
+    expected = embedder.tokens_read(texts)
+    assert expected < sum(len(ids) for ids in embedder.model.tokenizer(texts)["input_ids"])  # truncation counted
+    monkeypatch.setattr(embedder, "tokens_read", lambda _texts: pytest.fail("tokenized a second time"))
+    assert embedder.embed(texts)["tokens"] == expected
+    assert embedder.embed([])["tokens"] == 0
