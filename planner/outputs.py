@@ -52,7 +52,7 @@ class EngineArgs(_Output):
                                              description="Tensor ranks (heads split), when > 1.")
     worker_cls: str | None = Field(None, exclude_if=lambda v: v is None,
                                    description="CPU: the worker that runs a prefill on all the engine's threads and "
-                                               "a decode step on fewer (serve/cpu_worker.py); None: vLLM's.")
+                                               "a decode step on fewer (vllm_bridge/cpu_worker.py); None: vLLM's.")
     worker_extension_cls: str | None = Field(None, exclude_if=lambda v: v is None,
                                              description="Methods mixed into vLLM's Worker: the heap trim the chat "
                                                          "replica calls (system/process_memory.py); None: none.")
@@ -194,7 +194,7 @@ class EmbedderSettings(_Output):
 
 class EngineRank(_Output):
     """A CPU engine split over nodes: its share on one other node, as the chat replica starts it
-    (serve/engine_ranks.py)."""
+    (vllm_bridge/engine_ranks.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -14,7 +14,7 @@ import threading
 from pydantic import BaseModel, Field
 from ray import serve
 
-from enginepair.compat import build_llm_deployment, make_fastapi_ingress, to_model_metadata
+from vllm_bridge.compat import build_llm_deployment, make_fastapi_ingress, to_model_metadata
 from gateway.http_app import ENDPOINTS, make_app
 from planner.plan import Plan, resolved_plan
 from planner.profile import Profile, load_profile

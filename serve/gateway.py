@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from enginepair.compat import OpenAiIngress
+from vllm_bridge.compat import OpenAiIngress
 from gateway.dashboard import DashboardRoutes
 from gateway.knowledge import KnowledgeRoutes
 from gateway.openai_routes import OpenAIRoutes

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from serve.chat import llm_config_from_plan
-from enginepair.compat import LocalModelNodeInit, LLMConfig
+from vllm_bridge.compat import LocalModelNodeInit, LLMConfig
 from planner.plan import build_plan
 from planner.profile import load_profile
 
