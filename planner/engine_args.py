@@ -15,7 +15,7 @@ from planner.outputs import EngineArgs
 from planner.profile import PoolSpec
 from planner.step_worker import STEP_THREADS_WORKER, StepWorkerSettings
 from planner.units import gib
-from system.process_memory import WORKER_EXTENSION
+from planner.worker_extension import HEAP_TRIM_EXTENSION
 
 # vLLM's names of the planner's quantization methods, where they differ.
 VLLM_QUANTIZATION = {"nvfp4": "modelopt_fp4", "int4": "compressed-tensors"}
@@ -58,7 +58,7 @@ def _finished_args(name: str, eng: EnginePlan, split: EngineSplit | None, node: 
     if node.spec.gpu:
         args["gpu_memory_utilization"] = _utilization(name, eng, node.device_bytes, node.total)
     if eng.chat.heap_trim_interval_s > 0:
-        args["worker_extension_cls"] = WORKER_EXTENSION  # the heap-trim method the replica calls (serve/chat.py)
+        args["worker_extension_cls"] = HEAP_TRIM_EXTENSION  # the heap-trim method the replica calls (serve/chat.py)
     return EngineArgs(**args)
 
 

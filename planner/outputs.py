@@ -55,7 +55,7 @@ class EngineArgs(_Output):
                                                "a decode step on fewer (vllm_bridge/cpu_worker.py); None: vLLM's.")
     worker_extension_cls: str | None = Field(None, exclude_if=lambda v: v is None,
                                              description="Methods mixed into vLLM's Worker: the heap trim the chat "
-                                                         "replica calls (system/process_memory.py); None: none.")
+                                                         "replica calls (vllm_bridge/worker_heap_trim.py); None: none.")
     distributed_executor_backend: str | None = Field(None, exclude_if=lambda v: v is None,
                                                      description="Ranks over nodes: 'ray' on GPU pools, 'mp' "
                                                                  "(vLLM's multi-node multiprocessing) on CPU pools.")

@@ -15,8 +15,9 @@ from vllm_bridge.compat import (
     adapt_engine_env,
     engine_client,
 )
-from system.process_memory import WORKER_TRIM_METHOD, process_tree_memory
+from system.process_memory import process_tree_memory
 from vllm_bridge.engine_ranks import end_local_engine, start_rank_hosts
+from vllm_bridge.worker_heap_trim import WORKER_TRIM_METHOD
 from serve.start_order import wait_for_predecessors
 from planner.gpu import engine_placement
 from planner.outputs import ChatReplicaSettings, EngineRank
