@@ -545,7 +545,7 @@ class GatewaySpec(_Strict):
     refusal_delay_s: float = Field(1.0, ge=0, description="Ray's proxy answers a body sent to a public path "
                                    "(which no honest client sends) after this long, the connection idle and "
                                    "the body unread, so a flooding client gets one refusal per connection per "
-                                   "delay (serve/proxy_guard.py). 0 = at once.")
+                                   "delay (gateway/proxy_guard.py). 0 = at once.")
     refusal_delay_max: int = Field(256, ge=0, description="Refusals Ray's proxy holds back at once; beyond them "
                                    "it refuses at once (bounds the idle connections a flood can leave).")
     reads_at_once_alone: int = Field(4, ge=1, description="Reads (listings, collection info, searches) one tenant "
