@@ -1,6 +1,6 @@
 """The one place a chat engine's vLLM arguments and environment are made: from its budget (planner/engine.py),
 its split over ranks (planner/engine_split.py) and the node each replica of it runs on. What leaves here is
-complete: serve/ binds it as it is."""
+complete: deployments/ binds it as it is."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def _finished_args(name: str, eng: EnginePlan, split: EngineSplit | None, node: 
     if node.spec.gpu:
         args["gpu_memory_utilization"] = _utilization(name, eng, node.device_bytes, node.total)
     if eng.chat.heap_trim_interval_s > 0:
-        args["worker_extension_cls"] = HEAP_TRIM_EXTENSION  # the heap-trim method the replica calls (serve/chat.py)
+        args["worker_extension_cls"] = HEAP_TRIM_EXTENSION  # the heap-trim method the replica calls (deployments/chat.py)
     return EngineArgs(**args)
 
 

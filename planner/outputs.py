@@ -141,7 +141,7 @@ class GatewaySettings(RagSpec):
 
 
 class RetrieverSettings(_Output):
-    """Everything the retriever replica reads, from the profile and its plan: bound as it is (serve/app.py)."""
+    """Everything the retriever replica reads, from the profile and its plan: bound as it is (deployments/app.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -175,7 +175,7 @@ class GatewayEdge(_Output):
 
 
 class EmbedderSettings(_Output):
-    """Everything the embedder replica reads, from the profile and its plan: bound as it is (serve/app.py)."""
+    """Everything the embedder replica reads, from the profile and its plan: bound as it is (deployments/app.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -206,7 +206,7 @@ class EngineRank(_Output):
 
 
 class ChatReplicaSettings(_Output):
-    """What the chat replica reads beyond ray.serve.llm's own config (serve/chat.py PoolserveLLMServer)."""
+    """What the chat replica reads beyond ray.serve.llm's own config (deployments/chat.py PoolserveLLMServer)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

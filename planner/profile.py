@@ -57,7 +57,7 @@ class ServeSpec(_Strict):
     health_check_timeout_s: float = Field(30.0, gt=0, description="A check that takes longer fails; a replica that "
                                           "fails is restarted.")
     start_wait_timeout_s: float = Field(1800.0, gt=0, description="How long the replica's constructor waits for the "
-                                        "replicas before it in the start order (serve/start_order.py): an engine's "
+                                        "replicas before it in the start order (deployments/start_order.py): an engine's "
                                         "start takes 45-110 s on 2 cores, a GB10 loading 100 GB more.")
 
     def deployment_options(self) -> dict:

@@ -1,5 +1,5 @@
 """planner/engine_args.py: an engine's vLLM arguments and environment are complete when the planner returns them;
-serve/chat.py binds them as they are, and nothing edits a planned engine afterwards."""
+deployments/chat.py binds them as they are, and nothing edits a planned engine afterwards."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ GiB = 2**30
 
 
 def _chat_config(profile, plan, name="chat"):
-    from serve.chat import llm_config_from_plan
+    from deployments.chat import llm_config_from_plan
 
     spec = dict(profile.chat_engines())[name]
     shares = sorted((r for r in plan.shares if r.name.startswith(f"{name}@") and r.engine_node_rank is not None),

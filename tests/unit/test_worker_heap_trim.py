@@ -10,7 +10,7 @@ import logging
 
 from planner.plan import build_plan
 from planner.profile import load_profile
-from serve.chat import PoolserveLLMServer, llm_config_from_plan, replica_settings
+from deployments.chat import PoolserveLLMServer, llm_config_from_plan, replica_settings
 from vllm_bridge.worker_heap_trim import WORKER_EXTENSION, WORKER_TRIM_METHOD, HeapTrimWorkerExtension
 
 

@@ -18,7 +18,7 @@ from vllm_bridge.compat import (
 from system.process_memory import process_tree_memory
 from vllm_bridge.engine_ranks import end_local_engine, start_rank_hosts
 from vllm_bridge.worker_heap_trim import WORKER_TRIM_METHOD
-from serve.start_order import wait_for_predecessors
+from deployments.start_order import wait_for_predecessors
 from planner.gpu import engine_placement
 from planner.outputs import ChatReplicaSettings, EngineRank
 from planner.plan import ReplicaPlan

@@ -15,7 +15,7 @@ from gateway.knowledge import KnowledgeRoutes
 from gateway.openai_routes import OpenAIRoutes
 from gateway.tenants import TenantAdminRoutes
 from planner.outputs import GatewaySettings
-from serve.start_order import StartOrder
+from deployments.start_order import StartOrder
 
 
 class Gateway(OpenAIRoutes, KnowledgeRoutes, TenantAdminRoutes, DashboardRoutes, OpenAiIngress):
