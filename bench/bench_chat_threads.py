@@ -14,7 +14,7 @@ up): what an embedder batch, an ingest or another tenant's work does to the othe
     .venv/bin/python bench/bench_chat_threads.py [--threads 1,2,2s] [--docs 3] [--conditions idle,busy] [--no-speculation]
 
 `2s`: 2 threads for a step of at least --wide-step-tokens tokens (the profile's chat.wide_step_tokens), 1
-for the others, the planner's default on 2 cores (serve/cpu_worker.py).
+for the others, the planner's default on 2 cores (vllm_bridge/cpu_worker.py).
 
 Writes bench/results/chat-threads.json (chat-threads-no-speculation.json without speculation).
 """
@@ -50,7 +50,7 @@ IDLE_SPIN_S = ChatSpec.model_fields["worker_idle_spin_s"].default
 
 def thread_env(threads: int, step_threads: bool = False, wide_step_tokens: int = WIDE_STEP_TOKENS) -> dict[str, str]:
     """What the plan gives a CPU engine of `threads` OpenMP threads (planner/engine_args.py); `step_threads`: one
-    thread for the steps under `wide_step_tokens` (serve/cpu_worker.py)."""
+    thread for the steps under `wide_step_tokens` (vllm_bridge/cpu_worker.py)."""
     env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "VLLM_CPU_OMP_THREADS_BIND": omp_bind("auto", threads)}
     if step_threads:
@@ -108,7 +108,7 @@ def main() -> None:
     parser.add_argument("--worker", nargs=2, metavar=("BUSY", "JOB"), help=argparse.SUPPRESS)
     parser.add_argument("--profile", type=Path, default=DEFAULT_PROFILE)
     parser.add_argument("--threads", default="1,2,2s", help="Thread counts; N's = N threads for a prefill, 1 for a "
-                        "decode step (serve/cpu_worker.py).")
+                        "decode step (vllm_bridge/cpu_worker.py).")
     parser.add_argument("--wide-step-tokens", type=int, default=None, help="The step threshold for N's.")
     parser.add_argument("--docs", type=int, default=3, help="How many bundled documents to cut prompts from.")
     parser.add_argument("--conditions", default="idle,busy", help="idle, busy or both (comma-separated).")

@@ -7,7 +7,7 @@ thread count:
                 long documents are silently cut: fast, but most of the text is never embedded.
   raw-chunks    model.encode(chunks) of the same chunks poolserve makes, chunked beforehand
                 (the encode cost of the whole text, without the chunking cost)
-  poolserve     what serve/embedder.py does for an ingest: Chunker (the model's own
+  poolserve     what deployments/embedder.py does for an ingest: Chunker (the model's own
                 tokenizer, 200-token chunks, 30 overlap, as configs/cpu-tiny.yaml) + encode +
                 the count of tokens read
 Each path is run `--repeats` times after one warm-up; the best wall time is reported.

@@ -3,7 +3,7 @@
 Standalone (torch + sentence-transformers, and nvidia-ml-py's `pynvml` where it is installed): it
 imports nothing from poolserve, so it runs on a machine with a GPU but without Ray or vLLM.
 
-What it runs is the replica's encode path (serve/embedder.py `Embedder.embed`) on cuda:
+What it runs is the replica's encode path (deployments/embedder.py `Embedder.embed`) on cuda:
 `SentenceTransformer(folder, device="cuda", local_files_only=True)`, then the replica's warm-up (one
 full batch of `batch_size` texts at max_seq_length), then per request
 `model.encode(texts, batch_size=64, normalize_embeddings=True, convert_to_numpy=True)`. A request of

@@ -227,7 +227,7 @@ def run(sizes: list[int], real_chunks: int, profile_path: Path = DEFAULT_PROFILE
           f"median cosine {median_cos:.3f})", flush=True)
 
     torch.set_num_threads(profile.embedder.torch_threads)  # a question's batch, as the replica runs it
-    faiss.omp_set_num_threads(retriever.faiss_threads)  # as serve/retriever.py sets it
+    faiss.omp_set_num_threads(retriever.faiss_threads)  # as deployments/retriever.py sets it
     questions = load_questions()
     queries = np.ascontiguousarray(np.stack([embedder.embed_query(q) for q in questions]), dtype=np.float32)
     threads = profile.embedder.torch_threads

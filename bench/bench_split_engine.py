@@ -62,7 +62,7 @@ def _servers(variant: str, workdir: Path) -> tuple[list[ProcessGroup], str, str]
         rank1 = workdir / f"{variant}-rank1.json"
         rank1.write_text(json.dumps({**setup.args.as_dict(), "model": setup.model, "node_rank": 1}))
         groups.append(ProcessGroup.start(
-            [sys.executable, "-m", "enginepair.headless", str(rank1)],
+            [sys.executable, "-m", "vllm_bridge.headless", str(rank1)],
             child_env({**env, "VLLM_CPU_OMP_THREADS_BIND": core1, "VLLM_HOST_IP": "127.0.0.2"}),
             workdir / f"{variant}-node1.log"))
     return groups, f"http://127.0.0.1:{port}", setup.served_model_name

@@ -77,7 +77,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--timeout", type=float, default=240)
     args = parser.parse_args()
-    from enginepair.compat import adapt_engine_env
+    from vllm_bridge.compat import adapt_engine_env
 
     profile = load_profile(args.profile)
     plan = build_plan(profile)

@@ -1,7 +1,7 @@
 """What the embedder's heap holds after real documents: the replica's work (chunk, then embed in batches, then
 hand freed heap back), in one process without Ray, with its memory read per kind of mapping after each round.
 
-It runs rag.embedding.SentenceTransformerEmbedder as serve/embedder.py does: chunk() on the threads of a pool
+It runs rag.embedding.SentenceTransformerEmbedder as deployments/embedder.py does: chunk() on the threads of a pool
 (Ray Serve runs a replica's sync methods on its event loop's thread pool), each batch's forward pass on one
 forward thread (rag.embed_turns.OneForwardThread) at 1 or 2 torch threads, release_freed_heap(collect=False)
 after each embed call, then samples /proc/self/smaps by kind ([heap], other anonymous, file-backed), glibc's

@@ -158,7 +158,7 @@ def plan(profile: Path = profile_argument(),
 
 
 def _chat_deployment(r) -> dict:
-    """A chat replica as the app deploys it (planner.gpu.engine_placement, which serve/chat.py uses):
+    """A chat replica as the app deploys it (planner.gpu.engine_placement, which deployments/chat.py uses):
     ray.serve.llm adds the replica actor's resources to the engine's bundle, and the actor runs in it."""
     actor, bundle = engine_placement(r.ray_actor_options)
     merged = {"GPU": 0, **bundle, "CPU": bundle["CPU"] + actor["num_cpus"], "memory": actor["memory"]}
@@ -175,7 +175,7 @@ def serve_config(result: Plan, profile_path: Path) -> dict:
         "proxy_location": "HeadOnly",
         "http_options": {"host": "127.0.0.1", "port": 8000},
         "applications": [{
-            "name": "poolserve", "route_prefix": "/", "import_path": "serve.app:build_app",
+            "name": "poolserve", "route_prefix": "/", "import_path": "deployments.app:build_app",
             "args": {"profile": str(profile_path), "plan": result.model_dump(mode="json")},
             "deployments": deployments,
         }],

@@ -12,7 +12,7 @@
 ARG VLLM_CONTAINER_TAG
 FROM nvcr.io/nvidia/vllm:${VLLM_CONTAINER_TAG}-py3
 
-# poolserve drives vLLM's and ray.serve.llm 2.60's internals (planner/gpu.py, serve/chat.py, enginepair/compat.py, the
+# poolserve drives vLLM's and ray.serve.llm 2.60's internals (planner/gpu.py, deployments/chat.py, vllm_bridge/compat.py, the
 # engine arguments of planner/engine.py), written against 0.32.0. Ray 2.60's LLM code needs vLLM >= 0.27
 # (docs/DESIGN-FACTS.md section 8); 0.31.x is NGC's current release and pins the same torch 2.13 as 0.32. The build stops on
 # any other vLLM (space-separated prefixes).
@@ -62,9 +62,9 @@ COPY system ./system
 COPY rag ./rag
 COPY tenancy ./tenancy
 COPY dashboard ./dashboard
-COPY enginepair ./enginepair
+COPY vllm_bridge ./vllm_bridge
 COPY gateway ./gateway
-COPY serve ./serve
+COPY deployments ./deployments
 COPY stackctl ./stackctl
 COPY stress ./stress
 COPY cli ./cli

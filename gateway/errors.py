@@ -11,7 +11,7 @@ from ray.exceptions import RayTaskError
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
-from enginepair.compat import VLLM_CLIENT_ERRORS, OpenAIHTTPException
+from vllm_bridge.compat import VLLM_CLIENT_ERRORS, OpenAIHTTPException
 from gateway.error_body import error_body
 from rag.ids import InvalidIdError
 from rag.store import CapacityExceeded, CollectionNotFound, DocumentNotFound

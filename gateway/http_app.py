@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from enginepair.compat import ModelCard, ModelList
+from vllm_bridge.compat import ModelCard, ModelList
 from gateway.dashboard import DASHBOARD_ENDPOINTS
 from gateway.errors import install_error_handlers
 from gateway.ingest_jobs import JOB_ENDPOINTS

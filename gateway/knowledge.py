@@ -12,7 +12,7 @@ import json
 from fastapi import HTTPException, Query, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from enginepair.compat import ChatCompletionRequest
+from vllm_bridge.compat import ChatCompletionRequest
 from gateway.errors import unavailable
 from gateway.ingest import IngestRoutes
 from gateway.no_answer import no_answer_response

@@ -1,5 +1,5 @@
 """The OpenAI routes as poolserve serves them: ray.serve.llm's ingress (the class this mixin is combined
-with in serve/gateway.py) parses and streams; these methods add what poolserve owns around it: the
+with in deployments/gateway.py) parses and streams; these methods add what poolserve owns around it: the
 tenant's model rights, prompt-length and choice bounds, TPM reservations and usage, per-tenant
 prefix-cache salts, embeddings through the sentence-transformers replica, and /healthz.
 
@@ -21,7 +21,7 @@ from fastapi import HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from enginepair.compat import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ModelCard, ModelList
+from vllm_bridge.compat import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ModelCard, ModelList
 from gateway.errors import EngineNotRunning, error_body, unavailable
 from gateway.schemas import RagOptions
 from gateway.streams import force_stream_usage, trim_capped_choices, tracked_stream
@@ -36,7 +36,7 @@ VLLM_COMPLETION_MAX_TOKENS = 16
 
 
 class OpenAIRoutes:
-    """Mixed in before ray.serve.llm's OpenAiIngress; needs the attributes serve/gateway.py's
+    """Mixed in before ray.serve.llm's OpenAiIngress; needs the attributes deployments/gateway.py's
     constructor sets (_embedder, _retriever, _settings, _chat_model_id, _embed_model_id, _engines,
     _healthy_until)."""
 
@@ -91,7 +91,7 @@ class OpenAIRoutes:
 
     async def _engine_running(self, model: str) -> bool | None:
         """Whether the engine's deployment has a running replica; None when unknown. The Ray binding
-        (serve/gateway.py) answers it from the Serve controller."""
+        (deployments/gateway.py) answers it from the Serve controller."""
         return None
 
     def _recheck_health(self) -> None:

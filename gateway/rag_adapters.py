@@ -12,7 +12,7 @@ from typing import Awaitable, Callable
 import numpy as np
 from fastapi import Request
 
-from enginepair.compat import ChatCompletionRequest
+from vllm_bridge.compat import ChatCompletionRequest
 from gateway.streams import force_stream_usage
 from rag.chunking import Chunk
 from rag.pipeline import PipelineSettings

@@ -3,7 +3,7 @@ mistake, returned as a value so that its replica logs one line instead of a trac
 raised again here, where the call returns, and answered as its 4xx by gateway/errors.py.
 
 `RetrieverHandle` is a descriptor on the route mixins: whatever handle the Ray binding assigns to
-`self._retriever` (serve/gateway.py), the routes read it wrapped, so no call site can forget to unwrap.
+`self._retriever` (deployments/gateway.py), the routes read it wrapped, so no call site can forget to unwrap.
 """
 
 from __future__ import annotations

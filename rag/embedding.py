@@ -1,6 +1,6 @@
 """The sentence-transformers embedder and its tokenizer-aware chunker, in-process.
 
-serve/embedder.py serves it as a Ray replica; bench/bench_rag_quality.py and
+deployments/embedder.py serves it as a Ray replica; bench/bench_rag_quality.py and
 bench/bench_ingest.py use it directly.
 """
 

@@ -3,7 +3,7 @@
 Ray Serve logs every exception a replica method raises as an ERROR with its whole traceback ("Request failed."),
 then re-raises it in the caller. For a missing collection or a quota that is full, that is the client's ordinary
 4xx, not a fault of the replica: five 404s made five tracebacks in the retriever's log (issue 46). So the
-retriever returns a `Refused` holding the error (serve/retriever.py), logs it in one line, and the gateway
+retriever returns a `Refused` holding the error (deployments/retriever.py), logs it in one line, and the gateway
 raises it again where the call returns (gateway/retriever_calls.py), to be answered as the 4xx it is
 (gateway/errors.py). Anything else still raises, traceback and all.
 """

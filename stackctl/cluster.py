@@ -62,7 +62,7 @@ def gcs_address(profile: Profile) -> str:
 
 def split_refusal(profile: Profile) -> str | None:
     """Why `poolserve up` does not start a profile, when one of its engines spans GPU nodes. CPU pools run
-    a split engine (serve/engine_ranks.py); on GPU pools the plan names vLLM's Ray executor, whose ranks'
+    a split engine (vllm_bridge/engine_ranks.py); on GPU pools the plan names vLLM's Ray executor, whose ranks'
     bundles per node are not handed to ray.serve.llm yet, and that path never ran (no two GPU nodes)."""
     pools = {pool.name: pool for pool in profile.pools}
     split = [name for name, spec in profile.chat_engines()

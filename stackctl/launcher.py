@@ -37,7 +37,7 @@ from planner.plan import Plan
 from planner.profile import Profile
 from planner.units import gib
 from rag.store_schema import STORE_FILE, embedder_mismatch, recorded_embedder
-from serve.proxy_guard import proxy_env
+from gateway.proxy_guard import proxy_env
 from system.cgroup import MemoryCgroup, PoolUnavailable, create_pool, limited_cgroup, own_cgroup, remove_pool
 from system.private_files import make_private_dir, tighten_private, write_private
 from stackctl.cluster import gcs_address as cluster_gcs_address, is_cluster, node_plan, ray_port_flags, split_refusal

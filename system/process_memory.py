@@ -33,20 +33,6 @@ def release_freed_heap(collect: bool = True) -> None:
         trim(0)
 
 
-class HeapTrimWorkerExtension:
-    """Mixed into vLLM's Worker class (engine argument `worker_extension_cls`), so the chat replica can
-    run release_freed_heap inside its Workers by name through collective_rpc: vLLM's IPC refuses to
-    carry a function unless pickle is allowed (VLLM_ALLOW_INSECURE_SERIALIZATION), which stays off."""
-
-    def poolserve_release_heap(self) -> None:
-        # No gc pass: the Worker's objects are its model's, and a full collection would stall its steps.
-        release_freed_heap(collect=False)
-
-
-WORKER_EXTENSION = f"{__name__}.{HeapTrimWorkerExtension.__qualname__}"
-WORKER_TRIM_METHOD = "poolserve_release_heap"
-
-
 def process_tree_memory(pid: int | None = None) -> dict:
     """Unique memory (PSS) of this process (after releasing its freed heap) and of every process it
     started, split into anonymous, file-backed and shared-memory pages, with the tree's RSS."""

@@ -3,7 +3,7 @@
 `poolserve up` starts Ray on loopback with token authentication and a 0600 token of the stack's own. Plain
 `serve run serve.yaml` starts Ray with its defaults instead: the GCS and the raylet listen on every interface
 (`:::6379`), and with no token anyone who reaches them runs code as this user (DESIGN-FACTS §7, §9). The app
-builder asks `exposure()` and refuses to deploy on such a Ray (serve/app.py). Reads /proc through psutil;
+builder asks `exposure()` and refuses to deploy on such a Ray (deployments/app.py). Reads /proc through psutil;
 no Ray import.
 """
 

@@ -118,7 +118,7 @@ class RunningServer:
 @contextmanager
 def raw_vllm_server(setup: EngineSetup, workdir: Path, timeout_s: float = 300) -> Iterator[RunningServer]:
     """vLLM's OpenAI server with the setup's arguments and the plan's environment, stopped on exit."""
-    from enginepair.compat import adapt_engine_env  # the env as the installed vLLM accepts it
+    from vllm_bridge.compat import adapt_engine_env  # the env as the installed vLLM accepts it
 
     port = free_port()
     group = ProcessGroup.start(raw_vllm_command(setup, port), child_env(adapt_engine_env(setup.env)),

@@ -1,4 +1,4 @@
-"""The chat engine's vLLM Worker sleeps between requests (chat.worker_idle_spin_s, serve/cpu_worker.py).
+"""The chat engine's vLLM Worker sleeps between requests (chat.worker_idle_spin_s, vllm_bridge/cpu_worker.py).
 
 vLLM's Worker busy-waits (sched_yield) for a second after every step: on two cores that held one of them
 for a second after each request, beside other tenants' requests and the embedder (docs/SECURITY.md). The

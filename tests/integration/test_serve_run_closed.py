@@ -1,7 +1,7 @@
 """The card's own command, `serve run serve.yaml`, fails closed: on the Ray it starts with its defaults (every
 interface, a token others can read) the app refuses to deploy, names `poolserve up` and the setting that allows
 an open Ray on purpose, writes no state, and that `serve run` ends with its Ray: no process and no listening
-socket of it is left (serve/app.py refuse_if_ray_is_open, system/ray_exposure.py)."""
+socket of it is left (deployments/app.py refuse_if_ray_is_open, system/ray_exposure.py)."""
 
 from __future__ import annotations
 

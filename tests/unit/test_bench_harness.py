@@ -202,7 +202,7 @@ def test_cpu_roles_name_the_stack_and_vllm_processes():
     assert role_of("python -m vllm.entrypoints.openai.api_server --model m", "python") == "vLLM API server"
     # The plan's CPU engine names its worker class on the server's command line.
     assert role_of("python -m vllm.entrypoints.openai.api_server --model m --worker-cls "
-                   "serve.cpu_worker.StepThreadsCPUWorker", "python") == "vLLM API server"
+                   "vllm_bridge.cpu_worker.StepThreadsCPUWorker", "python") == "vLLM API server"
     assert role_of("VLLM::Worker", "python") == "vLLM worker"
     assert role_of("something-else", "proc") == "proc"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from serve.gateway import Gateway
+from deployments.gateway import Gateway
 from gateway.tenants import TENANT_KEY
 
 

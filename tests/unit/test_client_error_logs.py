@@ -16,7 +16,7 @@ from gateway.errors import install_error_handlers
 from rag.capacity import CapacityExceeded
 from rag.refusals import Refused, raise_refused, refusing
 from rag.store import CollectionNotFound, DocumentNotFound, KnowledgeStore
-from serve.retriever import Retriever
+from deployments.retriever import Retriever
 from tests.unit.rag_fakes import DIM
 from tests.unit.test_knowledge_routes import Gateway
 

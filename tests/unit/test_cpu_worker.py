@@ -1,4 +1,4 @@
-"""serve/cpu_worker.py: a step of at least the wide-step threshold runs on every planned thread, others on fewer;
+"""vllm_bridge/cpu_worker.py: a step of at least the wide-step threshold runs on every planned thread, others on fewer;
 the Worker busy-waits for its next step only as long as planned."""
 
 from types import SimpleNamespace
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from planner.step_worker import STEP_WORKER_ENV, StepWorkerSettings
-from serve import cpu_worker  # vLLM is in the `cpu` extra: an import that fails here is a failure, not a skip
+from vllm_bridge import cpu_worker  # vLLM is in the `cpu` extra: an import that fails here is a failure, not a skip
 
 
 def test_step_threads_by_scheduled_tokens():

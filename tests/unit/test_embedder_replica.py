@@ -1,10 +1,10 @@
-"""serve/embedder.py's own decisions, on the replica's class without Ray: document batches shrink to half
+"""deployments/embedder.py's own decisions, on the replica's class without Ray: document batches shrink to half
 while questions come in (embedder.question_window_s), and are whole otherwise."""
 
 from types import SimpleNamespace
 
 from rag.embed_turns import BatchTurns
-from serve.embedder import Embedder
+from deployments.embedder import Embedder
 
 
 def _replica(batch_size: int, window_s: float):

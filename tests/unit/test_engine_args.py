@@ -1,5 +1,5 @@
 """planner/engine_args.py: an engine's vLLM arguments and environment are complete when the planner returns them;
-serve/chat.py binds them as they are, and nothing edits a planned engine afterwards."""
+deployments/chat.py binds them as they are, and nothing edits a planned engine afterwards."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ GiB = 2**30
 
 
 def _chat_config(profile, plan, name="chat"):
-    from serve.chat import llm_config_from_plan
+    from deployments.chat import llm_config_from_plan
 
     spec = dict(profile.chat_engines())[name]
     shares = sorted((r for r in plan.shares if r.name.startswith(f"{name}@") and r.engine_node_rank is not None),
@@ -51,7 +51,7 @@ def test_a_cpu_engine_gets_the_step_threads_worker_and_its_settings_typed():
     plan = build_plan(load_profile(ROOT / "configs/cpu-tiny.yaml"), 24 * GiB)
     chat = plan.replica("chat")
     assert chat.vllm.worker_cls == STEP_THREADS_WORKER
-    assert chat.vllm.worker_extension_cls == "system.process_memory.HeapTrimWorkerExtension"
+    assert chat.vllm.worker_extension_cls == "vllm_bridge.worker_heap_trim.HeapTrimWorkerExtension"
     settings = StepWorkerSettings.from_env(chat.env)
     assert settings.wide_step_tokens == 128 and settings.idle_spin_s == 0.05
     assert not [k for k in chat.env if k.startswith("POOLSERVE_") and k != "POOLSERVE_STEP_WORKER"]

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from serve.chat import llm_config_from_plan
-from enginepair.compat import LocalModelNodeInit, LLMConfig
+from deployments.chat import llm_config_from_plan
+from vllm_bridge.compat import LocalModelNodeInit, LLMConfig
 from planner.plan import build_plan
 from planner.profile import load_profile
 

@@ -1,4 +1,4 @@
-"""A split CPU engine's lifetimes (serve/engine_ranks.py, enginepair/headless.py), with real processes:
+"""A split CPU engine's lifetimes (vllm_bridge/engine_ranks.py, vllm_bridge/headless.py), with real processes:
 the headless ranks end their group when their parent goes, even SIGKILLed, and a replica whose rank is
 lost ends its own EngineCore tree and nothing else."""
 
@@ -31,11 +31,11 @@ def _gone(pid: int, timeout_s: float = WAIT_S) -> bool:
 
 
 def test_the_headless_group_ends_itself_when_its_parent_is_sigkilled(tmp_path):
-    # parent -> headless stand-in (own session, watching its parent as enginepair.headless does) -> worker
+    # parent -> headless stand-in (own session, watching its parent as vllm_bridge.headless does) -> worker
     pids = tmp_path / "pids"
     headless = textwrap.dedent(f"""
         import os, subprocess, sys, threading, time
-        from enginepair import headless
+        from vllm_bridge import headless
         headless.PARENT_POLL_S = 0.1
         worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
         open({str(pids)!r}, "w").write(f"{{os.getpid()}} {{worker.pid}}")
@@ -69,7 +69,7 @@ def test_a_replica_that_lost_a_rank_ends_its_engine_core_tree_and_nothing_else(t
     pids = tmp_path / "pids"
     script = textwrap.dedent(f"""
         import subprocess, sys, time
-        from serve.engine_ranks import end_local_engine
+        from vllm_bridge.engine_ranks import end_local_engine
         core = subprocess.Popen([sys.executable, "-c",
                                  "import subprocess, sys, time; w = subprocess.Popen([sys.executable, '-c', "
                                  "'import time; time.sleep(120)']); print(w.pid, flush=True); time.sleep(120)",

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from serve.chat import FirstOutputBatcher
+from deployments.chat import FirstOutputBatcher
 
 
 async def _engine(steps: list[list[str]], step_s: float, fail: bool = False):

@@ -10,7 +10,7 @@ import pytest
 from starlette.responses import JSONResponse, StreamingResponse
 
 from gateway import openai_routes as gateway_module
-from serve.gateway import Gateway
+from deployments.gateway import Gateway
 from tests.unit.gateway_settings import gateway_settings
 
 

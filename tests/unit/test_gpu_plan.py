@@ -83,7 +83,7 @@ def test_dspark_drafter_counts_its_markov_head():
 
 
 def test_adapt_engine_env_for_vllm_026(monkeypatch):
-    from enginepair import compat as engine_compat
+    from vllm_bridge import compat as engine_compat
 
     env = {"VLLM_KV_CACHE_LAYOUT": "BLHNC", "OMP_NUM_THREADS": "4"}
     monkeypatch.setattr(engine_compat, "installed_pair", lambda: {"vllm": "0.26.0", "ray": "2.58.1"})

@@ -39,7 +39,7 @@ def no_ray():
 
 
 def _built(config: str, pool_total_bytes: int | None = None):
-    from serve.app import embedder_deployment, engine_deployments
+    from deployments.app import embedder_deployment, engine_deployments
 
     profile = load_profile(ROOT / "configs" / config)
     plan = build_plan(profile, pool_total_bytes)
@@ -160,7 +160,7 @@ def test_render_shows_the_chat_deployments_as_built(config, no_ray):
 
 
 def test_cpu_engines_start_together_and_the_rest_waits_for_all_of_them(no_ray):
-    from serve.app import engine_deployments
+    from deployments.app import engine_deployments
 
     profile = load_profile(ROOT / "configs" / "cpu-two-engines.yaml")
     _, _, after = engine_deployments(profile, build_plan(profile, 24 * GiB))

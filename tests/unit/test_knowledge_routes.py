@@ -355,7 +355,7 @@ def test_a_question_over_the_profiles_limit_is_a_413_naming_it(http, route):
 class ChatGateway(Gateway):
     """The fake gateway with the real Gateway.chat (its refusal path never reaches the chat ingress)."""
 
-    from serve.gateway import Gateway as _Real
+    from deployments.gateway import Gateway as _Real
 
     chat = _Real.chat
     _finish = _Real._finish

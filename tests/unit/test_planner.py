@@ -218,7 +218,7 @@ def test_chat_omp_threads_reach_the_engine_env(tmp_path):
     assert plan.replica("chat").env["VLLM_CPU_OMP_THREADS_BIND"] == "auto"
     assert "NUMBA_THREADING_LAYER" not in plan.replica("chat").env
     # One thread for every step: no step threads, but the CPU worker still limits its busy-wait between steps.
-    assert plan.replica("chat").vllm.worker_cls == "serve.cpu_worker.StepThreadsCPUWorker"
+    assert plan.replica("chat").vllm.worker_cls == "vllm_bridge.cpu_worker.StepThreadsCPUWorker"
     worker = StepWorkerSettings.from_env(plan.replica("chat").env)
     assert worker.narrow_step_threads is None and worker.idle_spin_s == 0.05
     if len(os.sched_getaffinity(0)) >= 2:
@@ -248,7 +248,7 @@ def test_the_default_cpu_engine_gets_the_step_threads_worker_on_two_cpus(tmp_pat
     profile = load_profile(_profile(tmp_path, "cpu-tiny", **{"pools": [{"name": "local", "total": "auto",
                                                                          "reserve": "3GiB", "cpus": 2}]}))
     chat = build_plan(profile, 24 * GiB).replica("chat")
-    assert chat.vllm.worker_cls == "serve.cpu_worker.StepThreadsCPUWorker"
+    assert chat.vllm.worker_cls == "vllm_bridge.cpu_worker.StepThreadsCPUWorker"
     worker = StepWorkerSettings.from_env(chat.env)
     assert chat.env["OMP_NUM_THREADS"] == "2" and worker.narrow_step_threads == 1
     assert worker.wide_step_tokens == 128 and chat.env["NUMBA_THREADING_LAYER"] == "workqueue"

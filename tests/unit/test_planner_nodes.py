@@ -227,7 +227,7 @@ def test_the_split_engines_ports_are_in_each_nodes_listening_set_for_the_firewal
 
 
 def test_the_replica_places_each_further_nodes_ranks_in_its_own_bundle():
-    from serve.chat import llm_config_from_plan, replica_settings
+    from deployments.chat import llm_config_from_plan, replica_settings
 
     profile = load_profile(TWO)
     plan = build_plan(profile)

@@ -46,7 +46,7 @@ def test_every_command_that_plans_takes_the_same_profile_argument():
 
 
 def test_the_app_builder_reads_the_environment_when_serve_yaml_names_no_profile(monkeypatch):
-    from serve.app import AppArgs
+    from deployments.app import AppArgs
 
     monkeypatch.setenv("POOLSERVE_PROFILE", "configs/dgx-spark-128.yaml")
     assert AppArgs.model_validate({}).profile == "configs/dgx-spark-128.yaml"

@@ -46,7 +46,7 @@ def test_what_counts_as_open(listeners, token, several, closed):
 
 def test_the_refusal_names_poolserve_up_and_the_setting(monkeypatch):
     from planner.profile import load_profile
-    from serve import app
+    from deployments import app
 
     monkeypatch.setattr(app, "exposure", lambda: RayExposure("session_x", [Listener("gcs_server", "::", 6379)],
                                                              "Ray's token authentication is off"))

@@ -41,7 +41,7 @@ def test_up_writes_the_preflighted_plan_into_the_serve_config_it_runs():
 
 
 def test_app_args_name_an_unknown_key():
-    from serve.app import AppArgs
+    from deployments.app import AppArgs
 
     with pytest.raises(ValueError, match="resolved_plan"):
         AppArgs.model_validate({"profile": str(PROFILE), "resolved_plan": {}})

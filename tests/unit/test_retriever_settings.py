@@ -5,7 +5,7 @@ from pydantic import ValidationError
 
 from planner.plan import build_plan
 from planner.profile import load_profile
-from serve.retriever import _quotas
+from deployments.retriever import _quotas
 
 
 def test_the_plan_carries_everything_the_retriever_reads():

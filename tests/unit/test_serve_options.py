@@ -1,10 +1,10 @@
-"""Ray Serve's options of every replica come from the profile through the plan: none typed in serve/."""
+"""Ray Serve's options of every replica come from the profile through the plan: none typed in deployments/."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from serve.chat import llm_config_from_plan, replica_settings
+from deployments.chat import llm_config_from_plan, replica_settings
 from planner.plan import build_plan
 from planner.profile import ServeSpec, load_profile
 

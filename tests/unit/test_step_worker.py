@@ -10,7 +10,7 @@ from planner.step_worker import STEP_THREADS_WORKER, STEP_WORKER_ENV, StepWorker
 
 
 def test_the_worker_name_the_planner_gives_vllm_resolves_to_the_worker_class():
-    from serve.cpu_worker import StepThreadsCPUWorker
+    from vllm_bridge.cpu_worker import StepThreadsCPUWorker
 
     module, name = STEP_THREADS_WORKER.rsplit(".", 1)
     assert getattr(importlib.import_module(module), name) is StepThreadsCPUWorker
@@ -40,7 +40,7 @@ def test_a_step_of_at_least_the_wide_step_tokens_runs_on_every_thread():
 
 
 def test_the_worker_takes_its_thread_counts_from_the_settings(monkeypatch):
-    from serve import cpu_worker
+    from vllm_bridge import cpu_worker
 
     monkeypatch.setattr(cpu_worker.CPUWorker, "init_device", lambda self: None)
     monkeypatch.setattr(cpu_worker.torch, "get_num_threads", lambda: 2)

@@ -10,8 +10,8 @@ import logging
 
 from planner.plan import build_plan
 from planner.profile import load_profile
-from serve.chat import PoolserveLLMServer, llm_config_from_plan, replica_settings
-from system.process_memory import WORKER_EXTENSION, WORKER_TRIM_METHOD, HeapTrimWorkerExtension
+from deployments.chat import PoolserveLLMServer, llm_config_from_plan, replica_settings
+from vllm_bridge.worker_heap_trim import WORKER_EXTENSION, WORKER_TRIM_METHOD, HeapTrimWorkerExtension
 
 
 class FakeEngineClient:
@@ -43,7 +43,7 @@ def test_the_interval_comes_from_the_profile_and_the_workers_get_the_extension()
     profile.chat.heap_trim_interval_s = 12.5
     config = llm_config_from_plan(profile.chat, build_plan(profile).replica("chat"), [])
     assert replica_settings(config).heap_trim_interval_s == 12.5
-    assert config.engine_kwargs["worker_extension_cls"] == "system.process_memory.HeapTrimWorkerExtension"
+    assert config.engine_kwargs["worker_extension_cls"] == "vllm_bridge.worker_heap_trim.HeapTrimWorkerExtension"
     profile.chat.heap_trim_interval_s = 0
     off = llm_config_from_plan(profile.chat, build_plan(profile).replica("chat"), [])
     assert "worker_extension_cls" not in off.engine_kwargs

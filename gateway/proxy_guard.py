@@ -31,7 +31,7 @@ from gateway.dashboard_auth import LOGIN
 from gateway.public_paths import body_limit, body_refusal, is_public
 
 SETTINGS_ENV = "POOLSERVE_PROXY_GUARD"
-CALLBACK = "serve.proxy_guard.middlewares"
+CALLBACK = "gateway.proxy_guard.middlewares"
 logger = logging.getLogger("ray.serve")
 
 

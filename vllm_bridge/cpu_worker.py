@@ -35,7 +35,7 @@ def limit_idle_spin(seconds: float) -> None:
     last = list(inspect.signature(init).parameters)[-1]
     if last != "busy_loop_s" or not init.__defaults__:
         raise RuntimeError(f"vLLM's SpinCondition no longer ends with busy_loop_s (it ends with {last!r}): "
-                           f"serve/cpu_worker.py cannot limit the Worker's busy-wait")
+                           f"vllm_bridge/cpu_worker.py cannot limit the Worker's busy-wait")
     init.__defaults__ = (*init.__defaults__[:-1], seconds)
 
 

@@ -11,7 +11,7 @@ from ray import serve
 
 from planner.outputs import RetrieverSettings
 from system.process_memory import process_tree_memory, release_freed_heap
-from serve.start_order import StartOrder
+from deployments.start_order import StartOrder
 from rag.capacity import Quotas, TenantQuota
 from rag.retrieval import FusionSettings, SearchQuery, SearchResult, retrieve
 from rag.refusals import refusing
@@ -25,7 +25,7 @@ logger = logging.getLogger("ray.serve")
 client_errors_answered = refusing(logger)
 
 
-@serve.deployment(name="retriever")  # its options: the plan's (serve/app.py)
+@serve.deployment(name="retriever")  # its options: the plan's (deployments/app.py)
 class Retriever:
     async def __init__(self, settings: RetrieverSettings, start: StartOrder):
         import faiss

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 
-from enginepair.compat import (
+from vllm_bridge.compat import (
     NODE_INIT_CALLBACK,
     Batcher,
     ChatCompletionRequest,
@@ -15,9 +15,10 @@ from enginepair.compat import (
     adapt_engine_env,
     engine_client,
 )
-from system.process_memory import WORKER_TRIM_METHOD, process_tree_memory
-from serve.engine_ranks import end_local_engine, start_rank_hosts
-from serve.start_order import wait_for_predecessors
+from system.process_memory import process_tree_memory
+from vllm_bridge.engine_ranks import end_local_engine, start_rank_hosts
+from vllm_bridge.worker_heap_trim import WORKER_TRIM_METHOD
+from deployments.start_order import wait_for_predecessors
 from planner.gpu import engine_placement
 from planner.outputs import ChatReplicaSettings, EngineRank
 from planner.plan import ReplicaPlan
@@ -165,7 +166,7 @@ def replica_settings(llm_config: LLMConfig) -> ChatReplicaSettings:
 
 def rank_configs(rank_plans: list[ReplicaPlan]) -> list[EngineRank]:
     """A CPU split engine's shares on other nodes as the replica starts them: bundle i + 1 of its placement
-    group is share i's node (serve/engine_ranks.py)."""
+    group is share i's node (vllm_bridge/engine_ranks.py)."""
     ranks = []
     for index, share in enumerate(rank_plans, start=1):
         bundle = engine_placement(share.ray_actor_options)[1]

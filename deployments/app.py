@@ -14,15 +14,15 @@ import threading
 from pydantic import BaseModel, Field
 from ray import serve
 
-from enginepair.compat import build_llm_deployment, make_fastapi_ingress, to_model_metadata
+from vllm_bridge.compat import build_llm_deployment, make_fastapi_ingress, to_model_metadata
 from gateway.http_app import ENDPOINTS, make_app
 from planner.plan import Plan, resolved_plan
 from planner.profile import Profile, load_profile
-from serve.chat import PoolserveLLMServer, llm_config_from_plan
-from serve.embedder import Embedder
-from serve.gateway import Gateway
-from serve.retriever import Retriever
-from serve.start_order import StartOrder
+from deployments.chat import PoolserveLLMServer, llm_config_from_plan
+from deployments.embedder import Embedder
+from deployments.gateway import Gateway
+from deployments.retriever import Retriever
+from deployments.start_order import StartOrder
 from system.private_files import make_private_dir
 from system.ray_exposure import exposure
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from enginepair.compat import OpenAiIngress
+from vllm_bridge.compat import OpenAiIngress
 from gateway.dashboard import DashboardRoutes
 from gateway.knowledge import KnowledgeRoutes
 from gateway.openai_routes import OpenAIRoutes
 from gateway.tenants import TenantAdminRoutes
 from planner.outputs import GatewaySettings
-from serve.start_order import StartOrder
+from deployments.start_order import StartOrder
 
 
 class Gateway(OpenAIRoutes, KnowledgeRoutes, TenantAdminRoutes, DashboardRoutes, OpenAiIngress):

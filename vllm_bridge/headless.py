@@ -2,9 +2,9 @@
 (what `vllm serve --headless --nnodes N --node-rank K` runs, vllm/entrypoints/cli/serve.py run_headless),
 built from the same engine arguments as node 0's replica with this node's `node_rank`.
 
-Run as `python -m enginepair.headless [FILE]` with the engine arguments as one JSON object in FILE (else
+Run as `python -m vllm_bridge.headless [FILE]` with the engine arguments as one JSON object in FILE (else
 on stdin), in a process
-group of its own: when its parent (serve/engine_ranks.py's actor) goes, it ends that group, its vLLM
+group of its own: when its parent (vllm_bridge/engine_ranks.py's actor) goes, it ends that group, its vLLM
 workers included, so no rank outlives the replica that owns it.
 """
 

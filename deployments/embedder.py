@@ -13,12 +13,12 @@ from rag.embed_turns import BatchTurns, IdleCores, OneForwardThread, threads_for
 from planner.outputs import EmbedderSettings
 from system.priority import lower_cpu_priority
 from system.process_memory import process_tree_memory, release_freed_heap
-from serve.start_order import StartOrder
+from deployments.start_order import StartOrder
 from rag.chunking import Chunk
 from rag.embedding import SentenceTransformerEmbedder
 
 
-@serve.deployment(name="embedder")  # its options: the plan's (serve/app.py)
+@serve.deployment(name="embedder")  # its options: the plan's (deployments/app.py)
 class Embedder:
     async def __init__(self, settings: EmbedderSettings, start: StartOrder):
         await start.wait("embedder", serve.get_replica_context().app_name)
