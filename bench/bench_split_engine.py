@@ -119,7 +119,7 @@ def main() -> None:
             raw[variant] = run_variant(variant, loads, Path(tmp))
             print(variant, json.dumps(raw[variant]), flush=True)
     metrics = ratios(raw, [load.concurrency for load in loads])
-    result = new_result(args.name, {"profile": str(PROFILE.relative_to(ROOT)), "loads": [l.describe() for l in loads]},
+    result = new_result(args.name, {"profile": str(PROFILE.relative_to(ROOT)), "loads": [load.describe() for load in loads]},
                         metrics, [{"variant": v, **r} for v, r in raw.items()], command=sys.argv)
     print(json.dumps(metrics, indent=1))
     print(write_result(result))

@@ -127,7 +127,10 @@ def worker_stats(worker, trim: bool = False, trim_first: bool = False, types: bo
     """Runs inside the Worker (collective_rpc): glibc mallinfo2 (all arenas), gc objects, optional trim
     (after the reading, or before it with trim_first: what the heap holds once the stack's trim has run),
     optionally the 15 most common gc-tracked types."""
-    import collections, ctypes, gc, os as _os
+    import collections
+    import ctypes
+    import gc
+    import os as _os
     libc = ctypes.CDLL("libc.so.6")
     if trim_first:
         libc.malloc_trim(0)
@@ -287,8 +290,9 @@ def summarize(path: Path) -> None:
                  for k in keys if c["end"].get(k, 0) or c["warm"].get(k, 0)]
         print(f"- {name}: " + "; ".join(parts))
         m = v["mallinfo"]
-        fmt = lambda x: f"arena {x['mallinfo2']['arena'] / MIB:,.0f} in-use {x['mallinfo2']['uordblks'] / MIB:,.0f} " \
-                        f"free {x['mallinfo2']['fordblks'] / MIB:,.0f} mmapped {x['mallinfo2']['hblkhd'] / MIB:,.0f}"
+        def fmt(x):
+            return (f"arena {x['mallinfo2']['arena'] / MIB:,.0f} in-use {x['mallinfo2']['uordblks'] / MIB:,.0f} "
+                    f"free {x['mallinfo2']['fordblks'] / MIB:,.0f} mmapped {x['mallinfo2']['hblkhd'] / MIB:,.0f}")
         print(f"  mallinfo2 at warm: {fmt(m[1])}; at end: {fmt(m[-1])}; gc objects {m[1]['gc_objects']:,} -> "
               f"{m[-1]['gc_objects']:,}; threads {m[1]['threads']} -> {m[-1]['threads']}")
 

@@ -41,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, when run as a script
 
-from bench.bench_rag_quality import CORPUS, DATA, QUESTIONS, load_corpus, load_questions  # noqa: E402
+from bench.bench_rag_quality import CORPUS, QUESTIONS, load_corpus, load_questions  # noqa: E402
 from bench.harness.engine import DEFAULT_PROFILE  # noqa: E402
 from bench.harness.results import RESULTS_DIR, BenchResult, new_result, write_result  # noqa: E402
 from bench.harness.timing import Stopwatch, percentile  # noqa: E402

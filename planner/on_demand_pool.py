@@ -15,7 +15,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner import runtime
 from planner.awake_sets import held_bytes, shortfall, worst_awake_set
 from planner.errors import PlanError
-from planner.gpu import split_device_lines
 from planner.on_demand_plan import OnDemandPlan, planned_engine
 from planner.units import gib
 

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import os
 from collections import defaultdict
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field

@@ -3,7 +3,6 @@ per node, an engine split over pipeline / tensor ranks by vLLM's rules; one-node
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 

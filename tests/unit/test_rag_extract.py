@@ -123,7 +123,6 @@ def test_the_pipeline_stores_and_embeds_the_extracted_text(tmp_path):
     embedded = [text for call in embedder.document_calls for text in call]
     assert all("<" not in text and "https://" not in text for text in embedded)
     assert embedded[0].startswith("Widget manual\n")  # the page's <title> is the title embedded in front
-    info = store.collection_info("t", "kb")
     assert {d["id"]: d["metadata"] for d in store.list_documents("t", "kb", limit=10)["data"]} == {"page": {"title": "Widget manual"},
                                                                    "notes": {"title": "Widget guide"}}
     assert [h.document_id for h in store.search_lexical("t", "kb", "wiring", 5)] == ["page"]

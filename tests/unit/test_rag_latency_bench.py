@@ -9,10 +9,10 @@ import json
 import pytest
 
 from bench import rag_latency as bench
+from bench.bench_rag_quality import DATA  # the corpora folder rag_latency reads
 from bench.harness.results import BenchResult
 from rag.pipeline import DocumentInput
 
-DATA = bench.DATA
 
 
 def _doc(i: int, chars: int) -> DocumentInput:
