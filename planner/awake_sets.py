@@ -44,8 +44,13 @@ def can_wake(plan: OnDemandPlan, awake: Iterable[str], wanted: str) -> bool:
     others = set(awake) - {wanted}
     if not fits_awake(plan, others | {wanted}):
         return False
-    held_by_others = held_bytes(plan, others) - plan.engines[wanted].asleep_bytes
-    return held_by_others + plan.engines[wanted].wake_check_bytes <= plan.room_bytes
+    return wake_bytes(plan, others, wanted) <= plan.room_bytes
+
+
+def wake_bytes(plan: OnDemandPlan, awake: Iterable[str], wanted: str) -> int:
+    """Pool bytes while `wanted` wakes beside `awake`: theirs, the rest asleep, and its wake check."""
+    engine = plan.engines[wanted]
+    return held_bytes(plan, set(awake) - {wanted}) - engine.asleep_bytes + engine.wake_check_bytes
 
 
 def engines_to_sleep(plan: OnDemandPlan, activity: Mapping[str, EngineActivity], wanted: str) -> list[str] | None:
@@ -84,9 +89,9 @@ def shortfall(plan: OnDemandPlan) -> dict[str, int]:
     over = held_bytes(plan, worst) - plan.room_bytes
     if over > 0:
         short["awake set"] = over
-    for name, engine in plan.engines.items():
+    for name in plan.engines:
         others = worst_awake_set(plan, plan.max_awake - 1, without=name)
-        over = held_bytes(plan, others) - engine.asleep_bytes + engine.wake_check_bytes - plan.room_bytes
+        over = wake_bytes(plan, others, name) - plan.room_bytes
         if over > 0:
             short[f"wake {name}"] = over
     return short

@@ -247,7 +247,7 @@ def embedder_dimension(profile: Profile) -> int:
 
 
 def _side_replicas(profile: Profile, gpu: bool, dim: int, first_order: int = 1,
-                   pool_bytes: int = 0, embedder_ingest_threads: int = 1) -> list[ReplicaPlan]:
+                   pool_bytes: int = 0, *, embedder_ingest_threads: int) -> list[ReplicaPlan]:
     emb, ret, gw = profile.embedder, profile.retriever, profile.gateway
     emb_weights = safetensors_bytes(emb.model)
     if not emb_weights:
