@@ -102,7 +102,7 @@ from rag.embedding import SentenceTransformerEmbedder
 from rag.local import LocalEmbedder, LocalIndex
 from rag.pipeline import DocumentInput, PipelineSettings, RagPipeline
 from rag.store import KnowledgeStore
-model, batch, chunk_tokens, overlap, device, corpus, per_request = json.loads(sys.argv[1])
+model, batch, chunk_tokens, overlap, device, corpus, per_request, call_chunks = json.loads(sys.argv[1])
 raw = SentenceTransformerEmbedder(model, batch, chunk_tokens, overlap, device)
 docs = [json.loads(line)["text"] for line in open(corpus)]
 texts = [c.text for d in docs for c in raw.chunk(d)]
@@ -115,7 +115,7 @@ async def pipeline_parts():  # the stack's pipeline in this one process: where a
     with tempfile.TemporaryDirectory() as tmp:
         store = KnowledgeStore(Path(tmp) / "parts.sqlite3", dim=raw.dimension)
         timed = Timed(LocalEmbedder(raw), LocalIndex(store))
-        pipeline = RagPipeline(timed, timed, PipelineSettings())
+        pipeline = RagPipeline(timed, timed, PipelineSettings(embed_batch_chunks=call_chunks))
         started = time.perf_counter()
         for i in range(0, len(docs), per_request):
             await pipeline.ingest("t", "c", [DocumentInput(id=f"d{i + j}", text=t)
@@ -136,19 +136,22 @@ def ingest_ratio(base_url: str, key: str, profile, documents: int = 120, per_req
     docs = _corpus(documents)
     headers = {"Authorization": f"Bearer {key}"}
     started = time.perf_counter()
-    chunks_stack = 0
+    chunks_stack, parts_ms, request_s = 0, {}, []
     for i in range(0, len(docs), per_request):
         batch = [{"id": f"d{i + j}", "text": d["text"]} for j, d in enumerate(docs[i:i + per_request])]
         reply = httpx.post(f"{base_url}/v1/collections/ingest-ratio/documents", headers=headers, timeout=600,
                            json={"documents": batch})
         reply.raise_for_status()
+        request_s.append(round(reply.elapsed.total_seconds(), 3))
+        for name, ms in server_timing(reply.headers.get("server-timing", "")).items():
+            parts_ms[name] = parts_ms.get(name, 0.0) + ms
         chunks_stack += sum(int(d.get("chunks", 0)) for d in reply.json().get("documents", []))
     stack_s = time.perf_counter() - started
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl") as corpus:
         corpus.write("".join(json.dumps({"text": d["text"]}) + "\n" for d in docs))
         corpus.flush()
         args = [profile.embedder.model, profile.embedder.batch_size, profile.rag.chunk_tokens,
-                profile.rag.chunk_overlap, device, corpus.name, per_request]
+                profile.rag.chunk_overlap, device, corpus.name, per_request, profile.rag.embed_batch_chunks]
         done = subprocess.run([sys.executable, "-c", RAW_ENCODE, json.dumps(args)], capture_output=True, text=True,
                               timeout=600, cwd=Path(__file__).resolve().parents[1], check=True)
     raw = json.loads(done.stdout.strip().splitlines()[-1])
@@ -156,4 +159,17 @@ def ingest_ratio(base_url: str, key: str, profile, documents: int = 120, per_req
             "chunks_raw": raw["chunks"], "stack_chunks_per_s": round(chunks_stack / stack_s, 1),
             "raw_chunks_per_s": round(raw["chunks"] / raw["seconds"], 1),
             "ratio": round((chunks_stack / stack_s) / (raw["chunks"] / raw["seconds"]), 3),
-            "in_process_pipeline_s": raw["in_process"]}
+            "in_process_pipeline_s": raw["in_process"], "request_s": request_s,
+            "server_timing_s": {name: round(ms / 1000, 3) for name, ms in parts_ms.items()}}
+
+
+def server_timing(header: str) -> dict[str, float]:
+    """A Server-Timing header's parts (`name;dur=ms, ...`) as {name: milliseconds}."""
+    parts = {}
+    for entry in filter(None, (e.strip() for e in header.split(","))):
+        name, _, params = entry.partition(";")
+        for param in params.split(";"):
+            key, _, value = param.strip().partition("=")
+            if key == "dur":
+                parts[name.strip()] = float(value)
+    return parts

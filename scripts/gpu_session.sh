@@ -8,6 +8,7 @@
 #   decode    raw vLLM's single-stream decode under each compilation mode (bench/gpu_decode_modes.py)
 #   ingest    one cold boot of the H100 profile: answers, then the ingest against raw sentence-transformers
 #   serving0  as serving, with chat.stream_batching_interval_ms 0 (every token its own chunk)
+#   bench     one cold boot of the bench profile (compiled, no drafter): answers, decode, the ingest by part
 # Run it detached from a copy of the checkout, which a later call's sync of the working tree cannot touch:
 #   . scripts/gpu_env.sh; rm -rf /tmp/ck; cp -a . /tmp/ck; cd /tmp/ck
 #   STEPS="decode ingest" setsid nohup bash scripts/gpu_session.sh /tmp/out > /tmp/session.log 2>&1 < /dev/null &
@@ -39,6 +40,9 @@ for name in $steps; do
     ingest) mkdir -p "$out/ingest"
             python3 bench/bench_gpu_plan.py --profile "$profile" --out "$out/ingest" --ingest --timeout 560 \
               > "$out/ingest.log" 2>&1 ;;
+    bench) mkdir -p "$out/bench"
+           python3 bench/bench_gpu_plan.py --profile "$bench_profile" --out "$out/bench" --ingest --timeout 560 \
+             > "$out/bench.log" 2>&1 ;;
     serving0) serving gpu-serving-interval0 --chat stream_batching_interval_ms=0 ;;
     *) step "$name: no such step" ;;
   esac

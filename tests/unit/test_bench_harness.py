@@ -260,3 +260,14 @@ def test_a_result_worker_returns_its_result_line_or_stops_with_its_log(tmp_path)
     assert ok == {"tok_s": 1.5}
     with pytest.raises(SystemExit, match="broken failed; log .*broken.log:\n.*no result here"):
         run_result_worker([sys.executable, "-c", "print('no result here')"], {}, tmp_path / "broken.log", 60, "broken")
+
+
+def test_server_timing_header_parts_are_read_in_milliseconds():
+    from bench.gpu_squeeze import server_timing
+    from rag.pipeline import IngestTimings
+
+    timings = IngestTimings(chunk=0.25, embed=1.5, embedder_busy=1.25)
+    parts = server_timing(timings.server_timing())
+    assert parts == {"extract": 0.0, "chunk": 250.0, "embed": 1500.0, "embedder_busy": 1250.0, "charge": 0.0,
+                     "store": 0.0}
+    assert server_timing("") == {} and server_timing("db;desc=x, app;dur=2.5") == {"app": 2.5}
