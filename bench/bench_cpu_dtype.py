@@ -44,8 +44,8 @@ WORKER_TIMEOUT_S = 1500
 
 def document_texts(count: int) -> list[str]:
     """Plain text of the first `count` documents, extracted as ingestion extracts them."""
-    from rag.documents import extract_binary
-    from rag.extract import html_to_text
+    from rag.documents.binary_files import extract_binary
+    from rag.documents.extract import html_to_text
 
     texts = []
     for name in DOCUMENTS[:count]:

@@ -1,12 +1,12 @@
 """Document batch size: the embedder's throughput against the longest wait it makes a question do.
 
-A question's vector waits for the document batch in progress (rag/embed_turns.py: one forward pass at a
+A question's vector waits for the document batch in progress (rag/retrieval/embed_turns.py: one forward pass at a
 time, questions before waiting documents), so the wall time of one batch is the most another tenant's RAG
 query waits behind a bulk ingest. Smaller batches shorten that wait; this measures what they cost.
 
 Corpora nobody here wrote (bench/data: the SQLite, Apache httpd and TeX Live manuals), chunked as an
 ingest chunks them (the profile's chunk_tokens / overlap, the model's tokenizer, titles in front), the
-longest first as rag/embedding.py orders them. For each corpus, torch thread count and batch size: chunks
+longest first as rag/retrieval/embedding.py orders them. For each corpus, torch thread count and batch size: chunks
 per second over `--chunks` chunks (best of `--rounds`), and the p50 / max wall time of one batch.
 
     flock /tmp/poolserve-heavy.lock .venv/bin/python bench/bench_embed_batch.py
@@ -34,7 +34,7 @@ CORPORA = {"sqlite": "sqlite-doc.jsonl.gz", "apache": "apache-doc.jsonl.gz", "te
 
 def corpus_chunks(embedder, name: str, count: int, seed: int = 0) -> list[str]:
     """`count` chunk texts (with titles, as an ingest embeds them) drawn from the corpus's documents."""
-    from rag.chunking import document_title, with_title
+    from rag.documents.chunking import document_title, with_title
 
     with gzip.open(ROOT / "bench" / "data" / CORPORA[name], "rt", encoding="utf-8") as lines:
         documents = [json.loads(line) for line in lines]
@@ -75,7 +75,7 @@ def main() -> None:
     import torch
 
     from planner.profile import load_profile
-    from rag.embedding import SentenceTransformerEmbedder
+    from rag.retrieval.embedding import SentenceTransformerEmbedder
 
     profile = load_profile(args.profile)
     model_path = profile.embedder.model if Path(profile.embedder.model).is_absolute() \

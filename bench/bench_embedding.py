@@ -77,7 +77,7 @@ def run(n_docs: int, threads_list: list[int], repeats: int, batch_size: int, see
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from rag.chunking import Chunker, fast_tokenizer_spans
+    from rag.documents.chunking import Chunker, fast_tokenizer_spans
 
     model = SentenceTransformer(str(MODEL), device="cpu", local_files_only=True)
     tokenizer = model.tokenizer

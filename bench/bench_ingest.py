@@ -2,13 +2,13 @@
 
 Corpus: the first --documents documents of bench/data/stdlib-pydoc.jsonl.gz (long pydoc reference
 pages; the corpus of bench/bench_rag_quality.py). They are chunked once with the embedder's own
-chunker (rag.embedding, 200 tokens / 30 overlap as configs/cpu-tiny.yaml) and each chunk gets its
-document's title in front, exactly as rag.pipeline embeds them. Then, in one run, on the same
+chunker (rag.retrieval.embedding, 200 tokens / 30 overlap as configs/cpu-tiny.yaml) and each chunk gets its
+document's title in front, exactly as rag.retrieval.pipeline embeds them. Then, in one run, on the same
 chunks:
 
   raw          SentenceTransformer.encode(the embedded texts), batch 32, normalized: the encoder's
                own speed, nothing else (the chunks were made beforehand)
-  pipeline     rag.pipeline.RagPipeline.ingest in-process (rag/local.py: the real embedder and a real
+  pipeline     rag.retrieval.pipeline.RagPipeline.ingest in-process (rag/local.py: the real embedder and a real
                KnowledgeStore in a temporary directory), --docs-per-request documents per call, as a
                client posts them: chunking + embedding + storing
   stack        (with --stack-url) POST /v1/collections/{c}/documents to a running stack, the same
@@ -50,10 +50,10 @@ sys.path.insert(0, str(ROOT))
 
 from bench.harness.results import RESULTS_DIR, BenchResult, new_result, write_result  # noqa: E402
 from bench.harness.stack import poolserve_stack  # noqa: E402
-from rag.embedding import SentenceTransformerEmbedder  # noqa: E402
+from rag.retrieval.embedding import SentenceTransformerEmbedder  # noqa: E402
 from rag.local import LocalEmbedder, LocalIndex  # noqa: E402
-from rag.pipeline import DocumentInput, PipelineSettings, RagPipeline  # noqa: E402
-from rag.store import KnowledgeStore  # noqa: E402
+from rag.retrieval.pipeline import DocumentInput, PipelineSettings, RagPipeline  # noqa: E402
+from rag.store.knowledge_store import KnowledgeStore  # noqa: E402
 
 CORPUS = ROOT / "bench" / "data" / "stdlib-pydoc.jsonl.gz"
 MODEL = ROOT / "models" / "all-MiniLM-L6-v2"

@@ -11,7 +11,7 @@ pages of the commands and concept pages, held out from every tuning) ingested in
 each question through POST /v1/rag/query, one at a time, once per --max-tokens budget ("default": no
 max_tokens, so rag.answer_max_tokens), the budgets in turn for each question. Per answer: seconds to the
 whole response, completion tokens, finish_reason, characters, and whether it ends at a sentence end
-(rag/answer_trim.py's definition).
+(rag/retrieval/answer_trim.py's definition).
 --stream adds one streamed pass at the first budget: time to the first answer delta, and whether the
 streamed text equals the non-streamed answer (greedy decoding, so it should).
 """
@@ -35,7 +35,7 @@ from bench.harness.engine import DEFAULT_PROFILE  # noqa: E402
 from bench.harness.results import new_result, write_result  # noqa: E402
 from bench.harness.timing import percentile  # noqa: E402
 from bench.rag_latency import LOCK, _take_lock  # noqa: E402
-from rag.answer_trim import last_sentence_end  # noqa: E402
+from rag.retrieval.answer_trim import last_sentence_end  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 CORPUS = DATA / "git-doc.jsonl.gz"

@@ -5,12 +5,12 @@ Corpus: bench/data/stdlib-pydoc.jsonl.gz, the pydoc text of 179 Python standard-
 names every document that answers it; "exact" ones hinge on an exact term (function, flag,
 constant, error name), "paraphrase" ones ask in plain words.
 
-Everything runs through the real code: rag.pipeline.RagPipeline ingests with the real embedder
+Everything runs through the real code: rag.retrieval.pipeline.RagPipeline ingests with the real embedder
 (models/all-MiniLM-L6-v2, or --embedder PATH with its --query-prefix; sentence-transformers on CPU)
-into a real rag.store.KnowledgeStore (FAISS + SQLite FTS5) in a temporary directory, and retrieves through rag.retrieval.
+into a real rag.store.knowledge_store.KnowledgeStore (FAISS + SQLite FTS5) in a temporary directory, and retrieves through rag.retrieval.
 
 The no-answer threshold (rag.min_score) is measured on the same ingest: the best cosine similarity
-of each question with any chunk (rag.retrieval.SearchResult.best_similarity), for the 160
+of each question with any chunk (rag.retrieval.search.SearchResult.best_similarity), for the 160
 answerable questions and for bench/data/rag-unanswerable.json, 40 questions the corpus does not
 answer (20 off-topic, 20 "near misses" about other languages' libraries and tools). At each
 candidate threshold: the share of unanswerable questions refused (correct refusals) and of
@@ -58,13 +58,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.rag_baselines import chunk_index, compare_title_boosts, evaluate_pages, page_index  # noqa: E402
-from rag.chunking import word_windows  # noqa: E402
-from rag.embedding import SentenceTransformerEmbedder  # noqa: E402
+from rag.documents.chunking import word_windows  # noqa: E402
+from rag.retrieval.embedding import SentenceTransformerEmbedder  # noqa: E402
 from rag.local import LocalEmbedder, LocalIndex  # noqa: E402
-from rag.locations import LOCATIONS_KEY  # noqa: E402
-from rag.pipeline import DocumentInput, PipelineSettings, RagPipeline  # noqa: E402
-from rag.retrieval import RETRIEVAL_MODES, FusionSettings, fuse  # noqa: E402
-from rag.store import KnowledgeStore  # noqa: E402
+from rag.documents.locations import LOCATIONS_KEY  # noqa: E402
+from rag.retrieval.pipeline import DocumentInput, PipelineSettings, RagPipeline  # noqa: E402
+from rag.retrieval.search import RETRIEVAL_MODES, FusionSettings, fuse  # noqa: E402
+from rag.store.knowledge_store import KnowledgeStore  # noqa: E402
 
 DATA = ROOT / "bench" / "data"
 CORPUS = DATA / "stdlib-pydoc.jsonl.gz"
@@ -75,9 +75,9 @@ THRESHOLDS = (0.15, 0.20, 0.25, 0.30, 0.35, 0.40, 0.45, 0.50)
 MODEL = ROOT / "models" / "all-MiniLM-L6-v2"
 DEPTH = 10  # chunks retrieved per question for the metrics
 TENANT, COLLECTION = "bench", "stdlib"
-# name -> (kind, size, overlap, embed_title, embed_section): "tokens" is rag.chunking.Chunker in the
+# name -> (kind, size, overlap, embed_title, embed_section): "tokens" is rag.documents.chunking.Chunker in the
 # embedder's tokens (what the stack runs), "words" plain whitespace windows (the baseline of the issue);
-# embed_title: each chunk embedded with its document's title in front (rag.pipeline); embed_section: and
+# embed_title: each chunk embedded with its document's title in front (rag.retrieval.pipeline); embed_section: and
 # with the heading path of its section (corpora whose lines carry "locations": HTML pages).
 CHUNKINGS = MappingProxyType({
     "tokens-200-30": ("tokens", 200, 30, True, False),
@@ -194,7 +194,7 @@ def candidates_of(store: KnowledgeStore, embedder: SentenceTransformerEmbedder, 
 
 
 def compare_fusions(candidates: list, questions: list[dict]) -> dict:
-    """Each fusion setting over the same dense and lexical candidates (rag.retrieval.fuse)."""
+    """Each fusion setting over the same dense and lexical candidates (rag.retrieval.search.fuse)."""
     return {name: metrics([rank_of(fuse(dense, lexical, DEPTH, settings), set(q["documents"]))
                            for (dense, lexical), q in zip(candidates, questions)])
             for name, settings in FUSIONS.items()}

@@ -3,7 +3,7 @@
 Measures, on one ingest of a corpus (bench/bench_rag_quality.py's load_corpus / chunker_for /
 RagPipeline ingest, default chunking tokens-200-30, titles embedded) and its questions, what the
 chat model of configs/cpu-tiny.yaml (SmolLM2-135M-Instruct) adds to the default hybrid retrieval
-(dense + lexical, rag.retrieval.fuse with the default FusionSettings, top 10):
+(dense + lexical, rag.retrieval.search.fuse with the default FusionSettings, top 10):
 
 - baseline: the question, as bench_rag_quality's hybrid mode retrieves it.
 - hyde: the model writes a short passage (<= 64 tokens, greedy) answering the question; retrieved
@@ -57,11 +57,11 @@ from bench.bench_rag_quality import (  # noqa: E402
     CHUNKINGS, COLLECTION, CORPUS, DEFAULT_CHUNKING, DEPTH, MODEL, QUESTIONS, TENANT, chunker_for, load_corpus,
     load_questions, metrics, rank_of,
 )
-from rag.embedding import SentenceTransformerEmbedder  # noqa: E402
+from rag.retrieval.embedding import SentenceTransformerEmbedder  # noqa: E402
 from rag.local import LocalEmbedder, LocalIndex  # noqa: E402
-from rag.pipeline import PipelineSettings, RagPipeline  # noqa: E402
-from rag.retrieval import FusionSettings, fuse  # noqa: E402
-from rag.store import KnowledgeStore  # noqa: E402
+from rag.retrieval.pipeline import PipelineSettings, RagPipeline  # noqa: E402
+from rag.retrieval.search import FusionSettings, fuse  # noqa: E402
+from rag.store.knowledge_store import KnowledgeStore  # noqa: E402
 
 PROFILE = ROOT / "configs" / "cpu-tiny.yaml"
 RRF_K = 60
@@ -173,7 +173,7 @@ def run_llm(llm, groups: list[list[str]], params, latency_questions: int) -> tup
 # --- retrieval ------------------------------------------------------------------------------------
 
 class Retriever:
-    """Hybrid retrieval as rag.retrieval.retrieve does it (the store's dense and lexical candidates,
+    """Hybrid retrieval as rag.retrieval.search.retrieve does it (the store's dense and lexical candidates,
     fused), with the dense and lexical texts chosen separately."""
 
     def __init__(self, store: KnowledgeStore, embedder: SentenceTransformerEmbedder):

@@ -58,7 +58,7 @@ def brute_force(matrix: np.ndarray, query: np.ndarray, k: int) -> np.ndarray:
 def bench(n: int, kind: str, queries: dict[str, np.ndarray], data: np.ndarray, tmp: Path) -> list[dict]:
     import faiss
 
-    from rag.store import KnowledgeStore
+    from rag.store.knowledge_store import KnowledgeStore
 
     # Recall compares against every row of data, so every row must be stored.
     assert n % PER_DOC == 0 and len(data) == n, f"n={n} must be a multiple of {PER_DOC} and len(data)"

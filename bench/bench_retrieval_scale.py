@@ -6,7 +6,7 @@ those, gaussian perturbations of the real vectors). Queries: the 160 questions o
 bench/data/rag-questions.json, embedded one at a time as the stack embeds a question; none is in the
 corpus.
 
-Per size and index kind, the index built as rag/store.py builds it (KnowledgeStore's own factory:
+Per size and index kind, the index built as rag/store/knowledge_store.py builds it (KnowledgeStore's own factory:
 `IndexIDMap2(IndexFlatIP)` or `IndexIDMap2(IndexHNSWFlat(M=retriever.hnsw_m))` with the store's
 efSearch), with FAISS's OpenMP threads at the profile's retriever.faiss_threads, as the replica sets them:
   build s       index.add_with_ids of all n vectors
@@ -163,7 +163,7 @@ def index_bytes(index) -> int:
 
 def build(kind: str, hnsw_m: int, data: np.ndarray, tmp: Path):
     """The store's own index (KnowledgeStore._new_index) with all of data added; seconds, RSS growth."""
-    from rag.store import KnowledgeStore
+    from rag.store.knowledge_store import KnowledgeStore
 
     store = KnowledgeStore(tmp / f"{kind}.sqlite3", dim=data.shape[1], index_kind=kind, hnsw_m=hnsw_m)
     index = store._new_index()

@@ -45,7 +45,7 @@ def corpus_chunks() -> list[str]:
 
 
 def measure(kind: str, steps: list[int], sqlite_cache_bytes: int | None, seed: int = 0) -> list[dict]:
-    from rag.store import KnowledgeStore
+    from rag.store.knowledge_store import KnowledgeStore
     from system.process_memory import process_tree_memory
 
     rng = np.random.default_rng(seed)

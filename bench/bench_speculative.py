@@ -6,7 +6,7 @@ max_model_len 4096, a 1 GiB KV pool, prefix caching). The parent compares each v
 with the `none` baseline measured in the same invocation.
 
 Workloads (greedy, max_tokens 96, through `llm.chat`, i.e. the model's chat template):
-  rag   the gateway's RAG prompt (rag.prompt.rag_messages) with 4 numbered passages about
+  rag   the gateway's RAG prompt (rag.retrieval.prompt.rag_messages) with 4 numbered passages about
         a fictional subject; questions whose answers quote the passages
   chat  generic open questions, no context
 Concurrency 1: the prompts one at a time. Concurrency 4: the 4 prompts in one `chat` call.
@@ -93,7 +93,7 @@ WARMUP = [
 
 
 def workloads() -> dict[str, list[list[dict]]]:
-    from rag.prompt import RetrievedChunk, rag_messages
+    from rag.retrieval.prompt import RetrievedChunk, rag_messages
 
     chunks = [
         RetrievedChunk(document_id="observatory", chunk_id=f"observatory#{i}", score=1.0, text=text)

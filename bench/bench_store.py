@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rag.store import KnowledgeStore
+from rag.store.knowledge_store import KnowledgeStore
 
 DIM = 384  # all-MiniLM-L6-v2
 

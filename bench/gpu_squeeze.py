@@ -8,7 +8,7 @@
   H100 running the 27B the last one sits about 1.4 GiB below the card's size, hence the small steps.
 - ingest_ratio: the pydoc corpus ingested through the stack (20 documents per request, as clients send
   them) against raw sentence-transformers encoding the same chunks on the same GPU; and the same requests
-  through rag.pipeline in one process, timed by part (chunk, embed, store), for where the stack's time goes.
+  through rag.retrieval.pipeline in one process, timed by part (chunk, embed, store), for where the stack's time goes.
 """
 
 from __future__ import annotations
@@ -98,10 +98,10 @@ RAW_ENCODE = """
 import asyncio, json, sys, tempfile, time
 from pathlib import Path
 from bench.bench_ingest import Timed
-from rag.embedding import SentenceTransformerEmbedder
 from rag.local import LocalEmbedder, LocalIndex
-from rag.pipeline import DocumentInput, PipelineSettings, RagPipeline
-from rag.store import KnowledgeStore
+from rag.retrieval.embedding import SentenceTransformerEmbedder
+from rag.retrieval.pipeline import DocumentInput, PipelineSettings, RagPipeline
+from rag.store.knowledge_store import KnowledgeStore
 model, batch, chunk_tokens, overlap, device, corpus, per_request, call_chunks = json.loads(sys.argv[1])
 raw = SentenceTransformerEmbedder(model, batch, chunk_tokens, overlap, device)
 docs = [json.loads(line)["text"] for line in open(corpus)]

@@ -1,6 +1,6 @@
 """Generate the five "outside" corpora of `bench/bench_rag_quality.py` (issue 24's paraphrase-recall study):
 documentation nobody on the team wrote, taken from Debian packages and turned into text by the
-stack's own extraction (rag.extract.extract: inscriptis for HTML, rag/documents.py's pypdf path for
+stack's own extraction (rag.documents.extract.extract: inscriptis for HTML, rag/documents/binary_files.py's pypdf path for
 PDF), so each document's text is what the stack would store.
 
 - bench/data/sqlite-doc.jsonl.gz: the SQLite manual as shipped in Debian 12's `sqlite3-doc`
@@ -10,12 +10,12 @@ PDF), so each document's text is what the stack would store.
   and document lists, release history and news, the one-page copy of the C API (capi3ref.html, the
   same text as c3ref/) and of the file format (fileformat.html = fileformat2.html), the 951 k
   requirements list, and pages under MIN_CHARS. One document per page: id = the file name without
-  .html, title = the page's <title> as rag.extract reads it.
+  .html, title = the page's <title> as rag.documents.extract reads it.
 - bench/data/texlive-pdf.jsonl.gz: PDF_FILES, user manuals of LaTeX packages (tables, floats and
   captions, fonts, colour, code listings, line numbers and spacing, page layout, languages,
   maths, slides and letters, hooks and key-value parsing, footnotes, indexes and citations) as
   shipped in Debian 12's `texlive-latex-recommended-doc` 2022.20230122-3
-  (/usr/share/doc/texlive-doc/...). One document per PDF, its text as rag/documents.py extracts
+  (/usr/share/doc/texlive-doc/...). One document per PDF, its text as rag/documents/binary_files.py extracts
   it (pages joined, pypdf's layout as it comes, less each page's running header and footer since
   2026-12-05); id = the file name without .pdf, title = the PDF's /Title metadata when it has one,
   else the id.
@@ -26,7 +26,7 @@ PDF), so each document's text is what the stack would store.
   invoking, upgrading, new_features_2_4) and are left out, as are APACHE_SKIPPED and pages under
   MIN_CHARS. Held out: the question set was written from the page text, and nothing was tuned on
   it. id = the path under en/ without .html (mod/mod_rewrite, vhosts/name-based), title = the
-  page's <title> as rag.extract reads it, else the id.
+  page's <title> as rag.documents.extract reads it, else the id.
 - bench/data/git-doc.jsonl.gz: Git's HTML documentation as shipped in Debian 12's `git-doc`
   1:2.39.5-0+deb12u3 (/usr/share/doc/git-doc/**/*.html: the man pages of the commands, the
   concept and file-format pages (gitglossary, gittutorial, gitworkflows, gitattributes, ...), the
@@ -35,7 +35,7 @@ PDF), so each document's text is what the stack would store.
   deprecated aliases and tiny helpers). Held out: the question set was written from the page text,
   and nothing was tuned on it. id = the path under git-doc/ without .html (git-rebase,
   howto/revert-a-faulty-merge, technical/partial-clone), title = the page's <title> as
-  rag.extract reads it, else the id.
+  rag.documents.extract reads it, else the id.
 - bench/data/rsyslog-doc.jsonl.gz: rsyslog's Sphinx manual as shipped in Debian 12's `rsyslog-doc`
   8.2302.0+dfsg-1 (/usr/share/doc/rsyslog-doc/html/**/*.html: the input, output, parser and
   message-modification modules with their parameters, RainerScript and its functions, queues,
@@ -49,10 +49,10 @@ PDF), so each document's text is what the stack would store.
   extraction leaves out every role="navigation" landmark; the "see also" links stay. Held
   out: the question set was written from the page text, and nothing was tuned on it. id = the path
   under html/ without .html (configuration/modules/imfile, concepts/queues), title = the page's
-  <title> as rag.extract reads it ("... — rsyslog 8.2302.0 documentation"), else the id.
+  <title> as rag.documents.extract reads it ("... — rsyslog 8.2302.0 documentation"), else the id.
 
 Each line of the output: {"id", "title", "text"} (bench_rag_quality.py passes the title as the
-document's metadata title, which rag.pipeline embeds in front of each chunk). The outputs are
+document's metadata title, which rag.retrieval.pipeline embeds in front of each chunk). The outputs are
 committed; this script documents and repeats how they were made:
 
     .venv/bin/python bench/make_outside_corpora.py                # apt-get download into a temp dir
@@ -78,8 +78,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from rag.extract import HTML, extract  # noqa: E402
-from rag.documents import PDF  # noqa: E402
+from rag.documents.extract import HTML, extract  # noqa: E402
+from rag.documents.binary_files import PDF  # noqa: E402
 
 DATA = ROOT / "bench" / "data"
 HTML_PACKAGE = ("sqlite3-doc", "3.40.1-2+deb12u2")
@@ -160,7 +160,7 @@ def unpack(debs: Path, package: tuple[str, str], into: Path) -> Path:
 
 def document(doc_id: str, extracted) -> dict:
     """One corpus line: the title extraction found (else the id), the text, and where its pages or
-    sections start when the format records them (rag/locations.py; the bench stores them as the
+    sections start when the format records them (rag/documents/locations.py; the bench stores them as the
     stack does, in the document's metadata)."""
     doc = {"id": doc_id, "title": extracted.title or doc_id, "text": extracted.text}
     if extracted.locations:

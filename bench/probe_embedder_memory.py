@@ -1,9 +1,9 @@
 """What the embedder's heap holds after real documents: the replica's work (chunk, then embed in batches, then
 hand freed heap back), in one process without Ray, with its memory read per kind of mapping after each round.
 
-It runs rag.embedding.SentenceTransformerEmbedder as deployments/embedder.py does: chunk() on the threads of a pool
+It runs rag.retrieval.embedding.SentenceTransformerEmbedder as deployments/embedder.py does: chunk() on the threads of a pool
 (Ray Serve runs a replica's sync methods on its event loop's thread pool), each batch's forward pass on one
-forward thread (rag.embed_turns.OneForwardThread) at 1 or 2 torch threads, release_freed_heap(collect=False)
+forward thread (rag.retrieval.embed_turns.OneForwardThread) at 1 or 2 torch threads, release_freed_heap(collect=False)
 after each embed call, then samples /proc/self/smaps by kind ([heap], other anonymous, file-backed), glibc's
 mallinfo2 (bytes in use, free chunks, mmapped blocks) and Python's gc-tracked objects. Documents: the
 outside corpora of bench/make_outside_corpora.py (bench/data/*.jsonl.gz) in a seeded shuffle.
@@ -115,8 +115,8 @@ def main() -> None:
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "MALLOC_ARENA_MAX": arenas})
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from rag.embed_turns import OneForwardThread
-    from rag.embedding import SentenceTransformerEmbedder
+    from rag.retrieval.embed_turns import OneForwardThread
+    from rag.retrieval.embedding import SentenceTransformerEmbedder
     from system.process_memory import release_freed_heap
 
     embedder = SentenceTransformerEmbedder(args.model, args.batch_size, 200, 30)

@@ -1,12 +1,12 @@
 """Lexical baselines and variants beside the stack's retrieval, for bench/bench_rag_quality.py.
 
-- bm25-pages: BM25 over whole pages, one FTS5 row per document (the same tokenizer, rag.lexical's
-  DEFAULT_TOKENIZER, and the same question-to-MATCH rule, rag.lexical_query.fts5_match, as the
+- bm25-pages: BM25 over whole pages, one FTS5 row per document (the same tokenizer, rag.store.lexical's
+  DEFAULT_TOKENIZER, and the same question-to-MATCH rule, rag.retrieval.lexical_query.fts5_match, as the
   stack's chunk-level lexical index), in an in-memory SQLite database. The baseline a retriever
   of chunks has to beat: no chunking, no embedder.
 - title-boosted lexical: an FTS5 table over the same chunks with two columns, the chunk's document
   title and the chunk text, ranked by bm25 with the title column weighted (FTS5's per-column bm25
-  weights); alone, and fused with the store's dense candidates through rag.retrieval.fuse. The same
+  weights); alone, and fused with the store's dense candidates through rag.retrieval.search.fuse. The same
   with whole pages (bm25-pages with a title column).
 """
 
@@ -16,9 +16,9 @@ import sqlite3
 import statistics
 import time
 
-from rag.lexical import DEFAULT_TOKENIZER
-from rag.lexical_query import fts5_match
-from rag.prompt import RetrievedChunk
+from rag.retrieval.lexical_query import fts5_match
+from rag.retrieval.prompt import RetrievedChunk
+from rag.store.lexical import DEFAULT_TOKENIZER
 
 TITLE_WEIGHTS = (1.0, 2.0, 5.0)
 

@@ -2,7 +2,7 @@
 
 `bench/bench_rag_quality.py --candidates-out PATH` writes each question's 50 dense and 50 lexical
 candidates (chunk id, document id, score) as the store returned them. This reads one such file per
-corpus and ranks every question again through the stack's own fusion (rag.retrieval.fuse) under each
+corpus and ranks every question again through the stack's own fusion (rag.retrieval.search.fuse) under each
 setting of a grid, so an embedder's fusion weights can be chosen on some corpora and checked on others
 from the same candidates.
 
@@ -24,8 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from rag.prompt import RetrievedChunk  # noqa: E402
-from rag.retrieval import FusionSettings, fuse  # noqa: E402
+from rag.retrieval.prompt import RetrievedChunk  # noqa: E402
+from rag.retrieval.search import FusionSettings, fuse  # noqa: E402
 
 DEPTH = 10  # as bench_rag_quality: a question's rank is that of its first answer among the top 10
 

@@ -15,7 +15,7 @@ collection holds at least N chunks), then, one request at a time (after WARMUP u
   rag query   POST /v1/rag/query, max_tokens RAG_MAX_TOKENS (the same, plus the prompt and a short answer)
   streamed    POST /v1/rag/query, "stream": true: time to the first answer delta (retrieval + prompt +
               prefill + first token) and to [DONE], prompt tokens from the stream's usage event
-  replay      each answered streamed query's prompt (rag.prompt.rag_messages over its citations, cut to k
+  replay      each answered streamed query's prompt (rag.retrieval.prompt.rag_messages over its citations, cut to k
               passages) through POST /v1/chat/completions, streamed, a fresh cache_salt (no prefix cache
               hit): time to the first token = prefill + first token, without retrieval.
 Questions: those of every ingested corpus (bench/data/rag-questions.json for pydoc, <corpus>-questions.json
@@ -45,7 +45,7 @@ from bench.bench_rag_quality import CORPUS, QUESTIONS, load_corpus, load_questio
 from bench.harness.engine import DEFAULT_PROFILE  # noqa: E402
 from bench.harness.results import RESULTS_DIR, BenchResult, new_result, write_result  # noqa: E402
 from bench.harness.timing import Stopwatch, percentile  # noqa: E402
-from rag.pipeline import DocumentInput  # noqa: E402
+from rag.retrieval.pipeline import DocumentInput  # noqa: E402
 
 NAME = "rag-latency"
 
@@ -188,8 +188,8 @@ def output_name(target_chunks: int | None, corpora: list | None, name: str | Non
 
 
 def replay_messages(question: str, citations: list[dict], passages: int) -> list[dict]:
-    """The prompt /v1/rag/query built for this answer (rag.pipeline.answer), kept to its first `passages`."""
-    from rag.prompt import RetrievedChunk, rag_messages
+    """The prompt /v1/rag/query built for this answer (rag.retrieval.pipeline.answer), kept to its first `passages`."""
+    from rag.retrieval.prompt import RetrievedChunk, rag_messages
 
     chunks = [RetrievedChunk(c["document_id"], c["chunk_id"], c["score"], c["text"]) for c in citations[:passages]]
     return rag_messages(question, chunks)

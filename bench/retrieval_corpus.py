@@ -1,8 +1,8 @@
 """Real chunk and question embeddings for bench/bench_retrieval_scale.py, cached under var/bench-cache/.
 
 The stream of chunk texts: the pydoc corpus (bench/data/stdlib-pydoc.jsonl.gz, 179 documents) chunked
-as the stack chunks it (rag.embedding's tokenizer-aware chunker, the profile's chunk_tokens/overlap,
-each chunk embedded with its document's title in front, as rag/pipeline.py does), then copies of the
+as the stack chunks it (rag.retrieval.embedding's tokenizer-aware chunker, the profile's chunk_tokens/overlap,
+each chunk embedded with its document's title in front, as rag/retrieval/pipeline.py does), then copies of the
 corpus, each perturbed as text before chunking: its paragraphs shuffled and 10% of its words dropped
 (seeded by the copy number). The first `real_chunks` texts of that stream are embedded for real with
 MiniLM (sentence-transformers, normalize_embeddings=True, max_seq_length of the model: what the
@@ -91,11 +91,11 @@ def perturbed(text: str, copy: int, doc_index: int) -> str:
 
 
 class CorpusEmbedder:
-    """The embedder and chunker of the stack, in-process (rag.embedding), one torch thread for questions."""
+    """The embedder and chunker of the stack, in-process (rag.retrieval.embedding), one torch thread for questions."""
 
     def __init__(self, settings: EmbedSettings, device: str = "cpu", batch_size: int = 32):
-        from rag.chunking import document_title, with_title
-        from rag.embedding import SentenceTransformerEmbedder
+        from rag.documents.chunking import document_title, with_title
+        from rag.retrieval.embedding import SentenceTransformerEmbedder
 
         self.settings = settings
         self.embedder = SentenceTransformerEmbedder(settings.model, batch_size, settings.chunk_tokens,

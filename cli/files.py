@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-# File suffix -> the content_type the ingest route extracts text from (rag/extract.py).
+# File suffix -> the content_type the ingest route extracts text from (rag/documents/extract.py).
 CONTENT_TYPES = {".txt": "text/plain", ".text": "text/plain", ".md": "text/markdown", ".markdown": "text/markdown",
                  ".html": "text/html", ".htm": "text/html", ".xhtml": "application/xhtml+xml",
                  ".pdf": "application/pdf",
@@ -18,7 +18,7 @@ CONTENT_TYPES = {".txt": "text/plain", ".text": "text/plain", ".md": "text/markd
 SENT_AS_BYTES = {".html", ".htm", ".xhtml", ".pdf", ".docx", ".pptx"}
 HASH_KEY = "sha256"  # the document metadata key that holds the file's content hash
 SOURCE_KEY = "source"  # ... and the file's path as given (relative to the argument's parent)
-MAX_ID_LEN = 128  # rag/ids.py's document id limit
+MAX_ID_LEN = 128  # rag/documents/ids.py's document id limit
 _NOT_IN_ID = re.compile(r"[^A-Za-z0-9_.:@-]")
 
 

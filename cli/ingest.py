@@ -3,7 +3,7 @@ that fails is reported and the rest go on; a file whose content hash the collect
 under the same document id is skipped.
 
 Files under JOB_MIN_BYTES are streamed (NDJSON progress on the open request). Larger ones go as ingest
-jobs ("async": true, gateway/ingest_jobs.py) followed by polling, so no request has to stay open
+jobs ("async": true, gateway/routes/ingest_jobs.py) followed by polling, so no request has to stay open
 for the whole ingest (the gateway's request timeout); Ctrl-C cancels the running job on the server."""
 
 from __future__ import annotations

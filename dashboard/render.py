@@ -1,4 +1,4 @@
-"""The dashboard's HTML, rendered on the server from one snapshot (gateway/dashboard.py builds it).
+"""The dashboard's HTML, rendered on the server from one snapshot (gateway/routes/dashboard_api.py builds it).
 
 The page's script swaps these sections in on every refresh, so there is one renderer. Every number is
 also in a data-* attribute, exact (bytes, counts), so a test or a scraper reads what the page shows

@@ -1,4 +1,4 @@
-"""Embedder replica: thin Ray glue around rag.embedding.SentenceTransformerEmbedder (sentence-transformers,
+"""Embedder replica: thin Ray glue around rag.retrieval.embedding.SentenceTransformerEmbedder (sentence-transformers,
 plus chunking with the same model's tokenizer)."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ from contextlib import contextmanager
 
 from ray import serve
 
-from rag.embed_turns import BatchTurns, IdleCores, OneForwardThread, threads_for
+from deployments.start_order import StartOrder
 from planner.outputs import EmbedderSettings
+from rag.documents.chunking import Chunk
+from rag.retrieval.embed_turns import BatchTurns, IdleCores, OneForwardThread, threads_for
+from rag.retrieval.embedding import SentenceTransformerEmbedder
 from system.priority import lower_cpu_priority
 from system.process_memory import process_tree_memory, release_freed_heap
-from deployments.start_order import StartOrder
-from rag.chunking import Chunk
-from rag.embedding import SentenceTransformerEmbedder
 
 
 @serve.deployment(name="embedder")  # its options: the plan's (deployments/app.py)

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from vllm_bridge.compat import OpenAiIngress
-from gateway.dashboard import DashboardRoutes
-from gateway.knowledge import KnowledgeRoutes
-from gateway.openai_routes import OpenAIRoutes
-from gateway.tenants import TenantAdminRoutes
-from planner.outputs import GatewaySettings
 from deployments.start_order import StartOrder
+from gateway.routes.admin import TenantAdminRoutes
+from gateway.routes.dashboard_api import DashboardRoutes
+from gateway.routes.knowledge import KnowledgeRoutes
+from gateway.routes.openai_api import OpenAIRoutes
+from planner.outputs import GatewaySettings
+from vllm_bridge.compat import OpenAiIngress
 
 
 class Gateway(OpenAIRoutes, KnowledgeRoutes, TenantAdminRoutes, DashboardRoutes, OpenAiIngress):

@@ -1,5 +1,5 @@
-"""Retriever replica: thin Ray glue around rag.store.KnowledgeStore (SQLite + FAISS + FTS5) and
-rag.retrieval (dense, lexical or hybrid search, fused here so a query is one call)."""
+"""Retriever replica: thin Ray glue around rag.store.knowledge_store.KnowledgeStore (SQLite + FAISS + FTS5) and
+rag.retrieval.search (dense, lexical or hybrid search, fused here so a query is one call)."""
 
 from __future__ import annotations
 
@@ -9,19 +9,19 @@ from pathlib import Path
 
 from ray import serve
 
-from planner.outputs import RetrieverSettings
-from system.process_memory import process_tree_memory, release_freed_heap
 from deployments.start_order import StartOrder
-from rag.capacity import Quotas, TenantQuota
-from rag.retrieval import FusionSettings, SearchQuery, SearchResult, retrieve
-from rag.refusals import refusing
-from rag.store import KnowledgeStore
-from rag.store_schema import STORE_FILE
+from planner.outputs import RetrieverSettings
+from rag.retrieval.search import FusionSettings, SearchQuery, SearchResult, retrieve
+from rag.store.capacity import Quotas, TenantQuota
+from rag.store.knowledge_store import KnowledgeStore
+from rag.store.refusals import refusing
+from rag.store.store_schema import STORE_FILE
+from system.process_memory import process_tree_memory, release_freed_heap
 
 # Ray Serve's replica logger: a line here lands in the replica's log with the request's id.
 logger = logging.getLogger("ray.serve")
 # A missing collection or document, a malformed id or a full quota is the client's mistake: answered as a value
-# (rag/refusals.py) and logged in one line, where an exception would log an ERROR with its traceback.
+# (rag/store/refusals.py) and logged in one line, where an exception would log an ERROR with its traceback.
 client_errors_answered = refusing(logger)
 
 

@@ -1,5 +1,5 @@
 """The OpenAI-shaped error answer, in a module light enough for Ray's HTTP proxy to import (starlette only):
-gateway/proxy_guard.py refuses there what the gateway would refuse from the headers alone."""
+gateway/middleware/proxy_guard.py refuses there what the gateway would refuse from the headers alone."""
 
 from __future__ import annotations
 

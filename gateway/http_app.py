@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from vllm_bridge.compat import ModelCard, ModelList
-from gateway.dashboard import DASHBOARD_ENDPOINTS
-from gateway.errors import install_error_handlers
-from gateway.ingest_jobs import JOB_ENDPOINTS
-from gateway.request_guard import RequestBodyGuard
-from gateway.tenants import ADMIN_ENDPOINTS, TenantAuthMiddleware
-from gateway.uploads import INGEST_OPENAPI
+from gateway.http_errors import install_error_handlers
+from gateway.middleware.request_guard import RequestBodyGuard
+from gateway.middleware.tenant_auth import TenantAuthMiddleware
+from gateway.routes.admin import ADMIN_ENDPOINTS
+from gateway.routes.dashboard_api import DASHBOARD_ENDPOINTS
+from gateway.routes.ingest_jobs import JOB_ENDPOINTS
+from gateway.routes.uploads import INGEST_OPENAPI
 from planner.outputs import GatewayEdge
+from vllm_bridge.compat import ModelCard, ModelList
 
 ENDPOINTS = {
     "models": lambda app: app.get("/v1/models", response_model=ModelList),

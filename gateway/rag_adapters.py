@@ -1,4 +1,4 @@
-"""The RAG pipeline's protocols (rag/interfaces.py) over the gateway's Ray handles.
+"""The RAG pipeline's protocols (rag/retrieval/interfaces.py) over the gateway's Ray handles.
 
 Built per request: the embedder adapter charges the request's tenant for the document tokens it
 embeds (as before the pipeline existed, questions are not charged), the chat adapter goes through
@@ -12,11 +12,11 @@ from typing import Awaitable, Callable
 import numpy as np
 from fastapi import Request
 
-from vllm_bridge.compat import ChatCompletionRequest
 from gateway.streams import force_stream_usage
-from rag.chunking import Chunk
-from rag.pipeline import PipelineSettings
-from rag.retrieval import SearchQuery, SearchResult
+from rag.documents.chunking import Chunk
+from rag.retrieval.pipeline import PipelineSettings
+from rag.retrieval.search import SearchQuery, SearchResult
+from vllm_bridge.compat import ChatCompletionRequest
 
 
 class RayEmbedder:

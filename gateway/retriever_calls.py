@@ -1,6 +1,6 @@
 """The retriever's handle as the gateway's routes call it: a refusal the retriever answers with (a client's
-mistake, returned as a value so that its replica logs one line instead of a traceback: rag/refusals.py) is
-raised again here, where the call returns, and answered as its 4xx by gateway/errors.py.
+mistake, returned as a value so that its replica logs one line instead of a traceback: rag/store/refusals.py) is
+raised again here, where the call returns, and answered as its 4xx by gateway/http_errors.py.
 
 `RetrieverHandle` is a descriptor on the route mixins: whatever handle the Ray binding assigns to
 `self._retriever` (deployments/gateway.py), the routes read it wrapped, so no call site can forget to unwrap.
@@ -8,7 +8,7 @@ raised again here, where the call returns, and answered as its 4xx by gateway/er
 
 from __future__ import annotations
 
-from rag.refusals import raise_refused
+from rag.store.refusals import raise_refused
 
 
 class _Method:

@@ -7,9 +7,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
-from rag.filters import MAX_FILTER_KEYS, MAX_IN_VALUES, MAX_VALUE_CHARS, normalize_filters
+from rag.retrieval.filters import MAX_FILTER_KEYS, MAX_IN_VALUES, MAX_VALUE_CHARS, normalize_filters
 
-from rag.extract import CONTENT_TYPES, PLAIN, TEXT_TYPES, normalize_content_type
+from rag.documents.extract import CONTENT_TYPES, PLAIN, TEXT_TYPES, normalize_content_type
 
 # Documented bounds on DocumentIn.metadata: it is stored with every document and returned with
 # every citation, so it stays small. Keys are strings; values are any JSON.
@@ -64,7 +64,7 @@ class DocumentIn(_Body):
     content_type: str = Field(
         PLAIN, description=f"How `text` is written: {', '.join(CONTENT_TYPES)} (parameters such as "
         "'; charset=utf-8' are ignored). Markdown and HTML are reduced to the text a reader sees before chunking "
-        "(rag/extract.py); an HTML <title> or first heading becomes metadata.title unless it is set.")
+        "(rag/documents/extract.py); an HTML <title> or first heading becomes metadata.title unless it is set.")
 
     @field_validator("metadata")
     @classmethod
@@ -88,10 +88,10 @@ class DocumentIn(_Body):
 
 class AddDocumentsRequest(_Body):
     documents: list[DocumentIn] = Field(..., min_length=1)
-    stream: bool = Field(False, description="Answer with NDJSON progress events (gateway/ingest.py) instead "
+    stream: bool = Field(False, description="Answer with NDJSON progress events (gateway/routes/ingestion.py) instead "
                          "of one JSON body at the end.")
     run_async: bool = Field(False, alias="async", description="Answer 202 with an ingest job at once and ingest "
-                            "in the background; GET /v1/ingest/jobs/{id} tells its state (gateway/ingest_jobs.py).")
+                            "in the background; GET /v1/ingest/jobs/{id} tells its state (gateway/routes/ingest_jobs.py).")
 
     @model_validator(mode="after")
     def _one_answer_shape(self):
@@ -108,13 +108,13 @@ FILTERS_JSON_SCHEMA = {
         "type": "object", "required": ["in"], "additionalProperties": False,
         "properties": {"in": {"type": "array", "items": _FILTER_VALUE, "minItems": 1, "maxItems": MAX_IN_VALUES}}}]},
     "description": "Only documents whose metadata matches every key: a value means equality, {\"in\": [...]} any "
-                   "of the values; strings, numbers or booleans, compared by type (rag/filters.py).",
+                   "of the values; strings, numbers or booleans, compared by type (rag/retrieval/filters.py).",
     "examples": [{"source": "hr", "year": {"in": [2024, 2025]}}],
 }
 
 
 def _validated_filters(value: Any) -> dict | None:
-    return normalize_filters(value) or None  # rag.filters.InvalidFilter is a ValueError: a 422 naming the key
+    return normalize_filters(value) or None  # rag.retrieval.filters.InvalidFilter is a ValueError: a 422 naming the key
 
 
 # Metadata filters as a request field: the JSON shape above, validated (unknown operators, non-scalar

@@ -9,9 +9,9 @@ import logging
 import anyio
 from fastapi import Request
 
+from gateway.middleware.tenant_guard import record_usage
+from rag.retrieval.answer_trim import SentenceHoldback, finish_answer
 from vllm_bridge.compat import StreamOptions
-from gateway.tenants import record_usage
-from rag.answer_trim import SentenceHoldback, finish_answer
 
 logger = logging.getLogger("poolserve.streams")
 
@@ -124,7 +124,7 @@ class UsageTally:
 
 class CappedAnswerTrimmer:
     """A RAG answer's stream, each choice ending at its last complete sentence when it hits the token cap
-    (rag/answer_trim.py): a choice's text after its last sentence end is held back, sent with its finish
+    (rag/retrieval/answer_trim.py): a choice's text after its last sentence end is held back, sent with its finish
     chunk when it stops on its own, dropped when it ends by length. finish_reason and usage are untouched."""
 
     def __init__(self) -> None:

@@ -18,7 +18,7 @@ from planner.profile import PoolSpec
 
 
 class GuardPlan(BaseModel):
-    """Everything the gateway's pool guard runs with, finished here (gateway/pool_guard.py PoolGuard)."""
+    """Everything the gateway's pool guard runs with, finished here (gateway/middleware/pool_guard.py PoolGuard)."""
 
     model_config = {"frozen": True, "extra": "forbid"}
 

@@ -347,7 +347,7 @@ class EmbedderSpec(_Strict):
     hub: HubSource | None = Field(None, description="Hub repo `poolserve fetch` downloads the folder (`model`) "
                                   "from; None = the folder is provided locally.")
     batch_size: int = Field(32, ge=1, le=1024, description="Texts embedded per forward pass. A question waits for "
-                            "the batch in progress (rag/embed_turns.py), so on CPU keep it small: 4 is as "
+                            "the batch in progress (rag/retrieval/embed_turns.py), so on CPU keep it small: 4 is as "
                             "fast as 32 there (docs/BENCHMARKS.md section 8.3).")
     # 5 s: an interactive user's next question comes within it; beside a bulk ingest another tenant's RAG p95 went
     # from 1.95-2.26x quiet to 1.60-1.85x (docs/SECURITY.md). Measured on CPU only, with batches of 4.
@@ -415,7 +415,7 @@ class RetrieverSpec(_Strict):
 
 class ExtractionSpec(_Strict):
     """Extraction of uploads (Markdown, HTML, PDF, DOCX, PPTX) in the gateway's worker processes
-    (rag/extract_worker.py): each document in its own capped child, its CPU time charged to the tenant."""
+    (rag/documents/extract_worker.py): each document in its own capped child, its CPU time charged to the tenant."""
 
     workers: int = Field(1, ge=1, le=16, description="Worker processes (documents extracted at once per gateway "
                          "replica); each holds the parsers (~36 MiB anonymous, planned on the gateway's line).")
@@ -441,7 +441,7 @@ class FusionSpec(_Strict):
 
     # Weighted 0.7/0.3 is at or near the best recall on all three corpora measured (pydoc, the SQLite
     # manual, 61 LaTeX PDFs: docs/BENCHMARKS.md 7.1 and 7.3); RRF k=60 led only on pydoc. The no-answer
-    # threshold does not move with it: it reads the dense cosine, not the fused score (rag/no_answer.py).
+    # threshold does not move with it: it reads the dense cosine, not the fused score (rag/retrieval/no_answer.py).
     method: Literal["rrf", "weighted"] = Field("weighted", description="Min-max normalised weighted scores, or "
                                                "reciprocal-rank fusion.")
     rrf_k: float = Field(60.0, ge=0, description="RRF's rank constant: larger flattens the head of each list.")
@@ -476,7 +476,7 @@ class RagSpec(_Strict):
     embed_title: bool = Field(True, description="Embed each chunk with its document's title in front (metadata "
                               "'title', else a first line of at most 120 characters); stored chunks stay as written.")
     embed_section: bool = Field(False, description="Also embed each chunk with the heading path of the section it "
-                                "starts in (HTML and Markdown headings, DOCX sections: rag/extract.py). Off: on the "
+                                "starts in (HTML and Markdown headings, DOCX sections: rag/documents/extract.py). Off: on the "
                                 "SQLite manual hybrid recall@1 went 0.800 -> 0.815, but on the two held-out manuals "
                                 "it lost a question each (Git 0.744 -> 0.732 at rank 1, Apache 0.961 -> 0.947 at "
                                 "rank 5; docs/BENCHMARKS.md 7.7).")
@@ -511,7 +511,7 @@ class RagSpec(_Strict):
                                    "(docs/results/rag-answer-length-2026-12-06.md).")
     trim_capped_answers: bool = Field(True, description="A RAG answer (/v1/rag/query, chat with `rag`) whose "
                                       "generation hit its token cap ends at its last complete sentence "
-                                      "(rag/answer_trim.py); finish_reason stays \"length\" and usage counts "
+                                      "(rag/retrieval/answer_trim.py); finish_reason stays \"length\" and usage counts "
                                       "every generated token. Streams hold back only the partial sentence after "
                                       "the last sentence end. false: the cut-off text as generated.")
     min_score: float = Field(0.30, ge=-1.0, le=1.0, description="No-answer threshold: a RAG query or chat-with-RAG "
@@ -545,12 +545,12 @@ class GatewaySpec(_Strict):
     refusal_delay_s: float = Field(1.0, ge=0, description="Ray's proxy answers a body sent to a public path "
                                    "(which no honest client sends) after this long, the connection idle and "
                                    "the body unread, so a flooding client gets one refusal per connection per "
-                                   "delay (gateway/proxy_guard.py). 0 = at once.")
+                                   "delay (gateway/middleware/proxy_guard.py). 0 = at once.")
     refusal_delay_max: int = Field(256, ge=0, description="Refusals Ray's proxy holds back at once; beyond them "
                                    "it refuses at once (bounds the idle connections a flood can leave).")
     reads_at_once_alone: int = Field(4, ge=1, description="Reads (listings, collection info, searches) one tenant "
                                      "may run at once while no other tenant has work in flight; while another "
-                                     "has, its reads take turns, one at a time (gateway/read_lanes.py: four "
+                                     "has, its reads take turns, one at a time (gateway/middleware/read_lanes.py: four "
                                      "readers of one tenant made another tenant's chat p95 3x quiet, one reader "
                                      "1.6-2.1x). Per gateway replica.")
     reads_pause_ratio: float = Field(5.0, ge=0, description="While another tenant works, a read keeps its "

@@ -58,7 +58,7 @@ EMBEDDER_CUDA_CONTEXT = 755 * MB
 # Its activations on a GPU (same H200 run): bytes per token per hidden unit, fp32 weights, SDPA attention,
 # as torch's caching allocator keeps them reserved after a batch (450.3 MB at 64 x 256 x 384; linear in
 # tokens, not quadratic in length as on CPU's eager formula). torch's allocator keeps them reserved after a
-# batch unless emptied: the replica empties it after each call (rag/embedding.py), so they are growth.
+# batch unless emptied: the replica empties it after each call (rag/retrieval/embedding.py), so they are growth.
 EMBEDDER_GPU_ACT_PER_TOKEN_DIM = 72  # fp32 weights; a checkpoint in fp16/bf16 halves it (planner/embedder.py)
 # A model whose attention materialises its scores (all-mpnet-base-v2: a relative position bias, no SDPA), on
 # an H100 2026-12-05 (torch 2.11+cu130), reserved after a batch of 64: 914 MiB at 256 tokens and 1,802 MiB at
@@ -137,7 +137,7 @@ EMBEDDER_TRAFFIC_GROWTH = 64 * MB
 # 0.037 GiB (warm venv) to 0.065 GiB (a fresh clone after the suite's traffic, as CI runs it).
 GATEWAY_RUNTIME = 534 * MB
 GATEWAY_MAPPED_FILES = 65 * MB
-# Its extraction workers (rag/extract_worker.py; `python -m rag.extract_child`, one per
+# Its extraction workers (rag/documents/extract_worker.py; `python -m rag.documents.extract_child`, one per
 # rag.extraction.workers) with the parsers imported, idle: PSS 46.7 MB (anon 35.8, file 10.8) measured
 # standalone 2026-12-01; beside the gateway, which maps the same libraries, the file share is smaller.
 EXTRACTION_WORKER = 45 * MB

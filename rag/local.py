@@ -10,10 +10,10 @@ from typing import Callable
 
 import numpy as np
 
-from rag.chunking import Chunk
-from rag.embedding import SentenceTransformerEmbedder
-from rag.retrieval import FusionSettings, SearchQuery, SearchResult, retrieve
-from rag.store import KnowledgeStore
+from rag.documents.chunking import Chunk
+from rag.retrieval.embedding import SentenceTransformerEmbedder
+from rag.retrieval.search import FusionSettings, SearchQuery, SearchResult, retrieve
+from rag.store.knowledge_store import KnowledgeStore
 
 
 class LocalEmbedder:

@@ -33,14 +33,14 @@ from pathlib import Path
 
 import yaml
 
+from gateway.middleware.proxy_guard import proxy_env
 from planner.plan import Plan
 from planner.profile import Profile
 from planner.units import gib
-from rag.store_schema import STORE_FILE, embedder_mismatch, recorded_embedder
-from gateway.proxy_guard import proxy_env
+from rag.store.store_schema import STORE_FILE, embedder_mismatch, recorded_embedder
+from stackctl.cluster import gcs_address as cluster_gcs_address, is_cluster, node_plan, ray_port_flags, split_refusal
 from system.cgroup import MemoryCgroup, PoolUnavailable, create_pool, limited_cgroup, own_cgroup, remove_pool
 from system.private_files import make_private_dir, tighten_private, write_private
-from stackctl.cluster import gcs_address as cluster_gcs_address, is_cluster, node_plan, ray_port_flags, split_refusal
 from stackctl.preflight import (biggest_other_processes, can_drop_page_cache, check, drop_clean_page_cache, host_fits,
                                 read_live, read_live_gpu)
 from stackctl.processes import STACK_ENV, end_stack, stack_pids
@@ -209,7 +209,7 @@ def enter_pool(layout: StackLayout, pool_bytes: int, log) -> tuple[MemoryCgroup,
 
 def embedder_refusal(profile: Profile) -> str | None:
     """Why the stack must not start on this state_dir: its knowledge store records another embedder
-    (rag/store_schema.py check_embedder, which the retriever applies too, after minutes of start)."""
+    (rag/store/store_schema.py check_embedder, which the retriever applies too, after minutes of start)."""
     store = Path(profile.state_dir) / STORE_FILE
     recorded = recorded_embedder(store)
     if recorded is None or recorded == profile.embedder.model_id:

@@ -8,7 +8,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from rag.store_schema import SCHEMA_VERSION as KNOWLEDGE_SCHEMA_VERSION, STORE_FILE
+from rag.store.store_schema import SCHEMA_VERSION as KNOWLEDGE_SCHEMA_VERSION, STORE_FILE
 from stress.client import FACTS, QUESTIONS
 from stress.context import COLLECTION, RunContext, not_local
 from stress.report import LayerResult

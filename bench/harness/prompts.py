@@ -1,6 +1,6 @@
 """RAG-shaped prompts for the serving benchmarks: a real question over the pydoc corpus, with the passage
 that answers it and two passages from other documents, numbered and wrapped in the instruction the stack's
-own RAG route sends (rag/prompt.py). Answers quote their context, which is what prompt-lookup speculation
+own RAG route sends (rag/retrieval/prompt.py). Answers quote their context, which is what prompt-lookup speculation
 and a RAG deployment's traffic look like; random-token prompts are the other end.
 
     write_prompts(workdir / "rag.json", "rag", n=64)   # vllm.benchmarks.serve's sharegpt dataset format
@@ -17,7 +17,7 @@ import random
 import re
 from pathlib import Path
 
-from rag.prompt import RetrievedChunk, context_block, SYSTEM_INSTRUCTION
+from rag.retrieval.prompt import RetrievedChunk, context_block, SYSTEM_INSTRUCTION
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "bench" / "data" / "stdlib-pydoc.jsonl.gz"

@@ -12,9 +12,9 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from cli.main import app
-from rag.documents import DOCX, PDF
-from rag.extract import extract
-from rag.locations import resolve
+from rag.documents.binary_files import DOCX, PDF
+from rag.documents.extract import extract
+from rag.documents.locations import resolve
 from tests.integration.conftest import ADMIN_KEY, DEMO_KEY
 
 DATA = Path(__file__).resolve().parents[1] / "data"

@@ -2,7 +2,7 @@
 (`make models-mpnet`), started once after every other stack has stopped.
 
 - The session's state directory holds MiniLM's vectors: the launcher refuses to start this profile on it,
-  naming both embedders, before it makes a pool or starts anything (rag/store_schema.py check_embedder).
+  naming both embedders, before it makes a pool or starts anything (rag/store/store_schema.py check_embedder).
 - On its own state directory it ingests six real pages of Git's documentation (bench/data/git-doc.jsonl.gz,
   a corpus nobody here wrote), finds each page for a question that avoids the page's command name, answers a
   RAG query with citations, embeds 768-dimensional vectors, and its embedder stays under its planned budget.

@@ -453,7 +453,7 @@ def test_a_keyless_flood_on_the_gateways_paths_is_refused_and_leaves_no_error_in
 
 
 def test_rays_proxy_refuses_a_public_paths_body_before_the_gateway(stack):
-    # The launcher installs gateway/proxy_guard.py in Ray's proxy: its refusal closes the connection, and the
+    # The launcher installs gateway/middleware/proxy_guard.py in Ray's proxy: its refusal closes the connection, and the
     # proxy logged that it runs.
     response = httpx.request("GET", f"{stack.url}/healthz", content=b"x" * 1000, timeout=30)
     assert response.status_code == 413 and response.headers.get("connection") == "close", response.headers

@@ -21,7 +21,7 @@ DOCUMENTS = 300
 READERS = 4
 # 64 keys (the most metadata may have) of about 110 characters each: just under its 8 KiB.
 METADATA = {f"field{k:02d}": "v" * 100 for k in range(64)}
-# 16 keys of 64 values each, the largest filter rag/filters.py takes; each key's last value is every
+# 16 keys of 64 values each, the largest filter rag/retrieval/filters.py takes; each key's last value is every
 # document's, so the filter must check them all.
 FILTERS = {f"field{k:02d}": {"in": [f"value-{k}-{v}" for v in range(63)] + ["v" * 100]} for k in range(16)}
 
@@ -91,6 +91,6 @@ def test_heavy_reads_are_bounded_and_refuse_the_other_tenant_nothing(heavy_reads
 
 
 def test_heavy_reads_leave_the_other_tenants_p95_within_2x(heavy_reads):
-    """While the other tenant works, the reader's reads take turns and pause (gateway/read_lanes.py)."""
+    """While the other tenant works, the reader's reads take turns and pause (gateway/middleware/read_lanes.py)."""
     for kind in ("chat", "rag"):
         assert_within_2x(heavy_reads[kind], (kind, heavy_reads))

@@ -67,7 +67,7 @@ CAP = 40
 
 
 def _ends_at_a_sentence(text: str) -> bool:
-    from rag.answer_trim import last_sentence_end
+    from rag.retrieval.answer_trim import last_sentence_end
 
     return bool(text) and last_sentence_end(text) == len(text)
 
@@ -178,7 +178,7 @@ def test_delete_document_and_listing(client):
 
 
 def test_an_unrelated_question_gets_the_no_answer_reply_without_generating(client, openai_client):
-    from rag.no_answer import NO_ANSWER
+    from rag.retrieval.no_answer import NO_ANSWER
 
     _ingest(client, "facts", [("zorblax", ZORB), *FILLER])
     question = "How many players are on the field in a rugby union team?"

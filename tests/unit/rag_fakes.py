@@ -1,4 +1,4 @@
-"""Fakes of the RAG pipeline's protocols (rag/interfaces.py) for the unit tests."""
+"""Fakes of the RAG pipeline's protocols (rag/retrieval/interfaces.py) for the unit tests."""
 
 import hashlib
 import re
@@ -6,8 +6,8 @@ import sqlite3
 
 import numpy as np
 
-from rag.chunking import Chunk
-from rag.retrieval import SearchResult
+from rag.documents.chunking import Chunk
+from rag.retrieval.search import SearchResult
 
 DIM = 64
 

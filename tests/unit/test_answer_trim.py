@@ -1,10 +1,10 @@
-"""rag/answer_trim.py: a RAG answer cut at its token cap ends at its last complete sentence."""
+"""rag/retrieval/answer_trim.py: a RAG answer cut at its token cap ends at its last complete sentence."""
 
 from __future__ import annotations
 
 import pytest
 
-from rag.answer_trim import SentenceHoldback, finish_answer, last_sentence_end, sentence_ends, trim_to_sentence
+from rag.retrieval.answer_trim import SentenceHoldback, finish_answer, last_sentence_end, sentence_ends, trim_to_sentence
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from deployments.gateway import Gateway
-from gateway.tenants import TENANT_KEY
+from gateway.middleware.tenant_guard import TENANT_KEY
 
 
 def _salted(tenant: str, client_salt: str | None = None) -> str:

@@ -6,7 +6,7 @@ import pytest
 
 from cli.client import ClientError, resolve_key
 from cli.files import HASH_KEY, MAX_ID_LEN, content_hash, document_id, unchanged, walk
-from rag.ids import validate_document_id
+from rag.documents.ids import validate_document_id
 
 
 def test_walk_finds_supported_files_recursively_skips_hidden_and_lists_missing(tmp_path):

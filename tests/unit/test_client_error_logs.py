@@ -12,11 +12,11 @@ import pytest
 from fastapi import FastAPI
 from starlette.testclient import TestClient
 
-from gateway.errors import install_error_handlers
-from rag.capacity import CapacityExceeded
-from rag.refusals import Refused, raise_refused, refusing
-from rag.store import CollectionNotFound, DocumentNotFound, KnowledgeStore
 from deployments.retriever import Retriever
+from gateway.http_errors import install_error_handlers
+from rag.store.capacity import CapacityExceeded
+from rag.store.knowledge_store import CollectionNotFound, DocumentNotFound, KnowledgeStore
+from rag.store.refusals import Refused, raise_refused, refusing
 from tests.unit.rag_fakes import DIM
 from tests.unit.test_knowledge_routes import Gateway
 
@@ -124,7 +124,7 @@ def test_a_missing_document_in_an_existing_collection_is_a_404_too(tmp_path, cap
     replica.store = store
     import numpy as np
 
-    from rag.chunking import Chunk
+    from rag.documents.chunking import Chunk
 
     replica.upsert_documents("t", "kb", [("d1", [Chunk(index=0, text="hello", start=0, end=5)],
                                           np.ones((1, DIM), dtype=np.float32), {}, 5)])

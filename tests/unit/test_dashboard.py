@@ -9,7 +9,7 @@ from dashboard import session
 from dashboard.figures import measured_by_replica, tenants_today
 from dashboard.history import MemoryHistory
 from dashboard.render import page, render_sections
-from gateway.dashboard_auth import dashboard_gate, is_dashboard_path
+from gateway.middleware.dashboard_auth import dashboard_gate, is_dashboard_path
 from tenancy.rejections import RejectionLog
 
 ADMIN = "admin-key-0123456789"

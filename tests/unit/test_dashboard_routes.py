@@ -10,12 +10,12 @@ import pytest
 from starlette.testclient import TestClient
 
 from dashboard.history import MemoryHistory
-from gateway.dashboard import DASHBOARD_ENDPOINTS, DashboardRoutes
 from gateway.http_app import make_app
-from rag.store import KnowledgeStore
-from tests.unit.test_knowledge_routes import Handle
-from tests.unit.gateway_settings import gateway_settings
+from gateway.routes.dashboard_api import DASHBOARD_ENDPOINTS, DashboardRoutes
+from rag.store.knowledge_store import KnowledgeStore
 from tests.unit.fakes import unplanned_edge
+from tests.unit.gateway_settings import gateway_settings
+from tests.unit.test_knowledge_routes import Handle
 
 ADMIN = "unit-admin-key-0123456789"
 MIB = 2**20

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from rag.documents import DOCX, PDF, PPTX, UnreadableDocument, without_running_lines
-from rag.extract import extract
-from rag.extract_worker import ExtractionFailed, ExtractionLimits, ExtractionPool
-from rag.locations import LOCATIONS_KEY, resolve
-from rag.prompt import RetrievedChunk
+from rag.documents.binary_files import DOCX, PDF, PPTX, UnreadableDocument, without_running_lines
+from rag.documents.extract import extract
+from rag.documents.extract_worker import ExtractionFailed, ExtractionLimits, ExtractionPool
+from rag.documents.locations import LOCATIONS_KEY, resolve
+from rag.retrieval.prompt import RetrievedChunk
 from tests.unit.test_knowledge_routes import gateway, http  # noqa: F401  (fixtures)
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -172,7 +172,7 @@ def test_a_child_that_runs_out_of_memory_answers_413_and_leaves_the_log_alone(mo
     failures are made certain: once capped, nothing can be serialized, and the extraction writes to fd 2."""
     import json
 
-    from rag import extract_child
+    from rag.documents import extract_child
 
     capped = []
 
@@ -243,12 +243,12 @@ def test_bad_uploads_are_4xx_naming_the_problem(http, document, status, message)
 
 
 def test_a_documents_child_runs_at_the_profiles_nice():
-    """rag/extract_child.py _cap: the caps and the nice (rag.extraction.cpu_nice) of a document's child; in a
+    """rag/documents/extract_child.py _cap: the caps and the nice (rag.extraction.cpu_nice) of a document's child; in a
     process of its own, since the caps and the nice stay with the process that sets them."""
     import subprocess
     import sys
 
-    code = ("import os; from rag.extract_child import _cap; "
+    code = ("import os; from rag.documents.extract_child import _cap; "
             "_cap({'cpu_seconds': 5, 'memory_bytes': 2**31, 'cpu_nice': 7}); print(os.getpriority(os.PRIO_PROCESS, 0))")
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60,

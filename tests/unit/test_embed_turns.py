@@ -1,4 +1,4 @@
-"""rag/embed_turns.py: one batch at a time with questions first and tenants in turn, and borrowed idle cores."""
+"""rag/retrieval/embed_turns.py: one batch at a time with questions first and tenants in turn, and borrowed idle cores."""
 
 import threading
 import time
@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from rag.embed_turns import BatchTurns, IdleCores, OneForwardThread, threads_for
+from rag.retrieval.embed_turns import BatchTurns, IdleCores, OneForwardThread, threads_for
 
 
 @pytest.mark.parametrize("idle, least, most, expected", [

@@ -3,8 +3,8 @@ while questions come in (embedder.question_window_s), and are whole otherwise.""
 
 from types import SimpleNamespace
 
-from rag.embed_turns import BatchTurns
 from deployments.embedder import Embedder
+from rag.retrieval.embed_turns import BatchTurns
 
 
 def _replica(batch_size: int, window_s: float):

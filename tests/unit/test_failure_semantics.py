@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from gateway.errors import map_exception, unavailable
+from gateway.http_errors import map_exception, unavailable
+from gateway.middleware.tenant_auth import app_path
 from gateway.work import run_to_completion
-from gateway.tenants import app_path
 
 RETRY_AFTER_S = 10  # the profile default (gateway.unavailable_retry_after_s)
 

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 from starlette.responses import JSONResponse, StreamingResponse
 
-from gateway import openai_routes as gateway_module
 from deployments.gateway import Gateway
+from gateway.routes import openai_api as gateway_module
 from tests.unit.gateway_settings import gateway_settings
 
 
@@ -107,7 +107,7 @@ def test_a_slow_call_to_a_running_or_unknown_engine_is_left_to_finish(gateway, r
 
 
 def test_a_call_to_an_engine_without_a_running_replica_is_refused_and_cancelled(gateway):
-    from gateway.errors import EngineNotRunning, map_exception
+    from gateway.http_errors import EngineNotRunning, map_exception
 
     gateway._settings = gateway._settings.model_copy(update={"health_timeout_s": 0.01})
     gateway._healthy_until = 1e12

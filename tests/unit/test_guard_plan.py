@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.pool_guard import PoolGuard, PoolReading
+from gateway.middleware.pool_guard import PoolGuard, PoolReading
 from planner.guard import guard_plan, unplanned_guard
 from planner.plan import build_plan
 from planner.profile import PoolSpec, load_profile

@@ -1,4 +1,4 @@
-"""Ingest jobs: the SQLite job store (rag/ingest_jobs.py) and the routes (gateway/ingest_jobs.py) on
+"""Ingest jobs: the SQLite job store (rag/documents/ingest_job_store.py) and the routes (gateway/routes/ingest_jobs.py) on
 the gateway stand-in of test_knowledge_routes: 202 then completed with the synchronous answer, cancel
 before storing stores nothing, a job that is storing or finished is not cancellable, a silent job
 reads as lost, tenants see only their own jobs."""
@@ -12,10 +12,10 @@ from types import SimpleNamespace
 import pytest
 from fastapi import HTTPException
 
+from gateway.middleware.tenant_guard import DETACHED_KEY
 from gateway.schemas import AddDocumentsRequest
-from gateway.tenants import DETACHED_KEY
-from rag.ingest_jobs import LOST_AFTER_HEARTBEATS, IngestJobStore, JobCancelled, NotCancellable, TooManyJobs
-from rag.store import CollectionNotFound, KnowledgeStore
+from rag.documents.ingest_job_store import LOST_AFTER_HEARTBEATS, IngestJobStore, JobCancelled, NotCancellable, TooManyJobs
+from rag.store.knowledge_store import CollectionNotFound, KnowledgeStore
 from tests.unit.rag_fakes import DIM
 from tests.unit.test_knowledge_routes import Gateway, request
 

@@ -1,4 +1,4 @@
-"""The ingest route (gateway/ingest.py) without Ray: JSON and NDJSON answers, content types,
+"""The ingest route (gateway/routes/ingestion.py) without Ray: JSON and NDJSON answers, content types,
 failures reported in the stream; the gateway stand-in of test_knowledge_routes."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from starlette.responses import StreamingResponse
 
 from gateway.schemas import AddDocumentsRequest
-from rag.store import KnowledgeStore
+from rag.store.knowledge_store import KnowledgeStore
 from tests.unit.rag_fakes import DIM
 from tests.unit.test_knowledge_routes import Gateway, request
 

@@ -1,4 +1,4 @@
-"""The gateway's knowledge routes only adapt HTTP to rag.pipeline: driven here without Ray, with
+"""The gateway's knowledge routes only adapt HTTP to rag.retrieval.pipeline: driven here without Ray, with
 handles that call a real store and a fake embedder in-process, and a fake chat ingress."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from fastapi import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from gateway.knowledge import KnowledgeRoutes
+from gateway.routes.knowledge import KnowledgeRoutes
 from gateway.schemas import AddDocumentsRequest, RagOptions, RagQueryRequest
 from planner.profile import RagSpec
-from rag.retrieval import retrieve
-from rag.store import KnowledgeStore
-from tests.unit.rag_fakes import DIM, bag_of_words, paragraph_chunks
+from rag.retrieval.search import retrieve
+from rag.store.knowledge_store import KnowledgeStore
 from tests.unit.gateway_settings import gateway_settings
+from tests.unit.rag_fakes import DIM, bag_of_words, paragraph_chunks
 
 
 class Handle:
@@ -38,7 +38,7 @@ class Handle:
 
 class EmbedderReplica:
     def __init__(self):
-        self.turns_of = []  # the tenant each call's batches queue as (rag/embed_turns.py)
+        self.turns_of = []  # the tenant each call's batches queue as (rag/retrieval/embed_turns.py)
 
     def chunk_documents(self, texts):
         return [paragraph_chunks(text) for text in texts]
@@ -233,7 +233,7 @@ def http(gateway):
     from fastapi import FastAPI
     from starlette.testclient import TestClient
 
-    from gateway.errors import install_error_handlers
+    from gateway.http_errors import install_error_handlers
     from gateway.http_app import ENDPOINTS
 
     app = FastAPI()
@@ -302,7 +302,7 @@ def test_rag_query_applies_filters_to_its_citations(http):
 
 
 def test_rag_query_below_the_threshold_answers_that_the_knowledge_base_does_not_say(http, gateway):
-    from rag.no_answer import NO_ANSWER
+    from rag.retrieval.no_answer import NO_ANSWER
 
     body = http.post("/v1/rag/query", json={"collection": "facts",
                                             "question": UNRELATED}).json()
@@ -317,7 +317,7 @@ def test_rag_query_below_the_threshold_answers_that_the_knowledge_base_does_not_
 
 
 def test_rag_query_stream_below_the_threshold(http):
-    from rag.no_answer import NO_ANSWER
+    from rag.retrieval.no_answer import NO_ANSWER
 
     with http.stream("POST", "/v1/rag/query", json={"collection": "facts", "stream": True,
                                                    "question": UNRELATED}) as r:
@@ -366,7 +366,7 @@ class ChatGateway(Gateway):
 def test_chat_with_rag_below_the_threshold_is_the_fixed_reply(tmp_path, stream):
     from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest
 
-    from rag.no_answer import NO_ANSWER
+    from rag.retrieval.no_answer import NO_ANSWER
 
     store = KnowledgeStore(tmp_path / "k.sqlite3", dim=DIM)
     gateway = ChatGateway(store)

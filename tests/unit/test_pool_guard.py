@@ -8,8 +8,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway import pool_guard
-from gateway.pool_guard import PoolGuard, PoolReading, read_pool
+from gateway.middleware import pool_guard
+from gateway.middleware.pool_guard import PoolGuard, PoolReading, read_pool
 from system import cgroup
 from system.cgroup import MemoryCgroup
 from tests.unit.fakes import FakeClock

@@ -1,12 +1,12 @@
-"""gateway/proxy_guard.py: Ray's proxy refuses from the headers what a public path may not carry, like the gateway."""
+"""gateway/middleware/proxy_guard.py: Ray's proxy refuses from the headers what a public path may not carry, like the gateway."""
 
 import asyncio
 import json
 
 import pytest
 
-from gateway import proxy_guard
-from gateway.proxy_guard import PublicBodyRefusal, middlewares, path_in_app, proxy_env
+from gateway.middleware import proxy_guard
+from gateway.middleware.proxy_guard import PublicBodyRefusal, middlewares, path_in_app, proxy_env
 
 
 def _run(guard, method: str, path: str, headers: dict) -> tuple[int, dict, bytes, list[str]]:
@@ -68,7 +68,7 @@ def test_the_callback_reads_its_settings_from_the_environment(monkeypatch):
     monkeypatch.delenv(proxy_guard.SETTINGS_ENV, raising=False)
     assert middlewares() == []
     env = proxy_env("/api", 4096)
-    assert env["RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"] == "gateway.proxy_guard.middlewares"
+    assert env["RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"] == "gateway.middleware.proxy_guard.middlewares"
     monkeypatch.setenv(proxy_guard.SETTINGS_ENV, env[proxy_guard.SETTINGS_ENV])
     [middleware] = middlewares()
     assert middleware.cls is PublicBodyRefusal and middleware.kwargs == {
@@ -96,7 +96,7 @@ def test_a_refusal_waits_out_its_delay_unless_too_many_already_wait():
     assert asyncio.run(scenario()) == [0.0, 0.3, 0.3]  # two waited, the third found both places taken
 
 
-@pytest.mark.parametrize("module", ["gateway.proxy_guard"])
+@pytest.mark.parametrize("module", ["gateway.middleware.proxy_guard"])
 def test_the_proxy_imports_nothing_heavy(module):
     import subprocess
     import sys

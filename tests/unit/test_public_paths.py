@@ -14,8 +14,8 @@ from fastapi import Request
 from starlette.responses import JSONResponse
 
 from gateway.http_app import make_app
-from gateway.public_paths import body_limit, body_refusal
-from gateway.tenants import ADMIN_KEY_ENV, RESEED_ENV
+from gateway.middleware.public_paths import body_limit, body_refusal
+from gateway.middleware.tenant_guard import ADMIN_KEY_ENV, RESEED_ENV
 from planner.profile import GatewaySpec
 from tenancy import DEMO_KEY_ENV
 from tests.unit.fakes import unplanned_edge

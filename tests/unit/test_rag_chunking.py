@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from rag.chunking import (CLAUSE, INSIDE_WORD, LINE, PARAGRAPH, PUNCTUATION, SENTENCE, WORD, Chunk, Chunker,
+from rag.documents.chunking import (CLAUSE, INSIDE_WORD, LINE, PARAGRAPH, PUNCTUATION, SENTENCE, WORD, Chunk, Chunker,
                           break_level, fast_tokenizer_spans, word_spans)
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / "models" / "all-MiniLM-L6-v2"
@@ -310,7 +310,7 @@ def _varied_texts() -> list[str]:
 def test_every_gaps_vectorised_level_is_break_levels():
     import numpy as np
 
-    from rag.chunking import break_levels
+    from rag.documents.chunking import break_levels
 
     for text in _varied_texts():
         spans = np.asarray(word_spans(text) + [], dtype=np.int64).reshape(-1, 2)
@@ -326,7 +326,7 @@ def test_batched_tokenizing_in_pieces_gives_the_whole_documents_spans_and_chunks
     chunks) are exactly those of tokenizing it whole."""
     import numpy as np
 
-    from rag import chunking
+    from rag.documents import chunking
 
     monkeypatch.setattr(chunking, "PIECE_CHARS", 700)  # many pieces per document, even for the small ones
     texts = _varied_texts()

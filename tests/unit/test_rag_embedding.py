@@ -1,4 +1,4 @@
-"""rag.embedding.SentenceTransformerEmbedder on the real all-MiniLM-L6-v2: batch by batch under a guard,
+"""rag.retrieval.embedding.SentenceTransformerEmbedder on the real all-MiniLM-L6-v2: batch by batch under a guard,
 the same vectors as one encode call, and the query prefix."""
 
 from contextlib import contextmanager
@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag.embedding import SentenceTransformerEmbedder
+from rag.retrieval.embedding import SentenceTransformerEmbedder
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / "models" / "all-MiniLM-L6-v2"
 TEXTS = ["A pump moves water.", "Short.", "The valve opens when the pressure rises above two bar, and closes again.",

@@ -1,4 +1,4 @@
-"""rag.extract: the text a reader sees, out of plain text, Markdown and HTML."""
+"""rag.documents.extract: the text a reader sees, out of plain text, Markdown and HTML."""
 
 import asyncio
 import time
@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from rag.extract import UnsupportedContentType, extract, normalize_content_type, section_locations
-from rag.locations import LOCATIONS_KEY, resolve
+from rag.documents.extract import UnsupportedContentType, extract, normalize_content_type, section_locations
+from rag.documents.locations import LOCATIONS_KEY, resolve
 from rag.local import LocalIndex
-from rag.pipeline import DocumentInput, PipelineSettings, RagPipeline, as_plain_text, needs_extraction
-from rag.store import KnowledgeStore
+from rag.retrieval.pipeline import DocumentInput, PipelineSettings, RagPipeline, as_plain_text, needs_extraction
+from rag.store.knowledge_store import KnowledgeStore
 from tests.unit.rag_fakes import DIM, FakeEmbedder
 
 DATA = Path(__file__).resolve().parents[1] / "data"

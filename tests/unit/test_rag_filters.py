@@ -1,11 +1,11 @@
-"""rag.filters: the metadata filter shape, its validation, and the SQL it becomes (run on SQLite)."""
+"""rag.retrieval.filters: the metadata filter shape, its validation, and the SQL it becomes (run on SQLite)."""
 
 import json
 import sqlite3
 
 import pytest
 
-from rag.filters import MAX_FILTER_KEYS, MAX_IN_VALUES, InvalidFilter, metadata_condition, normalize_filters
+from rag.retrieval.filters import MAX_FILTER_KEYS, MAX_IN_VALUES, InvalidFilter, metadata_condition, normalize_filters
 
 DOCS = {
     "a": {"source": "hr", "year": 2024, "draft": False, "tags": ["policy", "travel"]},

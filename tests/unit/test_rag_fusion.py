@@ -1,10 +1,10 @@
-"""Fusion arithmetic (rag/fusion.py) and how rag.retrieval applies it to the two rankings."""
+"""Fusion arithmetic (rag/retrieval/fusion.py) and how rag.retrieval.search applies it to the two rankings."""
 
 import pytest
 
-from rag.fusion import reciprocal_rank_fusion, weighted_score_fusion
-from rag.prompt import RetrievedChunk
-from rag.retrieval import FusionSettings, SearchQuery, fuse, retrieve, spread_over_documents, with_document_support
+from rag.retrieval.fusion import reciprocal_rank_fusion, weighted_score_fusion
+from rag.retrieval.prompt import RetrievedChunk
+from rag.retrieval.search import FusionSettings, SearchQuery, fuse, retrieve, spread_over_documents, with_document_support
 
 
 def test_rrf_sums_reciprocal_ranks():

@@ -1,6 +1,6 @@
 import pytest
 
-from rag.ids import (
+from rag.documents.ids import (
     MAX_COLLECTION_LEN,
     MAX_DOCUMENT_ID_LEN,
     InvalidIdError,

@@ -11,7 +11,7 @@ import pytest
 from bench import rag_latency as bench
 from bench.bench_rag_quality import DATA  # the corpora folder rag_latency reads
 from bench.harness.results import BenchResult
-from rag.pipeline import DocumentInput
+from rag.retrieval.pipeline import DocumentInput
 
 
 
@@ -144,7 +144,7 @@ def test_stream_timing_of_a_rag_stream_and_of_a_chat_stream():
 
 
 def test_replay_messages_are_the_rag_prompt_cut_to_k_passages():
-    from rag.prompt import RetrievedChunk, rag_messages
+    from rag.retrieval.prompt import RetrievedChunk, rag_messages
 
     cited = [{"document_id": d, "chunk_id": f"{d}:0", "score": 0.4, "text": f"passage {d}"} for d in "abc"]
     full = bench.replay_messages("why?", cited, 4)

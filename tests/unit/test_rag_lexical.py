@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rag.lexical import LexicalIndex
-from rag.lexical_query import MAX_TERMS, fts5_match, quote
-from rag.store import CollectionNotFound, KnowledgeStore
-from rag.store_schema import SCHEMA
+from rag.retrieval.lexical_query import MAX_TERMS, fts5_match, quote
+from rag.store.knowledge_store import CollectionNotFound, KnowledgeStore
+from rag.store.lexical import LexicalIndex
+from rag.store.store_schema import SCHEMA
 from tests.unit.rag_fakes import ChunkDeleteFails
 
 DIM = 4

@@ -1,5 +1,5 @@
-"""The metadata index (rag/metadata_index.py) answers every filter exactly as the json_each condition of
-rag/filters.py (the documented semantics) does; the store fills it on ingest and on migration; listings
+"""The metadata index (rag/store/metadata_index.py) answers every filter exactly as the json_each condition of
+rag/retrieval/filters.py (the documented semantics) does; the store fills it on ingest and on migration; listings
 page; quotas refuse with the tenant's own figures."""
 
 import json
@@ -8,9 +8,9 @@ import sqlite3
 import numpy as np
 import pytest
 
-from rag.capacity import CapacityExceeded, Quotas, TenantQuota
-from rag.filters import metadata_condition
-from rag.store import KnowledgeStore
+from rag.retrieval.filters import metadata_condition
+from rag.store.capacity import CapacityExceeded, Quotas, TenantQuota
+from rag.store.knowledge_store import KnowledgeStore
 
 DIM = 4
 E = np.eye(DIM, dtype=np.float32)
@@ -86,7 +86,7 @@ def test_a_database_from_before_the_metadata_index_gets_it_filled_on_open(tmp_pa
 
 
 def test_the_filter_query_uses_the_metadata_index(store):
-    from rag.metadata_index import matching_chunks_sql
+    from rag.store.metadata_index import matching_chunks_sql
 
     sql, params = matching_chunks_sql("t", "c", {"tags": {"in": ["policy", "x"]}})
     plan = " ".join(row[-1] for row in store._db.execute(f"EXPLAIN QUERY PLAN {sql}", params))

@@ -1,4 +1,4 @@
-"""rag.pipeline.RagPipeline driven with a fake embedder and a fake chat engine, over the real
+"""rag.retrieval.pipeline.RagPipeline driven with a fake embedder and a fake chat engine, over the real
 store (rag.local.LocalIndex) or a fake index: ingest, retrieval modes, answers, chat-with-RAG."""
 
 import asyncio
@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from rag.local import LocalIndex
-from rag.retrieval import FusionSettings
-from rag.pipeline import DocumentInput, InvalidQuery, PipelineSettings, RagPipeline
-from rag.prompt import SYSTEM_INSTRUCTION, RetrievedChunk
-from rag.store import KnowledgeStore
+from rag.retrieval.pipeline import DocumentInput, InvalidQuery, PipelineSettings, RagPipeline
+from rag.retrieval.prompt import SYSTEM_INSTRUCTION, RetrievedChunk
+from rag.retrieval.search import FusionSettings
+from rag.store.knowledge_store import KnowledgeStore
 from tests.unit.rag_fakes import DIM, FakeChat, FakeEmbedder, RecordingIndex, bag_of_words
 
 DOCS = [
@@ -310,7 +310,7 @@ def _words(n: int, word: str = "w") -> str:
 
 
 def test_fit_context_keeps_the_best_passages_that_fit_in_rank_order():
-    from rag.prompt import fit_context
+    from rag.retrieval.prompt import fit_context
     hits = [RetrievedChunk("a", "a#0", 0.9, _words(50)), RetrievedChunk("b", "b#0", 0.8, _words(40)),
             RetrievedChunk("c", "c#0", 0.7, _words(5))]
     count = lambda text: len(text.split())  # noqa: E731
@@ -322,7 +322,7 @@ def test_fit_context_keeps_the_best_passages_that_fit_in_rank_order():
 
 
 def test_fit_context_cuts_a_first_passage_longer_than_the_budget_at_a_word():
-    from rag.prompt import fit_context
+    from rag.retrieval.prompt import fit_context
     text = " ".join(f"word{i}" for i in range(100))
     hit = RetrievedChunk("a", "a#0", 0.9, text, start=1000, end=1000 + len(text))
     [cut] = fit_context([hit, RetrievedChunk("b", "b#0", 0.5, "x")], 10, lambda t: len(t.split()))

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from rag.prompt import (
+from rag.retrieval.prompt import (
     SYSTEM_INSTRUCTION,
     RetrievedChunk,
     augment_chat,

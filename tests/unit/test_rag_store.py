@@ -5,8 +5,8 @@ import time
 import numpy as np
 import pytest
 
-from rag.prompt import RetrievedChunk
-from rag.store import CollectionNotFound, DocumentNotFound, KnowledgeStore
+from rag.retrieval.prompt import RetrievedChunk
+from rag.store.knowledge_store import CollectionNotFound, DocumentNotFound, KnowledgeStore
 from tests.unit.rag_fakes import ChunkDeleteFails
 
 DIM = 8
@@ -441,7 +441,7 @@ def test_failed_delete_document_leaves_no_orphan_chunks(db_path):
 
 # ---- chunk offsets and their migration --------------------------------------------------------
 
-# The schema as released before chunk offsets existed (rag/store_schema.py adds start_char, end_char).
+# The schema as released before chunk offsets existed (rag/store/store_schema.py adds start_char, end_char).
 SCHEMA_WITHOUT_OFFSETS = """
 CREATE TABLE collections (tenant TEXT NOT NULL, name TEXT NOT NULL, created_at REAL NOT NULL,
     PRIMARY KEY (tenant, name));
@@ -455,7 +455,7 @@ CREATE INDEX chunks_by_doc ON chunks (tenant, collection, doc_id);
 
 
 def test_chunks_keep_their_offsets(store):
-    from rag.chunking import Chunk
+    from rag.documents.chunking import Chunk
 
     text = "Paris is in France. Paris has the Seine."
     chunks = [Chunk(0, "Paris is in France.", 0, 19), Chunk(1, "Paris has the Seine.", 20, 40)]
@@ -483,7 +483,7 @@ def test_a_database_without_offset_columns_opens_migrates_and_keeps_its_rows(db_
         assert (old.document_id, old.text, old.start, old.end) == ("old", "An old chunk of text", None, None)
         assert old.citation()["start"] is None and old.citation()["end"] is None  # citations say null
         assert [r.chunk_id for r in migrated.search_lexical("t", "c", "old chunk", 5)] == ["old#0"]
-        from rag.chunking import Chunk
+        from rag.documents.chunking import Chunk
 
         migrated.upsert_document("t", "c", "new", [Chunk(0, "A new one", 2, 11)], [vec(0, 1)])
         assert [(r.start, r.end) for r in migrated.search("t", "c", vec(0, 1), top_k=1)] == [(2, 11)]

@@ -4,7 +4,7 @@ threshold rebuild, and indexes saved to files that a restart loads instead of re
 import numpy as np
 import pytest
 
-from rag.store import KnowledgeStore
+from rag.store.knowledge_store import KnowledgeStore
 
 DIM = 8
 E = np.eye(DIM, dtype=np.float32)
@@ -87,7 +87,7 @@ def test_a_restart_loads_the_saved_index_without_re_adding_vectors(db_path, kind
     assert list(first.index_dir.glob("*.index"))
 
     added = []
-    import rag.vector_index as vector_index
+    import rag.store.vector_index as vector_index
     original_add = vector_index.CollectionIndex.add
     monkeypatch.setattr(vector_index.CollectionIndex, "add",
                         lambda self, ids, vectors: (added.append(len(ids)), original_add(self, ids, vectors)))

@@ -1,11 +1,11 @@
-"""gateway/read_lanes.py: a tenant's reads take turns while another tenant works, run together when it is
+"""gateway/middleware/read_lanes.py: a tenant's reads take turns while another tenant works, run together when it is
 alone, and wait in a line bounded in length and time."""
 
 import asyncio
 
 import pytest
 
-from gateway.read_lanes import ReadLanes, ReadsQueued, is_read
+from gateway.middleware.read_lanes import ReadLanes, ReadsQueued, is_read
 
 
 def run(coroutine):

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from starlette.responses import Response
 from starlette.testclient import TestClient
 
-from gateway.request_guard import RequestBodyGuard, _find_problem, validate_json
+from gateway.middleware.request_guard import RequestBodyGuard, _find_problem, validate_json
 
 LIMIT = 2 * 1024 * 1024
 

@@ -7,7 +7,7 @@ from fastapi import FastAPI
 from pydantic import ValidationError
 from starlette.testclient import TestClient
 
-from gateway.errors import install_error_handlers
+from gateway.http_errors import install_error_handlers
 from gateway.schemas import (
     METADATA_MAX_BYTES,
     METADATA_MAX_DEPTH,

@@ -1,5 +1,5 @@
 """A knowledge store holds one embedder's vectors: it records which (the profile's embedder.model_id) and
-refuses another, in the retriever (rag/store_schema.py check_embedder) and before a stack starts
+refuses another, in the retriever (rag/store/store_schema.py check_embedder) and before a stack starts
 (stackctl/launcher.py embedder_refusal)."""
 
 import sqlite3
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from planner.profile import load_profile
-from rag.store import KnowledgeStore
-from rag.store_schema import EmbedderMismatch, recorded_embedder
+from rag.store.knowledge_store import KnowledgeStore
+from rag.store.store_schema import EmbedderMismatch, recorded_embedder
 from stackctl.launcher import embedder_refusal
 from tests.unit.test_rag_store import DIM, seed
 

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from gateway.middleware.tenant_guard import GUARD_KEY, TENANT_KEY
 from gateway.streams import rag_stream, sse_event_batches, tracked_stream, trim_capped_choices
-from gateway.tenants import GUARD_KEY, TENANT_KEY
 from tenancy.limits import RequestTokens, TokenReservation
 
 

@@ -13,9 +13,10 @@ from fastapi import FastAPI, Request
 from starlette.responses import StreamingResponse
 from starlette.testclient import TestClient
 
-from gateway.errors import install_error_handlers
-from gateway.tenants import (ADMIN_KEY_ENV, RESEED_ENV, TenantAuthMiddleware, detach, guard_of, record_usage,
-                                 reserve_tokens, tenant_of)
+from gateway.http_errors import install_error_handlers
+from gateway.middleware.tenant_auth import TenantAuthMiddleware
+from gateway.middleware.tenant_guard import (ADMIN_KEY_ENV, RESEED_ENV, detach, guard_of, record_usage, reserve_tokens,
+                                             tenant_of)
 from tenancy import DEMO_KEY_ENV, parse_api_key
 from tests.unit.fakes import unplanned_edge
 
@@ -258,7 +259,7 @@ def test_detached_work_gives_its_slot_back_with_the_response_and_holds_its_reser
 
 
 def test_past_the_ingest_mark_the_heaviest_tenant_is_shed_first_and_counted(make_mw):
-    from gateway.pool_guard import PoolGuard, PoolReading
+    from gateway.middleware.pool_guard import PoolGuard, PoolReading
 
     mw = make_mw()
     mw.guard.pool = PoolGuard(0.8, 0.9, reader=lambda: PoolReading(85, 100, "test pool"), registry=None)

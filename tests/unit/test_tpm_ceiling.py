@@ -18,17 +18,17 @@ import pytest
 from starlette.responses import JSONResponse
 
 from gateway.http_app import ENDPOINTS, make_app
-from gateway.knowledge import KnowledgeRoutes
-from gateway.openai_routes import OpenAIRoutes
-from gateway.tenants import ADMIN_KEY_ENV, RESEED_ENV
-from rag.pipeline import DocumentInput, RagPipeline
-from rag.store import KnowledgeStore
+from gateway.middleware.tenant_guard import ADMIN_KEY_ENV, RESEED_ENV
+from gateway.routes.knowledge import KnowledgeRoutes
+from gateway.routes.openai_api import OpenAIRoutes
+from rag.retrieval.pipeline import DocumentInput, RagPipeline
+from rag.store.knowledge_store import KnowledgeStore
 from tenancy import DEMO_KEY_ENV
 from tenancy.limits import TenantLimiter, estimate_text_tokens
 from tenancy.models import Tenant
+from tests.unit.fakes import unplanned_edge
 from tests.unit.gateway_settings import gateway_settings
 from tests.unit.rag_fakes import DIM, FakeEmbedder, RecordingIndex, bag_of_words, paragraph_chunks
-from tests.unit.fakes import unplanned_edge
 
 pytestmark = pytest.mark.timeout(120)
 FROZEN = 6_000_000.0 + 1  # one second into a minute: the test's requests all share it
@@ -388,6 +388,6 @@ def test_an_ingest_hears_every_chunk_before_embedding_and_a_refusal_embeds_nothi
 
 
 def _pipeline_settings():
-    from rag.pipeline import PipelineSettings
+    from rag.retrieval.pipeline import PipelineSettings
 
     return PipelineSettings.model_validate(gateway_settings().model_dump())

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag.store import KnowledgeStore
-from rag.store_schema import SCHEMA_VERSION as KNOWLEDGE_VERSION
+from rag.store.knowledge_store import KnowledgeStore
+from rag.store.store_schema import SCHEMA_VERSION as KNOWLEDGE_VERSION
 from tenancy.models import SCHEMA_VERSION as TENANTS_VERSION
 from tenancy.store import TenantStore
 
