@@ -102,7 +102,7 @@ BENCH := PYTHONPATH=$(CURDIR) $(PY) bench/run.py
 
 .PHONY: bench-smoke bench-report llama-cpp
 
-# Everything, with the documented settings (long: section 1b's speculative run alone takes ~15 minutes).
+# Everything, with the documented settings (long: section 1.4's speculative run alone takes ~15 minutes; docs/BENCHMARKS.md).
 bench: setup
 	$(BENCH) all --profile $(PROFILE)
 

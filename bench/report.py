@@ -1,18 +1,21 @@
 """Regenerate the docs' benchmark tables and plots from the JSON results; runs no benchmark.
 
-    .venv/bin/python bench/report.py            # rewrite docs/BENCHMARKS.md's marked tables, docs/img/*.png
-    .venv/bin/python bench/report.py --check    # exit 1, naming them, if the docs' marked tables differ from the results
+    .venv/bin/python bench/report.py            # rewrite the docs' marked tables, docs/img/*.png
+    .venv/bin/python bench/report.py --check    # exit 1, naming them, if a doc's marked tables differ from the results
 
-A table in docs/BENCHMARKS.md is regenerated when it stands between
+A table is regenerated when it stands between
 
     <!-- bench-report:KEY -->
     ...
     <!-- /bench-report:KEY -->
 
-where KEY is a result's name (bench/results/NAME.json) or smoke/NAME (bench/results/smoke/NAME.json).
-Text outside the markers is never touched; tests/unit/test_bench_docs.py fails when a marked table is
-stale. A superseded run moves to docs/archive/BENCHMARKS-history.md as plain text, without markers. Plots
-prefer a full run's result and fall back to the smoke run's; each plot names the file it was drawn from.
+where KEY is a result's name (bench/results/NAME.json) or smoke/NAME (bench/results/smoke/NAME.json), in any
+Markdown file under docs/ (today docs/BENCHMARKS.md, the current figures, and
+docs/archive/BENCHMARKS-detail-2026-12.md, their full tables; docs/GPU.md would be checked the same way if it
+had one). Text outside the markers is never touched; tests/unit/test_bench_docs.py fails when a marked table is
+stale or has no result. A superseded run moves to docs/archive/BENCHMARKS-history.md as plain text, without
+markers. Plots prefer a full run's result and fall back to the smoke run's; each plot names the file it was
+drawn from.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ from bench import draft_agreement, rag_latency  # noqa: E402
 from bench.harness.results import RESULTS_DIR, BenchResult, read_result  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ROOT / "docs" / "BENCHMARKS.md"
+DOCS_DIR = ROOT / "docs"
+DOCS = DOCS_DIR / "BENCHMARKS.md"  # the current figures; the first of marked_docs()
 IMG_DIR = ROOT / "docs" / "img"
 # Which module formats which result, by the result's name.
 TABLES: dict[str, Callable[[BenchResult], str]] = {
@@ -106,6 +110,24 @@ def stale_tables(text: str, results: dict[str, tuple[BenchResult, Path]]) -> lis
     return stale
 
 
+def marked_docs(docs_dir: Path = DOCS_DIR) -> list[Path]:
+    """Every Markdown file under docs_dir with at least one marked table, BENCHMARKS.md first."""
+    found = [path for path in sorted(docs_dir.rglob("*.md")) if MARKER.search(path.read_text())]
+    return sorted(found, key=lambda path: path != DOCS)
+
+
+def check_docs(docs: list[Path], results: dict[str, tuple[BenchResult, Path]]) -> dict[Path, list[str]]:
+    """For each doc, the keys of its marked tables that are stale or have no result (docs without a problem
+    are left out): what `--check` fails on."""
+    problems = {}
+    for doc in docs:
+        text = doc.read_text()
+        _, missing = render_docs(text, results)
+        if bad := stale_tables(text, results) + missing:
+            problems[doc] = bad
+    return problems
+
+
 def _preferred(results: dict, name: str) -> tuple[BenchResult, Path] | None:
     return results.get(name) or results.get(f"smoke/{name}")
 
@@ -134,27 +156,32 @@ def _short(path: Path) -> Path:
 
 @app.command()
 def main(results_dir: Path = typer.Option(RESULTS_DIR, help="Where the JSON results are."),
-         docs: Path = typer.Option(DOCS, help="The Markdown file with marked tables."),
+         docs: list[Path] = typer.Option(None, help="A Markdown file with marked tables (repeatable); "
+                                                    "default: every file under docs/ that has one."),
          img_dir: Path = typer.Option(IMG_DIR, help="Where the PNG plots go."),
          check: bool = typer.Option(False, help="Only compare the docs' marked tables with the results.")) -> None:
     console = Console()
     results = load_results(results_dir, console)
-    text = docs.read_text()
-    updated, missing = render_docs(text, results)
-    for key in missing:
-        console.print(f"[yellow]no result for the marked table {key!r}; left as it is")
+    docs = docs or marked_docs()
     if check:
-        if updated != text:
-            stale = ", ".join(stale_tables(text, results)) or "?"
-            console.print(f"[red]{docs}: marked tables differ from the results ({stale}); run bench/report.py")
+        problems = check_docs(docs, results)
+        for doc, keys in problems.items():
+            console.print(f"[red]{_short(doc)}: marked tables stale or without a result: {', '.join(keys)}; "
+                          "run bench/report.py")
+        if problems:
             raise typer.Exit(1)
-        console.print(f"{docs}: marked tables match the results")
+        console.print(f"marked tables match the results: {', '.join(str(_short(doc)) for doc in docs)}")
         return
-    if updated != text:
-        docs.write_text(updated)
-        console.print(f"rewrote the marked tables of {_short(docs)}")
-    else:
-        console.print(f"{_short(docs)}: marked tables already match the results")
+    for doc in docs:
+        text = doc.read_text()
+        updated, missing = render_docs(text, results)
+        for key in missing:
+            console.print(f"[yellow]{_short(doc)}: no result for the marked table {key!r}; left as it is")
+        if updated != text:
+            doc.write_text(updated)
+            console.print(f"rewrote the marked tables of {_short(doc)}")
+        else:
+            console.print(f"{_short(doc)}: marked tables already match the results")
     for path in write_plots(results, img_dir):
         console.print(f"wrote {_short(path)}")
 
