@@ -41,6 +41,9 @@ DATA = Path(__file__).resolve().parent / "data"
 CORPUS = DATA / "git-doc.jsonl.gz"
 QUESTIONS = DATA / "git-doc-questions.json"
 COLLECTION = "manual"
+# Pages that fill the collection to --collection-chunks beside the answer pages: the rest of the Git manual,
+# then the other outside corpora (bench/make_outside_corpora.py), in file order.
+FILLER_CORPORA = ("git-doc", "sqlite-doc", "apache-doc", "rsyslog-doc", "stdlib-pydoc", "texlive-pdf")
 BATCH_DOCUMENTS = 5
 REQUEST_TIMEOUT_S = 300
 
@@ -57,6 +60,36 @@ def load(questions: int) -> tuple[list[dict], list[dict]]:
     with gzip.open(CORPUS, "rt") as f:
         pages = [page for page in map(json.loads, f) if page["id"] in wanted]
     return asked, pages
+
+
+def filler_pages(skip: set[str]):
+    """Every page of FILLER_CORPORA but `skip`, one at a time."""
+    for corpus in FILLER_CORPORA:
+        with gzip.open(DATA / f"{corpus}.jsonl.gz", "rt") as f:
+            for page in map(json.loads, f):
+                if page["id"] not in skip:
+                    yield {**page, "id": f"{corpus}--{page['id']}"}
+
+
+def ingest(http, pages) -> None:
+    for i in range(0, len(pages), BATCH_DOCUMENTS):
+        batch = [{"id": p["id"].replace("/", "--"), "text": p["text"]} for p in pages[i:i + BATCH_DOCUMENTS]]
+        response = http.post(f"/v1/collections/{COLLECTION}/documents", json={"documents": batch})
+        if response.status_code != 200:
+            raise RuntimeError(f"ingest: {response.status_code} {response.text[:300]}")
+
+
+def fill_to(http, chunks: int, skip: set[str]) -> int:
+    """Ingests filler pages until the collection holds at least `chunks` chunks; returns the count reached."""
+    count = http.get(f"/v1/collections/{COLLECTION}").json()["chunk_count"]
+    pages = filler_pages(skip)
+    while count < chunks:
+        batch = [page for page, _ in zip(pages, range(BATCH_DOCUMENTS * 4))]
+        if not batch:
+            break  # every corpus ingested
+        ingest(http, batch)
+        count = http.get(f"/v1/collections/{COLLECTION}").json()["chunk_count"]
+    return count
 
 
 def profile_with(base: Path, rag: dict, workdir: Path) -> Path:
@@ -137,14 +170,11 @@ def run(args) -> dict:
             headers = {"Authorization": f"Bearer {server.api_key}"}
             with httpx.Client(base_url=server.base_url, headers=headers, timeout=REQUEST_TIMEOUT_S) as http:
                 started = time.monotonic()
-                for i in range(0, len(pages), BATCH_DOCUMENTS):
-                    batch = [{"id": p["id"].replace("/", "--"), "text": p["text"]}
-                             for p in pages[i:i + BATCH_DOCUMENTS]]
-                    response = http.post(f"/v1/collections/{COLLECTION}/documents", json={"documents": batch})
-                    if response.status_code != 200:
-                        raise RuntimeError(f"ingest: {response.status_code} {response.text[:300]}")
+                ingest(http, pages)
+                out["collection_chunks"] = fill_to(http, args.collection_chunks, {p["id"] for p in pages})
                 out["ingest_s"] = round(time.monotonic() - started, 1)
-                print(f"[stack] ingested {len(pages)} pages in {out['ingest_s']} s", flush=True)
+                print(f"[stack] ingested {len(pages)} pages and filled to {out['collection_chunks']} chunks in "
+                      f"{out['ingest_s']} s", flush=True)
                 ask(http, "What does git status show?", 8)  # warm-up, untimed
                 out["load_average_before"] = list(os.getloadavg())
                 # Each question at every budget in turn, so a change of the machine's load falls on all of them.
@@ -184,13 +214,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--questions", type=int, default=20)
     parser.add_argument("--max-tokens", default="default", help="budgets, comma-separated; 'default' sends none")
     parser.add_argument("--rag", action="append", default=[], help="KEY=VALUE for the profile's rag section")
+    parser.add_argument("--collection-chunks", type=int, default=0,
+                        help="fill the collection with other outside-corpora pages to at least this many chunks")
     parser.add_argument("--stream", action="store_true", help="a streamed pass at the first budget too")
     parser.add_argument("--name", default="rag-answer-length")
     parser.add_argument("--start-timeout", type=float, default=400, help="seconds the stack may take to be healthy")
     args = parser.parse_args(argv)
     out = run(args)
     config = {"profile": args.profile, "questions": args.questions, "corpus": str(CORPUS.name),
-              "max_tokens": args.max_tokens, "rag": args.rag, "stream": args.stream}
+              "max_tokens": args.max_tokens, "rag": args.rag, "stream": args.stream,
+              "collection_chunks": args.collection_chunks}
     metrics = {k: v for k, v in out.items() if k not in ("rows", "stream_rows")}
     result = new_result(args.name, config, metrics, out["rows"] + [{"stream": r} for r in out.get("stream_rows", [])])
     path = write_result(result)
