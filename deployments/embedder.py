@@ -55,7 +55,13 @@ class Embedder:
             with self._turns.turn(question=question, tenant=tenant):
                 threads = self._torch_threads if question else threads_for(
                     self._idle_cores(), self._torch_threads, self._ingest_threads)
-                yield self._forward.runner(threads)
+                try:
+                    yield self._forward.runner(threads)
+                finally:
+                    # Each pass's activations back to the pool before the next: a call of many batches then
+                    # peaks at one batch's working set, as planned, where glibc kept the fragments of all of
+                    # them (+48-55 MiB over 16 batches of 4 against +32-34, at the same speed; docs/STRESS.md).
+                    release_freed_heap(collect=False)
         return batch
 
     def embed(self, texts: list[str], tenant: str = "") -> dict:
@@ -87,7 +93,9 @@ class Embedder:
     def chunk_documents(self, texts: list[str]) -> list[list[Chunk]]:
         """Each document's chunks: one call an ingest, tokenized over the planned ingest threads
         (RAYON_NUM_THREADS, planner/plan.py)."""
-        return self.embedder.chunk_documents(texts)
+        chunks = self.embedder.chunk_documents(texts)
+        release_freed_heap(collect=False)  # the tokenizer's encodings of whole pages, before the embed calls
+        return chunks
 
     def memory(self) -> dict:
         """The process tree's host memory; on a GPU also what torch's caching allocator holds there (the

@@ -40,5 +40,8 @@ def activation_bytes(model_dir: str, dim: int, batch: int, seq: int, gpu: bool) 
     if gpu:  # measured on an H200 and an H100: kept reserved by torch's allocator after the batch
         per_token_dim = runtime.EMBEDDER_GPU_EAGER_ACT_PER_TOKEN_DIM if eager else runtime.EMBEDDER_GPU_ACT_PER_TOKEN_DIM
         return (batch * seq * dim * per_token_dim + scores) * checkpoint_dtype_bytes(config) // 4
-    # CPU (fp32): live hidden states, q/k/v and the MLP input of one layer, plus one layer's scores
-    return batch * seq * dim * 16 + (scores or batch * heads * seq * seq * 4)
+    # CPU (fp32): one layer's hidden states, q/k/v, the MLP's 4x-wide input and its activation (32 bytes a
+    # token and hidden unit), and its scores with their softmax. Measured with MiniLM at 256 tokens, as one
+    # process's anon growth over a batch (2026-12-06): 10.3 / 35.0 / 71.1 / 134.4 / 250.1 MiB at batch 1 / 4 /
+    # 8 / 16 / 32, where this plans 9.0 / 36.0 / 72.0 / 144.0 / 288.0 (the line before planned 4.5 / 18.0 / ...).
+    return batch * seq * dim * 32 + (scores or 2 * batch * heads * seq * seq * 4)
