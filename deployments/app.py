@@ -80,7 +80,9 @@ def engine_deployments(profile: Profile, plan: Plan) -> tuple[dict, dict, list[t
         order = replica.start_order
         rank_plans = sorted((r for r in plan.shares if r.name.startswith(f"{name}@") and r.engine_node_rank is not None),
                             key=lambda r: r.engine_node_rank)
-        llm_config = llm_config_from_plan(spec, replica, after, rank_plans)
+        on_demand = plan.on_demand.engines.get(name) if plan.on_demand else None
+        start_asleep = on_demand is not None and name not in plan.on_demand.worst_awake_set
+        llm_config = llm_config_from_plan(spec, replica, after, rank_plans, on_demand, start_asleep)
         engine = build_llm_deployment(llm_config, deployment_cls=PoolserveLLMServer)
         llm_deployments[spec.model_id] = engine
         model_cards[spec.model_id] = to_model_metadata(spec.model_id, llm_config)

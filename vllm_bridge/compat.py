@@ -25,6 +25,7 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (  # same pat
 from ray.llm._internal.common.callbacks.base import CallbackBase  # same path in 2.58.1 and 2.60
 from ray.llm._internal.common.utils.cloud_utils import is_remote_path  # same path in 2.58.1 and 2.60
 from ray.llm._internal.serve.utils.batcher import Batcher  # same path in 2.58.1 and 2.60
+from ray.llm._internal.serve.constants import ENGINE_START_TIMEOUT_S  # same path in 2.58.1 and 2.60
 from ray.serve.llm import LLMConfig, build_llm_deployment
 from ray.serve.llm.deployment import LLMServer
 from ray.serve.llm.ingress import OpenAiIngress, make_fastapi_ingress
@@ -95,6 +96,6 @@ def installed_pair() -> dict[str, str]:
     return found
 
 
-__all__ = ["Batcher", "ChatCompletionRequest", "CompletionRequest", "EmbeddingRequest", "LLMConfig", "LLMServer",
+__all__ = ["Batcher", "ChatCompletionRequest", "CompletionRequest", "ENGINE_START_TIMEOUT_S", "EmbeddingRequest", "LLMConfig", "LLMServer",
            "ModelCard", "ModelList", "OpenAIHTTPException", "OpenAiIngress", "StreamOptions", "VLLM_CLIENT_ERRORS",
            "adapt_engine_env", "build_llm_deployment", "engine_client", "installed_pair", "make_fastapi_ingress", "to_model_metadata"]
