@@ -15,6 +15,9 @@ from vllm_bridge.compat import (
     adapt_engine_env,
     ENGINE_START_TIMEOUT_S,
     engine_client,
+    prepare_engine_config,
+    start_engine_client,
+    use_started_client,
 )
 from system.process_memory import process_tree_memory
 from vllm_bridge.engine_ranks import end_local_engine, engine_processes, start_rank_hosts
@@ -197,8 +200,7 @@ class PoolserveLLMServer(LLMServer):
             started = time.monotonic()
             try:
                 if sleep == "stop" or self.engine is None:  # a CPU, or an engine that started asleep
-                    self.engine = self._engine_cls(self._llm_config)
-                    await asyncio.wait_for(self._start_engine(), timeout=ENGINE_START_TIMEOUT_S)
+                    await asyncio.wait_for(self._cold_start(), timeout=ENGINE_START_TIMEOUT_S)
                 else:
                     await self.wakeup()
                 await self._warm_up()
@@ -211,6 +213,16 @@ class PoolserveLLMServer(LLMServer):
             seconds = round(time.monotonic() - started, 2)
             logger.info("engine %s awake in %.1fs", self._llm_config.model_id, seconds)
             return {"state": "awake", "seconds": seconds}
+
+    async def _cold_start(self) -> None:
+        """A new engine, as LLMServer.start builds it, except that vLLM's blocking steps (its config, and the
+        AsyncLLM constructor that waits while EngineCore loads the weights) run in a thread: on the replica's
+        loop they would block its health checks past Serve's 60 s, and Serve would replace the replica."""
+        engine = self._engine_cls(self._llm_config)
+        prepared = await asyncio.to_thread(prepare_engine_config, engine, self._llm_config)
+        client = await asyncio.to_thread(start_engine_client, engine, self._llm_config, prepared)
+        self.engine = use_started_client(engine, prepared, client)
+        await self._start_engine()
 
     def _sleep_mode(self) -> str:
         sleep = replica_settings(self._llm_config).sleep

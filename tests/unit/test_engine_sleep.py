@@ -101,20 +101,39 @@ def test_on_a_cpu_processes_that_outlive_the_shutdown_are_killed(monkeypatch):
     assert killed == [1]
 
 
-def test_on_a_cpu_wake_is_a_new_engine_started_and_warmed_up(monkeypatch):
+def _off_loop_start(monkeypatch, log):
+    """vLLM's blocking start steps, recorded with whether they ran off the replica's event loop."""
+    def off_loop() -> bool:
+        try:
+            asyncio.get_running_loop()
+            return False
+        except RuntimeError:
+            return True
+    monkeypatch.setattr(chat, "prepare_engine_config", lambda engine, config: log.append(("config", off_loop())) or
+                        ("engine args", "frontend args", "vllm config"))
+    monkeypatch.setattr(chat, "start_engine_client", lambda engine, config, prepared: log.append(
+        ("AsyncLLM", off_loop(), prepared[2])) or "new client")
+
+
+def test_on_a_cpu_wake_is_a_new_engine_started_off_the_loop_and_warmed_up(monkeypatch):
     log = []
     monkeypatch.setattr(chat, "engine_processes", lambda: [])
+    _off_loop_start(monkeypatch, log)
     server = _server("stop", log)
     old = server.engine
     asyncio.run(server.sleep_engine())
     log.clear()
     assert asyncio.run(server.wake_engine())["state"] == "awake"
-    assert log == [("start",), ("warm_up",)] and server.engine is not old
+    # the health checks go on meanwhile: config and AsyncLLM in a thread, the rest of start() on the loop
+    assert log == [("config", True), ("AsyncLLM", True, "vllm config"), ("start",), ("warm_up",)]
+    assert server.engine is not old and server.engine._start_async_llm_engine() == "new client"
+    assert server.engine._prepare_engine_config(None)[2] == "vllm config"
 
 
 def test_a_wake_that_fails_leaves_the_engine_asleep_with_its_processes_stopped(monkeypatch):
     log = []
     monkeypatch.setattr(chat, "engine_processes", lambda: [])
+    _off_loop_start(monkeypatch, log)
     server = _server("stop", log)
     asyncio.run(server.sleep_engine())
 
