@@ -18,8 +18,9 @@ from planner.on_demand_plan import OnDemandPlan
 from planner.wake_ledger import WakeAnswer, WakeLedger
 
 logger = logging.getLogger("poolserve.wake")
-IDLE_CHECK_EVERY_S = 5.0  # idle_sleep_s is minutes; a few seconds late is nothing
+IDLE_CHECK_EVERY_S = 5.0  # idle_sleep_s is minutes; a few seconds late is nothing (also the state check's period)
 ROOM_RECHECK_S = 0.5  # a request waiting for room looks again this often (busy engines finishing)
+STATE_TIMEOUT_S = 5.0  # an engine's state is an attribute read; a replica that does not answer is starting
 
 
 @serve.deployment(name="wake_coordinator", num_replicas=1, ray_actor_options={"num_cpus": 0})
@@ -110,9 +111,27 @@ class WakeCoordinator:
         self._ledger.state[model] = "asleep"
         self._sleeps.labels(model=model, reason=reason).inc()
 
+    async def _reconcile(self) -> None:
+        """Ask the engines their state; adopt it where it changed behind the ledger's back (a replica Serve
+        replaced starts as the plan says), and put idle engines to sleep should the awake set no longer fit."""
+        async with self._room:  # no change of ours under way: a difference is theirs
+            models = list(self._engines)
+            answers = await asyncio.gather(*(asyncio.wait_for(self._engines[m].engine_state.remote(), STATE_TIMEOUT_S)
+                                             for m in models), return_exceptions=True)
+            reported = {m: a for m, a in zip(models, answers) if isinstance(a, str)}  # a replica starting: unknown
+            for model in self._ledger.reconcile(reported):
+                logger.warning("engine %s reports %s: its replica was replaced; the ledger follows", model,
+                               self._ledger.state[model])
+            for model in self._ledger.over_the_awake_set() or []:
+                await self._sleep(model, "room")
+
     async def _sleep_idle_engines(self) -> None:
         while True:
             await asyncio.sleep(IDLE_CHECK_EVERY_S)
+            try:
+                await self._reconcile()
+            except Exception:
+                logger.exception("checking the engines' states failed")
             if not self._ledger.idle_due(time.monotonic()):
                 continue
             async with self._room:

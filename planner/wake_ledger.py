@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from planner.awake_sets import EngineActivity, engines_to_sleep, idle_past_their_time
+from planner.awake_sets import EngineActivity, engines_to_sleep, fits_awake, idle_past_their_time
 from planner.on_demand_plan import OnDemandPlan
 
 EngineState = Literal["awake", "asleep", "waking", "sleeping"]
@@ -94,6 +94,30 @@ class WakeLedger:
         model_of = {r: m for m, r in self.replica_of.items()}
         awake_only = {r: a for r, a in self.activity().items() if self.state[model_of[r]] == "awake"}
         return [model_of[r] for r in idle_past_their_time(self.plan, awake_only, now)]
+
+    # ---- what the engines say ----
+    def reconcile(self, reported: dict[str, str]) -> list[str]:
+        """Adopt the state an engine reports where both it and the ledger are settled (awake or asleep) and
+        differ: a replica Serve replaced starts as the plan says, not as the ledger left it. The models changed."""
+        changed = []
+        for model, state in reported.items():
+            settled = ("awake", "asleep")
+            if state in settled and self.state.get(model) in settled and state != self.state[model]:
+                self.state[model] = state
+                changed.append(model)
+        return changed
+
+    def over_the_awake_set(self) -> list[str] | None:
+        """Idle awake engines to put to sleep, least recently used first, until the awake set fits the plan
+        again ([] when it fits; None when the engines in the way are busy: wait for them)."""
+        awake = {m for m, s in self.state.items() if s == "awake"}
+        idle = sorted((m for m in awake if self.in_flight[m] == 0), key=lambda m: (self.last_used[m], m))
+        chosen: list[str] = []
+        while not fits_awake(self.plan, {self.replica_of[m] for m in awake - set(chosen)}):
+            if not idle:
+                return None
+            chosen.append(idle.pop(0))
+        return chosen
 
     def busy(self, model: str, waited_s: float) -> WakeAnswer:
         busy = sorted(m for m, n in self.in_flight.items() if n and m != model)

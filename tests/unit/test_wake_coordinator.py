@@ -24,13 +24,25 @@ class FakeMethod:
         async def call():
             self.engine.log.append((self.engine.model, self.name))
             await asyncio.sleep(0.01)
+            self.engine.state = "awake" if self.name == "wake" else "asleep"
+        return call()
+
+
+class FakeState:
+    def __init__(self, engine):
+        self.engine = engine
+
+    def remote(self):
+        async def call():
+            return self.engine.state
         return call()
 
 
 class FakeEngineHandle:
-    def __init__(self, model, log):
-        self.model, self.log = model, log
+    def __init__(self, model, log, state):
+        self.model, self.log, self.state = model, log, state
         self.wake_engine, self.sleep_engine = FakeMethod(self, "wake"), FakeMethod(self, "sleep")
+        self.engine_state = FakeState(self)
 
 
 def _plan(wake_timeout_s: float = 0.3, idle_s: float = 300.0, wakes: int = 5) -> OnDemandPlan:
@@ -45,7 +57,8 @@ def _plan(wake_timeout_s: float = 0.3, idle_s: float = 300.0, wakes: int = 5) ->
 
 def _coordinator(log, **plan):
     cls = WakeCoordinator.func_or_class
-    return cls(_plan(**plan), {m: FakeEngineHandle(m, log) for m in ("a", "b")})
+    started = {"a": "awake", "b": "asleep"}  # as the plan's awake set starts them
+    return cls(_plan(**plan), {m: FakeEngineHandle(m, log, started[m]) for m in ("a", "b")})
 
 
 def test_a_request_for_the_awake_engine_goes_at_once_and_is_counted_in_flight():
@@ -122,7 +135,7 @@ def test_engines_idle_past_their_time_are_put_to_sleep_in_the_background(monkeyp
     async def run():
         log = []
         coordinator = _coordinator(log, idle_s=0.1)
-        for _ in range(100):
+        for _ in range(250):  # bounded: 5 s on a loaded host
             if await coordinator.states() == {"a": "asleep", "b": "asleep"}:
                 break
             await asyncio.sleep(0.02)
@@ -146,4 +159,25 @@ def test_a_failed_wake_leaves_the_engine_asleep():
             await coordinator.ensure_awake("b", "t1")
         assert (await coordinator.states())["b"] == "asleep"
         assert coordinator._ledger.in_flight["b"] == 0
+    asyncio.run(run())
+
+
+def test_a_replaced_replica_that_starts_awake_beside_another_is_followed_and_the_lru_put_to_sleep(monkeypatch):
+    monkeypatch.setattr(wake_coordinator, "IDLE_CHECK_EVERY_S", 0.02)
+
+    async def run():
+        log = []
+        coordinator = _coordinator(log)
+        assert (await coordinator.ensure_awake("b", "t1")).woke  # a asleep, b awake
+        await coordinator.request_ended("b")
+        log.clear()
+        coordinator._engines["a"].state = "awake"  # Serve replaced a's replica: it starts awake, as planned
+        for _ in range(250):  # bounded: 5 s on a loaded host
+            if log and await coordinator.states() == {"a": "asleep", "b": "awake"}:
+                break
+            await asyncio.sleep(0.02)
+        # the ledger followed a; both awake do not fit, and a (idle, used least recently: before its sleep)
+        # goes back to sleep, b (just used) stays
+        assert log == [("a", "sleep")] and await coordinator.states() == {"a": "asleep", "b": "awake"}
+        coordinator._idle_task.cancel()
     asyncio.run(run())

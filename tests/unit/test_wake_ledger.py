@@ -90,3 +90,24 @@ def test_request_ended_never_goes_below_zero():
     ledger = _ledger()
     ledger.request_ended("a", 101.0)
     assert ledger.in_flight["a"] == 0
+
+
+def test_reconcile_adopts_a_settled_state_the_engine_reports_and_ignores_changes_under_way():
+    ledger = _ledger(awake=("ra",))
+    ledger.state["b"] = "waking"
+    assert ledger.reconcile({"a": "asleep", "b": "asleep", "c": "waking"}) == ["a"]
+    assert ledger.state == {"a": "asleep", "b": "waking", "c": "asleep"}
+
+
+def test_over_the_awake_set_chooses_idle_engines_until_it_fits_again():
+    ledger = _ledger(max_awake=2, awake=("ra", "rb"))
+    assert ledger.over_the_awake_set() == []
+    ledger.state["c"] = "awake"  # three awake: over max_awake 2 and the room
+    ledger.request_ended("c", 300.0)
+    ledger.request_ended("b", 200.0)
+    assert ledger.over_the_awake_set() == ["a"]  # a: last used at the start, the least recently
+    ledger.request_began("a", 400.0)
+    assert ledger.over_the_awake_set() == ["b"]
+    ledger.request_began("b", 401.0)
+    ledger.request_began("c", 402.0)
+    assert ledger.over_the_awake_set() is None  # all busy: wait
