@@ -22,6 +22,7 @@ from deployments.chat import PoolserveLLMServer, llm_config_from_plan
 from deployments.embedder import Embedder
 from deployments.gateway import Gateway
 from deployments.retriever import Retriever
+from deployments.wake_coordinator import WakeCoordinator
 from deployments.start_order import StartOrder
 from system.private_files import make_private_dir
 from system.ray_exposure import exposure
@@ -80,7 +81,9 @@ def engine_deployments(profile: Profile, plan: Plan) -> tuple[dict, dict, list[t
         order = replica.start_order
         rank_plans = sorted((r for r in plan.shares if r.name.startswith(f"{name}@") and r.engine_node_rank is not None),
                             key=lambda r: r.engine_node_rank)
-        llm_config = llm_config_from_plan(spec, replica, after, rank_plans)
+        on_demand = plan.on_demand.engines.get(name) if plan.on_demand else None
+        start_asleep = on_demand is not None and name not in plan.on_demand.worst_awake_set
+        llm_config = llm_config_from_plan(spec, replica, after, rank_plans, on_demand, start_asleep)
         engine = build_llm_deployment(llm_config, deployment_cls=PoolserveLLMServer)
         llm_deployments[spec.model_id] = engine
         model_cards[spec.model_id] = to_model_metadata(spec.model_id, llm_config)
@@ -118,8 +121,13 @@ def build_app(args: dict) -> serve.Application:
     ingress_cls = make_fastapi_ingress(Gateway, endpoint_map=ENDPOINTS, app=app)
     gateway = serve.deployment(ingress_cls, name="gateway").options(
         **_options(plan, "gateway"))
+    on_demand = {}
+    if plan.on_demand is not None:  # issue 48: one wake coordinator for the pool's on-demand engines
+        on_demand_models = [e.model_id for e in plan.on_demand.engines.values()]
+        on_demand = {"wake": WakeCoordinator.bind(plan.on_demand, {m: llm_deployments[m] for m in on_demand_models}),
+                     "on_demand_models": on_demand_models}
     return gateway.bind(
         llm_deployments=llm_deployments, model_cards=model_cards,
         embedder=embedder, retriever=retriever, settings=plan.gateway,
-        start=_start_order(plan, "gateway", after_engines),
+        start=_start_order(plan, "gateway", after_engines), **on_demand,
     )

@@ -13,13 +13,18 @@ from vllm_bridge.compat import (
     LLMConfig,
     LLMServer,
     adapt_engine_env,
+    ENGINE_START_TIMEOUT_S,
     engine_client,
+    prepare_engine_config,
+    start_engine_client,
+    use_started_client,
 )
 from system.process_memory import process_tree_memory
-from vllm_bridge.engine_ranks import end_local_engine, start_rank_hosts
+from vllm_bridge.engine_ranks import end_local_engine, engine_processes, start_rank_hosts
 from vllm_bridge.worker_heap_trim import WORKER_TRIM_METHOD
 from deployments.start_order import wait_for_predecessors
 from planner.gpu import engine_placement
+from planner.on_demand_plan import OnDemandEngine
 from planner.outputs import ChatReplicaSettings, EngineRank
 from planner.plan import ReplicaPlan
 from planner.profile import ChatSpec
@@ -65,7 +70,8 @@ class FirstOutputBatcher(Batcher):
         return [first_item.result()] if first_item.done() and not first_item.cancelled() else []
 
 
-WORKER_TRIM_TIMEOUT_S = 30.0  # a Worker busy with one long prefill answers the RPC after it
+WORKER_TRIM_TIMEOUT_S = 30.0
+ENGINE_STOP_TIMEOUT_S = 30.0  # EngineCore ends its Workers and exits in ~1 s; a stuck one is killed after this  # a Worker busy with one long prefill answers the RPC after it
 
 
 class PoolserveLLMServer(LLMServer):
@@ -85,10 +91,16 @@ class PoolserveLLMServer(LLMServer):
         await wait_for_predecessors(self._llm_config.model_id, settings.start_after,
                                     serve.get_replica_context().app_name, settings.start_wait_timeout_s)
         self._rank_lost: str | None = None
+        self._engine_state = "awake"
+        self._engine_state_lock = asyncio.Lock()  # one sleep or wake at a time
         if settings.ranks:
             self._watch_ranks(settings.ranks, settings.rank_engine_kwargs)
-        await super().start()
-        await self._warm_up()
+        if settings.start_asleep:  # beyond the plan's awake set: its first request wakes it
+            self._engine_state = "asleep"
+            logger.info("on-demand engine %s starts asleep (not started)", self._llm_config.model_id)
+        else:
+            await super().start()
+            await self._warm_up()
         self._last_worker_trim: dict = {}
         interval = settings.heap_trim_interval_s
         if interval > 0:
@@ -149,6 +161,92 @@ class PoolserveLLMServer(LLMServer):
                 return
             self._last_worker_trim = {"at": time.time(), "seconds": round(time.monotonic() - started, 4)}
 
+    # ---- on demand (issue 48): the wake coordinator (deployments/wake_coordinator.py) calls these ----
+    async def engine_state(self) -> str:
+        """"awake", "asleep", "sleeping" or "waking"."""
+        return self._engine_state
+
+    async def sleep_engine(self) -> dict:
+        """Put the engine to sleep as planned: vLLM's sleep at the planned level (a GPU), or stop it (a CPU:
+        no sleep mode; its EngineCore and Workers exit and their memory returns to the pool). The replica
+        actor stays: what the plan counts as a sleeping engine's bytes. Returns the state and the seconds."""
+        sleep = self._sleep_mode()
+        async with self._engine_state_lock:
+            if self._engine_state == "asleep":
+                return {"state": "asleep", "seconds": 0.0}
+            self._engine_state = "sleeping"
+            started = time.monotonic()
+            try:
+                if sleep == "stop":
+                    await self._stop_engine()
+                else:
+                    await self.sleep(level=1 if sleep == "level_1" else 2)
+            except BaseException:
+                self._engine_state = "awake"
+                raise
+            self._engine_state = "asleep"
+            seconds = round(time.monotonic() - started, 2)
+            logger.info("engine %s asleep (%s) in %.1fs", self._llm_config.model_id, sleep, seconds)
+            return {"state": "asleep", "seconds": seconds}
+
+    async def wake_engine(self) -> dict:
+        """Wake the engine: vLLM's wake_up (a GPU) or a cold start as LLMServer.start does it (a CPU), then the
+        warm-up request, so its first real request meets a warm engine. Returns the state and the seconds."""
+        sleep = self._sleep_mode()
+        async with self._engine_state_lock:
+            if self._engine_state == "awake":
+                return {"state": "awake", "seconds": 0.0}
+            self._engine_state = "waking"
+            started = time.monotonic()
+            try:
+                if sleep == "stop" or self.engine is None:  # a CPU, or an engine that started asleep
+                    await asyncio.wait_for(self._cold_start(), timeout=ENGINE_START_TIMEOUT_S)
+                else:
+                    await self.wakeup()
+                await self._warm_up()
+            except BaseException:
+                self._engine_state = "asleep"
+                if sleep == "stop":
+                    await self._stop_engine()  # a half-started engine's processes return their memory too
+                raise
+            self._engine_state = "awake"
+            seconds = round(time.monotonic() - started, 2)
+            logger.info("engine %s awake in %.1fs", self._llm_config.model_id, seconds)
+            return {"state": "awake", "seconds": seconds}
+
+    async def _cold_start(self) -> None:
+        """A new engine, as LLMServer.start builds it, except that vLLM's blocking steps (its config, and the
+        AsyncLLM constructor that waits while EngineCore loads the weights) run in a thread: on the replica's
+        loop they would block its health checks past Serve's 60 s, and Serve would replace the replica."""
+        engine = self._engine_cls(self._llm_config)
+        prepared = await asyncio.to_thread(prepare_engine_config, engine, self._llm_config)
+        client = await asyncio.to_thread(start_engine_client, engine, self._llm_config, prepared)
+        self.engine = use_started_client(engine, prepared, client)
+        await self._start_engine()
+
+    def _sleep_mode(self) -> str:
+        sleep = replica_settings(self._llm_config).sleep
+        if sleep is None:
+            raise RuntimeError(f"engine {self._llm_config.model_id!r} is not on demand: it never sleeps")
+        return sleep
+
+    async def _stop_engine(self) -> None:
+        """Shut vLLM's engine down and check that its processes are gone (those left after
+        ENGINE_STOP_TIMEOUT_S are killed); the replica answers health checks asleep (engine None)."""
+        client = engine_client(self)
+        engine, self.engine = self.engine, None  # from here health checks pass and requests find no engine
+        if client is not None:
+            await asyncio.to_thread(client.shutdown, ENGINE_STOP_TIMEOUT_S)
+        if engine is not None:
+            await engine.shutdown()
+        deadline = time.monotonic() + ENGINE_STOP_TIMEOUT_S
+        while engine_processes() and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        left = engine_processes()
+        if left:
+            logger.warning("%d engine processes outlived the shutdown; killing them", len(left))
+            end_local_engine()
+
     async def memory(self) -> dict:
         # smaps reads of the engine's process tree: in a thread, not on the loop that streams tokens
         measured = await asyncio.to_thread(process_tree_memory)
@@ -176,10 +274,12 @@ def rank_configs(rank_plans: list[ReplicaPlan]) -> list[EngineRank]:
 
 
 def llm_config_from_plan(chat: ChatSpec, chat_plan: ReplicaPlan, start_after: list[tuple[str, str]],
-                         rank_plans: list[ReplicaPlan] = ()) -> LLMConfig:
+                         rank_plans: list[ReplicaPlan] = (), on_demand: OnDemandEngine | None = None,
+                         start_asleep: bool = False) -> LLMConfig:
     """One engine's ray.serve.llm config, every number from its plan. The replica's Serve name is
     `PoolserveLLMServer:<plan name>` (`chat` for the first engine). `rank_plans`: a CPU engine split over
-    nodes, its shares on the other nodes (ReplicaPlans with engine_node_rank), started by the replica."""
+    nodes, its shares on the other nodes (ReplicaPlans with engine_node_rank), started by the replica.
+    `on_demand`: the plan's entry of an on-demand engine; `start_asleep`: it is beyond the awake set."""
     actor_options, bundle = engine_placement(chat_plan.ray_actor_options)
     engine_kwargs = chat_plan.vllm.as_dict()  # complete as planned (planner/engine_args.py)
     ranks = rank_configs(list(rank_plans))
@@ -201,7 +301,8 @@ def llm_config_from_plan(chat: ChatSpec, chat_plan: ReplicaPlan, start_after: li
                 start_wait_timeout_s=chat_plan.serve.start_wait_timeout_s,
                 heap_trim_interval_s=chat.heap_trim_interval_s, ranks=ranks,
                 # A headless rank is vLLM's own engine: it names the model as an argument, not as Serve's source.
-                rank_engine_kwargs={**engine_kwargs, "model": chat.model} if ranks else {}),
+                rank_engine_kwargs={**engine_kwargs, "model": chat.model} if ranks else {},
+                sleep=on_demand.sleep if on_demand else None, start_asleep=start_asleep),
             "stream_batching_interval_ms": chat.stream_batching_interval_ms,  # ray.serve.llm's own key
         },
         log_engine_metrics=True,

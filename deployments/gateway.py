@@ -10,6 +10,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from deployments.start_order import StartOrder
+from gateway.on_demand_gate import OnDemandGate
 from gateway.routes.admin import TenantAdminRoutes
 from gateway.routes.dashboard_api import DashboardRoutes
 from gateway.routes.knowledge import KnowledgeRoutes
@@ -20,7 +21,7 @@ from vllm_bridge.compat import OpenAiIngress
 
 class Gateway(OpenAIRoutes, KnowledgeRoutes, TenantAdminRoutes, DashboardRoutes, OpenAiIngress):
     async def __init__(self, llm_deployments, model_cards, *, embedder, retriever, settings: GatewaySettings,
-                       start: StartOrder):
+                       start: StartOrder, wake=None, on_demand_models: list[str] = ()):
         from ray import serve
         from transformers import AutoTokenizer
 
@@ -40,6 +41,8 @@ class Gateway(OpenAIRoutes, KnowledgeRoutes, TenantAdminRoutes, DashboardRoutes,
                 tokenizers[engine.path] = AutoTokenizer.from_pretrained(engine.path)
             self._engines[model_id] = SimpleNamespace(tokenizer=tokenizers[engine.path], replica=engine.replica,
                                                       max_model_len=engine.max_model_len)
+        # issue 48: the pool's wake coordinator (deployments/wake_coordinator.py), None with no on-demand engine
+        self._on_demand = OnDemandGate(wake, set(on_demand_models))
         self._healthy_until = 0.0
         self._start_memory_history()  # the dashboard's last hour of measured memory
 

@@ -12,10 +12,11 @@ from gateway.routes.dashboard_api import DASHBOARD_ENDPOINTS
 from gateway.routes.ingest_jobs import JOB_ENDPOINTS
 from gateway.routes.uploads import INGEST_OPENAPI
 from planner.outputs import GatewayEdge
-from vllm_bridge.compat import ModelCard, ModelList
+from gateway.schemas import ServedModelList
+from vllm_bridge.compat import ModelCard
 
 ENDPOINTS = {
-    "models": lambda app: app.get("/v1/models", response_model=ModelList),
+    "models": lambda app: app.get("/v1/models", response_model=ServedModelList),
     "model_data": lambda app: app.get("/v1/models/{model:path}", response_model=ModelCard),
     "completions": lambda app: app.post("/v1/completions"),
     "chat": lambda app: app.post("/v1/chat/completions"),

@@ -81,7 +81,7 @@ def install_error_handlers(app: FastAPI, unavailable_retry_after_s: int) -> None
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException):
-        kind = {404: "not_found_error", 429: "rate_limit_error"}.get(exc.status_code, "invalid_request_error")
+        kind = {404: "not_found_error", 429: "rate_limit_error", 503: "service_unavailable"}.get(exc.status_code, "invalid_request_error")
         message = str(exc.detail)
         if exc.status_code in (404, 405) and message in ("Not Found", "Method Not Allowed"):
             message = f"no route for {request.method} {request.url.path}"

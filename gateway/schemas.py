@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
+from vllm_bridge.compat import ModelCard, ModelList
 from rag.retrieval.filters import MAX_FILTER_KEYS, MAX_IN_VALUES, MAX_VALUE_CHARS, normalize_filters
 
 from rag.documents.extract import CONTENT_TYPES, PLAIN, TEXT_TYPES, normalize_content_type
@@ -163,3 +164,18 @@ class SearchRequest(_Body):
     q: str = Field(..., min_length=1, description="The question or search text.")
     top_k: int | None = Field(None, ge=1)
     filters: MetadataFilters = None
+
+
+class ServedModelCard(ModelCard):
+    """An OpenAI model card, plus an on-demand engine's state (issue 48); absent when no engine is on demand."""
+
+    status: Literal["awake", "asleep", "waking", "sleeping"] | None = Field(
+        None, exclude_if=lambda v: v is None, description="With on-demand engines: whether this model's engine is "
+        "awake (answers at once), asleep (the request wakes it: a CPU cold start), or changing; always-on models "
+        "and the embedder are awake.")
+
+
+class ServedModelList(ModelList):
+    """GET /v1/models: OpenAI's list shape, each card a ServedModelCard."""
+
+    data: list[ServedModelCard]

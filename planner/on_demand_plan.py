@@ -28,6 +28,10 @@ class OnDemandEngine(BaseModel):
 
     model_id: str = Field(description="Name clients send as `model`.")
     idle_sleep_s: float = Field(description="May be put to sleep after this long without a request in flight.")
+    wake_timeout_s: float = Field(description="The longest a request waits for it to be awake "
+                                  "(OnDemandSpec.wake_timeout_s).")
+    tenant_wakes_per_hour: int = Field(description="The most wakes one tenant may cause in an hour "
+                                       "(OnDemandSpec.tenant_wakes_per_hour).")
     level_asked: Literal[1, 2] = Field(description="The sleep level the profile asked for.")
     sleep: Literal["level_1", "level_2", "stop"] = Field(description="How it sleeps, as planned: vLLM sleep "
                                                          "level 1 or 2 (a unified-memory GPU: always 2), or stop "
@@ -90,7 +94,8 @@ def planned_engine(chat: "ChatSpec", pool: "PoolSpec", device: dict[str, int], h
         held_host = {**host, **kept}
         sleep, wake = f"level_{level}", "copy_from_host" if level == 1 else "reload_from_disk"
     awake = sum(device.values())
-    return OnDemandEngine(model_id=chat.model_id, idle_sleep_s=spec.idle_sleep_s, level_asked=spec.level,
+    return OnDemandEngine(model_id=chat.model_id, idle_sleep_s=spec.idle_sleep_s, wake_timeout_s=spec.wake_timeout_s,
+                          tenant_wakes_per_hour=spec.tenant_wakes_per_hour, level_asked=spec.level,
                           sleep=sleep, wake=wake, awake_bytes=awake, asleep_bytes=sum(held.values()),
                           asleep_breakdown=held, asleep_host_bytes=sum(held_host.values()),
                           asleep_host_breakdown=held_host, wake_peak_bytes=wake_peak,

@@ -218,3 +218,10 @@ class ChatReplicaSettings(_Output):
     ranks: list[EngineRank] = Field(default_factory=list, description="A split engine's shares on other nodes.")
     rank_engine_kwargs: dict = Field(default_factory=dict, description="The ranks' vLLM engine arguments, as vLLM "
                                      "takes them (keywords of its engine args).")
+    # issue 48: set only for an on-demand engine (Plan.on_demand); left out of the dump when unset
+    sleep: Literal["level_1", "level_2", "stop"] | None = Field(None, exclude_if=lambda v: v is None, description=
+                                                                "How the engine sleeps (OnDemandEngine.sleep); None "
+                                                                "= always awake, sleep_engine() refuses.")
+    start_asleep: bool = Field(False, exclude_if=lambda v: not v, description="An on-demand engine beyond the "
+                               "plan's awake set: the replica starts without its engine, which the first request "
+                               "wakes, so the pool at rest holds what the plan says.")

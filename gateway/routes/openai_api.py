@@ -22,12 +22,13 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gateway.http_errors import EngineNotRunning, error_body, unavailable
+from gateway.on_demand_gate import OnDemandGate
 from gateway.middleware.tenant_guard import guard_of, record_usage, reserve_tokens, tenant_of, tpm_of
-from gateway.schemas import RagOptions
+from gateway.schemas import RagOptions, ServedModelCard, ServedModelList
 from gateway.streams import force_stream_usage, trim_capped_choices, tracked_stream
 from gateway.work import release_heap_after_sending, run_to_completion, without_credentials
 from tenancy.limits import estimate_text_tokens
-from vllm_bridge.compat import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ModelCard, ModelList
+from vllm_bridge.compat import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ModelCard
 
 logger = logging.getLogger("poolserve.gateway")
 # vLLM's default max_tokens for /v1/completions (OpenAI's too), used in the TPM estimate: vLLM's
@@ -38,7 +39,9 @@ VLLM_COMPLETION_MAX_TOKENS = 16
 class OpenAIRoutes:
     """Mixed in before ray.serve.llm's OpenAiIngress; needs the attributes deployments/gateway.py's
     constructor sets (_embedder, _retriever, _settings, _chat_model_id, _embed_model_id, _engines,
-    _healthy_until)."""
+    _healthy_until; _on_demand when engines are on demand)."""
+
+    _on_demand = OnDemandGate(None, set())  # no engine on demand unless the Ray binding hands a coordinator in
 
     # ---- health and models -------------------------------------------------------------
     async def healthz(self, request: Request) -> Response:
@@ -111,10 +114,15 @@ class OpenAIRoutes:
         return ModelCard(id=self._embed_model_id, object="model", owned_by="poolserve", permission=[],
                          metadata={"model_id": self._embed_model_id, "task": "embedding"})
 
-    async def models(self, request: Request) -> ModelList:
+    async def models(self, request: Request) -> ServedModelList:
+        """The served models; with on-demand engines, each card has a `status`: awake, asleep, waking or
+        sleeping (always-on engines and the embedder: awake)."""
         listing = await super().models()
         cards = [*listing.data, self._embed_card()]
-        return ModelList(data=[card for card in cards if self._may_use(request, card.id)])
+        states = await self._on_demand.states()
+        cards = [ServedModelCard(**card.model_dump(), status=states.get(card.id, "awake") if states else None)
+                 for card in cards]
+        return ServedModelList(data=[card for card in cards if self._may_use(request, card.id)])
 
     async def model_data(self, model: str, request: Request) -> ModelCard:
         await self._require_model(request, model)
@@ -147,9 +155,12 @@ class OpenAIRoutes:
         answer is charged what it used when it ends or the client leaves (tracked_stream). A non-streamed
         one runs to the end even if the client hangs up, as an embedding or an ingest does: nothing is
         sent before it is whole, and without its final usage the tenant would be charged nothing."""
-        async def answer() -> Response:
+        async def engine_answer() -> Response:
             response = await self._engine(call, model)
             return await self._finish(request, model, response, cited, usage_wanted, getattr(body, "n", None) or 1)
+
+        async def answer() -> Response:  # an on-demand engine woken for it, and counted in flight until it ends
+            return await self._on_demand.run(model, request, engine_answer)
 
         return await answer() if getattr(body, "stream", False) else await run_to_completion(answer())
 

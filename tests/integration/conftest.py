@@ -147,6 +147,9 @@ class Stack:
 # Development only: the workdir of a stack already started by `python -m tests.integration.conftest DIR`;
 # the session then reuses it instead of starting (and stopping) its own.
 REUSE_ENV = "POOLSERVE_TEST_REUSE_STACK"
+# The session's stack once launched: a test of its own stack variant stops it first (one pool at a time)
+# without launching it when it was never asked for.
+SESSION_STACKS: list[Stack] = []
 
 
 def _reused_stack(workdir: Path) -> Stack:
@@ -163,6 +166,7 @@ def launch_session_stack(tmp_path_factory) -> tuple[Stack, bool]:
     port = _free_port()
     running = Stack(write_stack_config(workdir, port), port, workdir / "serve.log")
     running.launch()
+    SESSION_STACKS.append(running)
     return running, True
 
 

@@ -11,7 +11,8 @@ GB = 10**9
 
 def _engine(awake_gb: float, asleep_gb: float = 0.0, peak_gb: float = 0.0, idle_s: float = 60.0) -> OnDemandEngine:
     awake, asleep, peak = int(awake_gb * GB), int(asleep_gb * GB), int(peak_gb * GB)
-    return OnDemandEngine(model_id="m", idle_sleep_s=idle_s, level_asked=1, sleep="level_1", wake="copy_from_host",
+    return OnDemandEngine(model_id="m", idle_sleep_s=idle_s, wake_timeout_s=60.0, tenant_wakes_per_hour=10,
+                          level_asked=1, sleep="level_1", wake="copy_from_host",
                           awake_bytes=awake, asleep_bytes=asleep, asleep_breakdown={"cuda_context.worker": asleep},
                           wake_peak_bytes=peak, wake_request_bytes=0, wake_check_bytes=awake + peak)
 

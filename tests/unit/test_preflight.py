@@ -35,6 +35,15 @@ def test_start_steps_grow_to_what_the_plan_needs():
     assert chat_peak > 0 and steps[0][1] == steps[0][2] + chat_peak
 
 
+def test_on_demand_engines_beyond_the_awake_set_start_asleep_and_add_no_start_step():
+    plan = build_plan(load_profile(ROOT / "configs" / "cpu-on-demand.yaml"))
+    assert plan.on_demand.worst_awake_set == ["chat"]
+    steps = {name: (peak, started) for name, peak, started in start_steps(plan)}
+    asleep = plan.on_demand.engines["chat-smollm2-135m-draft6"].asleep_bytes  # 0 on a CPU: not started
+    assert steps["chat-smollm2-135m-draft6"] == (steps["chat"][1] + asleep,) * 2
+    assert steps["gateway"][1] == needed_bytes(plan)  # the pool at rest holds what the plan says
+
+
 def test_a_plan_that_fits_passes_and_one_that_does_not_is_refused_with_the_shortfall(monkeypatch):
     monkeypatch.setattr(preflight, "shm_free_bytes", lambda: 8 * GiB)
     plan = _plan()
