@@ -81,6 +81,7 @@ test-fast: setup
 # The import contract (pyproject.toml [tool.importlinter]): imports only point down the floors, no circles.
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	PYTHONPATH=$(CURDIR) $(VENV)/bin/lint-imports
 
 # Two Ray nodes on this machine, each in its own memory cgroup (tests/cluster/; root, several minutes).

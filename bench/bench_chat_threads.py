@@ -51,11 +51,15 @@ IDLE_SPIN_S = ChatSpec.model_fields["worker_idle_spin_s"].default
 def thread_env(threads: int, step_threads: bool = False, wide_step_tokens: int = WIDE_STEP_TOKENS) -> dict[str, str]:
     """What the plan gives a CPU engine of `threads` OpenMP threads (planner/engine_args.py); `step_threads`: one
     thread for the steps under `wide_step_tokens` (vllm_bridge/cpu_worker.py)."""
-    env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-           "VLLM_CPU_OMP_THREADS_BIND": omp_bind("auto", threads)}
+    env = {
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "VLLM_CPU_OMP_THREADS_BIND": omp_bind("auto", threads),
+    }
     if step_threads:
-        env |= StepWorkerSettings(narrow_step_threads=1, wide_step_tokens=wide_step_tokens,
-                                  idle_spin_s=IDLE_SPIN_S).as_env()
+        env |= StepWorkerSettings(
+            narrow_step_threads=1, wide_step_tokens=wide_step_tokens, idle_spin_s=IDLE_SPIN_S
+        ).as_env()
     return {**env, "NUMBA_THREADING_LAYER": "workqueue"} if threads > 1 else env
 
 
@@ -93,9 +97,14 @@ def summarize(raw: dict) -> dict:
         lengths = {}
         for item in r["prefill"]:
             lengths.setdefault(item["length"], []).append(item)
-        summary[variant] = {"tok_s_c1": r["tok_s_c1"], "tok_s_batch8": r["tok_s_batch8"],
-                            **{f"prefill_{n}_tok_s": sum(i["tokens"] for i in items) / sum(i["seconds"] for i in items)
-                               for n, items in sorted(lengths.items())}}
+        summary[variant] = {
+            "tok_s_c1": r["tok_s_c1"],
+            "tok_s_batch8": r["tok_s_batch8"],
+            **{
+                f"prefill_{n}_tok_s": sum(i["tokens"] for i in items) / sum(i["seconds"] for i in items)
+                for n, items in sorted(lengths.items())
+            },
+        }
     for variant, s in list(summary.items()):
         base = summary.get(variant.replace(variant.split("-")[0], "omp1", 1))
         if base and base is not s:
@@ -107,8 +116,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", nargs=2, metavar=("BUSY", "JOB"), help=argparse.SUPPRESS)
     parser.add_argument("--profile", type=Path, default=DEFAULT_PROFILE)
-    parser.add_argument("--threads", default="1,2,2s", help="Thread counts; N's = N threads for a prefill, 1 for a "
-                        "decode step (vllm_bridge/cpu_worker.py).")
+    parser.add_argument(
+        "--threads",
+        default="1,2,2s",
+        help="Thread counts; N's = N threads for a prefill, 1 for a decode step (vllm_bridge/cpu_worker.py).",
+    )
     parser.add_argument("--wide-step-tokens", type=int, default=None, help="The step threshold for N's.")
     parser.add_argument("--docs", type=int, default=3, help="How many bundled documents to cut prompts from.")
     parser.add_argument("--conditions", default="idle,busy", help="idle, busy or both (comma-separated).")
@@ -117,14 +129,19 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         busy, job_file = args.worker
-        print("RESULT " + json.dumps(run_variant(args.profile, busy == "busy", json.loads(Path(job_file).read_text()))),
-              flush=True)
+        print(
+            "RESULT " + json.dumps(run_variant(args.profile, busy == "busy", json.loads(Path(job_file).read_text()))),
+            flush=True,
+        )
         return
     setup = engine_setup(args.profile)
     fidelity = load_prompts()
-    job = {"prefill": prefill_prompts(setup.model, document_texts(args.docs), list(LENGTHS)),
-           "speed_prompts": [render(setup.model, fidelity)[i] for i in speed_indices(fidelity)],
-           "no_speculation": args.no_speculation, "step_threads": False}
+    job = {
+        "prefill": prefill_prompts(setup.model, document_texts(args.docs), list(LENGTHS)),
+        "speed_prompts": [render(setup.model, fidelity)[i] for i in speed_indices(fidelity)],
+        "no_speculation": args.no_speculation,
+        "step_threads": False,
+    }
     workdir = Path(tempfile.mkdtemp(prefix="bench-chat-threads-"))
     job_file = workdir / "job.json"
     raw = {}
@@ -136,14 +153,28 @@ def main() -> None:
             log = workdir / f"{variant}.log"
             print(f"{variant}: {len(job['prefill'])} prefill prompts, 8 decode prompts", flush=True)
             env = child_env({**setup.env, **thread_env(threads, step, args.wide_step_tokens or WIDE_STEP_TOKENS)})
-            raw[variant] = run_result_worker([sys.executable, __file__, "--worker", busy, str(job_file), "--profile",
-                                              str(args.profile)], env, log, WORKER_TIMEOUT_S, variant)
+            raw[variant] = run_result_worker(
+                [sys.executable, __file__, "--worker", busy, str(job_file), "--profile", str(args.profile)],
+                env,
+                log,
+                WORKER_TIMEOUT_S,
+                variant,
+            )
     summary = summarize(raw)
     name = NAME + ("-no-speculation" if args.no_speculation else "")
-    result = new_result(name, {"profile": str(args.profile), "lengths": list(LENGTHS), "docs": args.docs,
-                               "speculation": not args.no_speculation,
-                               "threads": args.threads, "busy": "one `while True: pass` Python process"},
-                        summary, [{"variant": v, **r} for v, r in raw.items()])
+    result = new_result(
+        name,
+        {
+            "profile": str(args.profile),
+            "lengths": list(LENGTHS),
+            "docs": args.docs,
+            "speculation": not args.no_speculation,
+            "threads": args.threads,
+            "busy": "one `while True: pass` Python process",
+        },
+        summary,
+        [{"variant": v, **r} for v, r in raw.items()],
+    )
     print(json.dumps(summary, indent=1))
     print(f"wrote {write_result(result, args.out_dir)}")
 

@@ -48,10 +48,20 @@ TIMEOUT_S = {"installed": 900.0, "fresh": 2400.0}
 def _first_token_s(base_url: str, api_key: str, model: str) -> float:
     """Seconds to the first content chunk of a streamed chat completion."""
     started = time.monotonic()
-    body = {"model": model, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8,
-            "stream": True, "temperature": 0}
-    with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=120,
-                      headers={"Authorization": f"Bearer {api_key}"}) as response:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Say hello."}],
+        "max_tokens": 8,
+        "stream": True,
+        "temperature": 0,
+    }
+    with httpx.stream(
+        "POST",
+        f"{base_url}/v1/chat/completions",
+        json=body,
+        timeout=120,
+        headers={"Authorization": f"Bearer {api_key}"},
+    ) as response:
         response.raise_for_status()
         for line in response.iter_lines():
             if line.startswith("data: ") and '"content"' in line:
@@ -85,8 +95,11 @@ def cold_start(case: str, venv: Path | None, workdir: Path) -> dict:
                 raise RuntimeError(f"make serve exited ({group.process.returncode}):\n{group.log_tail()}")
             if "installed_s" not in marks and (venv_dir / ".poolserve-installed-cpu").exists():
                 marks["installed_s"] = time.monotonic() - started
-            if "models_s" not in marks and (clone / "models" / "all-MiniLM-L6-v2").exists() \
-                    and (clone / "models" / "SmolLM2-135M-Instruct" / "config.json").exists():
+            if (
+                "models_s" not in marks
+                and (clone / "models" / "all-MiniLM-L6-v2").exists()
+                and (clone / "models" / "SmolLM2-135M-Instruct" / "config.json").exists()
+            ):
                 marks["models_s"] = time.monotonic() - started
             try:
                 if httpx.get(f"{base_url}/healthz", timeout=5).status_code == 200:
@@ -101,16 +114,23 @@ def cold_start(case: str, venv: Path | None, workdir: Path) -> dict:
         group.stop(grace_s=120)
         down(StackLayout(clone / profile.get("state_dir", "var")), log=lambda message: None)
         shutil.rmtree(clone, ignore_errors=True)
-    return {"case": case, "venv": "existing, installed" if venv else "new (make installs it)",
-            **{key: round(value, 1) for key, value in marks.items()}}
+    return {
+        "case": case,
+        "venv": "existing, installed" if venv else "new (make installs it)",
+        **{key: round(value, 1) for key, value in marks.items()},
+    }
 
 
 def tables(result: BenchResult) -> str:
-    lines = ["| case | venv | packages installed s | models prepared s | healthy s | first token s |",
-             "|---|---|---:|---:|---:|---:|"]
+    lines = [
+        "| case | venv | packages installed s | models prepared s | healthy s | first token s |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     for row in result.rows:
-        lines.append(f"| {row['case']} | {row['venv']} | {row.get('installed_s', '-')} | {row.get('models_s', '-')} "
-                     f"| {row['healthy_s']} | {row['first_token_s']} |")
+        lines.append(
+            f"| {row['case']} | {row['venv']} | {row.get('installed_s', '-')} | {row.get('models_s', '-')} "
+            f"| {row['healthy_s']} | {row['first_token_s']} |"
+        )
     return "\n".join(lines)
 
 
@@ -122,8 +142,12 @@ def main() -> None:
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="bench-cold-start-"))
     rows = [cold_start(case, args.venv.resolve() if case == "installed" else None, workdir) for case in args.cases]
-    result = new_result(NAME, {"cases": args.cases, "profile": "configs/cpu-tiny.yaml (own port)",
-                               "installed_venv": str(args.venv)}, {}, rows)
+    result = new_result(
+        NAME,
+        {"cases": args.cases, "profile": "configs/cpu-tiny.yaml (own port)", "installed_venv": str(args.venv)},
+        {},
+        rows,
+    )
     print(tables(result))
     print(f"wrote {write_result(result, args.out_dir)} (logs in {workdir})")
 

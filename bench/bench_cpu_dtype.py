@@ -34,10 +34,18 @@ from system.cpuinfo import cpu_flags, cpu_has_native_bf16  # noqa: E402
 
 NAME = "cpu-dtype"
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
-DOCUMENTS = ["libxslt-tutorial-latin1.html", "exslt-intro.html", "shared-mime-info-spec.pdf", "handbook.docx",
-             "libxslt-general.html"]
-MEDIA = {".html": "text/html", ".pdf": "application/pdf",
-         ".docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document"}
+DOCUMENTS = [
+    "libxslt-tutorial-latin1.html",
+    "exslt-intro.html",
+    "shared-mime-info-spec.pdf",
+    "handbook.docx",
+    "libxslt-general.html",
+]
+MEDIA = {
+    ".html": "text/html",
+    ".pdf": "application/pdf",
+    ".docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+}
 AGREEMENT_TOKENS = 32
 WORKER_TIMEOUT_S = 1500
 
@@ -89,11 +97,15 @@ def run_dtype(profile: Path, dtype: str, job: dict) -> dict:
         llm.reset_prefix_cache()
         with Stopwatch() as watch:
             llm.generate([TokensPrompt(prompt_token_ids=prompt["ids"])], one, use_tqdm=False)
-        prefill.append({"doc": prompt["doc"], "length": prompt["length"], "tokens": len(prompt["ids"]),
-                        "seconds": watch.seconds})
+        prefill.append(
+            {"doc": prompt["doc"], "length": prompt["length"], "tokens": len(prompt["ids"]), "seconds": watch.seconds}
+        )
     result = {"init_s": init.seconds, "prefill": prefill, **speed(llm, job["speed_prompts"], 64)}
-    greedy = llm.generate([TokensPrompt(prompt_token_ids=p) for p in job["agreement_prompts"]],
-                          SamplingParams(temperature=0.0, max_tokens=AGREEMENT_TOKENS), use_tqdm=False)
+    greedy = llm.generate(
+        [TokensPrompt(prompt_token_ids=p) for p in job["agreement_prompts"]],
+        SamplingParams(temperature=0.0, max_tokens=AGREEMENT_TOKENS),
+        use_tqdm=False,
+    )
     result["greedy"] = [list(o.outputs[0].token_ids) for o in greedy]
     return result
 
@@ -112,19 +124,34 @@ def summarize(rows: dict) -> dict:
         for item in raw["prefill"]:
             by_length.setdefault(item["length"], []).append(item)
         summary[dtype] = {
-            "init_s": raw["init_s"], "tok_s_c1": raw["tok_s_c1"], "tok_s_batch8": raw["tok_s_batch8"],
-            "prefill": {str(length): {"median_s": statistics.median(i["seconds"] for i in items),
-                                      "prompt_tok_s": sum(i["tokens"] for i in items) / sum(i["seconds"] for i in items),
-                                      "prompts": len(items)}
-                        for length, items in sorted(by_length.items())}}
+            "init_s": raw["init_s"],
+            "tok_s_c1": raw["tok_s_c1"],
+            "tok_s_batch8": raw["tok_s_batch8"],
+            "prefill": {
+                str(length): {
+                    "median_s": statistics.median(i["seconds"] for i in items),
+                    "prompt_tok_s": sum(i["tokens"] for i in items) / sum(i["seconds"] for i in items),
+                    "prompts": len(items),
+                }
+                for length, items in sorted(by_length.items())
+            },
+        }
     if {"bfloat16", "float32"} <= set(rows):
         bf, fp = summary["bfloat16"], summary["float32"]
         summary["float32_over_bfloat16"] = {
-            "tok_s_c1": fp["tok_s_c1"] / bf["tok_s_c1"], "tok_s_batch8": fp["tok_s_batch8"] / bf["tok_s_batch8"],
-            **{f"prefill_{k}": fp["prefill"][k]["prompt_tok_s"] / bf["prefill"][k]["prompt_tok_s"] for k in bf["prefill"]}}
+            "tok_s_c1": fp["tok_s_c1"] / bf["tok_s_c1"],
+            "tok_s_batch8": fp["tok_s_batch8"] / bf["tok_s_batch8"],
+            **{
+                f"prefill_{k}": fp["prefill"][k]["prompt_tok_s"] / bf["prefill"][k]["prompt_tok_s"]
+                for k in bf["prefill"]
+            },
+        }
         diffs = [first_difference(a, b) for a, b in zip(rows["bfloat16"]["greedy"], rows["float32"]["greedy"])]
-        summary["greedy_agreement"] = {"prompts": len(diffs), "identical": sum(d == AGREEMENT_TOKENS for d in diffs),
-                                       "first_difference_mean": sum(diffs) / len(diffs)}
+        summary["greedy_agreement"] = {
+            "prompts": len(diffs),
+            "identical": sum(d == AGREEMENT_TOKENS for d in diffs),
+            "first_difference_mean": sum(diffs) / len(diffs),
+        }
     return summary
 
 
@@ -139,13 +166,18 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         dtype, job_file = args.worker
-        print("RESULT " + json.dumps(run_dtype(args.profile, dtype, json.loads(Path(job_file).read_text()))), flush=True)
+        print(
+            "RESULT " + json.dumps(run_dtype(args.profile, dtype, json.loads(Path(job_file).read_text()))), flush=True
+        )
         return
     setup = engine_setup(args.profile)
     fidelity = load_prompts()
     rendered = render(setup.model, fidelity)
-    job = {"prefill": prefill_prompts(setup.model, document_texts(args.docs), [int(n) for n in args.lengths.split(",")]),
-           "speed_prompts": [rendered[i] for i in speed_indices(fidelity)], "agreement_prompts": rendered}
+    job = {
+        "prefill": prefill_prompts(setup.model, document_texts(args.docs), [int(n) for n in args.lengths.split(",")]),
+        "speed_prompts": [rendered[i] for i in speed_indices(fidelity)],
+        "agreement_prompts": rendered,
+    }
     workdir = Path(tempfile.mkdtemp(prefix="bench-dtype-"))
     job_file = workdir / "job.json"
     job_file.write_text(json.dumps(job))
@@ -154,13 +186,26 @@ def main() -> None:
         print(f"{dtype}: {len(job['prefill'])} prefill prompts, 8 decode prompts, {len(rendered)} greedy", flush=True)
         log = workdir / f"{dtype}.log"
         env = child_env({**engine_setup(args.profile, {"dtype": dtype}).env})
-        rows[dtype] = run_result_worker([sys.executable, __file__, "--worker", dtype, str(job_file), "--profile",
-                                         str(args.profile)], env, log, WORKER_TIMEOUT_S, dtype)
+        rows[dtype] = run_result_worker(
+            [sys.executable, __file__, "--worker", dtype, str(job_file), "--profile", str(args.profile)],
+            env,
+            log,
+            WORKER_TIMEOUT_S,
+            dtype,
+        )
     summary = summarize(rows)
-    result = new_result(NAME, {"profile": str(args.profile), "lengths": args.lengths, "docs": DOCUMENTS[:args.docs],
-                               "cpu_flags": sorted(cpu_flags(Path("/proc/cpuinfo").read_text())),
-                               "cpu_native_bf16": cpu_has_native_bf16()},
-                        summary, [{"dtype": d, **{k: v for k, v in r.items() if k != "greedy"}} for d, r in rows.items()])
+    result = new_result(
+        NAME,
+        {
+            "profile": str(args.profile),
+            "lengths": args.lengths,
+            "docs": DOCUMENTS[: args.docs],
+            "cpu_flags": sorted(cpu_flags(Path("/proc/cpuinfo").read_text())),
+            "cpu_native_bf16": cpu_has_native_bf16(),
+        },
+        summary,
+        [{"dtype": d, **{k: v for k, v in r.items() if k != "greedy"}} for d, r in rows.items()],
+    )
     path = write_result(result, args.out_dir)
     print(json.dumps(summary, indent=1))
     print(f"wrote {path}")

@@ -53,12 +53,20 @@ def measure(model, texts: list[str], batch_size: int) -> dict:
     started = time.perf_counter()
     for start in range(0, len(texts), batch_size):
         t = time.perf_counter()
-        model.encode(texts[start:start + batch_size], batch_size=batch_size, normalize_embeddings=True,
-                     convert_to_numpy=True, show_progress_bar=False)
+        model.encode(
+            texts[start : start + batch_size],
+            batch_size=batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
         batch_seconds.append(time.perf_counter() - t)
     wall = time.perf_counter() - started
-    return {"chunks_per_s": len(texts) / wall, "batch_p50_s": percentile(batch_seconds, 50),
-            "batch_max_s": max(batch_seconds)}
+    return {
+        "chunks_per_s": len(texts) / wall,
+        "batch_p50_s": percentile(batch_seconds, 50),
+        "batch_max_s": max(batch_seconds),
+    }
 
 
 def main() -> None:
@@ -78,10 +86,12 @@ def main() -> None:
     from rag.retrieval.embedding import SentenceTransformerEmbedder
 
     profile = load_profile(args.profile)
-    model_path = profile.embedder.model if Path(profile.embedder.model).is_absolute() \
-        else str(ROOT / profile.embedder.model)
-    embedder = SentenceTransformerEmbedder(model_path, profile.embedder.batch_size, profile.rag.chunk_tokens,
-                                           profile.rag.chunk_overlap)
+    model_path = (
+        profile.embedder.model if Path(profile.embedder.model).is_absolute() else str(ROOT / profile.embedder.model)
+    )
+    embedder = SentenceTransformerEmbedder(
+        model_path, profile.embedder.batch_size, profile.rag.chunk_tokens, profile.rag.chunk_overlap
+    )
     sizes = [int(s) for s in args.batch_sizes.split(",")]
     rows = []
     for corpus in args.corpora.split(","):
@@ -90,20 +100,39 @@ def main() -> None:
             torch.set_num_threads(threads)
             measure(embedder.model, texts[:64], max(sizes))  # warm-up: oneDNN picks its kernels
             for size in sizes:
-                best = max((measure(embedder.model, texts, size) for _ in range(args.rounds)),
-                           key=lambda r: r["chunks_per_s"])
-                rows.append({"corpus": corpus, "threads": threads, "batch_size": size, "chunks": len(texts),
-                             **{k: round(v, 4) for k, v in best.items()}})
+                best = max(
+                    (measure(embedder.model, texts, size) for _ in range(args.rounds)), key=lambda r: r["chunks_per_s"]
+                )
+                rows.append(
+                    {
+                        "corpus": corpus,
+                        "threads": threads,
+                        "batch_size": size,
+                        "chunks": len(texts),
+                        **{k: round(v, 4) for k, v in best.items()},
+                    }
+                )
                 print(rows[-1], flush=True)
     for row in rows:  # throughput against the largest batch of the same corpus and threads
-        top = next(r for r in rows if r["corpus"] == row["corpus"] and r["threads"] == row["threads"]
-                   and r["batch_size"] == max(sizes))
+        top = next(
+            r
+            for r in rows
+            if r["corpus"] == row["corpus"] and r["threads"] == row["threads"] and r["batch_size"] == max(sizes)
+        )
         row["throughput_vs_largest"] = round(row["chunks_per_s"] / top["chunks_per_s"], 3)
-    result = new_result(NAME, config={"corpora": args.corpora, "batch_sizes": sizes, "threads": args.threads,
-                                      "chunks": args.chunks, "rounds": args.rounds,
-                                      "profile": str(args.profile.relative_to(ROOT) if args.profile.is_relative_to(ROOT)
-                                                     else args.profile)},
-                        metrics={}, rows=rows)
+    result = new_result(
+        NAME,
+        config={
+            "corpora": args.corpora,
+            "batch_sizes": sizes,
+            "threads": args.threads,
+            "chunks": args.chunks,
+            "rounds": args.rounds,
+            "profile": str(args.profile.relative_to(ROOT) if args.profile.is_relative_to(ROOT) else args.profile),
+        },
+        metrics={},
+        rows=rows,
+    )
     print(write_result(result, args.out_dir))
 
 

@@ -32,23 +32,66 @@ from bench.harness.timing import best_of  # noqa: E402
 NAME = "embedding"
 MODEL = ROOT / "models" / "all-MiniLM-L6-v2"
 
-SUBJECTS = ["The harbour authority", "The city library", "Our support team", "The research group",
-            "The regional railway", "The water board", "The hospital's night shift", "The school council",
-            "The cooperative bakery", "The museum's archive", "The cloud platform team", "The wind farm"]
-VERBS = ["introduced", "reviewed", "postponed", "expanded", "replaced", "documented", "measured",
-         "simplified", "audited", "automated", "relocated", "published"]
-OBJECTS = ["its maintenance schedule", "the annual budget", "a new ticketing system", "the backup procedure",
-           "the visitor guidelines", "its data retention policy", "the emergency plan", "the onboarding course",
-           "the inventory of spare parts", "the public opening hours", "the energy report", "the safety checklist"]
-REASONS = ["after complaints from residents", "because the old process took too long", "to meet the new regulation",
-           "following an internal audit", "when two senior staff members retired", "to reduce costs by a tenth",
-           "after a storm damaged the east building", "because demand doubled over the winter"]
-DETAILS = ["The change took effect on {d} {m} and affected about {n} people.",
-           "A report of {n} pages describes the results in detail.",
-           "Staff received {n} hours of training before the {m} deadline.",
-           "The cost was estimated at {n} thousand crowns, paid from the reserve fund.",
-           "Questions can be sent to the front desk, which answers within {d} working days.",
-           "An evaluation is planned for {m}, when the first full year of figures is available."]
+SUBJECTS = [
+    "The harbour authority",
+    "The city library",
+    "Our support team",
+    "The research group",
+    "The regional railway",
+    "The water board",
+    "The hospital's night shift",
+    "The school council",
+    "The cooperative bakery",
+    "The museum's archive",
+    "The cloud platform team",
+    "The wind farm",
+]
+VERBS = [
+    "introduced",
+    "reviewed",
+    "postponed",
+    "expanded",
+    "replaced",
+    "documented",
+    "measured",
+    "simplified",
+    "audited",
+    "automated",
+    "relocated",
+    "published",
+]
+OBJECTS = [
+    "its maintenance schedule",
+    "the annual budget",
+    "a new ticketing system",
+    "the backup procedure",
+    "the visitor guidelines",
+    "its data retention policy",
+    "the emergency plan",
+    "the onboarding course",
+    "the inventory of spare parts",
+    "the public opening hours",
+    "the energy report",
+    "the safety checklist",
+]
+REASONS = [
+    "after complaints from residents",
+    "because the old process took too long",
+    "to meet the new regulation",
+    "following an internal audit",
+    "when two senior staff members retired",
+    "to reduce costs by a tenth",
+    "after a storm damaged the east building",
+    "because demand doubled over the winter",
+]
+DETAILS = [
+    "The change took effect on {d} {m} and affected about {n} people.",
+    "A report of {n} pages describes the results in detail.",
+    "Staff received {n} hours of training before the {m} deadline.",
+    "The cost was estimated at {n} thousand crowns, paid from the reserve fund.",
+    "Questions can be sent to the front desk, which answers within {d} working days.",
+    "An evaluation is planned for {m}, when the first full year of figures is available.",
+]
 MONTHS = ["January", "March", "April", "June", "September", "November"]
 
 
@@ -61,11 +104,13 @@ def corpus(n_docs: int, seed: int) -> list[str]:
             sentences = []
             for _ in range(rng.randint(3, 7)):
                 if rng.random() < 0.6:
-                    sentences.append(f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)} "
-                                     f"{rng.choice(REASONS)}.")
+                    sentences.append(
+                        f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)} {rng.choice(REASONS)}."
+                    )
                 else:
-                    sentences.append(rng.choice(DETAILS).format(d=rng.randint(1, 28), m=rng.choice(MONTHS),
-                                                                n=rng.randint(3, 900)))
+                    sentences.append(
+                        rng.choice(DETAILS).format(d=rng.randint(1, 28), m=rng.choice(MONTHS), n=rng.randint(3, 900))
+                    )
             paragraphs.append(" ".join(sentences))
         docs.append("\n\n".join(paragraphs))
     return docs
@@ -87,13 +132,16 @@ def run(n_docs: int, threads_list: list[int], repeats: int, batch_size: int, see
     docs = corpus(n_docs, seed)
     words = sum(len(d.split()) for d in docs)
     doc_tokens = [count(d) for d in docs]
-    print(f"torch {torch.__version__}, sentence-transformers {sentence_transformers.__version__}; "
-          f"{len(docs)} docs, {words} words, {sum(doc_tokens)} tokens "
-          f"(max_seq_length {model.max_seq_length}: {sum(t > limit for t in doc_tokens)} docs are cut by raw encode)")
+    print(
+        f"torch {torch.__version__}, sentence-transformers {sentence_transformers.__version__}; "
+        f"{len(docs)} docs, {words} words, {sum(doc_tokens)} tokens "
+        f"(max_seq_length {model.max_seq_length}: {sum(t > limit for t in doc_tokens)} docs are cut by raw encode)"
+    )
 
     def encode(texts):
-        return model.encode(texts, batch_size=batch_size, normalize_embeddings=True,
-                            convert_to_numpy=True, show_progress_bar=False).astype(np.float32)
+        return model.encode(
+            texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+        ).astype(np.float32)
 
     def poolserve():
         chunks = [c.text for d in docs for c in chunker.split(d)]
@@ -112,16 +160,37 @@ def run(n_docs: int, threads_list: list[int], repeats: int, batch_size: int, see
         t_chunks, _ = best_of(lambda: encode(chunks), repeats)
         t_pool, (pool_chunks, _, _) = best_of(poolserve, repeats)
         t_chunk_only, _ = best_of(lambda: [chunker.split(d) for d in docs], repeats)
-        for path, n_in, n_out, tokens, t in (("raw-docs", len(docs), len(docs), read_raw, t_raw),
-                                             ("raw-chunks", len(chunks), len(chunks), read_chunks, t_chunks),
-                                             ("poolserve", len(docs), len(pool_chunks), read_chunks, t_pool),
-                                             ("chunking only", len(docs), len(pool_chunks), 0, t_chunk_only)):
-            rows.append({"threads": threads, "path": path, "texts_in": n_in, "vectors_out": n_out,
-                         "tokens_embedded": tokens, "best_wall_s": t, "docs_s": len(docs) / t,
-                         "vectors_s": n_out / t, "docs_s_vs_raw_docs": t_raw / t})
-    config = {"docs": n_docs, "words": words, "doc_tokens": sum(doc_tokens), "threads": threads_list,
-              "repeats": repeats, "batch_size": batch_size, "seed": seed, "model": str(MODEL),
-              "chunk_tokens": chunker_setting(limit)[0], "chunk_overlap": chunker_setting(limit)[1]}
+        for path, n_in, n_out, tokens, t in (
+            ("raw-docs", len(docs), len(docs), read_raw, t_raw),
+            ("raw-chunks", len(chunks), len(chunks), read_chunks, t_chunks),
+            ("poolserve", len(docs), len(pool_chunks), read_chunks, t_pool),
+            ("chunking only", len(docs), len(pool_chunks), 0, t_chunk_only),
+        ):
+            rows.append(
+                {
+                    "threads": threads,
+                    "path": path,
+                    "texts_in": n_in,
+                    "vectors_out": n_out,
+                    "tokens_embedded": tokens,
+                    "best_wall_s": t,
+                    "docs_s": len(docs) / t,
+                    "vectors_s": n_out / t,
+                    "docs_s_vs_raw_docs": t_raw / t,
+                }
+            )
+    config = {
+        "docs": n_docs,
+        "words": words,
+        "doc_tokens": sum(doc_tokens),
+        "threads": threads_list,
+        "repeats": repeats,
+        "batch_size": batch_size,
+        "seed": seed,
+        "model": str(MODEL),
+        "chunk_tokens": chunker_setting(limit)[0],
+        "chunk_overlap": chunker_setting(limit)[1],
+    }
     metrics = {f"poolserve_docs_s_{r['threads']}t": r["docs_s"] for r in rows if r["path"] == "poolserve"}
     return new_result(NAME, config, metrics, rows)
 
@@ -132,11 +201,16 @@ def chunker_setting(limit: int) -> tuple[int, int]:
 
 
 def tables(result: BenchResult) -> str:
-    lines = ["| torch threads | path | texts in | vectors out | tokens embedded | best wall s | docs/s | vectors/s | "
-             "docs/s vs raw-docs |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| torch threads | path | texts in | vectors out | tokens embedded | best wall s | docs/s | vectors/s | "
+        "docs/s vs raw-docs |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in result.rows:
-        lines.append(f"| {r['threads']} | {r['path']} | {r['texts_in']} | {r['vectors_out']} | {r['tokens_embedded']} | "
-                     f"{r['best_wall_s']:.2f} | {r['docs_s']:.1f} | {r['vectors_s']:.1f} | {r['docs_s_vs_raw_docs']:.2f}x |")
+        lines.append(
+            f"| {r['threads']} | {r['path']} | {r['texts_in']} | {r['vectors_out']} | {r['tokens_embedded']} | "
+            f"{r['best_wall_s']:.2f} | {r['docs_s']:.1f} | {r['vectors_s']:.1f} | {r['docs_s_vs_raw_docs']:.2f}x |"
+        )
     return "\n".join(lines)
 
 

@@ -45,9 +45,14 @@ WORKER_TIMEOUT_S = 1800
 # (dtype, eager, cache, work). cache "cold": a fresh compile cache; "warm": the one the cold run of that
 # dtype filled. work "full": fidelity and speed; "speed": speed only (a second speed sample of each bf16
 # mode, so a burst of load on the shared machine during one run shows as a gap between two samples).
-VARIANTS = [("bfloat16", True, "cold", "full"), ("bfloat16", False, "cold", "full"),
-            ("bfloat16", False, "warm", "speed"), ("bfloat16", True, "cold", "speed"),
-            ("float32", True, "cold", "full"), ("float32", False, "cold", "full")]
+VARIANTS = [
+    ("bfloat16", True, "cold", "full"),
+    ("bfloat16", False, "cold", "full"),
+    ("bfloat16", False, "warm", "speed"),
+    ("bfloat16", True, "cold", "speed"),
+    ("float32", True, "cold", "full"),
+    ("float32", False, "cold", "full"),
+]
 
 
 def load_prompts(path: Path = PROMPTS_FILE) -> list[dict]:
@@ -95,9 +100,14 @@ def transformers_reference(model: str, prompt_ids: list[list[int]], n_tokens: in
     tokens, margins = [], []
     with torch.inference_mode():
         for ids in prompt_ids:
-            out = reference.generate(torch.tensor([ids]), max_new_tokens=n_tokens, do_sample=False,
-                                     output_logits=True, return_dict_in_generate=True)
-            tokens.append(out.sequences[0][len(ids):].tolist())
+            out = reference.generate(
+                torch.tensor([ids]),
+                max_new_tokens=n_tokens,
+                do_sample=False,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
+            tokens.append(out.sequences[0][len(ids) :].tolist())
             top2 = [step[0].float().topk(2).values for step in out.logits]
             margins.append([float(t[0] - t[1]) for t in top2])
             if len(tokens) % 10 == 0:  # a long step on a busy machine: show that it moves
@@ -116,8 +126,9 @@ def run_variant(profile: Path, dtype: str, eager: bool, work: str, job: dict) ->
         llm = LLM(**variant_setup(profile, dtype, eager).llm_kwargs(seed=0))
     result = {"init_s": init.seconds, "pss_after_init": process_tree_memory()}
     n, prompts, refs = job["n_tokens"], job["prompt_ids"], job["reference_tokens"]
-    llm.generate([TokensPrompt(prompt_token_ids=prompts[0])], SamplingParams(temperature=0.0, max_tokens=8),
-                 use_tqdm=False)  # warm-up
+    llm.generate(
+        [TokensPrompt(prompt_token_ids=prompts[0])], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False
+    )  # warm-up
     if work == "full":
         result.update(fidelity_outputs(llm, prompts, refs, n))
     result.update(speed(llm, [prompts[i] for i in job["speed_indices"]], n))
@@ -131,15 +142,21 @@ def fidelity_outputs(llm, prompts: list[list[int]], refs: list[list[int]], n: in
     from vllm.inputs import TokensPrompt
 
     llm.reset_prefix_cache()
-    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
-                           SamplingParams(temperature=0.0, max_tokens=n), use_tqdm=False)
+    outputs = llm.generate(
+        [TokensPrompt(prompt_token_ids=p) for p in prompts],
+        SamplingParams(temperature=0.0, max_tokens=n),
+        use_tqdm=False,
+    )
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
     # Teacher-forced: prompt + the reference's tokens; the argmax before each reference token.
-    forced = llm.generate([TokensPrompt(prompt_token_ids=p + r) for p, r in zip(prompts, refs)],
-                          SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1), use_tqdm=False)
+    forced = llm.generate(
+        [TokensPrompt(prompt_token_ids=p + r) for p, r in zip(prompts, refs)],
+        SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1),
+        use_tqdm=False,
+    )
     argmaxes = []
     for prompt, ref, out in zip(prompts, refs, forced):
-        steps = out.prompt_logprobs[len(prompt):len(prompt) + len(ref)]
+        steps = out.prompt_logprobs[len(prompt) : len(prompt) + len(ref)]
         argmaxes.append([min(step.items(), key=lambda item: item[1].rank)[0] for step in steps])
     return {"tokens": tokens, "forced_argmax": argmaxes}
 
@@ -162,20 +179,34 @@ def speed(llm, prompt_ids: list[list[int]], n: int) -> dict:
     return result
 
 
-def run_worker_process(profile: Path, dtype: str, eager: bool, work: str, job_file: Path, cache_dir: Path,
-                       log: Path) -> dict:
+def run_worker_process(
+    profile: Path, dtype: str, eager: bool, work: str, job_file: Path, cache_dir: Path, log: Path
+) -> dict:
     """One variant in a fresh process (its own session, so the EngineCore ends with it)."""
-    env = child_env({**variant_setup(profile, dtype, eager).env, "VLLM_CACHE_ROOT": str(cache_dir / "vllm"),
-                     "TORCHINDUCTOR_CACHE_DIR": str(cache_dir / "inductor")})
+    env = child_env(
+        {
+            **variant_setup(profile, dtype, eager).env,
+            "VLLM_CACHE_ROOT": str(cache_dir / "vllm"),
+            "TORCHINDUCTOR_CACHE_DIR": str(cache_dir / "inductor"),
+        }
+    )
     mode = "eager" if eager else "compiled"
-    return run_result_worker([sys.executable, __file__, "--worker", dtype, mode, work, str(job_file),
-                              "--profile", str(profile)], env, log, WORKER_TIMEOUT_S, f"{dtype}/{mode}")
+    return run_result_worker(
+        [sys.executable, __file__, "--worker", dtype, mode, work, str(job_file), "--profile", str(profile)],
+        env,
+        log,
+        WORKER_TIMEOUT_S,
+        f"{dtype}/{mode}",
+    )
 
 
 def summarize_variant(raw: dict, reference: dict, n_tokens: int) -> dict:
-    row = {"init_s": raw["init_s"], "pss_init_bytes": raw["pss_after_init"]["measured_bytes"],
-           "pss_work_bytes": raw["pss_after_work"]["measured_bytes"],
-           **{key: value for key, value in raw.items() if key.startswith("tok_s")}}
+    row = {
+        "init_s": raw["init_s"],
+        "pss_init_bytes": raw["pss_after_init"]["measured_bytes"],
+        "pss_work_bytes": raw["pss_after_work"]["measured_bytes"],
+        **{key: value for key, value in raw.items() if key.startswith("tok_s")},
+    }
     if "tokens" in raw:
         row["fidelity"] = compare_sequences(raw["tokens"], reference["tokens"], reference["margins"], n_tokens)
         row["teacher_forced"] = teacher_forced(raw["forced_argmax"], reference["tokens"], reference["margins"])
@@ -183,8 +214,7 @@ def summarize_variant(raw: dict, reference: dict, n_tokens: int) -> dict:
     return row
 
 
-def run(profile: Path, n_tokens: int, fp32: bool, limit: int | None = None,
-        out_dir: Path | None = None) -> BenchResult:
+def run(profile: Path, n_tokens: int, fp32: bool, limit: int | None = None, out_dir: Path | None = None) -> BenchResult:
     """Every variant, one after the other; with out_dir, the result so far is written after each one."""
     prompts = load_prompts()[:limit]
     setup = engine_setup(profile)
@@ -193,8 +223,12 @@ def run(profile: Path, n_tokens: int, fp32: bool, limit: int | None = None,
     with Stopwatch() as ref_watch:
         reference = transformers_reference(setup.model, prompt_ids, n_tokens)
     workdir = Path(tempfile.mkdtemp(prefix="bench-fidelity-"))
-    job = {"n_tokens": n_tokens, "prompt_ids": prompt_ids, "reference_tokens": reference["tokens"],
-           "speed_indices": speed_indices(prompts)}
+    job = {
+        "n_tokens": n_tokens,
+        "prompt_ids": prompt_ids,
+        "reference_tokens": reference["tokens"],
+        "speed_indices": speed_indices(prompts),
+    }
     job_file = workdir / "job.json"
     job_file.write_text(json.dumps(job))
     rows = []
@@ -208,24 +242,42 @@ def run(profile: Path, n_tokens: int, fp32: bool, limit: int | None = None,
         log = workdir / f"{len(rows)}-{name.replace(' ', '_')}.log"
         print(f"running {name} ({work})", flush=True)
         raw = run_worker_process(profile, dtype, eager, work, job_file, cache_dir, log)
-        rows.append({"variant": name, "dtype": dtype, "eager": eager, "cache": cache, "work": work,
-                     **summarize_variant(raw, reference, n_tokens)})
+        rows.append(
+            {
+                "variant": name,
+                "dtype": dtype,
+                "eager": eager,
+                "cache": cache,
+                "work": work,
+                **summarize_variant(raw, reference, n_tokens),
+            }
+        )
         if out_dir is not None:
             write_result(assemble(profile, prompts, job, reference, ref_watch.seconds, rows), out_dir)
     shutil.rmtree(workdir, ignore_errors=True)  # kept (with its logs) only when a variant failed
     return assemble(profile, prompts, job, reference, ref_watch.seconds, rows)
 
 
-def assemble(profile: Path, prompts: list[dict], job: dict, reference: dict, reference_s: float,
-             rows: list[dict]) -> BenchResult:
-    config = {"prompts_file": str(PROMPTS_FILE.relative_to(PROMPTS_FILE.parents[2])), "n_prompts": len(prompts),
-              "categories": sorted({p["category"] for p in prompts}),
-              "speed_prompts": [prompts[i]["id"] for i in job["speed_indices"]], "near_tie_logits": NEAR_TIE_LOGITS,
-              "compile_cache": "VLLM_CACHE_ROOT and TORCHINDUCTOR_CACHE_DIR: empty for a cold run, the cold run's for warm",
-              "reference": {"engine": "transformers", "dtype": "float32", "seconds": reference_s,
-                            "tokens": reference["tokens"],
-                            "margins": [[round(m, 4) for m in ms] for ms in reference["margins"]]},
-              "n_tokens": job["n_tokens"], "engine": variant_setup(profile, "bfloat16", True).describe()}
+def assemble(
+    profile: Path, prompts: list[dict], job: dict, reference: dict, reference_s: float, rows: list[dict]
+) -> BenchResult:
+    config = {
+        "prompts_file": str(PROMPTS_FILE.relative_to(PROMPTS_FILE.parents[2])),
+        "n_prompts": len(prompts),
+        "categories": sorted({p["category"] for p in prompts}),
+        "speed_prompts": [prompts[i]["id"] for i in job["speed_indices"]],
+        "near_tie_logits": NEAR_TIE_LOGITS,
+        "compile_cache": "VLLM_CACHE_ROOT and TORCHINDUCTOR_CACHE_DIR: empty for a cold run, the cold run's for warm",
+        "reference": {
+            "engine": "transformers",
+            "dtype": "float32",
+            "seconds": reference_s,
+            "tokens": reference["tokens"],
+            "margins": [[round(m, 4) for m in ms] for ms in reference["margins"]],
+        },
+        "n_tokens": job["n_tokens"],
+        "engine": variant_setup(profile, "bfloat16", True).describe(),
+    }
     metrics = {}
     for i, row in enumerate(rows):
         key = f"{i}_{row['variant']}".replace(" ", "_").replace("(", "").replace(")", "")
@@ -250,20 +302,26 @@ def _margin(value: float | None) -> str:
 
 def fidelity_table(result: BenchResult) -> list[str]:
     n, k, tie = result.config["n_prompts"], result.config["n_tokens"], result.config["near_tie_logits"]
-    lines = [f"Fidelity against transformers fp32 greedy ({n} prompts, up to {k} tokens, stopping at EOS):", "",
-             "| variant | exact match | first diff mean / median | agree first 8 | agree first 24 | divergences "
-             f"at near-tie (< {tie}) / larger margin | ref. margin at divergence median / max | teacher-forced "
-             "argmax mismatches (near-tie / larger) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"Fidelity against transformers fp32 greedy ({n} prompts, up to {k} tokens, stopping at EOS):",
+        "",
+        "| variant | exact match | first diff mean / median | agree first 8 | agree first 24 | divergences "
+        f"at near-tie (< {tie}) / larger margin | ref. margin at divergence median / max | teacher-forced "
+        "argmax mismatches (near-tie / larger) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for row in result.rows:
         if "fidelity" not in row:
             continue
         f, t = row["fidelity"], row["teacher_forced"]
-        lines.append(f"| {row['variant']} | {_pct(f['exact_match'])} | {f['first_diff_mean']:.1f} / "
-                     f"{f['first_diff_median']:g} | {_pct(f['agree_first_8'])} | {_pct(f['agree_first_24'])} | "
-                     f"{f['near_tie_divergences']} / {f['large_margin_divergences']} | "
-                     f"{_margin(f['divergence_margin_median'])} / {_margin(f['divergence_margin_max'])} | "
-                     f"{t['mismatches']} of {t['positions']} ({t['near_tie_mismatches']} / "
-                     f"{t['large_margin_mismatches']}) |")
+        lines.append(
+            f"| {row['variant']} | {_pct(f['exact_match'])} | {f['first_diff_mean']:.1f} / "
+            f"{f['first_diff_median']:g} | {_pct(f['agree_first_8'])} | {_pct(f['agree_first_24'])} | "
+            f"{f['near_tie_divergences']} / {f['large_margin_divergences']} | "
+            f"{_margin(f['divergence_margin_median'])} / {_margin(f['divergence_margin_max'])} | "
+            f"{t['mismatches']} of {t['positions']} ({t['near_tie_mismatches']} / "
+            f"{t['large_margin_mismatches']}) |"
+        )
     return lines
 
 
@@ -271,16 +329,22 @@ def speed_table(result: BenchResult) -> list[str]:
     rows, k = result.rows, result.config["n_tokens"]
     base = rows[0]  # bf16 eager, the first variant run
     batch_key = next(key for key in base if key.startswith("tok_s_batch"))
-    batch = batch_key[len("tok_s_batch"):]
-    lines = [f"Speed and memory, in run order ({len(result.config['speed_prompts'])} prompts, {k} tokens each, "
-             f"EOS ignored; ratios against the first row; PSS of the engine's whole process tree):", "",
-             f"| # | variant | work | init s | tok/s c=1 | vs #0 | tok/s batch of {batch} | vs #0 | "
-             "PSS after init MiB | PSS after work MiB |", "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    batch = batch_key[len("tok_s_batch") :]
+    lines = [
+        f"Speed and memory, in run order ({len(result.config['speed_prompts'])} prompts, {k} tokens each, "
+        f"EOS ignored; ratios against the first row; PSS of the engine's whole process tree):",
+        "",
+        f"| # | variant | work | init s | tok/s c=1 | vs #0 | tok/s batch of {batch} | vs #0 | "
+        "PSS after init MiB | PSS after work MiB |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for i, row in enumerate(rows):
-        lines.append(f"| {i} | {row['variant']} | {row['work']} | {row['init_s']:.0f} | {row['tok_s_c1']:.1f} | "
-                     f"{row['tok_s_c1'] / base['tok_s_c1']:.2f}x | {row[batch_key]:.1f} | "
-                     f"{row[batch_key] / base[batch_key]:.2f}x | {_mib(row['pss_init_bytes'])} | "
-                     f"{_mib(row['pss_work_bytes'])} |")
+        lines.append(
+            f"| {i} | {row['variant']} | {row['work']} | {row['init_s']:.0f} | {row['tok_s_c1']:.1f} | "
+            f"{row['tok_s_c1'] / base['tok_s_c1']:.2f}x | {row[batch_key]:.1f} | "
+            f"{row[batch_key] / base[batch_key]:.2f}x | {_mib(row['pss_init_bytes'])} | "
+            f"{_mib(row['pss_work_bytes'])} |"
+        )
     return lines
 
 

@@ -46,20 +46,37 @@ def measure(server: RunningServer, label: str, setup, loads: list[ServingLoad], 
     """One serving run per load, with the CPU seconds each of the server's processes used during it."""
     rows = []
     for load in loads:
-        print(f"[bench] {label}: {load.num_prompts} {load.dataset} prompts at concurrency {load.concurrency}",
-              flush=True)
+        print(
+            f"[bench] {label}: {load.num_prompts} {load.dataset} prompts at concurrency {load.concurrency}", flush=True
+        )
         speculates = setup.args.speculative_config is not None and label != LLAMA
         before = read_counters(server.metrics_url) if speculates else None
         with CpuAccount(server.pids) as account:
-            metrics = run_serving_load(server.base_url, setup.served_model_name, setup.model, load,
-                                       workdir / "load.log", server.api_key, connection_per_request=label == LLAMA)
+            metrics = run_serving_load(
+                server.base_url,
+                setup.served_model_name,
+                setup.model,
+                load,
+                workdir / "load.log",
+                server.api_key,
+                connection_per_request=label == LLAMA,
+            )
         per_1k = 1000 / max(1, metrics["total_output_tokens"])
         cpu = {role: round(seconds * per_1k, 3) for role, seconds in account.by_role().items() if seconds > 0.01}
         after = settled_counters(server.metrics_url, before) if speculates else None
         # The warm-up request is inside the counters' window too: one request of num_prompts + 1.
         spec = after.minus(before or SpecCounters()).stats() if after else None
-        rows.append({"server": label, "dataset": load.dataset, "concurrency": load.concurrency,
-                     "start_s": server.start_s, "cpu_s_per_1k_tokens": cpu, "speculation": spec, **metrics})
+        rows.append(
+            {
+                "server": label,
+                "dataset": load.dataset,
+                "concurrency": load.concurrency,
+                "start_s": server.start_s,
+                "cpu_s_per_1k_tokens": cpu,
+                "speculation": spec,
+                **metrics,
+            }
+        )
     return rows
 
 
@@ -75,9 +92,17 @@ def ratios(rows: list[dict]) -> dict[str, float]:
     return metrics
 
 
-def run(profile: Path, loads: list[ServingLoad], workdir: Path, name: str = NAME,
-        chat_overrides: dict | None = None, gateway_overrides: dict | None = None, raw: bool = True,
-        llama: bool = False, running: RunningServer | None = None) -> BenchResult:
+def run(
+    profile: Path,
+    loads: list[ServingLoad],
+    workdir: Path,
+    name: str = NAME,
+    chat_overrides: dict | None = None,
+    gateway_overrides: dict | None = None,
+    raw: bool = True,
+    llama: bool = False,
+    running: RunningServer | None = None,
+) -> BenchResult:
     """The loads through a private stack, then (the stack stopped) through raw vLLM with the same plan
     (raw=False: the stack only), then through llama.cpp's server on the same weights (llama=True, when built).
     `running`: a stack already up (from `profile`, unchanged) is measured instead of a private one, and stays
@@ -86,8 +111,9 @@ def run(profile: Path, loads: list[ServingLoad], workdir: Path, name: str = NAME
         setup = engine_setup(profile)
         rows = measure(running, STACK, setup, loads, workdir)
     else:
-        with poolserve_stack(profile, workdir, chat_overrides=chat_overrides,
-                             gateway_overrides=gateway_overrides) as stack:
+        with poolserve_stack(
+            profile, workdir, chat_overrides=chat_overrides, gateway_overrides=gateway_overrides
+        ) as stack:
             print(f"[bench] poolserve healthy in {stack.start_s:.0f}s", flush=True)
             # The raw server gets the plan of the stack's own (private) profile: the same engine.
             setup = engine_setup(private_profile_path(workdir))
@@ -109,37 +135,52 @@ def run(profile: Path, loads: list[ServingLoad], workdir: Path, name: str = NAME
     elif llama:
         print(f"[bench] {skipped}", flush=True)
     metrics = {**ratios(rows), "poolserve_start_s": rows[0]["start_s"], "raw_vllm_start_s": rows[-1]["start_s"]}
-    config = {"profile": str(profile), "stack": "already running" if running else "private",
-              "engine": setup.describe(), "loads": [load.describe() for load in loads],
-              "chat_overrides": chat_overrides or {}, "gateway_overrides": gateway_overrides or {},
-              "llama_cpp": "llama-server (llama.cpp vendored by llama-cpp-python 0.3.36), bf16 GGUF of the same "
-                           "weights, one slot per stream" if llama and skipped is None else skipped,
-              "load_generator": "vllm.benchmarks.serve (openai-chat; random dataset, or RAG prompts as custom)"}
+    config = {
+        "profile": str(profile),
+        "stack": "already running" if running else "private",
+        "engine": setup.describe(),
+        "loads": [load.describe() for load in loads],
+        "chat_overrides": chat_overrides or {},
+        "gateway_overrides": gateway_overrides or {},
+        "llama_cpp": "llama-server (llama.cpp vendored by llama-cpp-python 0.3.36), bf16 GGUF of the same "
+        "weights, one slot per stream"
+        if llama and skipped is None
+        else skipped,
+        "load_generator": "vllm.benchmarks.serve (openai-chat; random dataset, or RAG prompts as custom)",
+    }
     return new_result(name, config, metrics, rows)
 
 
 def _load_line(result: BenchResult, dataset: str) -> str:
     load = next((x for x in result.config["loads"] if x.get("dataset", "random") == dataset), result.config["loads"][0])
     if dataset == "rag":
-        return (f"{load['num_prompts']} streamed chat requests per row, RAG prompts (a question and three numbered "
-                f"passages from the pydoc corpus), answered until the model stops or {load['output_len']} tokens, "
-                "greedy (vllm.benchmarks.serve)")
-    return (f"{load['num_prompts']} streamed chat requests per row, random prompts of {load['input_len']} tokens, "
-            f"{load['output_len']} output tokens each, greedy (vllm.benchmarks.serve)")
+        return (
+            f"{load['num_prompts']} streamed chat requests per row, RAG prompts (a question and three numbered "
+            f"passages from the pydoc corpus), answered until the model stops or {load['output_len']} tokens, "
+            "greedy (vllm.benchmarks.serve)"
+        )
+    return (
+        f"{load['num_prompts']} streamed chat requests per row, random prompts of {load['input_len']} tokens, "
+        f"{load['output_len']} output tokens each, greedy (vllm.benchmarks.serve)"
+    )
 
 
 def _throughput_table(by: dict, dataset: str, levels: list[int]) -> list[str]:
     llama = any((LLAMA, dataset, c) in by for c in levels)
-    lines = ["| concurrency | raw vLLM tok/s | poolserve tok/s | ratio | raw TTFT p50 ms | poolserve TTFT p50 ms "
-             "| TTFT +ms | raw latency p50 s | poolserve latency p50 s |"
-             + (" llama.cpp tok/s | llama.cpp TTFT p50 ms |" if llama else ""),
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if llama else "")]
+    lines = [
+        "| concurrency | raw vLLM tok/s | poolserve tok/s | ratio | raw TTFT p50 ms | poolserve TTFT p50 ms "
+        "| TTFT +ms | raw latency p50 s | poolserve latency p50 s |"
+        + (" llama.cpp tok/s | llama.cpp TTFT p50 ms |" if llama else ""),
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if llama else ""),
+    ]
     for c in levels:
         r, p = by[(RAW, dataset, c)], by[(STACK, dataset, c)]
-        line = (f"| {c} | {r['output_throughput']:.1f} | {p['output_throughput']:.1f} | "
-                f"{p['output_throughput'] / r['output_throughput']:.2f}x | {r['median_ttft_ms']:.0f} | "
-                f"{p['median_ttft_ms']:.0f} | {p['median_ttft_ms'] - r['median_ttft_ms']:+.0f} | "
-                f"{r['median_e2el_ms'] / 1000:.2f} | {p['median_e2el_ms'] / 1000:.2f} |")
+        line = (
+            f"| {c} | {r['output_throughput']:.1f} | {p['output_throughput']:.1f} | "
+            f"{p['output_throughput'] / r['output_throughput']:.2f}x | {r['median_ttft_ms']:.0f} | "
+            f"{p['median_ttft_ms']:.0f} | {p['median_ttft_ms'] - r['median_ttft_ms']:+.0f} | "
+            f"{r['median_e2el_ms'] / 1000:.2f} | {p['median_e2el_ms'] / 1000:.2f} |"
+        )
         if llama:
             x = by.get((LLAMA, dataset, c))
             line += f" {x['output_throughput']:.1f} | {x['median_ttft_ms']:.0f} |" if x else " - | - |"
@@ -148,26 +189,35 @@ def _throughput_table(by: dict, dataset: str, levels: list[int]) -> list[str]:
 
 
 def _latency_table(by: dict, dataset: str, levels: list[int]) -> list[str]:
-    lines = ["| concurrency | server | TTFT p95 ms | ITL p50 ms | ITL p95 ms | TPOT p50 ms | TPOT p95 ms "
-             "| output tokens | start to healthy s |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| concurrency | server | TTFT p95 ms | ITL p50 ms | ITL p95 ms | TPOT p50 ms | TPOT p95 ms "
+        "| output tokens | start to healthy s |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for c in levels:
         for server in (RAW, STACK, LLAMA):
             if (server, dataset, c) not in by:
                 continue
             x = by[(server, dataset, c)]
             p95 = x.get("p95_ttft_ms", x.get("p99_ttft_ms"))
-            lines.append(f"| {c} | {server} | {p95:.0f} | {x['median_itl_ms']:.1f} | "
-                         f"{x.get('p95_itl_ms', x.get('p99_itl_ms')):.1f} | {x['median_tpot_ms']:.1f} | "
-                         f"{x.get('p95_tpot_ms', x.get('p99_tpot_ms')):.1f} | {x['total_output_tokens']} | "
-                         f"{x['start_s']:.0f} |")
+            lines.append(
+                f"| {c} | {server} | {p95:.0f} | {x['median_itl_ms']:.1f} | "
+                f"{x.get('p95_itl_ms', x.get('p99_itl_ms')):.1f} | {x['median_tpot_ms']:.1f} | "
+                f"{x.get('p95_tpot_ms', x.get('p99_tpot_ms')):.1f} | {x['total_output_tokens']} | "
+                f"{x['start_s']:.0f} |"
+            )
     return lines
 
 
 def _cpu_table(by: dict, dataset: str, level: int) -> list[str]:
     if "cpu_s_per_1k_tokens" not in by[(STACK, dataset, level)]:
         return []
-    lines = [f"CPU seconds per 1000 output tokens at concurrency {level}, by process:", "",
-             "| server | process | CPU s / 1k tokens |", "|---|---|---:|"]
+    lines = [
+        f"CPU seconds per 1000 output tokens at concurrency {level}, by process:",
+        "",
+        "| server | process | CPU s / 1k tokens |",
+        "|---|---|---:|",
+    ]
     for server in (RAW, STACK, LLAMA):
         if (server, dataset, level) not in by:
             continue
@@ -185,8 +235,13 @@ def tables(result: BenchResult) -> str:
         levels = sorted({c for (_, d, c) in by if d == dataset})
         if lines:
             lines.append("")
-        lines += [_load_line(result, dataset), "", *_throughput_table(by, dataset, levels), "",
-                  *_latency_table(by, dataset, levels)]
+        lines += [
+            _load_line(result, dataset),
+            "",
+            *_throughput_table(by, dataset, levels),
+            "",
+            *_latency_table(by, dataset, levels),
+        ]
         cpu = _cpu_table(by, dataset, levels[-1])
         lines += ["", *cpu] if cpu else []
     return "\n".join(lines)
@@ -201,22 +256,46 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=256, help="random prompts' length in tokens")
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--name", default=NAME, help="the result's name (bench/results/NAME.json)")
-    parser.add_argument("--gateway", action="append", default=[], metavar="FIELD=JSON",
-                        help="override a gateway field of the profile, e.g. direct_ingress=true")
-    parser.add_argument("--chat", action="append", default=[], metavar="FIELD=JSON",
-                        help="override a chat field of the profile, e.g. stream_batching_interval_ms=0")
+    parser.add_argument(
+        "--gateway",
+        action="append",
+        default=[],
+        metavar="FIELD=JSON",
+        help="override a gateway field of the profile, e.g. direct_ingress=true",
+    )
+    parser.add_argument(
+        "--chat",
+        action="append",
+        default=[],
+        metavar="FIELD=JSON",
+        help="override a chat field of the profile, e.g. stream_batching_interval_ms=0",
+    )
     parser.add_argument("--no-raw", action="store_true", help="measure the stack only")
-    parser.add_argument("--llama-cpp", action="store_true",
-                        help="also llama.cpp's server on the same weights (skipped with a message when not built)")
+    parser.add_argument(
+        "--llama-cpp",
+        action="store_true",
+        help="also llama.cpp's server on the same weights (skipped with a message when not built)",
+    )
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args()
-    loads = [ServingLoad(max(args.prompts, 2 * c), c, args.input_len, args.output_len, dataset=dataset)
-             for dataset in args.datasets for c in args.concurrency]
+    loads = [
+        ServingLoad(max(args.prompts, 2 * c), c, args.input_len, args.output_len, dataset=dataset)
+        for dataset in args.datasets
+        for c in args.concurrency
+    ]
     workdir = Path(tempfile.mkdtemp(prefix="bench-serving-"))
     gateway = {key: json.loads(value) for key, value in (item.split("=", 1) for item in args.gateway)}
     chat = {key: json.loads(value) for key, value in (item.split("=", 1) for item in args.chat)}
-    result = run(args.profile, loads, workdir, args.name, chat_overrides=chat or None,
-                 gateway_overrides=gateway or None, raw=not args.no_raw, llama=args.llama_cpp)
+    result = run(
+        args.profile,
+        loads,
+        workdir,
+        args.name,
+        chat_overrides=chat or None,
+        gateway_overrides=gateway or None,
+        raw=not args.no_raw,
+        llama=args.llama_cpp,
+    )
     print(tables(result))
     print(f"wrote {write_result(result, args.out_dir)} (logs in {workdir})")
 

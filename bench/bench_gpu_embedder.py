@@ -66,9 +66,11 @@ VARIANTS = {
 
 # --- counters -----------------------------------------------------------------------------------
 
+
 def _nvml():
     try:
         import pynvml
+
         pynvml.nvmlInit()
         return pynvml
     except Exception:  # noqa: BLE001 - NVML is optional
@@ -90,8 +92,9 @@ def _nvml_device(nv, index: int) -> dict | None:
         procs = nv.nvmlDeviceGetComputeRunningProcesses(h)
         mine = [p for p in procs if int(p.pid) == os.getpid()]
         out["process_used"] = int(mine[0].usedGpuMemory) if mine and mine[0].usedGpuMemory is not None else None
-        out["processes"] = [{"pid": int(p.pid), "used": None if p.usedGpuMemory is None else int(p.usedGpuMemory)}
-                            for p in procs]
+        out["processes"] = [
+            {"pid": int(p.pid), "used": None if p.usedGpuMemory is None else int(p.usedGpuMemory)} for p in procs
+        ]
     except Exception as exc:  # noqa: BLE001
         out["process_used"] = None
         out["processes_error"] = repr(exc)
@@ -100,8 +103,12 @@ def _nvml_device(nv, index: int) -> dict | None:
 
 def _nvidia_smi_apps() -> str | None:
     try:
-        return subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=20).stdout.strip()
+        return subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        ).stdout.strip()
     except Exception as exc:  # noqa: BLE001
         return f"unavailable: {exc!r}"
 
@@ -123,14 +130,18 @@ def _stage(torch, cuda: bool, nv, index: int, with_smi: bool = False) -> dict:
     if cuda and torch.cuda.is_initialized():
         torch.cuda.synchronize()
         free, total = torch.cuda.mem_get_info(index)
-        s.update(mem_get_info={"free": int(free), "total": int(total), "used": int(total - free)},
-                 allocated=int(torch.cuda.memory_allocated(index)), reserved=int(torch.cuda.memory_reserved(index)))
+        s.update(
+            mem_get_info={"free": int(free), "total": int(total), "used": int(total - free)},
+            allocated=int(torch.cuda.memory_allocated(index)),
+            reserved=int(torch.cuda.memory_reserved(index)),
+        )
     if with_smi:
         s["nvidia_smi_apps"] = _nvidia_smi_apps()
     return s
 
 
 # --- texts ----------------------------------------------------------------------------------------
+
 
 def _single_token_words(tokenizer) -> list[str]:
     words = sorted(w for w in tokenizer.get_vocab() if w.isascii() and w.isalpha() and w.islower() and 3 <= len(w) <= 9)
@@ -146,8 +157,12 @@ def texts_of(tokenizer, words: list[str], n_texts: int, seq: int, max_seq: int, 
 
 
 def tokens_read(tokenizer, texts: list[str], max_seq: int) -> list[int]:
-    return [len(ids) for ids in tokenizer(texts, truncation=True, max_length=max_seq, return_attention_mask=False,
-                                          return_token_type_ids=False)["input_ids"]]
+    return [
+        len(ids)
+        for ids in tokenizer(
+            texts, truncation=True, max_length=max_seq, return_attention_mask=False, return_token_type_ids=False
+        )["input_ids"]
+    ]
 
 
 def formula_bytes(batch: int, seq: int, dim: int) -> int:
@@ -156,6 +171,7 @@ def formula_bytes(batch: int, seq: int, dim: int) -> int:
 
 
 # --- one variant in this process -------------------------------------------------------------------
+
 
 def run_variant(args, name: str) -> dict:
     spec = VARIANTS[name]
@@ -199,8 +215,13 @@ def run_variant(args, name: str) -> dict:
     out["attn_implementation"] = getattr(auto.config, "_attn_implementation", None)
     dim = int((getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension)())
     max_seq = int(model.max_seq_length)
-    out.update(dim=dim, max_seq_length=max_seq, num_attention_heads=int(auto.config.num_attention_heads),
-               hidden_layers=int(auto.config.num_hidden_layers), intermediate_size=int(auto.config.intermediate_size))
+    out.update(
+        dim=dim,
+        max_seq_length=max_seq,
+        num_attention_heads=int(auto.config.num_attention_heads),
+        hidden_layers=int(auto.config.num_hidden_layers),
+        intermediate_size=int(auto.config.intermediate_size),
+    )
     stages["weights_loaded"] = _stage(torch, cuda, nv, index)
     weights = (torch.cuda.memory_allocated(index) - alloc0) if cuda else None
     out["weights_allocated"] = weights
@@ -209,8 +230,9 @@ def run_variant(args, name: str) -> dict:
     words = _single_token_words(tok)
 
     def encode(texts):
-        return model.encode(texts, batch_size=PLAN_BATCH_SIZE, normalize_embeddings=True, convert_to_numpy=True,
-                            show_progress_bar=False).astype(np.float32)
+        return model.encode(
+            texts, batch_size=PLAN_BATCH_SIZE, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+        ).astype(np.float32)
 
     # The replica's warm-up: one full batch at the longest input.
     t0 = time.perf_counter()
@@ -227,8 +249,12 @@ def run_variant(args, name: str) -> dict:
         for batch in BATCHES:
             texts = texts_of(tok, words, batch, seq, max_seq, seed=seq * 1000 + batch)
             read = tokens_read(tok, texts, max_seq)
-            row = {"batch": batch, "seq_tokens": seq, "tokens_read_per_text": sorted(set(read)),
-                   "formula_activation_bytes": formula_bytes(batch, min(seq, max_seq), dim)}
+            row = {
+                "batch": batch,
+                "seq_tokens": seq,
+                "tokens_read_per_text": sorted(set(read)),
+                "formula_activation_bytes": formula_bytes(batch, min(seq, max_seq), dim),
+            }
             if cuda:
                 gc.collect()
                 torch.cuda.synchronize()
@@ -240,11 +266,16 @@ def run_variant(args, name: str) -> dict:
                 torch.cuda.synchronize()
                 peak_alloc = torch.cuda.max_memory_allocated(index)
                 peak_res = torch.cuda.max_memory_reserved(index)
-                row.update(rest_allocated=rest_alloc, rest_reserved=rest_res, max_allocated=peak_alloc,
-                           max_reserved=peak_res, peak_allocated_minus_rest=peak_alloc - rest_alloc,
-                           peak_reserved_minus_rest=peak_res - rest_res,
-                           peak_allocated_minus_weights=peak_alloc - alloc0 - weights,
-                           peak_reserved_minus_weights=peak_res - alloc0 - weights)
+                row.update(
+                    rest_allocated=rest_alloc,
+                    rest_reserved=rest_res,
+                    max_allocated=peak_alloc,
+                    max_reserved=peak_res,
+                    peak_allocated_minus_rest=peak_alloc - rest_alloc,
+                    peak_reserved_minus_rest=peak_res - rest_res,
+                    peak_allocated_minus_weights=peak_alloc - alloc0 - weights,
+                    peak_reserved_minus_weights=peak_res - alloc0 - weights,
+                )
                 row["measured_over_formula"] = round((peak_alloc - rest_alloc) / row["formula_activation_bytes"], 4)
             else:
                 vec = encode(texts)
@@ -257,14 +288,27 @@ def run_variant(args, name: str) -> dict:
                 encode(texts)  # convert_to_numpy copies to host: the wall time includes the sync
                 times.append(time.perf_counter() - t0)
             med = statistics.median(times)
-            row.update(repeats=args.repeats, median_s=med, min_s=min(times), max_s=max(times),
-                       texts_per_s=batch / med, tokens_per_s=sum(read) / med)
+            row.update(
+                repeats=args.repeats,
+                median_s=med,
+                min_s=min(times),
+                max_s=max(times),
+                texts_per_s=batch / med,
+                tokens_per_s=sum(read) / med,
+            )
             configs.append(row)
-            print(f"[{name}] batch {batch:3d} seq {seq:3d}: "
-                  + (f"peak +{row['peak_allocated_minus_rest'] / 2**20:8.1f} MiB alloc, "
-                     f"+{row['peak_reserved_minus_rest'] / 2**20:8.1f} MiB reserved, "
-                     f"formula {row['formula_activation_bytes'] / 2**20:8.1f} MiB, " if cuda else "")
-                  + f"{row['texts_per_s']:9.1f} texts/s (median {med * 1e3:.2f} ms)", flush=True)
+            print(
+                f"[{name}] batch {batch:3d} seq {seq:3d}: "
+                + (
+                    f"peak +{row['peak_allocated_minus_rest'] / 2**20:8.1f} MiB alloc, "
+                    f"+{row['peak_reserved_minus_rest'] / 2**20:8.1f} MiB reserved, "
+                    f"formula {row['formula_activation_bytes'] / 2**20:8.1f} MiB, "
+                    if cuda
+                    else ""
+                )
+                + f"{row['texts_per_s']:9.1f} texts/s (median {med * 1e3:.2f} ms)",
+                flush=True,
+            )
     out["configs"] = configs
 
     # Bulk ingest: --bulk-texts texts of max_seq_length tokens, batch_size 64 (16 forward passes per call at 1024).
@@ -275,8 +319,13 @@ def run_variant(args, name: str) -> dict:
         t0 = time.perf_counter()
         encode(texts)
         times.append(time.perf_counter() - t0)
-    out["bulk"] = {"texts": args.bulk_texts, "seq_tokens": max_seq, "batch_size": PLAN_BATCH_SIZE,
-                   "median_s": statistics.median(times), "texts_per_s": args.bulk_texts / statistics.median(times)}
+    out["bulk"] = {
+        "texts": args.bulk_texts,
+        "seq_tokens": max_seq,
+        "batch_size": PLAN_BATCH_SIZE,
+        "median_s": statistics.median(times),
+        "texts_per_s": args.bulk_texts / statistics.median(times),
+    }
     stages["after_all"] = _stage(torch, cuda, nv, index, with_smi=True)
     out["stages"] = stages
     if cuda:
@@ -285,7 +334,9 @@ def run_variant(args, name: str) -> dict:
         ctxb: dict = {"torch_reserved_at_context": ctx["reserved"]}
         if before.get("nvml") and ctx.get("nvml"):
             ctxb["nvml_device_used_delta"] = ctx["nvml"]["used"] - before["nvml"]["used"]
-            ctxb["nvml_free_before_minus_mem_get_info_free_after"] = before["nvml"]["free"] - ctx["mem_get_info"]["free"]
+            ctxb["nvml_free_before_minus_mem_get_info_free_after"] = (
+                before["nvml"]["free"] - ctx["mem_get_info"]["free"]
+            )
             ctxb["nvml_process_used"] = ctx["nvml"].get("process_used")
         end = stages["after_all"]
         if end.get("nvml") and end["nvml"].get("process_used") is not None:
@@ -295,25 +346,39 @@ def run_variant(args, name: str) -> dict:
             ctxb["outside_allocator_after_all"] = end["nvml"]["process_used"] - end["reserved"]
         if before.get("nvml") and end.get("nvml"):
             ctxb["nvml_device_used_delta_after_all"] = end["nvml"]["used"] - before["nvml"]["used"]
-            ctxb["outside_allocator_after_all_device_delta"] = end["nvml"]["used"] - before["nvml"]["used"] - end["reserved"]
+            ctxb["outside_allocator_after_all_device_delta"] = (
+                end["nvml"]["used"] - before["nvml"]["used"] - end["reserved"]
+            )
         out["context"] = ctxb
     return out
 
 
 # --- orchestration ----------------------------------------------------------------------------------
 
+
 def environment(args) -> dict:
     import torch
     import sentence_transformers
     import transformers
-    env = {"python": platform.python_version(), "machine": platform.machine(), "kernel": platform.release(),
-           "torch": torch.__version__, "torch_cuda": torch.version.cuda, "sentence_transformers": sentence_transformers.__version__,
-           "transformers": transformers.__version__, "CUDA_MODULE_LOADING": os.environ.get("CUDA_MODULE_LOADING"),
-           "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), "model": str(args.model)}
+
+    env = {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "kernel": platform.release(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "sentence_transformers": sentence_transformers.__version__,
+        "transformers": transformers.__version__,
+        "CUDA_MODULE_LOADING": os.environ.get("CUDA_MODULE_LOADING"),
+        "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+        "model": str(args.model),
+    }
     nv = _nvml()
     if nv is not None:
+
         def s(v):
             return v.decode() if isinstance(v, bytes) else v
+
         env["driver"] = s(nv.nvmlSystemGetDriverVersion())
         try:
             v = nv.nvmlSystemGetCudaDriverVersion()
@@ -324,8 +389,12 @@ def environment(args) -> dict:
         env["gpu_name_nvml"] = s(nv.nvmlDeviceGetName(h))
         env["gpu_total_bytes_nvml"] = int(nv.nvmlDeviceGetMemoryInfo(h).total)
     try:
-        env["nvidia_smi"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,memory.used",
-                                            "--format=csv,noheader"], capture_output=True, text=True, timeout=20).stdout.strip()
+        env["nvidia_smi"] = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,memory.used", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        ).stdout.strip()
     except Exception as exc:  # noqa: BLE001
         env["nvidia_smi"] = f"unavailable: {exc!r}"
     return env
@@ -347,24 +416,47 @@ def main() -> None:
         args.out.write_text(json.dumps(run_variant(args, args.child), indent=1))
         return
 
-    result: dict = {"script": "bench/bench_gpu_embedder.py", "argv": sys.argv[1:], "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                    "plan_batch_size": PLAN_BATCH_SIZE, "variants": {}, "errors": {}}
+    result: dict = {
+        "script": "bench/bench_gpu_embedder.py",
+        "argv": sys.argv[1:],
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "plan_batch_size": PLAN_BATCH_SIZE,
+        "variants": {},
+        "errors": {},
+    }
     # Versions are read in a child too, so this process never touches the GPU.
     with tempfile.TemporaryDirectory() as tmp:
         env_file = Path(tmp) / "env.json"
-        code = ("import json,sys; sys.argv=['x']; from pathlib import Path; import argparse; "
-                f"sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); import bench_gpu_embedder as b; "
-                f"a=argparse.Namespace(model={str(args.model)!r}); env=b.environment(a); import torch; "
-                "env['gpu_name_torch']=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None; "
-                "env['cudnn']=torch.backends.cudnn.version() if torch.cuda.is_available() else None; "
-                f"Path({str(env_file)!r}).write_text(json.dumps(env))")
+        code = (
+            "import json,sys; sys.argv=['x']; from pathlib import Path; import argparse; "
+            f"sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); import bench_gpu_embedder as b; "
+            f"a=argparse.Namespace(model={str(args.model)!r}); env=b.environment(a); import torch; "
+            "env['gpu_name_torch']=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None; "
+            "env['cudnn']=torch.backends.cudnn.version() if torch.cuda.is_available() else None; "
+            f"Path({str(env_file)!r}).write_text(json.dumps(env))"
+        )
         subprocess.run([sys.executable, "-c", code], check=False)
         result["environment"] = json.loads(env_file.read_text()) if env_file.exists() else None
         for name in args.variants.split(","):
             child_out = Path(tmp) / f"{name}.json"
-            cmd = [sys.executable, __file__, "--model", str(args.model), "--out", str(child_out), "--device", args.device,
-                   "--repeats", str(args.repeats), "--warmup", str(args.warmup), "--bulk-texts", str(args.bulk_texts),
-                   "--child", name]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--model",
+                str(args.model),
+                "--out",
+                str(child_out),
+                "--device",
+                args.device,
+                "--repeats",
+                str(args.repeats),
+                "--warmup",
+                str(args.warmup),
+                "--bulk-texts",
+                str(args.bulk_texts),
+                "--child",
+                name,
+            ]
             t0 = time.perf_counter()
             proc = subprocess.run(cmd, check=False)
             if proc.returncode == 0 and child_out.exists():

@@ -68,22 +68,31 @@ def load_documents(count: int) -> list[DocumentInput]:
 
 
 def requests_of(docs: list, size: int) -> list[list]:
-    return [docs[i:i + size] for i in range(0, len(docs), size)]
+    return [docs[i : i + size] for i in range(0, len(docs), size)]
 
 
 def row(path: str, threads, chunks: int, tokens: int, seconds: float, **extra) -> dict:
-    return {"path": path, "threads": threads, "chunks": chunks, "tokens": tokens, "wall_s": round(seconds, 2),
-            "chunks_per_s": round(chunks / seconds, 1), "tokens_per_s": round(tokens / seconds), **extra}
+    return {
+        "path": path,
+        "threads": threads,
+        "chunks": chunks,
+        "tokens": tokens,
+        "wall_s": round(seconds, 2),
+        "chunks_per_s": round(chunks / seconds, 1),
+        "tokens_per_s": round(tokens / seconds),
+        **extra,
+    }
 
 
 def run_raw(embedder: SentenceTransformerEmbedder, texts: list[str], tokens: int, threads: int) -> dict:
     import torch
 
     torch.set_num_threads(threads)
-    embedder.model.encode(texts[:embedder.batch_size], batch_size=embedder.batch_size)  # warm-up
+    embedder.model.encode(texts[: embedder.batch_size], batch_size=embedder.batch_size)  # warm-up
     start = time.perf_counter()
-    embedder.model.encode(texts, batch_size=embedder.batch_size, normalize_embeddings=True,
-                          convert_to_numpy=True, show_progress_bar=False)
+    embedder.model.encode(
+        texts, batch_size=embedder.batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+    )
     return row("raw", threads, len(texts), tokens, time.perf_counter() - start)
 
 
@@ -117,8 +126,9 @@ class Timed:
         return await self._index.search(tenant, collection, query)
 
 
-async def run_pipeline(embedder: SentenceTransformerEmbedder, docs: list[DocumentInput], per_request: int,
-                       threads: int, workdir: Path) -> dict:
+async def run_pipeline(
+    embedder: SentenceTransformerEmbedder, docs: list[DocumentInput], per_request: int, threads: int, workdir: Path
+) -> dict:
     import torch
 
     torch.set_num_threads(threads)
@@ -146,9 +156,16 @@ def chat_loop(http, model: str, until, least: int) -> dict:
     tokens, seconds, count = 0, 0.0, 0
     while count < least or not until():
         start = time.perf_counter()
-        response = http.post("/v1/chat/completions", json={
-            "model": model, "messages": [{"role": "user", "content": CHAT_PROMPT}], "max_tokens": 64,
-            "temperature": 0.0, "ignore_eos": True})
+        response = http.post(
+            "/v1/chat/completions",
+            json={
+                "model": model,
+                "messages": [{"role": "user", "content": CHAT_PROMPT}],
+                "max_tokens": 64,
+                "temperature": 0.0,
+                "ignore_eos": True,
+            },
+        )
         response.raise_for_status()
         seconds += time.perf_counter() - start
         tokens += response.json()["usage"]["completion_tokens"]
@@ -163,8 +180,10 @@ def run_stack(url: str, api_key: str, docs: list[DocumentInput], per_request: in
     headers = {"Authorization": f"Bearer {api_key}"}
     with httpx.Client(base_url=url, headers=headers, timeout=600) as http:
         http.delete(f"/v1/collections/{COLLECTION}")
-        warm = http.post(f"/v1/collections/{COLLECTION}-warm/documents",
-                         json={"documents": [{"id": "w", "text": docs[0].text[:2000]}]})
+        warm = http.post(
+            f"/v1/collections/{COLLECTION}-warm/documents",
+            json={"documents": [{"id": "w", "text": docs[0].text[:2000]}]},
+        )
         warm.raise_for_status()
         http.delete(f"/v1/collections/{COLLECTION}-warm")
         model = next(m["id"] for m in http.get("/v1/models").json()["data"] if "minilm" not in m["id"])
@@ -173,8 +192,10 @@ def run_stack(url: str, api_key: str, docs: list[DocumentInput], per_request: in
             start = time.perf_counter()
             chunks = tokens = 0
             for batch in requests_of(docs, per_request):
-                response = http.post(f"/v1/collections/{COLLECTION}/documents",
-                                     json={"documents": [{"id": d.id, "text": d.text} for d in batch]})
+                response = http.post(
+                    f"/v1/collections/{COLLECTION}/documents",
+                    json={"documents": [{"id": d.id, "text": d.text} for d in batch]},
+                )
                 response.raise_for_status()
                 chunks += response.json()["chunks"]
                 tokens += response.json().get("tokens", 0)
@@ -216,17 +237,21 @@ def best_rows(runs: list[dict]) -> list[dict]:
 def table(rows: list[dict]) -> str:
     best_raw = max(r["chunks_per_s"] for r in rows if r["path"] == "raw")
     raw_at = {r["threads"]: r["chunks_per_s"] for r in rows if r["path"] == "raw"}
-    lines = ["| path | torch threads | chunks | tokens | best wall s | chunks/s | tokens/s | vs raw | vs raw-best "
-             "| chunk s | embed s | store s | chunks/s each round | chat tok/s alone, beside |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    lines = [
+        "| path | torch threads | chunks | tokens | best wall s | chunks/s | tokens/s | vs raw | vs raw-best "
+        "| chunk s | embed s | store s | chunks/s each round | chat tok/s alone, beside |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
     for r in rows:
         same = raw_at.get(r["threads"])
         vs_same = f"{r['chunks_per_s'] / same:.2f}x" if same else "-"
         chat = f"{r['chat_alone_tokens_per_s']}, {r['chat_tokens_per_s']}" if "chat_tokens_per_s" in r else "-"
-        lines.append(f"| {r['path']} | {r['threads']} | {r['chunks']} | {r['tokens']} | {r['wall_s']} "
-                     f"| {r['chunks_per_s']} | {r['tokens_per_s']} | {vs_same} | {r['chunks_per_s'] / best_raw:.2f}x "
-                     f"| {r.get('chunk_s', '-')} | {r.get('embed_s', '-')} | {r.get('store_s', '-')} "
-                     f"| {', '.join(map(str, r['rounds_chunks_per_s']))} | {chat} |")
+        lines.append(
+            f"| {r['path']} | {r['threads']} | {r['chunks']} | {r['tokens']} | {r['wall_s']} "
+            f"| {r['chunks_per_s']} | {r['tokens_per_s']} | {vs_same} | {r['chunks_per_s'] / best_raw:.2f}x "
+            f"| {r.get('chunk_s', '-')} | {r.get('embed_s', '-')} | {r.get('store_s', '-')} "
+            f"| {', '.join(map(str, r['rounds_chunks_per_s']))} | {chat} |"
+        )
     return "\n".join(lines)
 
 
@@ -241,9 +266,11 @@ async def measure(args, stack_url: str | None, api_key: str | None) -> BenchResu
     start = time.perf_counter()
     tokens = embedder.tokens_read(texts)
     count_s = time.perf_counter() - start
-    print(f"{len(docs)} documents, {sum(len(d.text) for d in docs):,} characters -> {len(texts)} chunks, "
-          f"{tokens:,} tokens read; chunking alone {chunk_s:.2f} s, counting the tokens read {count_s:.2f} s",
-          flush=True)
+    print(
+        f"{len(docs)} documents, {sum(len(d.text) for d in docs):,} characters -> {len(texts)} chunks, "
+        f"{tokens:,} tokens read; chunking alone {chunk_s:.2f} s, counting the tokens read {count_s:.2f} s",
+        flush=True,
+    )
 
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -258,11 +285,22 @@ async def measure(args, stack_url: str | None, api_key: str | None) -> BenchResu
                 print(runs[-2:], flush=True)
     rows = best_rows(runs)
     print(table(rows))
-    config = {"documents": len(docs), "characters": sum(len(d.text) for d in docs), "chunks": len(texts),
-              "tokens": tokens, "docs_per_request": args.docs_per_request, "rounds": args.rounds,
-              "threads": args.threads, "stack": stack_url is not None, "chat": args.chat}
-    metrics = {"chunking_s": round(chunk_s, 3), "count_tokens_s": round(count_s, 3),
-               **{f"{r['path']}@{r['threads']}_chunks_per_s": r["chunks_per_s"] for r in rows}}
+    config = {
+        "documents": len(docs),
+        "characters": sum(len(d.text) for d in docs),
+        "chunks": len(texts),
+        "tokens": tokens,
+        "docs_per_request": args.docs_per_request,
+        "rounds": args.rounds,
+        "threads": args.threads,
+        "stack": stack_url is not None,
+        "chat": args.chat,
+    }
+    metrics = {
+        "chunking_s": round(chunk_s, 3),
+        "count_tokens_s": round(count_s, 3),
+        **{f"{r['path']}@{r['threads']}_chunks_per_s": r["chunks_per_s"] for r in rows},
+    }
     return new_result(NAME, config, metrics, rows)
 
 
@@ -272,18 +310,27 @@ async def main() -> None:
     parser.add_argument("--docs-per-request", type=int, default=4)
     parser.add_argument("--threads", default="1,2", help="torch thread counts for raw and pipeline")
     parser.add_argument("--rounds", type=int, default=3, help="every path once per round; the best round counts")
-    parser.add_argument("--profile", type=Path, default=None,
-                        help="start a private stack from this profile (bench/harness/stack.py) and ingest through it")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="start a private stack from this profile (bench/harness/stack.py) and ingest through it",
+    )
     parser.add_argument("--stack-url", default=None, help="or a running stack's URL (with --api-key)")
     parser.add_argument("--api-key", default=os.environ.get("POOLSERVE_API_KEY"))
-    parser.add_argument("--chat", action="store_true", help="with a stack: also ingest while chatting, and "
-                        "report the chat's decode speed alone and beside the ingest")
+    parser.add_argument(
+        "--chat",
+        action="store_true",
+        help="with a stack: also ingest while chatting, and report the chat's decode speed alone and beside the ingest",
+    )
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR, help=f"where {NAME}.json goes")
     args = parser.parse_args()
 
     if args.profile:
-        with tempfile.TemporaryDirectory(prefix="bench-ingest-") as workdir, \
-                poolserve_stack(args.profile, Path(workdir)) as server:
+        with (
+            tempfile.TemporaryDirectory(prefix="bench-ingest-") as workdir,
+            poolserve_stack(args.profile, Path(workdir)) as server,
+        ):
             result = await measure(args, server.base_url, server.api_key)
     else:
         result = await measure(args, args.stack_url, args.api_key)

@@ -23,8 +23,7 @@ from bench.harness.results import RESULTS_DIR, BenchResult, new_result, write_re
 from bench.harness.timing import percentile, time_repeated  # noqa: E402
 
 NAME = "limits"
-SHARED, SHARED_FOUR, IN_MEMORY = ("shared SQLite limiter", "shared, 4 transactions (before)",
-                                  "in-process limits (old)")
+SHARED, SHARED_FOUR, IN_MEMORY = ("shared SQLite limiter", "shared, 4 transactions (before)", "in-process limits (old)")
 
 
 def shared_limiter_seconds(rounds: int, transactions: int = 2) -> list[float]:
@@ -34,6 +33,7 @@ def shared_limiter_seconds(rounds: int, transactions: int = 2) -> list[float]:
     # Limits that never bind, so every round takes every step (a TPM cap keeps the token writes in).
     tenant = Tenant(name="bench", models=None, rpm=10**9, tpm=10**12, max_concurrency=10**6)
     with tempfile.TemporaryDirectory() as tmp, TenantLimiter(Path(tmp) / "limits.sqlite3") as limiter:
+
         def two_transactions():
             lease, reservation = limiter.acquire_and_admit(tenant, estimated_tokens=300, reserve=True)
             limiter.settle_and_release(tenant, reservation, 250, lease.lease_id)
@@ -68,26 +68,42 @@ def in_memory_limiter_seconds(rounds: int) -> list[float]:
 
 def run(rounds: int) -> BenchResult:
     rows = []
-    for path, seconds in ((SHARED, shared_limiter_seconds(rounds)), (SHARED_FOUR, shared_limiter_seconds(rounds, 4)),
-                          (IN_MEMORY, in_memory_limiter_seconds(rounds))):
+    for path, seconds in (
+        (SHARED, shared_limiter_seconds(rounds)),
+        (SHARED_FOUR, shared_limiter_seconds(rounds, 4)),
+        (IN_MEMORY, in_memory_limiter_seconds(rounds)),
+    ):
         micros = [s * 1e6 for s in seconds]
-        rows.append({"path": path, "rounds": rounds, "median_us": percentile(micros, 50),
-                     "p99_us": percentile(micros, 99)})
+        rows.append(
+            {"path": path, "rounds": rounds, "median_us": percentile(micros, 50), "p99_us": percentile(micros, 99)}
+        )
     by = {row["path"]: row["median_us"] for row in rows}
-    return new_result(NAME, {"rounds": rounds}, {"median_ratio_shared_vs_old": by[SHARED] / by[IN_MEMORY],
-                                                 "median_ratio_shared_vs_four": by[SHARED] / by[SHARED_FOUR]}, rows)
+    return new_result(
+        NAME,
+        {"rounds": rounds},
+        {
+            "median_ratio_shared_vs_old": by[SHARED] / by[IN_MEMORY],
+            "median_ratio_shared_vs_four": by[SHARED] / by[SHARED_FOUR],
+        },
+        rows,
+    )
 
 
 def tables(result: BenchResult) -> str:
     """Section 5's table: one row per run, each path's median and p99 per request."""
     by = {row["path"]: row for row in result.rows}
     cell = lambda row: f"median {row['median_us']:.1f} µs, p99 {row['p99_us']:.1f} µs"  # noqa: E731
-    lines = ["| requests | shared SQLite limiter (2 transactions) | the same in 4 (before) | in-process (old) | "
-             "vs 4 | vs in-process |", "|---:|---|---|---|---:|---:|"]
+    lines = [
+        "| requests | shared SQLite limiter (2 transactions) | the same in 4 (before) | in-process (old) | "
+        "vs 4 | vs in-process |",
+        "|---:|---|---|---|---:|---:|",
+    ]
     four = by.get(SHARED_FOUR)
-    lines.append(f"| {result.config['rounds']} | {cell(by[SHARED])} | {cell(four) if four else 'n/a'} | "
-                 f"{cell(by[IN_MEMORY])} | {result.metrics.get('median_ratio_shared_vs_four', float('nan')):.2f}x | "
-                 f"{result.metrics['median_ratio_shared_vs_old']:.1f}x |")
+    lines.append(
+        f"| {result.config['rounds']} | {cell(by[SHARED])} | {cell(four) if four else 'n/a'} | "
+        f"{cell(by[IN_MEMORY])} | {result.metrics.get('median_ratio_shared_vs_four', float('nan')):.2f}x | "
+        f"{result.metrics['median_ratio_shared_vs_old']:.1f}x |"
+    )
     return "\n".join(lines)
 
 

@@ -73,7 +73,7 @@ def filler_pages(skip: set[str]):
 
 def ingest(http, pages) -> None:
     for i in range(0, len(pages), BATCH_DOCUMENTS):
-        batch = [{"id": p["id"].replace("/", "--"), "text": p["text"]} for p in pages[i:i + BATCH_DOCUMENTS]]
+        batch = [{"id": p["id"].replace("/", "--"), "text": p["text"]} for p in pages[i : i + BATCH_DOCUMENTS]]
         response = http.post(f"/v1/collections/{COLLECTION}/documents", json={"documents": batch})
         if response.status_code != 200:
             raise RuntimeError(f"ingest: {response.status_code} {response.text[:300]}")
@@ -111,9 +111,15 @@ def ask(http, question: str, budget: int | None) -> dict:
     response.raise_for_status()
     data = response.json()
     answer = data.get("answer") or ""
-    return {"seconds": seconds, "completion_tokens": (data.get("usage") or {}).get("completion_tokens"),
-            "finish_reason": data.get("finish_reason"), "refused": data.get("refused"), "chars": len(answer),
-            "ends_at_sentence": ends_at_sentence(answer), "answer": answer}
+    return {
+        "seconds": seconds,
+        "completion_tokens": (data.get("usage") or {}).get("completion_tokens"),
+        "finish_reason": data.get("finish_reason"),
+        "refused": data.get("refused"),
+        "chars": len(answer),
+        "ends_at_sentence": ends_at_sentence(answer),
+        "answer": answer,
+    }
 
 
 def ask_streamed(http, question: str, budget: int | None) -> dict:
@@ -126,7 +132,7 @@ def ask_streamed(http, question: str, budget: int | None) -> dict:
         for line in response.iter_lines():
             if not line.startswith("data: "):
                 continue
-            payload = line[len("data: "):]
+            payload = line[len("data: ") :]
             if payload == "[DONE]":
                 done = True
                 continue
@@ -136,21 +142,37 @@ def ask_streamed(http, question: str, budget: int | None) -> dict:
                 text += event["delta"]
             elif event.get("object") == "rag.finish":
                 finish = event.get("finish_reason")
-    return {"seconds": time.perf_counter() - started, "first_delta_s": first, "finish_reason": finish,
-            "done": done, "answer": text, "ends_at_sentence": ends_at_sentence(text)}
+    return {
+        "seconds": time.perf_counter() - started,
+        "first_delta_s": first,
+        "finish_reason": finish,
+        "done": done,
+        "answer": text,
+        "ends_at_sentence": ends_at_sentence(text),
+    }
 
 
 def summary(rows: list[dict], budget) -> dict:
     seconds = [r["seconds"] for r in rows]
     answered = [r for r in rows if not r.get("refused")]
-    capped = [r for r in answered if r["finish_reason"] == "length" or
-              (r["finish_reason"] is None and isinstance(budget, int) and r["completion_tokens"] == budget)]
-    return {"budget": budget, "questions": len(rows), "refused": len(rows) - len(answered),
-            "capped": len(capped), "mid_sentence": sum(not r["ends_at_sentence"] for r in answered),
-            "p50_s": round(percentile(seconds, 50), 2), "p95_s": round(percentile(seconds, 95), 2),
-            "max_s": round(max(seconds), 2),
-            "completion_tokens_mean": round(sum(r["completion_tokens"] or 0 for r in answered) / max(1, len(answered)), 1),
-            "answer_chars_p50": percentile([r["chars"] for r in answered], 50) if answered else None}
+    capped = [
+        r
+        for r in answered
+        if r["finish_reason"] == "length"
+        or (r["finish_reason"] is None and isinstance(budget, int) and r["completion_tokens"] == budget)
+    ]
+    return {
+        "budget": budget,
+        "questions": len(rows),
+        "refused": len(rows) - len(answered),
+        "capped": len(capped),
+        "mid_sentence": sum(not r["ends_at_sentence"] for r in answered),
+        "p50_s": round(percentile(seconds, 50), 2),
+        "p95_s": round(percentile(seconds, 95), 2),
+        "max_s": round(max(seconds), 2),
+        "completion_tokens_mean": round(sum(r["completion_tokens"] or 0 for r in answered) / max(1, len(answered)), 1),
+        "answer_chars_p50": percentile([r["chars"] for r in answered], 50) if answered else None,
+    }
 
 
 def run(args) -> dict:
@@ -173,8 +195,11 @@ def run(args) -> dict:
                 ingest(http, pages)
                 out["collection_chunks"] = fill_to(http, args.collection_chunks, {p["id"] for p in pages})
                 out["ingest_s"] = round(time.monotonic() - started, 1)
-                print(f"[stack] ingested {len(pages)} pages and filled to {out['collection_chunks']} chunks in "
-                      f"{out['ingest_s']} s", flush=True)
+                print(
+                    f"[stack] ingested {len(pages)} pages and filled to {out['collection_chunks']} chunks in "
+                    f"{out['ingest_s']} s",
+                    flush=True,
+                )
                 ask(http, "What does git status show?", 8)  # warm-up, untimed
                 out["load_average_before"] = list(os.getloadavg())
                 # Each question at every budget in turn, so a change of the machine's load falls on all of them.
@@ -183,26 +208,39 @@ def run(args) -> dict:
                     for budget, label in zip(budgets, labels):
                         row = {"id": q["id"], "budget": label, **ask(http, q["question"], budget)}
                         out["rows"].append(row)
-                        print(f"[{label}] {q['id']} {row['seconds']:.1f}s {row['completion_tokens']} tok "
-                              f"{row['finish_reason']} sentence-end={row['ends_at_sentence']}", flush=True)
+                        print(
+                            f"[{label}] {q['id']} {row['seconds']:.1f}s {row['completion_tokens']} tok "
+                            f"{row['finish_reason']} sentence-end={row['ends_at_sentence']}",
+                            flush=True,
+                        )
                 for budget, label in zip(budgets, labels):
                     out["budgets"][str(label)] = summary([r for r in out["rows"] if r["budget"] == label], budget)
                 if args.stream:
                     streamed = []
-                    plain = {r["id"]: r["answer"] for r in out["rows"] if r["budget"] == ("default" if budgets[0] is None else budgets[0])}
+                    plain = {
+                        r["id"]: r["answer"]
+                        for r in out["rows"]
+                        if r["budget"] == ("default" if budgets[0] is None else budgets[0])
+                    }
                     for q in asked:
                         row = {"id": q["id"], **ask_streamed(http, q["question"], budgets[0])}
                         row["same_as_non_streamed"] = row["answer"] == plain.get(q["id"])
                         streamed.append(row)
-                        print(f"[stream] {q['id']} first {row['first_delta_s']}s {row['finish_reason']} "
-                              f"same={row['same_as_non_streamed']}", flush=True)
+                        print(
+                            f"[stream] {q['id']} first {row['first_delta_s']}s {row['finish_reason']} "
+                            f"same={row['same_as_non_streamed']}",
+                            flush=True,
+                        )
                     firsts = [r["first_delta_s"] for r in streamed if r["first_delta_s"] is not None]
-                    out["stream"] = {"questions": len(streamed), "first_delta_p50_s": round(percentile(firsts, 50), 2),
-                                     "total_p50_s": round(percentile([r["seconds"] for r in streamed], 50), 2),
-                                     "same_as_non_streamed": sum(r["same_as_non_streamed"] for r in streamed),
-                                     "mid_sentence": sum(not r["ends_at_sentence"] for r in streamed),
-                                     "finish_reasons": sorted({str(r["finish_reason"]) for r in streamed}),
-                                     "all_done": all(r["done"] for r in streamed)}
+                    out["stream"] = {
+                        "questions": len(streamed),
+                        "first_delta_p50_s": round(percentile(firsts, 50), 2),
+                        "total_p50_s": round(percentile([r["seconds"] for r in streamed], 50), 2),
+                        "same_as_non_streamed": sum(r["same_as_non_streamed"] for r in streamed),
+                        "mid_sentence": sum(not r["ends_at_sentence"] for r in streamed),
+                        "finish_reasons": sorted({str(r["finish_reason"]) for r in streamed}),
+                        "all_done": all(r["done"] for r in streamed),
+                    }
                     out["stream_rows"] = streamed
                 out["load_average_after"] = list(os.getloadavg())
     return out
@@ -214,16 +252,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--questions", type=int, default=20)
     parser.add_argument("--max-tokens", default="default", help="budgets, comma-separated; 'default' sends none")
     parser.add_argument("--rag", action="append", default=[], help="KEY=VALUE for the profile's rag section")
-    parser.add_argument("--collection-chunks", type=int, default=0,
-                        help="fill the collection with other outside-corpora pages to at least this many chunks")
+    parser.add_argument(
+        "--collection-chunks",
+        type=int,
+        default=0,
+        help="fill the collection with other outside-corpora pages to at least this many chunks",
+    )
     parser.add_argument("--stream", action="store_true", help="a streamed pass at the first budget too")
     parser.add_argument("--name", default="rag-answer-length")
     parser.add_argument("--start-timeout", type=float, default=400, help="seconds the stack may take to be healthy")
     args = parser.parse_args(argv)
     out = run(args)
-    config = {"profile": args.profile, "questions": args.questions, "corpus": str(CORPUS.name),
-              "max_tokens": args.max_tokens, "rag": args.rag, "stream": args.stream,
-              "collection_chunks": args.collection_chunks}
+    config = {
+        "profile": args.profile,
+        "questions": args.questions,
+        "corpus": str(CORPUS.name),
+        "max_tokens": args.max_tokens,
+        "rag": args.rag,
+        "stream": args.stream,
+        "collection_chunks": args.collection_chunks,
+    }
     metrics = {k: v for k, v in out.items() if k not in ("rows", "stream_rows")}
     result = new_result(args.name, config, metrics, out["rows"] + [{"stream": r} for r in out.get("stream_rows", [])])
     path = write_result(result)

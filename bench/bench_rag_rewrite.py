@@ -54,8 +54,19 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_rag_quality import (  # noqa: E402
-    CHUNKINGS, COLLECTION, CORPUS, DEFAULT_CHUNKING, DEPTH, MODEL, QUESTIONS, TENANT, chunker_for, load_corpus,
-    load_questions, metrics, rank_of,
+    CHUNKINGS,
+    COLLECTION,
+    CORPUS,
+    DEFAULT_CHUNKING,
+    DEPTH,
+    MODEL,
+    QUESTIONS,
+    TENANT,
+    chunker_for,
+    load_corpus,
+    load_questions,
+    metrics,
+    rank_of,
 )
 from rag.retrieval.embedding import SentenceTransformerEmbedder  # noqa: E402
 from rag.local import LocalEmbedder, LocalIndex  # noqa: E402
@@ -66,15 +77,19 @@ from rag.store.knowledge_store import KnowledgeStore  # noqa: E402
 PROFILE = ROOT / "configs" / "cpu-tiny.yaml"
 RRF_K = 60
 HYDE_TOKENS, KEYWORD_TOKENS = 64, 32
-HYDE_PROMPT = ("Write a short passage, as it would appear in the technical documentation, that answers this "
-               "question. Only the passage.\n\nQuestion: {q}")
-KEYWORD_PROMPT = ("List five search keywords or synonyms for this question, comma-separated, nothing else.\n\n"
-                  "Question: {q}")
+HYDE_PROMPT = (
+    "Write a short passage, as it would appear in the technical documentation, that answers this "
+    "question. Only the passage.\n\nQuestion: {q}"
+)
+KEYWORD_PROMPT = (
+    "List five search keywords or synonyms for this question, comma-separated, nothing else.\n\nQuestion: {q}"
+)
 RERANK_PROMPT = "Passage:\n{p}\n\nQuestion: {q}\n\nDoes the passage answer the question? Answer yes or no."
 YES, NO = ("yes", "Yes", " yes", " Yes", "YES"), ("no", "No", " no", " No", "NO")
 
 
 # --- pure helpers (tests/unit/test_bench_rag_rewrite.py) ------------------------------------------
+
 
 def word_logprob(top: dict[str, float], words: tuple[str, ...]) -> float:
     """log of the summed probability of `words` among a token's top logprobs ({token text: logprob});
@@ -112,11 +127,16 @@ def latency_summary(seconds: list[float]) -> dict:
     ms = sorted(s * 1e3 for s in seconds)
     if not ms:
         return {}
-    return {"p50_ms": round(statistics.median(ms), 1), "p90_ms": round(ms[min(len(ms) - 1, int(0.9 * len(ms)))], 1),
-            "mean_ms": round(statistics.fmean(ms), 1), "questions": len(ms)}
+    return {
+        "p50_ms": round(statistics.median(ms), 1),
+        "p90_ms": round(ms[min(len(ms) - 1, int(0.9 * len(ms)))], 1),
+        "mean_ms": round(statistics.fmean(ms), 1),
+        "questions": len(ms),
+    }
 
 
 # --- the chat model -------------------------------------------------------------------------------
+
 
 def chat_engine(profile_path: Path, omp_threads: int | None):
     """vllm.LLM with the planner's engine arguments and environment for the profile's chat engine."""
@@ -140,8 +160,12 @@ def chat_engine(profile_path: Path, omp_threads: int | None):
 
 def prompts_for(llm, template: str, pairs: list[dict]) -> list[str]:
     tokenizer = llm.get_tokenizer()
-    return [tokenizer.apply_chat_template([{"role": "user", "content": template.format(**p)}], tokenize=False,
-                                          add_generation_prompt=True) for p in pairs]
+    return [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": template.format(**p)}], tokenize=False, add_generation_prompt=True
+        )
+        for p in pairs
+    ]
 
 
 def run_llm(llm, groups: list[list[str]], params, latency_questions: int) -> tuple[list[list], dict]:
@@ -164,13 +188,19 @@ def run_llm(llm, groups: list[list[str]], params, latency_questions: int) -> tup
     per_question = [[next(it) for _ in g] for g in groups]
     n = len(groups)
     return per_question, {
-        "batch_s": round(batch_s, 2), "batch_questions_per_s": round(n / batch_s, 2),
-        "batch_ms_per_question": round(batch_s / n * 1e3, 1), "prompts": len(flat),
-        "prompt_tokens_per_question": round(prompt_tokens / n, 1), "generated_tokens_per_question": round(generated / n, 1),
-        "prefill_tokens_per_s": round(prompt_tokens / batch_s, 1), "per_question": latency_summary(seconds)}
+        "batch_s": round(batch_s, 2),
+        "batch_questions_per_s": round(n / batch_s, 2),
+        "batch_ms_per_question": round(batch_s / n * 1e3, 1),
+        "prompts": len(flat),
+        "prompt_tokens_per_question": round(prompt_tokens / n, 1),
+        "generated_tokens_per_question": round(generated / n, 1),
+        "prefill_tokens_per_s": round(prompt_tokens / batch_s, 1),
+        "per_question": latency_summary(seconds),
+    }
 
 
 # --- retrieval ------------------------------------------------------------------------------------
+
 
 class Retriever:
     """Hybrid retrieval as rag.retrieval.search.retrieve does it (the store's dense and lexical candidates,
@@ -182,17 +212,28 @@ class Retriever:
     def hits(self, dense_texts: list[str], lexical_texts: list[str], depth: int = DEPTH) -> list[list]:
         vectors = self.embedder.embed([self.embedder.query_prefix + t for t in dense_texts])["vectors"]
         candidates = max(depth, self.fusion.candidates)
-        return [fuse(self.store.search(TENANT, COLLECTION, v, candidates),
-                     self.store.search_lexical(TENANT, COLLECTION, t, candidates), depth, self.fusion)
-                for v, t in zip(vectors, lexical_texts)]
+        return [
+            fuse(
+                self.store.search(TENANT, COLLECTION, v, candidates),
+                self.store.search_lexical(TENANT, COLLECTION, t, candidates),
+                depth,
+                self.fusion,
+            )
+            for v, t in zip(vectors, lexical_texts)
+        ]
 
 
 def score(hit_lists: list[list], questions: list[dict]) -> dict:
     ranks = [rank_of(hits[:DEPTH], set(q["documents"])) for hits, q in zip(hit_lists, questions)]
-    by_kind = {kind: metrics([r for r, q in zip(ranks, questions) if q["kind"] == kind])
-               for kind in sorted({q["kind"] for q in questions})}
-    return {**metrics(ranks), "by_kind": by_kind,
-            "missed_top5": [q["id"] for r, q in zip(ranks, questions) if r is None or r > 5]}
+    by_kind = {
+        kind: metrics([r for r, q in zip(ranks, questions) if q["kind"] == kind])
+        for kind in sorted({q["kind"] for q in questions})
+    }
+    return {
+        **metrics(ranks),
+        "by_kind": by_kind,
+        "missed_top5": [q["id"] for r, q in zip(ranks, questions) if r is None or r > 5],
+    }
 
 
 async def ingest(corpus, embedder, workdir: Path) -> tuple[KnowledgeStore, dict]:
@@ -202,20 +243,29 @@ async def ingest(corpus, embedder, workdir: Path) -> tuple[KnowledgeStore, dict]
     pipeline = RagPipeline(local, LocalIndex(store, FusionSettings()), settings)
     start, counts = time.perf_counter(), []
     for i in range(0, len(corpus), 16):  # 16 documents per ingest request, as bench_rag_quality
-        counts += await pipeline.ingest(TENANT, COLLECTION, corpus[i:i + 16])
-    return store, {"chunking": DEFAULT_CHUNKING, "chunks": sum(counts), "ingest_s": round(time.perf_counter() - start, 1)}
+        counts += await pipeline.ingest(TENANT, COLLECTION, corpus[i : i + 16])
+    return store, {
+        "chunking": DEFAULT_CHUNKING,
+        "chunks": sum(counts),
+        "ingest_s": round(time.perf_counter() - start, 1),
+    }
 
 
 def table(variants: dict) -> str:
-    lines = ["| variant | recall@1 | recall@5 | MRR | exact r@5 | paraphrase r@5 | LLM p50 ms/question "
-             "| batch ms/question |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| variant | recall@1 | recall@5 | MRR | exact r@5 | paraphrase r@5 | LLM p50 ms/question "
+        "| batch ms/question |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for name, v in variants.items():
         kinds = v["by_kind"]
         r5 = {k: f"{kinds[k]['recall@5']:.3f}" if k in kinds else "-" for k in ("exact", "paraphrase")}
         llm = v.get("llm") or {}
-        lines.append(f"| {name} | {v['recall@1']:.3f} | {v['recall@5']:.3f} | {v['mrr']:.3f} | {r5['exact']} "
-                     f"| {r5['paraphrase']} | {llm.get('per_question', {}).get('p50_ms', '-')} "
-                     f"| {llm.get('batch_ms_per_question', '-')} |")
+        lines.append(
+            f"| {name} | {v['recall@1']:.3f} | {v['recall@5']:.3f} | {v['mrr']:.3f} | {r5['exact']} "
+            f"| {r5['paraphrase']} | {llm.get('per_question', {}).get('p50_ms', '-')} "
+            f"| {llm.get('batch_ms_per_question', '-')} |"
+        )
     return "\n".join(lines)
 
 
@@ -238,7 +288,7 @@ async def main() -> None:
 
     corpus, questions = load_corpus(Path(args.corpus)), load_questions(Path(args.questions))
     if args.documents:
-        corpus = corpus[:args.documents]
+        corpus = corpus[: args.documents]
         kept = {doc.id for doc in corpus}
         questions = [q for q in questions if set(q["documents"]) <= kept]
     import torch
@@ -261,34 +311,52 @@ async def main() -> None:
         rewrites: dict = {}
         if "hyde" in variants:
             groups = [[p] for p in prompts_for(llm, HYDE_PROMPT, [{"q": t} for t in texts])]
-            outs, cost = run_llm(llm, groups, SamplingParams(temperature=0, max_tokens=HYDE_TOKENS), args.latency_questions)
+            outs, cost = run_llm(
+                llm, groups, SamplingParams(temperature=0, max_tokens=HYDE_TOKENS), args.latency_questions
+            )
             passages = [clean_rewrite(o[0].outputs[0].text) or t for o, t in zip(outs, texts)]
             both = [f"{t} {p}" for t, p in zip(texts, passages)]
             rewrites["hyde"] = passages
             results["hyde: passage"] = {**score(retriever.hits(passages, passages), questions), "llm": cost}
             results["hyde: question + passage"] = {**score(retriever.hits(both, both), questions), "llm": cost}
-            results["hyde: dense passage, lexical question"] = {**score(retriever.hits(passages, texts), questions),
-                                                                "llm": cost}
-            results["hyde: dense q+passage, lexical question"] = {**score(retriever.hits(both, texts), questions),
-                                                                  "llm": cost}
+            results["hyde: dense passage, lexical question"] = {
+                **score(retriever.hits(passages, texts), questions),
+                "llm": cost,
+            }
+            results["hyde: dense q+passage, lexical question"] = {
+                **score(retriever.hits(both, texts), questions),
+                "llm": cost,
+            }
             print(table(results), flush=True)
         if "keywords" in variants:
             groups = [[p] for p in prompts_for(llm, KEYWORD_PROMPT, [{"q": t} for t in texts])]
-            outs, cost = run_llm(llm, groups, SamplingParams(temperature=0, max_tokens=KEYWORD_TOKENS),
-                                 args.latency_questions)
+            outs, cost = run_llm(
+                llm, groups, SamplingParams(temperature=0, max_tokens=KEYWORD_TOKENS), args.latency_questions
+            )
             expanded = [f"{t} {clean_rewrite(o[0].outputs[0].text)}" for o, t in zip(outs, texts)]
             rewrites["keywords"] = expanded
-            results["keywords: question + keywords"] = {**score(retriever.hits(expanded, expanded), questions), "llm": cost}
+            results["keywords: question + keywords"] = {
+                **score(retriever.hits(expanded, expanded), questions),
+                "llm": cost,
+            }
             results["keywords: lexical only"] = {**score(retriever.hits(texts, expanded), questions), "llm": cost}
             print(table(results), flush=True)
         if "rerank" in variants:
             depth = args.rerank_depth
-            groups = [prompts_for(llm, RERANK_PROMPT, [{"q": t, "p": h.text} for h in hits[:depth]])
-                      for t, hits in zip(texts, base)]
-            outs, cost = run_llm(llm, groups, SamplingParams(temperature=0, max_tokens=1, logprobs=20),
-                                 args.latency_questions)
-            scores = [[yes_no_score({lp.decoded_token: lp.logprob for lp in o.outputs[0].logprobs[0].values()})
-                       for o in group] for group in outs]
+            groups = [
+                prompts_for(llm, RERANK_PROMPT, [{"q": t, "p": h.text} for h in hits[:depth]])
+                for t, hits in zip(texts, base)
+            ]
+            outs, cost = run_llm(
+                llm, groups, SamplingParams(temperature=0, max_tokens=1, logprobs=20), args.latency_questions
+            )
+            scores = [
+                [
+                    yes_no_score({lp.decoded_token: lp.logprob for lp in o.outputs[0].logprobs[0].values()})
+                    for o in group
+                ]
+                for group in outs
+            ]
             cost["rerank_depth"] = depth
             for name, order in (("model order", model_order), ("rrf with retrieval rank", rrf_order)):
                 reranked = [[hits[i] for i in order(s)] + hits[depth:] for hits, s in zip(base, scores)]
@@ -298,12 +366,21 @@ async def main() -> None:
         store.close()
 
     report = {
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "torch_threads": args.torch_threads,
-                    "load_average_before": load_before, "load_average_after": os.getloadavg()},
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "torch_threads": args.torch_threads,
+            "load_average_before": load_before,
+            "load_average_after": os.getloadavg(),
+        },
         "corpus": {"path": args.corpus, "questions_path": args.questions, "documents": len(corpus), **ingested},
-        "questions": {"total": len(questions), **{k: sum(q["kind"] == k for q in questions)
-                                                  for k in ("exact", "paraphrase")}},
-        "chat": engine, "fusion": FusionSettings().model_dump(), "depth": DEPTH,
+        "questions": {
+            "total": len(questions),
+            **{k: sum(q["kind"] == k for q in questions) for k in ("exact", "paraphrase")},
+        },
+        "chat": engine,
+        "fusion": FusionSettings().model_dump(),
+        "depth": DEPTH,
         "prompts": {"hyde": HYDE_PROMPT, "keywords": KEYWORD_PROMPT, "rerank": RERANK_PROMPT},
         "variants": results,
         "rewrites": {k: dict(zip((q["id"] for q in questions), v)) for k, v in rewrites.items()},

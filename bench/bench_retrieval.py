@@ -65,7 +65,7 @@ def bench(n: int, kind: str, queries: dict[str, np.ndarray], data: np.ndarray, t
     store = KnowledgeStore(tmp / f"{kind}-{n}.sqlite", dim=DIM, index_kind=kind)
     with Stopwatch() as ingest_watch:
         for doc in range(n // PER_DOC):
-            rows = data[doc * PER_DOC:(doc + 1) * PER_DOC]
+            rows = data[doc * PER_DOC : (doc + 1) * PER_DOC]
             store.upsert_document("bench", "c", f"d{doc}", [f"chunk {doc}-{i}" for i in range(len(rows))], rows)
     ingest = ingest_watch.seconds
     index = store._indexes[("bench", "c")].index  # the FAISS index itself (IndexIDMap2), no tombstone filter
@@ -89,24 +89,42 @@ def bench(n: int, kind: str, queries: dict[str, np.ndarray], data: np.ndarray, t
             lat["numpy"], truth = timed(lambda q: brute_force(data, q, TOP_K))  # exact: the truth too
             lat["faiss"], faiss_ids = timed(lambda q: index.search(unit(q[None, :]), TOP_K)[1][0])
             lat["store"], store_hits = timed(lambda q: store.search("bench", "c", q, TOP_K))
-            recall_faiss = [len(set(id_of_row[e].tolist()) & set(f.tolist())) / TOP_K
-                            for e, f in zip(truth, faiss_ids)]
-            recall_store = [len(set(e.tolist()) & {int(h.document_id[1:]) * PER_DOC + int(h.chunk_id.split("#")[1])
-                                                  for h in hits}) / TOP_K
-                            for e, hits in zip(truth, store_hits)]
+            recall_faiss = [len(set(id_of_row[e].tolist()) & set(f.tolist())) / TOP_K for e, f in zip(truth, faiss_ids)]
+            recall_store = [
+                len(set(e.tolist()) & {int(h.document_id[1:]) * PER_DOC + int(h.chunk_id.split("#")[1]) for h in hits})
+                / TOP_K
+                for e, hits in zip(truth, store_hits)
+            ]
             top1_faiss = [float(id_of_row[e[0]] == f[0]) for e, f in zip(truth, faiss_ids)]
-            top1_store = [float(bool(hits) and int(e[0]) == int(hits[0].document_id[1:]) * PER_DOC
-                                + int(hits[0].chunk_id.split("#")[1])) for e, hits in zip(truth, store_hits)]
+            top1_store = [
+                float(
+                    bool(hits)
+                    and int(e[0]) == int(hits[0].document_id[1:]) * PER_DOC + int(hits[0].chunk_id.split("#")[1])
+                )
+                for e, hits in zip(truth, store_hits)
+            ]
             base50, base95 = pct(lat["numpy"], 50), pct(lat["numpy"], 95)
             for path in ("numpy", "faiss", "store"):
                 p50, p95 = pct(lat[path], 50), pct(lat[path], 95)
-                out.append({
-                    "n": n, "kind": label if path != "numpy" else f"(baseline for {label})", "queries": qname, "path": path,
-                    "p50": p50, "p95": p95, "p50_ratio": p50 / base50, "p95_ratio": p95 / base95,
-                    "recall": 1.0 if path == "numpy" else float(np.mean(recall_faiss if path == "faiss" else recall_store)),
-                    "recall1": 1.0 if path == "numpy" else float(np.mean(top1_faiss if path == "faiss" else top1_store)),
-                    "ingest": ingest if path == "store" else None,
-                })
+                out.append(
+                    {
+                        "n": n,
+                        "kind": label if path != "numpy" else f"(baseline for {label})",
+                        "queries": qname,
+                        "path": path,
+                        "p50": p50,
+                        "p95": p95,
+                        "p50_ratio": p50 / base50,
+                        "p95_ratio": p95 / base95,
+                        "recall": 1.0
+                        if path == "numpy"
+                        else float(np.mean(recall_faiss if path == "faiss" else recall_store)),
+                        "recall1": 1.0
+                        if path == "numpy"
+                        else float(np.mean(top1_faiss if path == "faiss" else top1_store)),
+                        "ingest": ingest if path == "store" else None,
+                    }
+                )
     store.close()
     return out
 
@@ -129,20 +147,33 @@ def run(sizes: list[int], kinds: list[str], n_queries: int, seed: int) -> BenchR
             for kind in kinds:
                 rows += bench(n, kind, queries, data, Path(tmp))
                 print(f"[bench] N={n} {kind} done", flush=True)
-    config = {"sizes": sizes, "kinds": kinds, "queries": n_queries, "seed": seed, "dim": DIM, "top_k": TOP_K,
-              "per_doc": PER_DOC, "hnsw_ef": list(HNSW_EF), "faiss_omp_threads": faiss.omp_get_max_threads()}
+    config = {
+        "sizes": sizes,
+        "kinds": kinds,
+        "queries": n_queries,
+        "seed": seed,
+        "dim": DIM,
+        "top_k": TOP_K,
+        "per_doc": PER_DOC,
+        "hnsw_ef": list(HNSW_EF),
+        "faiss_omp_threads": faiss.omp_get_max_threads(),
+    }
     store_rows = [r for r in rows if r["path"] == "store"]
     metrics = {f"store_p50_ms_{r['n']}_{r['queries']}_{r['kind'].replace(' ', '_')}": r["p50"] for r in store_rows}
     return new_result(NAME, config, metrics, rows)
 
 
 def tables(result: BenchResult) -> str:
-    lines = ["| N | queries | path | index | p50 ms | p95 ms | p50 vs numpy | p95 vs numpy | recall@4 | top-1 found | ingest s |",
-             "|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| N | queries | path | index | p50 ms | p95 ms | p50 vs numpy | p95 vs numpy | recall@4 | top-1 found | ingest s |",
+        "|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in sorted(result.rows, key=lambda r: (r["n"], r["queries"] != "near")):
         ingest = f"{r['ingest']:.1f}" if r["ingest"] is not None else ""
-        lines.append(f"| {r['n']} | {r['queries']} | {r['path']} | {r['kind']} | {r['p50']:.3f} | {r['p95']:.3f} | "
-                     f"{r['p50_ratio']:.2f}x | {r['p95_ratio']:.2f}x | {r['recall']:.3f} | {r['recall1']:.3f} | {ingest} |")
+        lines.append(
+            f"| {r['n']} | {r['queries']} | {r['path']} | {r['kind']} | {r['p50']:.3f} | {r['p95']:.3f} | "
+            f"{r['p50_ratio']:.2f}x | {r['p95_ratio']:.2f}x | {r['recall']:.3f} | {r['recall1']:.3f} | {ingest} |"
+        )
     return "\n".join(lines)
 
 

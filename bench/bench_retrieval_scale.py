@@ -52,9 +52,21 @@ from bench.harness.timing import Stopwatch, percentile, time_each  # noqa: E402
 NAME = "retrieval-scale"
 TOP_K = 10
 WARMUP = 10
-EMPTY_ROW = {"n": 0, "real": 0, "build_s": None, "memory_mib": None, "index_mib": None, "recall": None,
-             "recall_ties": None, "top1": None, "embed_search_p50": None, "embed_search_p95": None,
-             "embed_part_p50": None, "search_part_p50": None, "cpu_p50": None}
+EMPTY_ROW = {
+    "n": 0,
+    "real": 0,
+    "build_s": None,
+    "memory_mib": None,
+    "index_mib": None,
+    "recall": None,
+    "recall_ties": None,
+    "top1": None,
+    "embed_search_p50": None,
+    "embed_search_p95": None,
+    "embed_part_p50": None,
+    "search_part_p50": None,
+    "cpu_p50": None,
+}
 HNSW_EF_SWEEP = (16, 32, 128, 256)  # besides the store's own efSearch
 MIN_REAL_CHUNKS = 4096  # the corpus itself (4705 chunks) is most of it; ~20 min on 2 busy cores
 
@@ -75,7 +87,7 @@ def exact_top(data: np.ndarray, queries: np.ndarray, k: int) -> tuple[np.ndarray
     best_ids = np.zeros((len(queries), 0), dtype=np.int64)
     best_scores = np.zeros((len(queries), 0), dtype=np.float32)
     for start in range(0, len(data), 200_000):
-        scores = queries @ data[start:start + 200_000].T
+        scores = queries @ data[start : start + 200_000].T
         top = np.argpartition(-scores, k, axis=1)[:, :k]
         best_ids = np.hstack([best_ids, top + start])
         best_scores = np.hstack([best_scores, np.take_along_axis(scores, top, axis=1)])
@@ -84,8 +96,9 @@ def exact_top(data: np.ndarray, queries: np.ndarray, k: int) -> tuple[np.ndarray
     return best_ids, best_scores
 
 
-def recalls(found: list[np.ndarray], truth: np.ndarray, truth_scores: np.ndarray, data: np.ndarray,
-            queries: np.ndarray) -> dict[str, float]:
+def recalls(
+    found: list[np.ndarray], truth: np.ndarray, truth_scores: np.ndarray, data: np.ndarray, queries: np.ndarray
+) -> dict[str, float]:
     """recall@10 by id, recall@10 counting ties with the exact 10th score as found, and how often the
     exact best chunk is among the results."""
     by_id = np.mean([len(set(f.tolist()) & set(t.tolist())) / TOP_K for f, t in zip(found, truth)])
@@ -113,8 +126,13 @@ def embed_then_search(embed, search, questions: list[str]) -> dict[str, float]:
         embed_s.append(embedded - started)
         search_s.append(ended - embedded)
         cpu.append(cpu_ended - cpu_started)
-    return {"embed_search_p50": ms(total, 50), "embed_search_p95": ms(total, 95),
-            "embed_part_p50": ms(embed_s, 50), "search_part_p50": ms(search_s, 50), "cpu_p50": ms(cpu, 50)}
+    return {
+        "embed_search_p50": ms(total, 50),
+        "embed_search_p95": ms(total, 95),
+        "embed_part_p50": ms(embed_s, 50),
+        "search_part_p50": ms(search_s, 50),
+        "cpu_p50": ms(cpu, 50),
+    }
 
 
 def embed_threads_rows(embed, questions: list[str], thread_counts: list[int]) -> list[dict]:
@@ -132,9 +150,19 @@ def embed_threads_rows(embed, questions: list[str], thread_counts: list[int]) ->
             if i >= WARMUP:
                 seconds[threads].append(time.perf_counter() - started)
                 cpu[threads].append(time.process_time() - cpu_started)
-    return [{**EMPTY_ROW, "kind": "embed", "setting": f"embed one question (torch threads {t})",
-             "store_default": t == thread_counts[0], "p50": ms(seconds[t], 50), "p95": ms(seconds[t], 95),
-             "cpu_p50": ms(cpu[t], 50), "load": os.getloadavg()[0]} for t in thread_counts]
+    return [
+        {
+            **EMPTY_ROW,
+            "kind": "embed",
+            "setting": f"embed one question (torch threads {t})",
+            "store_default": t == thread_counts[0],
+            "p50": ms(seconds[t], 50),
+            "p95": ms(seconds[t], 95),
+            "cpu_p50": ms(cpu[t], 50),
+            "load": os.getloadavg()[0],
+        }
+        for t in thread_counts
+    ]
 
 
 def trimmed_rss() -> int:
@@ -174,8 +202,18 @@ def build(kind: str, hnsw_m: int, data: np.ndarray, tmp: Path):
     return index, watch.seconds, (psutil.Process().memory_info().rss - rss) / 2**20
 
 
-def measure(n: int, real: int, kind: str, hnsw_m: int, data: np.ndarray, questions: list[str],
-            queries: np.ndarray, truth: tuple[np.ndarray, np.ndarray], embed, tmp: Path) -> list[dict]:
+def measure(
+    n: int,
+    real: int,
+    kind: str,
+    hnsw_m: int,
+    data: np.ndarray,
+    questions: list[str],
+    queries: np.ndarray,
+    truth: tuple[np.ndarray, np.ndarray],
+    embed,
+    tmp: Path,
+) -> list[dict]:
     import faiss
 
     index, build_s, memory_mib = build(kind, hnsw_m, data, tmp)
@@ -187,31 +225,60 @@ def measure(n: int, real: int, kind: str, hnsw_m: int, data: np.ndarray, questio
         if ef is not None:
             inner.hnsw.efSearch = ef
         seconds, found = time_each(lambda q: index.search(q[None, :], TOP_K)[1][0], queries, warmup=WARMUP)
-        row = {**EMPTY_ROW, "n": n, "real": min(n, real), "kind": kind,
-               "setting": kind if ef is None else f"hnsw M{hnsw_m} ef{ef}", "store_default": ef == store_ef,
-               "build_s": build_s, "memory_mib": memory_mib, "index_mib": index_bytes(index) / 2**20,
-               "p50": ms(seconds, 50), "p95": ms(seconds, 95), **recalls(found, *truth, data, queries)}
+        row = {
+            **EMPTY_ROW,
+            "n": n,
+            "real": min(n, real),
+            "kind": kind,
+            "setting": kind if ef is None else f"hnsw M{hnsw_m} ef{ef}",
+            "store_default": ef == store_ef,
+            "build_s": build_s,
+            "memory_mib": memory_mib,
+            "index_mib": index_bytes(index) / 2**20,
+            "p50": ms(seconds, 50),
+            "p95": ms(seconds, 95),
+            **recalls(found, *truth, data, queries),
+        }
         if ef == store_ef:
             row.update(embed_then_search(embed, lambda v: index.search(v[None, :], TOP_K), questions))
         row["load"] = os.getloadavg()[0]
         rows.append(row)
-        print(f"[scale] n={n} {row['setting']}: search p50 {row['p50']:.3f} ms, recall@10 {row['recall']:.3f} "
-              f"(ties {row['recall_ties']:.3f}, top-1 {row['top1']:.3f}), build {build_s:.1f} s, "
-              f"+{memory_mib:.0f} MiB" + (f", embed+search p50 {row['embed_search_p50']:.1f} ms (embed "
-                                          f"{row['embed_part_p50']:.1f}, search {row['search_part_p50']:.1f})"
-                                          f", CPU {row['cpu_p50']:.1f}" if row["embed_search_p50"] else "")
-              + f", load {row['load']:.1f}",
-              flush=True)
+        print(
+            f"[scale] n={n} {row['setting']}: search p50 {row['p50']:.3f} ms, recall@10 {row['recall']:.3f} "
+            f"(ties {row['recall_ties']:.3f}, top-1 {row['top1']:.3f}), build {build_s:.1f} s, "
+            f"+{memory_mib:.0f} MiB"
+            + (
+                f", embed+search p50 {row['embed_search_p50']:.1f} ms (embed "
+                f"{row['embed_part_p50']:.1f}, search {row['search_part_p50']:.1f})"
+                f", CPU {row['cpu_p50']:.1f}"
+                if row["embed_search_p50"]
+                else ""
+            )
+            + f", load {row['load']:.1f}",
+            flush=True,
+        )
     return rows  # the index goes with this frame
 
 
-def run(sizes: list[int], real_chunks: int, profile_path: Path = DEFAULT_PROFILE, kinds: list[str] | None = None,
-        seed: int = 0) -> BenchResult:
+def run(
+    sizes: list[int],
+    real_chunks: int,
+    profile_path: Path = DEFAULT_PROFILE,
+    kinds: list[str] | None = None,
+    seed: int = 0,
+) -> BenchResult:
     import faiss
     import torch
 
-    from bench.retrieval_corpus import (CorpusEmbedder, cached_real_chunks, chunk_vectors, load_questions,
-                                        noise_norm, real_chunk_vectors, settings_from_profile)
+    from bench.retrieval_corpus import (
+        CorpusEmbedder,
+        cached_real_chunks,
+        chunk_vectors,
+        load_questions,
+        noise_norm,
+        real_chunk_vectors,
+        settings_from_profile,
+    )
     from planner.profile import load_profile
 
     profile = load_profile(profile_path)
@@ -222,9 +289,12 @@ def run(sizes: list[int], real_chunks: int, profile_path: Path = DEFAULT_PROFILE
     real_chunks = real_chunks or cached_real_chunks(settings, MIN_REAL_CHUNKS)
     real, copies = real_chunk_vectors(settings, real_chunks, embedder)
     norm, median_cos = noise_norm(real, copies)
-    print(f"[scale] {len(real)} real chunk vectors ({int(np.sum(copies == 0))} of the corpus itself, copies up to "
-          f"{int(copies.max())}); synthetic noise norm {norm:.3f} (text-perturbed chunk to its nearest original: "
-          f"median cosine {median_cos:.3f})", flush=True)
+    print(
+        f"[scale] {len(real)} real chunk vectors ({int(np.sum(copies == 0))} of the corpus itself, copies up to "
+        f"{int(copies.max())}); synthetic noise norm {norm:.3f} (text-perturbed chunk to its nearest original: "
+        f"median cosine {median_cos:.3f})",
+        flush=True,
+    )
 
     torch.set_num_threads(profile.embedder.torch_threads)  # a question's batch, as the replica runs it
     faiss.omp_set_num_threads(retriever.faiss_threads)  # as deployments/retriever.py sets it
@@ -234,62 +304,103 @@ def run(sizes: list[int], real_chunks: int, profile_path: Path = DEFAULT_PROFILE
     rows = embed_threads_rows(embedder.embed_query, questions, [threads, 2 if threads == 1 else 1])
     torch.set_num_threads(threads)
     for r in rows:
-        print(f"[scale] {r['setting']}: p50 {r['p50']:.1f} ms, p95 {r['p95']:.1f} ms, CPU p50 {r['cpu_p50']:.1f} ms, "
-              f"load {r['load']:.1f}", flush=True)
+        print(
+            f"[scale] {r['setting']}: p50 {r['p50']:.1f} ms, p95 {r['p95']:.1f} ms, CPU p50 {r['cpu_p50']:.1f} ms, "
+            f"load {r['load']:.1f}",
+            flush=True,
+        )
     with tempfile.TemporaryDirectory() as tmp:
         for n in sizes:
             data = chunk_vectors(real, n, norm, seed)
             truth = exact_top(data, queries, TOP_K)
             for kind in kinds:
-                rows += measure(n, len(real), kind, retriever.hnsw_m, data, questions, queries, truth,
-                                embedder.embed_query, Path(tmp))
+                rows += measure(
+                    n,
+                    len(real),
+                    kind,
+                    retriever.hnsw_m,
+                    data,
+                    questions,
+                    queries,
+                    truth,
+                    embedder.embed_query,
+                    Path(tmp),
+                )
             del data
             gc.collect()
-    config = {"sizes": sizes, "kinds": kinds, "real_chunks": len(real), "corpus_chunks": int(np.sum(copies == 0)),
-              "noise_norm": norm, "median_copy_cosine": median_cos, "seed": seed, "top_k": TOP_K,
-              "questions": len(questions), "profile": str(profile_path), "hnsw_m": retriever.hnsw_m,
-              "faiss_threads": retriever.faiss_threads, "torch_threads": profile.embedder.torch_threads,
-              "embedder": Path(settings.model).name, "chunk_tokens": settings.chunk_tokens,
-              "chunk_overlap": settings.chunk_overlap, "embed_title": settings.embed_title,
-              "faiss": faiss.__version__}
-    metrics = {f"embed_search_p50_ms_{r['n']}_{r['kind']}": r["embed_search_p50"] for r in rows
-               if r.get("embed_search_p50") is not None}
+    config = {
+        "sizes": sizes,
+        "kinds": kinds,
+        "real_chunks": len(real),
+        "corpus_chunks": int(np.sum(copies == 0)),
+        "noise_norm": norm,
+        "median_copy_cosine": median_cos,
+        "seed": seed,
+        "top_k": TOP_K,
+        "questions": len(questions),
+        "profile": str(profile_path),
+        "hnsw_m": retriever.hnsw_m,
+        "faiss_threads": retriever.faiss_threads,
+        "torch_threads": profile.embedder.torch_threads,
+        "embedder": Path(settings.model).name,
+        "chunk_tokens": settings.chunk_tokens,
+        "chunk_overlap": settings.chunk_overlap,
+        "embed_title": settings.embed_title,
+        "faiss": faiss.__version__,
+    }
+    metrics = {
+        f"embed_search_p50_ms_{r['n']}_{r['kind']}": r["embed_search_p50"]
+        for r in rows
+        if r.get("embed_search_p50") is not None
+    }
     return new_result(NAME, config, metrics, rows)
 
 
 def tables(result: BenchResult) -> str:
-    lines = ["| chunks | real text | index | build s | RSS growth MiB | index MiB | search p50 ms | search p95 ms | "
-             "recall@10 | recall@10 (ties) | top-1 found | embed+search p50 ms | embed+search p95 ms | "
-             "(embed / search p50 ms) | CPU ms p50 | load |",
-             "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+    lines = [
+        "| chunks | real text | index | build s | RSS growth MiB | index MiB | search p50 ms | search p95 ms | "
+        "recall@10 | recall@10 (ties) | top-1 found | embed+search p50 ms | embed+search p95 ms | "
+        "(embed / search p50 ms) | CPU ms p50 | load |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
+    ]
 
     def num(value, fmt):
         return "" if value is None else format(value, fmt)
 
     for r in result.rows:
         name = r["setting"] + (" (store)" if r["kind"] == "hnsw" and r["store_default"] else "")
-        parts = (f"{r['embed_part_p50']:.1f} / {r['search_part_p50']:.2f}" if r["embed_part_p50"] is not None
-                 else "")
-        lines.append(f"| {r['n'] or ''} | {r['real'] or ''} | {name} | {num(r['build_s'], '.1f')} | "
-                     f"{num(r['memory_mib'], '.0f')} | {num(r['index_mib'], '.0f')} | {r['p50']:.2f} | {r['p95']:.2f} | {num(r['recall'], '.3f')} | "
-                     f"{num(r['recall_ties'], '.3f')} | {num(r['top1'], '.3f')} | {num(r['embed_search_p50'], '.1f')} | "
-                     f"{num(r['embed_search_p95'], '.1f')} | {parts} | {num(r['cpu_p50'], '.1f')} | {r['load']:.1f} |")
+        parts = f"{r['embed_part_p50']:.1f} / {r['search_part_p50']:.2f}" if r["embed_part_p50"] is not None else ""
+        lines.append(
+            f"| {r['n'] or ''} | {r['real'] or ''} | {name} | {num(r['build_s'], '.1f')} | "
+            f"{num(r['memory_mib'], '.0f')} | {num(r['index_mib'], '.0f')} | {r['p50']:.2f} | {r['p95']:.2f} | {num(r['recall'], '.3f')} | "
+            f"{num(r['recall_ties'], '.3f')} | {num(r['top1'], '.3f')} | {num(r['embed_search_p50'], '.1f')} | "
+            f"{num(r['embed_search_p95'], '.1f')} | {parts} | {num(r['cpu_p50'], '.1f')} | {r['load']:.1f} |"
+        )
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="10000,100000,1000000")
-    parser.add_argument("--real-chunks", type=int, default=0,
-                        help="chunks embedded from real text (cached); the rest are perturbed real vectors. "
-                             f"0 = all that are cached, at least {MIN_REAL_CHUNKS} (embedded here if missing)")
+    parser.add_argument(
+        "--real-chunks",
+        type=int,
+        default=0,
+        help="chunks embedded from real text (cached); the rest are perturbed real vectors. "
+        f"0 = all that are cached, at least {MIN_REAL_CHUNKS} (embedded here if missing)",
+    )
     parser.add_argument("--kinds", default="", help="comma-separated; default: every kind the profile offers")
     parser.add_argument("--profile", type=Path, default=DEFAULT_PROFILE)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args()
-    result = run([int(s) for s in args.sizes.split(",")], args.real_chunks, args.profile,
-                 [k for k in args.kinds.split(",") if k] or None, args.seed)
+    result = run(
+        [int(s) for s in args.sizes.split(",")],
+        args.real_chunks,
+        args.profile,
+        [k for k in args.kinds.split(",") if k] or None,
+        args.seed,
+    )
     print()
     print(tables(result))
     print(f"wrote {write_result(result, args.out_dir)}")

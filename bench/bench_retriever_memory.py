@@ -33,8 +33,11 @@ DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
 
 def corpus_chunks() -> list[str]:
     """~800-character pieces of the real documents the tests carry (text, Markdown and HTML as text)."""
-    text = "\n".join(p.read_text(errors="replace") for p in sorted(DATA.rglob("*"))
-                     if p.is_file() and p.suffix in (".txt", ".md", ".html", ".htm", ".xhtml"))
+    text = "\n".join(
+        p.read_text(errors="replace")
+        for p in sorted(DATA.rglob("*"))
+        if p.is_file() and p.suffix in (".txt", ".md", ".html", ".htm", ".xhtml")
+    )
     words, pieces, current = text.split(), [], []
     for word in words:
         current.append(word)
@@ -59,12 +62,20 @@ def measure(kind: str, steps: list[int], sqlite_cache_bytes: int | None, seed: i
             while stored < target:
                 batch = []
                 for _ in range(DOCS_PER_BATCH):
-                    chunks = [f"[{doc}.{i}] {pieces[(doc * CHUNKS_PER_DOC + i) % len(pieces)]}"
-                              for i in range(CHUNKS_PER_DOC)]
+                    chunks = [
+                        f"[{doc}.{i}] {pieces[(doc * CHUNKS_PER_DOC + i) % len(pieces)]}" for i in range(CHUNKS_PER_DOC)
+                    ]
                     vectors = rng.standard_normal((CHUNKS_PER_DOC, DIM)).astype(np.float32)
                     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-                    batch.append((f"d{doc}", chunks, vectors, {"source": f"doc-{doc % 50}", "year": 2000 + doc % 25},
-                                  sum(map(len, chunks))))
+                    batch.append(
+                        (
+                            f"d{doc}",
+                            chunks,
+                            vectors,
+                            {"source": f"doc-{doc % 50}", "year": 2000 + doc % 25},
+                            sum(map(len, chunks)),
+                        )
+                    )
                     doc += 1
                 store.upsert_documents("bench", "c", batch)
                 stored += DOCS_PER_BATCH * CHUNKS_PER_DOC
@@ -75,10 +86,21 @@ def measure(kind: str, steps: list[int], sqlite_cache_bytes: int | None, seed: i
                 store.search("bench", "c", vector, 8, filters={"source": f"doc-{q}"})
             memory = process_tree_memory()
             db_bytes = sum(p.stat().st_size for p in Path(tmp).glob("k.sqlite3*"))
-            rows.append({"kind": kind, "chunks": stored, "pss_bytes": memory["measured_bytes"], "db_bytes": db_bytes,
-                         "anon_bytes": memory.get("anon_bytes"), "file_bytes": memory.get("file_bytes")})
-            print(f"[bench] {kind} {stored:>7,} chunks: {memory['measured_bytes'] / 2**20:7.1f} MiB PSS, "
-                  f"database {db_bytes / 2**20:6.1f} MiB", flush=True)
+            rows.append(
+                {
+                    "kind": kind,
+                    "chunks": stored,
+                    "pss_bytes": memory["measured_bytes"],
+                    "db_bytes": db_bytes,
+                    "anon_bytes": memory.get("anon_bytes"),
+                    "file_bytes": memory.get("file_bytes"),
+                }
+            )
+            print(
+                f"[bench] {kind} {stored:>7,} chunks: {memory['measured_bytes'] / 2**20:7.1f} MiB PSS, "
+                f"database {db_bytes / 2**20:6.1f} MiB",
+                flush=True,
+            )
         store.close()
     return rows
 
@@ -94,8 +116,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kinds", nargs="+", default=["flat", "hnsw"])
     parser.add_argument("--steps", nargs="+", type=int, default=[500, 5_000, 10_000, 20_000, 40_000])
-    parser.add_argument("--sqlite-cache-mib", type=int, default=None,
-                        help="SQLite's page cache (retriever.sqlite_cache_bytes); default SQLite's own 2 MiB")
+    parser.add_argument(
+        "--sqlite-cache-mib",
+        type=int,
+        default=None,
+        help="SQLite's page cache (retriever.sqlite_cache_bytes); default SQLite's own 2 MiB",
+    )
     args = parser.parse_args()
     rows = []
     for kind in args.kinds:
@@ -103,10 +129,20 @@ def main() -> None:
     slopes = {kind: slope([r for r in rows if r["kind"] == kind]) for kind in args.kinds}
     for kind, value in slopes.items():
         print(f"[bench] {kind}: {value:,.0f} bytes per chunk")
-    path = write_result(new_result(NAME, {"kinds": args.kinds, "steps": args.steps, "dim": DIM,
-                                          "sqlite_cache_mib": args.sqlite_cache_mib,
-                                          "chunk_chars": CHUNK_CHARS},
-                                   {f"bytes_per_chunk_{k}": v for k, v in slopes.items()}, rows))
+    path = write_result(
+        new_result(
+            NAME,
+            {
+                "kinds": args.kinds,
+                "steps": args.steps,
+                "dim": DIM,
+                "sqlite_cache_mib": args.sqlite_cache_mib,
+                "chunk_chars": CHUNK_CHARS,
+            },
+            {f"bytes_per_chunk_{k}": v for k, v in slopes.items()},
+            rows,
+        )
+    )
     print(f"[bench] wrote {path}")
 
 

@@ -37,8 +37,11 @@ def speculative_section(method: str) -> dict:
     config = SPECULATION[method]
     if config is None:
         return {"method": "none"}
-    return {key: value for key, value in config.items()
-            if key in ("method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")}
+    return {
+        key: value
+        for key, value in config.items()
+        if key in ("method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
+    }
 
 
 def run(profile: Path, methods: list[str], loads: list[ServingLoad], workdir: Path) -> BenchResult:
@@ -52,33 +55,49 @@ def run(profile: Path, methods: list[str], loads: list[ServingLoad], workdir: Pa
             print(f"[bench] {method}: stack healthy in {stack.start_s:.0f}s", flush=True)
             setup = engine_setup(private_profile_path(run_dir))
             engines[method] = setup.describe()
-            rows += [{**row, "method": method} for row in measure(stack, f"poolserve ({method})", setup, loads, run_dir)]
+            rows += [
+                {**row, "method": method} for row in measure(stack, f"poolserve ({method})", setup, loads, run_dir)
+            ]
     base = {(r["dataset"], r["concurrency"]): r["output_throughput"] for r in rows if r["method"] == BASELINE}
     for row in rows:
         reference = base.get((row["dataset"], row["concurrency"]))
         row["speedup_vs_none"] = row["output_throughput"] / reference if reference else None
-    metrics = {f"speedup_{r['method']}_{r['dataset']}_c{r['concurrency']}": r["speedup_vs_none"]
-               for r in rows if r["method"] != BASELINE and r["speedup_vs_none"]}
-    config = {"profile": str(profile), "methods": methods, "engines": engines,
-              "loads": [load.describe() for load in loads], "path": "poolserve gateway (private stack per method)"}
+    metrics = {
+        f"speedup_{r['method']}_{r['dataset']}_c{r['concurrency']}": r["speedup_vs_none"]
+        for r in rows
+        if r["method"] != BASELINE and r["speedup_vs_none"]
+    }
+    config = {
+        "profile": str(profile),
+        "methods": methods,
+        "engines": engines,
+        "loads": [load.describe() for load in loads],
+        "path": "poolserve gateway (private stack per method)",
+    }
     return new_result(NAME, config, metrics, rows)
 
 
 def tables(result: BenchResult) -> str:
     load = result.config["loads"][0]
-    lines = [f"{load['num_prompts']}+ streamed chat requests per row through the gateway, greedy, each answer until "
-             f"the model stops or {load['output_len']} tokens; acceptance from the engine's counters", "",
-             "| traffic | concurrency | method | tok/s | vs none | TTFT p50 ms | TPOT p50 ms | acceptance | tokens/step "
-             "| output tokens |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"{load['num_prompts']}+ streamed chat requests per row through the gateway, greedy, each answer until "
+        f"the model stops or {load['output_len']} tokens; acceptance from the engine's counters",
+        "",
+        "| traffic | concurrency | method | tok/s | vs none | TTFT p50 ms | TPOT p50 ms | acceptance | tokens/step "
+        "| output tokens |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     order = {m: i for i, m in enumerate(result.config["methods"])}
     for row in sorted(result.rows, key=lambda r: (r["dataset"], r["concurrency"], order[r["method"]])):
         spec = row.get("speculation") or {}
         rate = f"{spec['acceptance_rate']:.0f}%" if spec else "-"
         length = f"{spec['acceptance_length']:.2f}" if spec else "-"
         speedup = f"{row['speedup_vs_none']:.2f}x" if row.get("speedup_vs_none") else "-"
-        lines.append(f"| {row['dataset']} | {row['concurrency']} | {row['method']} | {row['output_throughput']:.1f} | "
-                     f"{speedup} | {row['median_ttft_ms']:.0f} | {row['median_tpot_ms']:.1f} | {rate} | {length} | "
-                     f"{row['total_output_tokens']} |")
+        lines.append(
+            f"| {row['dataset']} | {row['concurrency']} | {row['method']} | {row['output_throughput']:.1f} | "
+            f"{speedup} | {row['median_ttft_ms']:.0f} | {row['median_tpot_ms']:.1f} | {rate} | {length} | "
+            f"{row['total_output_tokens']} |"
+        )
     return "\n".join(lines)
 
 
@@ -94,8 +113,11 @@ def main() -> None:
     unknown = [m for m in args.methods if m not in SPECULATION]
     if unknown:
         parser.error(f"unknown method(s) {unknown}; known: {', '.join(SPECULATION)}")
-    loads = [ServingLoad(max(args.prompts, 2 * c), c, output_len=args.output_len, dataset=dataset)
-             for dataset in ("rag", "chat") for c in args.concurrency]
+    loads = [
+        ServingLoad(max(args.prompts, 2 * c), c, output_len=args.output_len, dataset=dataset)
+        for dataset in ("rag", "chat")
+        for c in args.concurrency
+    ]
     workdir = Path(tempfile.mkdtemp(prefix="bench-spec-stack-"))
     result = run(args.profile, args.methods, loads, workdir)
     print(tables(result))

@@ -159,16 +159,20 @@ def run_worker(profile: Path, method: str, eager: bool, out_path: str) -> None:
             wall = phase.seconds
             after = spec_counters(llm)
             delta = {k: after[k] - before[k] for k in ("drafts", "draft_tokens", "accepted")}
-            delta["per_pos"] = [a - b for a, b in zip(after["per_pos"], before["per_pos"] or [0] * len(after["per_pos"]))]
-            results.append({
-                "workload": name,
-                "concurrency": concurrency,
-                "wall_s": wall,
-                "tokens": sum(len(o.outputs[0].token_ids) for o in outputs),
-                "texts": [o.outputs[0].text for o in outputs],
-                "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
-                "spec": delta,
-            })
+            delta["per_pos"] = [
+                a - b for a, b in zip(after["per_pos"], before["per_pos"] or [0] * len(after["per_pos"]))
+            ]
+            results.append(
+                {
+                    "workload": name,
+                    "concurrency": concurrency,
+                    "wall_s": wall,
+                    "tokens": sum(len(o.outputs[0].token_ids) for o in outputs),
+                    "texts": [o.outputs[0].text for o in outputs],
+                    "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
+                    "spec": delta,
+                }
+            )
     Path(out_path).write_text(json.dumps({"method": method, "init_s": init_s, "results": results}))
     try:
         llm.llm_engine.engine_core.shutdown()
@@ -243,8 +247,11 @@ def summarize(runs: list[dict]) -> str:
                 f"{x['wall_s']:.1f} | {tps:.1f} | {tps / btps:.2f}x | {rate} | {mal} | {same}/{len(x['token_ids'])} |"
             )
     # Whole-run totals per variant, and each preload variant against the same method's default.
-    lines += ["", "| method | LD_PRELOAD | all tokens | all wall s | tok/s | vs none (same run) | vs same method, default preload | engine init s |",
-              "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        "| method | LD_PRELOAD | all tokens | all wall s | tok/s | vs none (same run) | vs same method, default preload | engine init s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
 
     def total(run):
         return sum(x["tokens"] for x in run["results"]), sum(x["wall_s"] for x in run["results"])
@@ -255,12 +262,17 @@ def summarize(runs: list[dict]) -> str:
         ref = next((r for r in runs if r["method"] == run["method"] and r["preload"] == runs[0]["preload"]), None)
         rt, rw = total(ref) if ref else (None, None)
         vs_ref = f"{(t / w) / (rt / rw):.2f}x" if ref else "-"
-        lines.append(f"| {run['method']} | {run['preload']} | {t} | {w:.1f} | {t / w:.1f} | {(t / w) / (bt / bw):.2f}x | "
-                     f"{vs_ref} | {run['init_s']:.0f} |")
+        lines.append(
+            f"| {run['method']} | {run['preload']} | {t} | {w:.1f} | {t / w:.1f} | {(t / w) / (bt / bw):.2f}x | "
+            f"{vs_ref} | {run['init_s']:.0f} |"
+        )
     # bf16 on CPU is not batch-invariant: the same method at concurrency 1 and 4 can already
     # differ, which is the noise floor for "identical to none".
-    lines += ["", "| method | LD_PRELOAD | workload | identical answers, conc. 1 vs conc. 4 (same method) |",
-              "|---|---|---|---:|"]
+    lines += [
+        "",
+        "| method | LD_PRELOAD | workload | identical answers, conc. 1 vs conc. 4 (same method) |",
+        "|---|---|---|---:|",
+    ]
     for run in runs:
         by = {(x["workload"], x["concurrency"]): x for x in run["results"]}
         for w in dict.fromkeys(x["workload"] for x in run["results"]):
@@ -278,18 +290,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
-    parser.add_argument("--profile", type=Path, default=DEFAULT_PROFILE,
-                        help="profile whose planned chat engine is measured")
+    parser.add_argument(
+        "--profile", type=Path, default=DEFAULT_PROFILE, help="profile whose planned chat engine is measured"
+    )
     parser.add_argument("--methods", default="none,ngram,draft_model")
-    parser.add_argument("--preloads", default="default",
-                        help="comma list of: default (vLLM's own: torch's libgomp), iomp, tcmalloc+iomp")
-    parser.add_argument("--preload-methods", default=None,
-                        help="methods to run with the non-default preloads (default: all of --methods)")
+    parser.add_argument(
+        "--preloads",
+        default="default",
+        help="comma list of: default (vLLM's own: torch's libgomp), iomp, tcmalloc+iomp",
+    )
+    parser.add_argument(
+        "--preload-methods",
+        default=None,
+        help="methods to run with the non-default preloads (default: all of --methods)",
+    )
     parser.add_argument("--timeout", type=float, default=420.0, help="seconds per variant")
-    parser.add_argument("--eager", action="store_true",
-                        help="enforce_eager=True, as the embedded default runs (no torch.compile)")
-    parser.add_argument("--json", type=Path,
-                        help="where to write the result (default bench/results/speculative[-eager].json)")
+    parser.add_argument(
+        "--eager", action="store_true", help="enforce_eager=True, as the embedded default runs (no torch.compile)"
+    )
+    parser.add_argument(
+        "--json", type=Path, help="where to write the result (default bench/results/speculative[-eager].json)"
+    )
     parser.add_argument("--from-json", type=Path, help="only print the tables of a saved result")
     args = parser.parse_args()
 
@@ -309,9 +330,15 @@ def main() -> None:
     if variants[0][0] != "none":
         raise SystemExit("the first method must be none: it is the baseline")
     out = args.json or RESULTS_DIR / ("speculative-eager.json" if args.eager else "speculative.json")
-    config = {"methods": methods, "preloads": preloads, "preload_methods": preload_methods, "eager": args.eager,
-              "max_tokens": MAX_TOKENS, "speculation": {m: SPECULATION[m] for m in methods},
-              "engine": worker_setup(args.profile, "none", args.eager).describe()}
+    config = {
+        "methods": methods,
+        "preloads": preloads,
+        "preload_methods": preload_methods,
+        "eager": args.eager,
+        "max_tokens": MAX_TOKENS,
+        "speculation": {m: SPECULATION[m] for m in methods},
+        "engine": worker_setup(args.profile, "none", args.eager).describe(),
+    }
     runs = []
     for m, p in variants:
         runs.append(run_variant(args.profile, m, p, args.eager, args.timeout))

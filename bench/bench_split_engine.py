@@ -34,8 +34,14 @@ from bench.harness.serving import ServingLoad, run_serving_load  # noqa: E402
 NAME = "split-engine"
 PROFILE = ROOT / "configs" / "cpu-two-nodes-split.yaml"
 START_TIMEOUT_S = 600
-SPLIT_ONLY = ("pipeline_parallel_size", "distributed_executor_backend", "nnodes", "node_rank", "master_addr",
-              "master_port")
+SPLIT_ONLY = (
+    "pipeline_parallel_size",
+    "distributed_executor_backend",
+    "nnodes",
+    "node_rank",
+    "master_addr",
+    "master_port",
+)
 # variant -> (split?, core of rank 0, core of rank 1)
 VARIANTS = {"whole": (False, "0", None), "split-same-core": (True, "0", "0"), "split-own-cores": (True, "0", "1")}
 
@@ -46,8 +52,9 @@ def _servers(variant: str, workdir: Path) -> tuple[list[ProcessGroup], str, str]
     setup = engine_setup(PROFILE)
     env = {k: v for k, v in setup.env.items() if k not in ("VLLM_HOST_IP", "VLLM_PORT")}
     if not split:
-        whole = setup.args.model_copy(update={**{k: None for k in SPLIT_ONLY},
-                                              "kv_cache_memory_bytes": 2 * setup.args.kv_cache_memory_bytes})
+        whole = setup.args.model_copy(
+            update={**{k: None for k in SPLIT_ONLY}, "kv_cache_memory_bytes": 2 * setup.args.kv_cache_memory_bytes}
+        )
         setup = type(setup)(setup.profile_path, setup.model, setup.served_model_name, whole, env)
     else:
         master = free_port()
@@ -55,16 +62,23 @@ def _servers(variant: str, workdir: Path) -> tuple[list[ProcessGroup], str, str]
         setup = type(setup)(setup.profile_path, setup.model, setup.served_model_name, args, env)
     port = free_port()
     command = raw_vllm_command(setup, port)
-    groups = [ProcessGroup.start(command, child_env({**env, "VLLM_CPU_OMP_THREADS_BIND": core0,
-                                                     **({"VLLM_HOST_IP": "127.0.0.3"} if split else {})}),
-                                 workdir / f"{variant}-node0.log")]
+    groups = [
+        ProcessGroup.start(
+            command,
+            child_env({**env, "VLLM_CPU_OMP_THREADS_BIND": core0, **({"VLLM_HOST_IP": "127.0.0.3"} if split else {})}),
+            workdir / f"{variant}-node0.log",
+        )
+    ]
     if split:
         rank1 = workdir / f"{variant}-rank1.json"
         rank1.write_text(json.dumps({**setup.args.as_dict(), "model": setup.model, "node_rank": 1}))
-        groups.append(ProcessGroup.start(
-            [sys.executable, "-m", "vllm_bridge.headless", str(rank1)],
-            child_env({**env, "VLLM_CPU_OMP_THREADS_BIND": core1, "VLLM_HOST_IP": "127.0.0.2"}),
-            workdir / f"{variant}-node1.log"))
+        groups.append(
+            ProcessGroup.start(
+                [sys.executable, "-m", "vllm_bridge.headless", str(rank1)],
+                child_env({**env, "VLLM_CPU_OMP_THREADS_BIND": core1, "VLLM_HOST_IP": "127.0.0.2"}),
+                workdir / f"{variant}-node1.log",
+            )
+        )
     return groups, f"http://127.0.0.1:{port}", setup.served_model_name
 
 
@@ -74,8 +88,10 @@ def _node_memory(pid: int) -> dict:
 
     from system.process_memory import process_tree_memory
 
-    return {"headless_executor_pss": psutil.Process(pid).memory_full_info().pss,
-            "tree_pss": process_tree_memory(pid)["measured_bytes"]}
+    return {
+        "headless_executor_pss": psutil.Process(pid).memory_full_info().pss,
+        "tree_pss": process_tree_memory(pid)["measured_bytes"],
+    }
 
 
 def run_variant(variant: str, loads: list[ServingLoad], workdir: Path) -> dict:
@@ -84,10 +100,13 @@ def run_variant(variant: str, loads: list[ServingLoad], workdir: Path) -> dict:
         start_s = wait_healthy(f"{url}/health", groups[0], START_TIMEOUT_S)
         rows = {"start_s": round(start_s, 1)}
         for load in loads:
-            metrics = run_serving_load(url, served, engine_setup(PROFILE).model, load,
-                                       workdir / f"{variant}-c{load.concurrency}.log")
-            rows[f"c{load.concurrency}"] = {k: metrics[k] for k in (
-                "output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms")}
+            metrics = run_serving_load(
+                url, served, engine_setup(PROFILE).model, load, workdir / f"{variant}-c{load.concurrency}.log"
+            )
+            rows[f"c{load.concurrency}"] = {
+                k: metrics[k]
+                for k in ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms")
+            }
         if len(groups) > 1:  # what node 1's processes hold after the load (the plan's headless_executor line)
             rows["node1_memory"] = _node_memory(groups[1].process.pid)
         return rows
@@ -100,9 +119,14 @@ def ratios(raw: dict, concurrencies: list[int]) -> dict[str, float]:
     """Each split variant's output tokens/s over the whole engine's, per concurrency (none without a whole run)."""
     if "whole" not in raw:
         return {}
-    return {f"{variant}_c{c}_over_whole": round(rows[f"c{c}"]["output_throughput"]
-                                                / raw["whole"][f"c{c}"]["output_throughput"], 3)
-            for variant, rows in raw.items() if variant != "whole" for c in concurrencies}
+    return {
+        f"{variant}_c{c}_over_whole": round(
+            rows[f"c{c}"]["output_throughput"] / raw["whole"][f"c{c}"]["output_throughput"], 3
+        )
+        for variant, rows in raw.items()
+        if variant != "whole"
+        for c in concurrencies
+    }
 
 
 def main() -> None:
@@ -119,8 +143,13 @@ def main() -> None:
             raw[variant] = run_variant(variant, loads, Path(tmp))
             print(variant, json.dumps(raw[variant]), flush=True)
     metrics = ratios(raw, [load.concurrency for load in loads])
-    result = new_result(args.name, {"profile": str(PROFILE.relative_to(ROOT)), "loads": [load.describe() for load in loads]},
-                        metrics, [{"variant": v, **r} for v, r in raw.items()], command=sys.argv)
+    result = new_result(
+        args.name,
+        {"profile": str(PROFILE.relative_to(ROOT)), "loads": [load.describe() for load in loads]},
+        metrics,
+        [{"variant": v, **r} for v, r in raw.items()],
+        command=sys.argv,
+    )
     print(json.dumps(metrics, indent=1))
     print(write_result(result))
 

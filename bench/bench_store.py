@@ -44,12 +44,23 @@ def listing(workdir: Path, documents: int, rng) -> dict:
     # ~8 KB of nested metadata per document
     metadata = {"sections": [{"title": f"section {i}", "words": ["lorem"] * 20, "n": i} for i in range(36)]}
     for start in range(0, documents, 500):
-        store.upsert_documents("t", "c", [(f"doc-{i:06d}", ["text"], _vectors(rng, 1), metadata, 4)
-                                          for i in range(start, min(documents, start + 500))])
+        store.upsert_documents(
+            "t",
+            "c",
+            [
+                (f"doc-{i:06d}", ["text"], _vectors(rng, 1), metadata, 4)
+                for i in range(start, min(documents, start + 500))
+            ],
+        )
     meta_bytes = len(json.dumps(metadata))
     info, info_s, info_peak = _measured(lambda: store.collection_info("t", "c"))
-    out = {"bench": "listing", "documents": documents, "metadata_bytes": meta_bytes,
-           "collection_info_s": round(info_s, 4), "collection_info_peak_mib": round(info_peak / 2**20, 2)}
+    out = {
+        "bench": "listing",
+        "documents": documents,
+        "metadata_bytes": meta_bytes,
+        "collection_info_s": round(info_s, 4),
+        "collection_info_peak_mib": round(info_peak / 2**20, 2),
+    }
     if hasattr(store, "list_documents"):
         _, page_s, page_peak = _measured(lambda: store.list_documents("t", "c", limit=100, after="doc-005000"))
         out |= {"page_of_100_s": round(page_s, 4), "page_of_100_peak_mib": round(page_peak / 2**20, 2)}
@@ -62,8 +73,9 @@ def filtering(workdir: Path, chunks: int, rng) -> dict:
     per_doc = 100
     tags = [f"tag-{i}" for i in range(1500)]
     for d in range(chunks // per_doc):
-        store.upsert_documents("t", "c", [(f"doc-{d}", ["text"] * per_doc, _vectors(rng, per_doc),
-                                           {"tags": tags, "group": d % 10}, 4)])
+        store.upsert_documents(
+            "t", "c", [(f"doc-{d}", ["text"] * per_doc, _vectors(rng, per_doc), {"tags": tags, "group": d % 10}, 4)]
+        )
     query = _vectors(rng, 1)[0]
     timings = []
     for filters in ({"tags": "tag-1499"}, {"tags": "absent"}, {"group": 3, "tags": {"in": ["tag-7", "x"]}}):
@@ -72,8 +84,7 @@ def filtering(workdir: Path, chunks: int, rng) -> dict:
         timings.append(time.perf_counter() - started)
         assert found or filters["tags"] == "absent"
     store.close()
-    return {"bench": "filter", "chunks": chunks, "array_items": len(tags),
-            "search_s": [round(t, 4) for t in timings]}
+    return {"bench": "filter", "chunks": chunks, "array_items": len(tags), "search_s": [round(t, 4) for t in timings]}
 
 
 def hnsw_replace(workdir: Path, chunks: int, rng) -> dict:
@@ -81,23 +92,36 @@ def hnsw_replace(workdir: Path, chunks: int, rng) -> dict:
     per_doc = 100
     started = time.perf_counter()
     for d in range(0, chunks // per_doc, 10):
-        store.upsert_documents("t", "c", [(f"doc-{i}", ["text"] * per_doc, _vectors(rng, per_doc), {}, 4)
-                                          for i in range(d, d + 10)])
+        store.upsert_documents(
+            "t", "c", [(f"doc-{i}", ["text"] * per_doc, _vectors(rng, per_doc), {}, 4) for i in range(d, d + 10)]
+        )
     build_s = time.perf_counter() - started
     started = time.perf_counter()
     # One batch: replace one document, add another.
-    store.upsert_documents("t", "c", [("doc-7", ["new"] * per_doc, _vectors(rng, per_doc), {}, 3),
-                                      ("added", ["text"] * per_doc, _vectors(rng, per_doc), {}, 4)])
+    store.upsert_documents(
+        "t",
+        "c",
+        [
+            ("doc-7", ["new"] * per_doc, _vectors(rng, per_doc), {}, 3),
+            ("added", ["text"] * per_doc, _vectors(rng, per_doc), {}, 4),
+        ],
+    )
     replace_s = time.perf_counter() - started
     info = store.collection_info("t", "c")
-    ntotal = sum(index.ntotal if hasattr(index, "ntotal") else index.index.ntotal
-                 for index in store._indexes.values())
+    ntotal = sum(index.ntotal if hasattr(index, "ntotal") else index.index.ntotal for index in store._indexes.values())
     started = time.perf_counter()
     store.close()
     close_s = time.perf_counter() - started
-    out = {"bench": "hnsw_replace", "chunks": chunks, "build_s": round(build_s, 1), "replace_batch_s": round(replace_s, 3),
-           "chunk_count": info["chunk_count"], "indexed_vectors": info["indexed_vectors"], "faiss_ntotal": ntotal,
-           "close_s": round(close_s, 2)}
+    out = {
+        "bench": "hnsw_replace",
+        "chunks": chunks,
+        "build_s": round(build_s, 1),
+        "replace_batch_s": round(replace_s, 3),
+        "chunk_count": info["chunk_count"],
+        "indexed_vectors": info["indexed_vectors"],
+        "faiss_ntotal": ntotal,
+        "close_s": round(close_s, 2),
+    }
     started = time.perf_counter()
     reopened = KnowledgeStore(workdir / "hnsw.sqlite3", dim=DIM, index_kind="hnsw")
     out["reopen_s"] = round(time.perf_counter() - started, 2)

@@ -83,8 +83,10 @@ def main() -> None:
 
     def chat(messages: list[dict], tokens: int, ignore_eos: bool = False) -> float:
         started = time.perf_counter()
-        reply = http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": tokens,
-                                                        "ignore_eos": ignore_eos, "temperature": 0})
+        reply = http.post(
+            "/v1/chat/completions",
+            json={"messages": messages, "max_tokens": tokens, "ignore_eos": ignore_eos, "temperature": 0},
+        )
         reply.raise_for_status()
         return time.perf_counter() - started
 
@@ -97,9 +99,15 @@ def main() -> None:
             list(pool.map(lambda p: chat(p, 64, ignore_eos=True), prompts))
         decode[f"c{concurrency}_tok_s"] = round(64 * len(prompts) / (time.perf_counter() - started), 2)
     settings = StepWorkerSettings.from_env(worker.environ())  # the plan's (planner/engine_args.py)
-    row = {"label": args.label, "spin_s": settings.idle_spin_s if settings else None,
-           "worker_cpu_in_idle_second": idle, "short_chat_p50_s": round(statistics.median(short), 3),
-           "short_chat_p95_s": round(short[18], 3), **decode, "at": time.strftime("%Y-%m-%d %H:%M")}
+    row = {
+        "label": args.label,
+        "spin_s": settings.idle_spin_s if settings else None,
+        "worker_cpu_in_idle_second": idle,
+        "short_chat_p50_s": round(statistics.median(short), 3),
+        "short_chat_p95_s": round(short[18], 3),
+        **decode,
+        "at": time.strftime("%Y-%m-%d %H:%M"),
+    }
     print(json.dumps(row))
     rows = json.loads(args.out.read_text()) if args.out.exists() else []
     args.out.write_text(json.dumps(rows + [row], indent=1) + "\n")

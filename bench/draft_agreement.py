@@ -48,7 +48,7 @@ def run(profile: Path) -> BenchResult:
             ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
             ids = ids["input_ids"]
             with torch.no_grad():
-                answer = target.generate(ids, max_new_tokens=MAX_TOKENS, do_sample=False)[:, ids.shape[1]:]
+                answer = target.generate(ids, max_new_tokens=MAX_TOKENS, do_sample=False)[:, ids.shape[1] :]
                 full = torch.cat([ids, answer], dim=1)
                 with Stopwatch() as target_forward:
                     t_logits = target(full).logits
@@ -60,20 +60,36 @@ def run(profile: Path) -> BenchResult:
             span = slice(ids.shape[1] - 1, full.shape[1] - 1)
             agree += int((t_logits[0, span].argmax(-1) == d_logits[0, span].argmax(-1)).sum())
             total += int(full.shape[1] - ids.shape[1])
-        rows.append({"workload": name, "answer_tokens": total, "agreement": agree / total,
-                     "draft_vs_target_forward_time": t_draft / t_target})
-    config = {"target": target_path, "draft": str(DRAFT_MODEL), "target_layers": target.config.num_hidden_layers,
-              "draft_layers": draft.config.num_hidden_layers, "max_tokens": MAX_TOKENS, "dtype": "float32",
-              "torch_threads": TORCH_THREADS}
+        rows.append(
+            {
+                "workload": name,
+                "answer_tokens": total,
+                "agreement": agree / total,
+                "draft_vs_target_forward_time": t_draft / t_target,
+            }
+        )
+    config = {
+        "target": target_path,
+        "draft": str(DRAFT_MODEL),
+        "target_layers": target.config.num_hidden_layers,
+        "draft_layers": draft.config.num_hidden_layers,
+        "max_tokens": MAX_TOKENS,
+        "dtype": "float32",
+        "torch_threads": TORCH_THREADS,
+    }
     return new_result(NAME, config, {f"agreement_{r['workload']}": r["agreement"] for r in rows}, rows)
 
 
 def tables(result: BenchResult) -> str:
-    lines = ["| workload | answer tokens | draft top-1 = target top-1 | draft forward / target forward (time) |",
-             "|---|---:|---:|---:|"]
+    lines = [
+        "| workload | answer tokens | draft top-1 = target top-1 | draft forward / target forward (time) |",
+        "|---|---:|---:|---:|",
+    ]
     for r in result.rows:
-        lines.append(f"| {r['workload']} | {r['answer_tokens']} | {r['agreement']:.2f} | "
-                     f"{r['draft_vs_target_forward_time']:.2f} |")
+        lines.append(
+            f"| {r['workload']} | {r['answer_tokens']} | {r['agreement']:.2f} | "
+            f"{r['draft_vs_target_forward_time']:.2f} |"
+        )
     return "\n".join(lines)
 
 

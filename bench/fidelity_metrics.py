@@ -28,9 +28,13 @@ def margin_at(margins: Sequence[float], position: int | None) -> float | None:
     return margins[position] if position is not None and position < len(margins) else None
 
 
-def compare_sequences(outputs: Sequence[Sequence[int]], references: Sequence[Sequence[int]],
-                      margins: Sequence[Sequence[float]], n_tokens: int,
-                      near_tie: float = NEAR_TIE_LOGITS) -> dict:
+def compare_sequences(
+    outputs: Sequence[Sequence[int]],
+    references: Sequence[Sequence[int]],
+    margins: Sequence[Sequence[float]],
+    n_tokens: int,
+    near_tie: float = NEAR_TIE_LOGITS,
+) -> dict:
     """Agreement of an engine's greedy outputs with the reference's, prompt by prompt.
 
     A prompt's first differing position counts as n_tokens when the sequences are equal, so the mean
@@ -49,8 +53,10 @@ def compare_sequences(outputs: Sequence[Sequence[int]], references: Sequence[Seq
         "exact_match": sum(first is None for first in firsts) / n,
         "first_diff_mean": mean(positions),
         "first_diff_median": median(positions),
-        **{f"agree_first_{k}": sum(list(o[:k]) == list(r[:k]) for o, r in zip(outputs, references)) / n
-           for k in PREFIX_LENGTHS},
+        **{
+            f"agree_first_{k}": sum(list(o[:k]) == list(r[:k]) for o, r in zip(outputs, references)) / n
+            for k in PREFIX_LENGTHS
+        },
         "divergences": len(div_margins),
         "near_tie_divergences": sum(m < near_tie for m in known),
         "large_margin_divergences": sum(m >= near_tie for m in known),
@@ -61,8 +67,12 @@ def compare_sequences(outputs: Sequence[Sequence[int]], references: Sequence[Seq
     }
 
 
-def teacher_forced(argmaxes: Sequence[Sequence[int]], references: Sequence[Sequence[int]],
-                   margins: Sequence[Sequence[float]], near_tie: float = NEAR_TIE_LOGITS) -> dict:
+def teacher_forced(
+    argmaxes: Sequence[Sequence[int]],
+    references: Sequence[Sequence[int]],
+    margins: Sequence[Sequence[float]],
+    near_tie: float = NEAR_TIE_LOGITS,
+) -> dict:
     """With the reference's tokens fed in, how often the engine's argmax at each position differs from
     the reference's token, and how many of those differences were at near-ties."""
     positions = mismatched = 0

@@ -64,19 +64,34 @@ def main() -> None:
         try:
             with raw_vllm_server(setup, workdir, timeout_s=args.start_timeout) as server:
                 row["start_s"] = round(server.start_s, 1)
-                metrics = run_serving_load(server.base_url, setup.served_model_name, setup.model,
-                                           ServingLoad(args.prompts, 1, 256, 128), workdir / "load.log")
+                metrics = run_serving_load(
+                    server.base_url,
+                    setup.served_model_name,
+                    setup.model,
+                    ServingLoad(args.prompts, 1, 256, 128),
+                    workdir / "load.log",
+                )
             tok_s = 1000 / metrics["median_tpot_ms"]
-            row.update(tpot_p50_ms=round(metrics["median_tpot_ms"], 2), decode_tok_s=round(tok_s, 1),
-                       ttft_p50_ms=round(metrics["median_ttft_ms"], 1), of_roofline=round(tok_s / roofline, 3))
+            row.update(
+                tpot_p50_ms=round(metrics["median_tpot_ms"], 2),
+                decode_tok_s=round(tok_s, 1),
+                ttft_p50_ms=round(metrics["median_ttft_ms"], 1),
+                of_roofline=round(tok_s / roofline, 3),
+            )
         except Exception as exc:  # a mode that fails to start is a result too
             row["error"] = f"{type(exc).__name__}: {exc}"[:2000]
-            row["log_tail"] = (workdir / "vllm.log").read_text(errors="replace")[-3000:] \
-                if (workdir / "vllm.log").exists() else ""
+            row["log_tail"] = (
+                (workdir / "vllm.log").read_text(errors="replace")[-3000:] if (workdir / "vllm.log").exists() else ""
+            )
         rows.append(row)
         print(json.dumps(row), flush=True)
-        report = {"profile": str(args.profile), "device": device, "weight_bytes": weight_bytes,
-                  "roofline_tok_s": round(roofline, 1), "rows": rows}
+        report = {
+            "profile": str(args.profile),
+            "device": device,
+            "weight_bytes": weight_bytes,
+            "roofline_tok_s": round(roofline, 1),
+            "rows": rows,
+        }
         (args.out / "gpu-decode-modes.json").write_text(json.dumps(report, indent=1))
 
 

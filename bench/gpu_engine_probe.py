@@ -39,20 +39,31 @@ if __name__ == "__main__":
 """
 
 
-def probe_engine(name: str, model: str, engine_args: dict, env: dict, log: Path, sampler: GpuSampler,
-                 timeout_s: float) -> dict:
+def probe_engine(
+    name: str, model: str, engine_args: dict, env: dict, log: Path, sampler: GpuSampler, timeout_s: float
+) -> dict:
     kwargs = {"model": model, **engine_args}
     before = sampler.read()
-    process = subprocess.Popen([sys.executable, "-c", ENGINE, json.dumps(kwargs)], env=env, stdin=subprocess.PIPE,
-                               stdout=open(log, "w"), stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", ENGINE, json.dumps(kwargs)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     started, result = time.monotonic(), {"name": name, "free_before_gib": round(before.free / GIB, 2)}
     try:
         while time.monotonic() - started < timeout_s and process.poll() is None:
             if "PROBE-GENERATED" in log.read_text(errors="replace"):
                 now = sampler.read()
-                result |= {"ready_s": round(time.monotonic() - started, 1),
-                           "gpu_processes_gib": {str(p): round(b / GIB, 3) for p, b in now.processes.items()},
-                           "gpu_bytes": sum(now.processes.values()), "device_used_gib": round(now.used / GIB, 2)}
+                result |= {
+                    "ready_s": round(time.monotonic() - started, 1),
+                    "gpu_processes_gib": {str(p): round(b / GIB, 3) for p, b in now.processes.items()},
+                    "gpu_bytes": sum(now.processes.values()),
+                    "device_used_gib": round(now.used / GIB, 2),
+                }
                 break
             time.sleep(1)
         else:
@@ -88,13 +99,28 @@ def main() -> None:
     models = dict(profile.chat_engines())
     with GpuSampler() as sampler:
         for replica in (r for r in sorted(plan.replicas, key=lambda r: r.start_order) if r.kind == "chat"):
-            env = {**os.environ, **adapt_engine_env(replica.env), "VLLM_LOGGING_CONFIG_PATH": str(workdir / "logging.json")}
-            row = probe_engine(replica.name, models[replica.name].model, replica.vllm.as_dict(), env,
-                               args.out / f"{replica.name}.log", sampler, args.timeout)
+            env = {
+                **os.environ,
+                **adapt_engine_env(replica.env),
+                "VLLM_LOGGING_CONFIG_PATH": str(workdir / "logging.json"),
+            }
+            row = probe_engine(
+                replica.name,
+                models[replica.name].model,
+                replica.vllm.as_dict(),
+                env,
+                args.out / f"{replica.name}.log",
+                sampler,
+                args.timeout,
+            )
             facts = plan.engines[replica.name]
-            row |= {"planned_gpu_bytes": replica.planned_bytes, "kv_tokens_planned": facts.vllm_kv_tokens,
-                    "weights_planned_gib": round((facts.weight_bytes + facts.drafter_weight_bytes) / GIB, 2),
-                    "block_planned": facts.block_size, "kv_cache_memory_bytes": replica.vllm.kv_cache_memory_bytes}
+            row |= {
+                "planned_gpu_bytes": replica.planned_bytes,
+                "kv_tokens_planned": facts.vllm_kv_tokens,
+                "weights_planned_gib": round((facts.weight_bytes + facts.drafter_weight_bytes) / GIB, 2),
+                "block_planned": facts.block_size,
+                "kv_cache_memory_bytes": replica.vllm.kv_cache_memory_bytes,
+            }
             if row.get("gpu_bytes"):
                 row["ratio"] = round(row["gpu_bytes"] / replica.planned_bytes, 4)
             report["engines"].append(row)

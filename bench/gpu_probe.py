@@ -31,12 +31,16 @@ LOG_PATTERNS = {
 }
 # vLLM's logging config for the measured engines: INFO everywhere, DEBUG for the worker's memory lines.
 VLLM_LOGGING_CONFIG = {
-    "version": 1, "disable_existing_loggers": False,
+    "version": 1,
+    "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s"}},
-    "handlers": {"vllm": {"class": "logging.StreamHandler", "formatter": "plain", "level": "DEBUG",
-                          "stream": "ext://sys.stdout"}},
-    "loggers": {"vllm": {"handlers": ["vllm"], "level": "INFO", "propagate": False},
-                "vllm.v1.worker.gpu_worker": {"level": "DEBUG"}},
+    "handlers": {
+        "vllm": {"class": "logging.StreamHandler", "formatter": "plain", "level": "DEBUG", "stream": "ext://sys.stdout"}
+    },
+    "loggers": {
+        "vllm": {"handlers": ["vllm"], "level": "INFO", "propagate": False},
+        "vllm.v1.worker.gpu_worker": {"level": "DEBUG"},
+    },
 }
 
 
@@ -84,10 +88,16 @@ def decode_roofline(weight_bytes: int, device_name: str) -> float | None:
 def role_of(title: str) -> str:
     """A process's part in the stack from its title (Ray sets `ray::<Class>...` on its workers)."""
     # vLLM 0.26 titles its Ray worker `ray::RayWorkerProc.run`; earlier versions `RayWorkerWrapper`.
-    for needle, role in (("RayWorkerProc", "vllm_worker"), ("RayWorkerWrapper", "vllm_worker"),
-                         ("EngineCore", "engine_core"),
-                         ("PoolserveLLMServer", "chat_replica"), ("embedder", "embedder"),
-                         ("retriever", "retriever"), ("gateway", "gateway"), ("api_server", "raw_vllm")):
+    for needle, role in (
+        ("RayWorkerProc", "vllm_worker"),
+        ("RayWorkerWrapper", "vllm_worker"),
+        ("EngineCore", "engine_core"),
+        ("PoolserveLLMServer", "chat_replica"),
+        ("embedder", "embedder"),
+        ("retriever", "retriever"),
+        ("gateway", "gateway"),
+        ("api_server", "raw_vllm"),
+    ):
         if needle in title:
             return role
     return "other"

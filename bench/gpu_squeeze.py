@@ -36,18 +36,27 @@ CORPUS = Path(__file__).resolve().parent / "data" / "stdlib-pydoc.jsonl.gz"
 
 
 def _probe(base_url: str, headers: dict, profile) -> tuple[int, int, str | None]:
-    emb = httpx.post(f"{base_url}/v1/embeddings", headers=headers, timeout=60,
-                     json={"model": profile.embedder.model_id, "input": ["squeeze"]})
-    ing = httpx.post(f"{base_url}/v1/collections/squeeze/documents", headers=headers, timeout=60,
-                     json={"documents": [{"id": "s", "text": "squeeze test document"}]})
+    emb = httpx.post(
+        f"{base_url}/v1/embeddings",
+        headers=headers,
+        timeout=60,
+        json={"model": profile.embedder.model_id, "input": ["squeeze"]},
+    )
+    ing = httpx.post(
+        f"{base_url}/v1/collections/squeeze/documents",
+        headers=headers,
+        timeout=60,
+        json={"documents": [{"id": "s", "text": "squeeze test document"}]},
+    )
     return emb.status_code, ing.status_code, emb.headers.get("retry-after") or ing.headers.get("retry-after")
 
 
 def squeeze(base_url: str, key: str, profile, sampler, first_mark: float, max_steps: int = 1200) -> dict:
     """first_mark: the plan's shed_ingest_at (planner/guard.py); below it the helper grows without probing."""
     headers = {"Authorization": f"Bearer {key}"}
-    helper = subprocess.Popen([sys.executable, "-c", HELPER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True, start_new_session=True)
+    helper = subprocess.Popen(
+        [sys.executable, "-c", HELPER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     steps, result = [], {"shed_ingest_at_fraction": None, "shed_all_at_fraction": None, "first_mark": first_mark}
     try:
         for _ in range(max_steps):
@@ -66,8 +75,15 @@ def squeeze(base_url: str, key: str, profile, sampler, first_mark: float, max_st
             sample = sampler.read()
             fraction = sample.used / (sample.used + sample.free)
             emb, ing, retry = _probe(base_url, headers, profile)
-            steps.append({"held_gib": round(held * STEP / GIB, 2), "used_fraction": round(fraction, 4),
-                          "embeddings": emb, "ingest": ing, "retry_after": retry})
+            steps.append(
+                {
+                    "held_gib": round(held * STEP / GIB, 2),
+                    "used_fraction": round(fraction, 4),
+                    "embeddings": emb,
+                    "ingest": ing,
+                    "retry_after": retry,
+                }
+            )
             if ing == 503 and result["shed_ingest_at_fraction"] is None:
                 result["shed_ingest_at_fraction"] = round(fraction, 4)
             if emb == 503:
@@ -127,8 +143,9 @@ print(json.dumps({"chunks": len(texts), "seconds": seconds, "in_process": asynci
 """
 
 
-def ingest_ratio(base_url: str, key: str, profile, documents: int = 120, per_request: int = 20,
-                 device: str = "cuda") -> dict:
+def ingest_ratio(
+    base_url: str, key: str, profile, documents: int = 120, per_request: int = 20, device: str = "cuda"
+) -> dict:
     """The stack's ingest against raw sentence-transformers encoding the same chunks. The raw side runs in a
     child process, so this one never holds a CUDA context (the GPU must be empty once the stack stops)."""
     import tempfile
@@ -138,9 +155,10 @@ def ingest_ratio(base_url: str, key: str, profile, documents: int = 120, per_req
     started = time.perf_counter()
     chunks_stack, parts_ms, request_s = 0, {}, []
     for i in range(0, len(docs), per_request):
-        batch = [{"id": f"d{i + j}", "text": d["text"]} for j, d in enumerate(docs[i:i + per_request])]
-        reply = httpx.post(f"{base_url}/v1/collections/ingest-ratio/documents", headers=headers, timeout=600,
-                           json={"documents": batch})
+        batch = [{"id": f"d{i + j}", "text": d["text"]} for j, d in enumerate(docs[i : i + per_request])]
+        reply = httpx.post(
+            f"{base_url}/v1/collections/ingest-ratio/documents", headers=headers, timeout=600, json={"documents": batch}
+        )
         reply.raise_for_status()
         request_s.append(round(reply.elapsed.total_seconds(), 3))
         for name, ms in server_timing(reply.headers.get("server-timing", "")).items():
@@ -150,17 +168,37 @@ def ingest_ratio(base_url: str, key: str, profile, documents: int = 120, per_req
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl") as corpus:
         corpus.write("".join(json.dumps({"text": d["text"]}) + "\n" for d in docs))
         corpus.flush()
-        args = [profile.embedder.model, profile.embedder.batch_size, profile.rag.chunk_tokens,
-                profile.rag.chunk_overlap, device, corpus.name, per_request, profile.rag.embed_batch_chunks]
-        done = subprocess.run([sys.executable, "-c", RAW_ENCODE, json.dumps(args)], capture_output=True, text=True,
-                              timeout=600, cwd=Path(__file__).resolve().parents[1], check=True)
+        args = [
+            profile.embedder.model,
+            profile.embedder.batch_size,
+            profile.rag.chunk_tokens,
+            profile.rag.chunk_overlap,
+            device,
+            corpus.name,
+            per_request,
+            profile.rag.embed_batch_chunks,
+        ]
+        done = subprocess.run(
+            [sys.executable, "-c", RAW_ENCODE, json.dumps(args)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=Path(__file__).resolve().parents[1],
+            check=True,
+        )
     raw = json.loads(done.stdout.strip().splitlines()[-1])
-    return {"documents": len(docs), "per_request": per_request, "chunks_stack": chunks_stack,
-            "chunks_raw": raw["chunks"], "stack_chunks_per_s": round(chunks_stack / stack_s, 1),
-            "raw_chunks_per_s": round(raw["chunks"] / raw["seconds"], 1),
-            "ratio": round((chunks_stack / stack_s) / (raw["chunks"] / raw["seconds"]), 3),
-            "in_process_pipeline_s": raw["in_process"], "request_s": request_s,
-            "server_timing_s": {name: round(ms / 1000, 3) for name, ms in parts_ms.items()}}
+    return {
+        "documents": len(docs),
+        "per_request": per_request,
+        "chunks_stack": chunks_stack,
+        "chunks_raw": raw["chunks"],
+        "stack_chunks_per_s": round(chunks_stack / stack_s, 1),
+        "raw_chunks_per_s": round(raw["chunks"] / raw["seconds"], 1),
+        "ratio": round((chunks_stack / stack_s) / (raw["chunks"] / raw["seconds"]), 3),
+        "in_process_pipeline_s": raw["in_process"],
+        "request_s": request_s,
+        "server_timing_s": {name: round(ms / 1000, 3) for name, ms in parts_ms.items()},
+    }
 
 
 def server_timing(header: str) -> dict[str, float]:

@@ -26,8 +26,12 @@ def read_smaps(pid: int) -> list[dict]:
             if "-" in first and not first.endswith(":"):
                 parts = line.split()
                 start, end = (int(x, 16) for x in first.split("-"))
-                current = {"start": start, "kib": (end - start) // 1024, "perm": parts[1],
-                           "name": parts[5] if len(parts) > 5 else ""}
+                current = {
+                    "start": start,
+                    "kib": (end - start) // 1024,
+                    "perm": parts[1],
+                    "name": parts[5] if len(parts) > 5 else "",
+                }
                 maps.append(current)
             elif first in ("Rss:", "Pss:", "Anonymous:") and current is not None:
                 current[first[:-1].lower()] = int(line.split()[1])
@@ -69,8 +73,16 @@ def diff(before: list[dict], after: list[dict]) -> list[tuple]:
         a, b = old.get(start, {}), new.get(start, {})
         change = (b.get("rss", 0) - a.get("rss", 0)) / 1024
         if abs(change) >= 0.1:
-            rows.append((round(change, 1), hex(start), kind_of(b or a), round(a.get("rss", 0) / 1024, 1),
-                         round(b.get("rss", 0) / 1024, 1), (b or a)["name"]))
+            rows.append(
+                (
+                    round(change, 1),
+                    hex(start),
+                    kind_of(b or a),
+                    round(a.get("rss", 0) / 1024, 1),
+                    round(b.get("rss", 0) / 1024, 1),
+                    (b or a)["name"],
+                )
+            )
     return sorted(rows, reverse=True)
 
 

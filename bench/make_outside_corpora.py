@@ -95,16 +95,43 @@ RSYSLOG_DIR = "usr/share/doc/rsyslog-doc/html"
 MIN_CHARS = 1_500
 # Top-level SQLite pages that are generated lists, duplicates or news rather than reference prose.
 HTML_SKIPPED = {
-    "doc_backlink_crossref", "doc_keyword_crossref", "doc_pagelink_crossref", "doc_target_crossref",
-    "keyword_index", "sitemap", "doclist", "docs", "toc", "index", "hp1", "sqlite", "syntax", "syntaxdiagrams",
-    "requirements", "capi3ref", "fileformat", "changes", "chronology", "news", "oldnews", "mingw",
+    "doc_backlink_crossref",
+    "doc_keyword_crossref",
+    "doc_pagelink_crossref",
+    "doc_target_crossref",
+    "keyword_index",
+    "sitemap",
+    "doclist",
+    "docs",
+    "toc",
+    "index",
+    "hp1",
+    "sqlite",
+    "syntax",
+    "syntaxdiagrams",
+    "requirements",
+    "capi3ref",
+    "fileformat",
+    "changes",
+    "chronology",
+    "news",
+    "oldnews",
+    "mingw",
 }
 # Apache pages (ids under en/) that are generated lists, indexes, notes about the manual's own
 # notation, legal text or release history rather than reference prose; every index.html (a
 # section's table of contents: index, mod/index, howto/index, vhosts/index, rewrite/index, ...) too.
 APACHE_SKIPPED = {
-    "sitemap", "glossary", "mod/directives", "mod/quickreference", "mod/overrides",
-    "mod/directive-dict", "mod/module-dict", "license", "new_features_2_0", "new_features_2_2",
+    "sitemap",
+    "glossary",
+    "mod/directives",
+    "mod/quickreference",
+    "mod/overrides",
+    "mod/directive-dict",
+    "mod/module-dict",
+    "license",
+    "new_features_2_0",
+    "new_features_2_2",
 }
 # Git pages (ids under git-doc/) that are not reference prose: index.html is a symbolic link to
 # git.html (the same page twice), howto-index and technical/api-index are generated lists of links.
@@ -189,8 +216,13 @@ def html_documents(root: Path) -> list[dict]:
 
 def apache_documents(root: Path) -> list[dict]:
     base = root / APACHE_DIR
-    return html_pages(base, sorted(base.rglob("*.html")), lambda page, doc_id, data: (
-        page.name != "index.html" and doc_id not in APACHE_SKIPPED and bool(APACHE_ENGLISH.search(data))))
+    return html_pages(
+        base,
+        sorted(base.rglob("*.html")),
+        lambda page, doc_id, data: (
+            page.name != "index.html" and doc_id not in APACHE_SKIPPED and bool(APACHE_ENGLISH.search(data))
+        ),
+    )
 
 
 def git_documents(root: Path) -> list[dict]:
@@ -200,9 +232,16 @@ def git_documents(root: Path) -> list[dict]:
 
 def rsyslog_documents(root: Path) -> list[dict]:
     base = root / RSYSLOG_DIR
-    return html_pages(base, sorted(base.rglob("*.html")), lambda page, doc_id, data: (
-        page.name != "index.html" and doc_id not in RSYSLOG_SKIPPED
-        and not doc_id.startswith("proposals/big_restructuring/")), RSYSLOG_MIN_CHARS)
+    return html_pages(
+        base,
+        sorted(base.rglob("*.html")),
+        lambda page, doc_id, data: (
+            page.name != "index.html"
+            and doc_id not in RSYSLOG_SKIPPED
+            and not doc_id.startswith("proposals/big_restructuring/")
+        ),
+        RSYSLOG_MIN_CHARS,
+    )
 
 
 def pdf_documents(root: Path) -> list[dict]:
@@ -224,15 +263,22 @@ def write(documents: list[dict], out: Path, package: tuple[str, str]) -> None:
         for doc in documents:
             lines.write(json.dumps(doc, ensure_ascii=False) + "\n")
     chars = sum(len(d["text"]) for d in documents)
-    print(f"{len(documents)} documents, {chars:,} characters ({min(len(d['text']) for d in documents):,}-"
-          f"{max(len(d['text']) for d in documents):,} each) from {package[0]} {package[1]} -> {out} "
-          f"({out.stat().st_size:,} bytes)", flush=True)
+    print(
+        f"{len(documents)} documents, {chars:,} characters ({min(len(d['text']) for d in documents):,}-"
+        f"{max(len(d['text']) for d in documents):,} each) from {package[0]} {package[1]} -> {out} "
+        f"({out.stat().st_size:,} bytes)",
+        flush=True,
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--debs", default=None, help="a folder with the .deb files (else apt-get download into a temp dir)")
-    parser.add_argument("--only", choices=("html", "pdf", "apache", "git", "rsyslog"), default=None, help="build one corpus only")
+    parser.add_argument(
+        "--debs", default=None, help="a folder with the .deb files (else apt-get download into a temp dir)"
+    )
+    parser.add_argument(
+        "--only", choices=("html", "pdf", "apache", "git", "rsyslog"), default=None, help="build one corpus only"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         debs = Path(args.debs) if args.debs else Path(tmp)

@@ -36,9 +36,30 @@ wsgiref.simple_server wsgiref.handlers wsgiref.util xmlrpc.client html.parser en
 asyncio.locks asyncio.tasks asyncio.subprocess asyncio.streams asyncio.events ctypes.util curses.ascii
 """.split()
 # Not reference text (easter eggs, GUI toolkits, the test suite) or platform-specific duplicates.
-SKIPPED = {"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "lib2to3", "ensurepip", "venv",
-           "test", "pydoc_data", "sre_compile", "sre_parse", "sre_constants", "nturl2path", "ntpath",
-           "posixpath", "msvcrt", "winreg", "winsound", "nt", "encodings"}
+SKIPPED = {
+    "antigravity",
+    "this",
+    "idlelib",
+    "tkinter",
+    "turtle",
+    "turtledemo",
+    "lib2to3",
+    "ensurepip",
+    "venv",
+    "test",
+    "pydoc_data",
+    "sre_compile",
+    "sre_parse",
+    "sre_constants",
+    "nturl2path",
+    "ntpath",
+    "posixpath",
+    "msvcrt",
+    "winreg",
+    "winsound",
+    "nt",
+    "encodings",
+}
 
 
 def render(name: str) -> str | None:

@@ -12,8 +12,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from bench.harness.results import BenchResult  # noqa: E402
 
-SERVERS = (("raw vllm", "raw vLLM", "tab:gray"), ("poolserve", "poolserve", "tab:blue"),
-           ("llama.cpp", "llama.cpp", "tab:orange"))
+SERVERS = (
+    ("raw vllm", "raw vLLM", "tab:gray"),
+    ("poolserve", "poolserve", "tab:blue"),
+    ("llama.cpp", "llama.cpp", "tab:orange"),
+)
 SPEC_METHODS = (("none", "tab:gray"), ("ngram", "tab:green"), ("draft_model", "tab:red"))
 
 
@@ -36,10 +39,10 @@ def serving_plot(result: BenchResult, source: Path, out: Path) -> Path:
         width = 0.8 / len(servers)
         for i, (key, label, color) in enumerate(servers):
             xs = [x + (i - (len(servers) - 1) / 2) * width for x in range(len(levels))]
-            tok_ax.bar(xs, [by[(key, dataset, c)]["output_throughput"] for c in levels], width, label=label,
-                       color=color)
-            ttft_ax.bar(xs, [by[(key, dataset, c)]["median_ttft_ms"] for c in levels], width, label=label,
-                        color=color)
+            tok_ax.bar(
+                xs, [by[(key, dataset, c)]["output_throughput"] for c in levels], width, label=label, color=color
+            )
+            ttft_ax.bar(xs, [by[(key, dataset, c)]["median_ttft_ms"] for c in levels], width, label=label, color=color)
         tok_ax.set(ylabel="output tokens/s", title=f"Throughput, {dataset} prompts")
         ttft_ax.set(ylabel="median time to first token (ms)", title=f"TTFT p50, {dataset} prompts")
         for ax in (tok_ax, ttft_ax):
@@ -49,8 +52,11 @@ def serving_plot(result: BenchResult, source: Path, out: Path) -> Path:
             ax.grid(axis="y", alpha=0.3)
             ax.legend(loc="upper left", ncols=2)
     load = result.config["loads"][0]
-    fig.suptitle(f"poolserve vs raw vLLM: {load['num_prompts']}+ prompts/level, random {load['input_len']} in / "
-                 f"{load['output_len']} out tokens\n{_source(result, source)}", fontsize=9)
+    fig.suptitle(
+        f"poolserve vs raw vLLM: {load['num_prompts']}+ prompts/level, random {load['input_len']} in / "
+        f"{load['output_len']} out tokens\n{_source(result, source)}",
+        fontsize=9,
+    )
     return _save(fig, out)
 
 
@@ -65,10 +71,14 @@ def speculative_plot(results: list[tuple[BenchResult, Path, str]], out: Path) ->
         for i, run in enumerate(runs):
             by = {(x["workload"], x["concurrency"]): x for x in run["results"]}
             color = dict(SPEC_METHODS).get(run["method"], None)
-            ax.bar([p + i * width for p in range(len(phases))],
-                   [by[ph]["tokens"] / by[ph]["wall_s"] for ph in phases], width, label=run["method"], color=color)
-        ax.set_xticks([p + width * (len(runs) - 1) / 2 for p in range(len(phases))],
-                      [f"{w} c={c}" for w, c in phases])
+            ax.bar(
+                [p + i * width for p in range(len(phases))],
+                [by[ph]["tokens"] / by[ph]["wall_s"] for ph in phases],
+                width,
+                label=run["method"],
+                color=color,
+            )
+        ax.set_xticks([p + width * (len(runs) - 1) / 2 for p in range(len(phases))], [f"{w} c={c}" for w, c in phases])
         ax.set(ylabel="generated tokens/s", title=f"{title}\n{_source(result, source)}")
         ax.title.set_fontsize(9)
         ax.grid(axis="y", alpha=0.3)
@@ -106,28 +116,46 @@ def retrieval_scale_plot(result: BenchResult, source: Path, out: Path, goal_ms: 
         if not mine:
             continue
         label = next(iter(mine.values()))["setting"]
-        lat_ax.plot(sizes, [mine[n]["embed_search_p50"] for n in sizes], "o-", color=color,
-                    label=f"{label}: embed + search")
+        lat_ax.plot(
+            sizes, [mine[n]["embed_search_p50"] for n in sizes], "o-", color=color, label=f"{label}: embed + search"
+        )
         lat_ax.plot(sizes, [mine[n]["p50"] for n in sizes], "o--", color=color, label=f"{label}: search alone")
     lat_ax.axhline(goal_ms, color="tab:red", lw=1, ls=":", label=f"goal {goal_ms:g} ms (at 100k)")
-    lat_ax.set(xscale="log", yscale="log", xlabel="chunks in the index", ylabel="p50 per question (ms)",
-               title="One question at a time, top 10")
+    lat_ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="chunks in the index",
+        ylabel="p50 per question (ms)",
+        title="One question at a time, top 10",
+    )
     lat_ax.legend(fontsize=7)
     lat_ax.grid(alpha=0.3, which="both")
     for n, marker in zip(sizes, "os^vD"):
         hnsw = sorted((r for r in rows if r["n"] == n and r["kind"] == "hnsw"), key=lambda r: r["p50"])
         rec_ax.plot([r["p50"] for r in hnsw], [r["recall"] for r in hnsw], marker + "-", label=f"HNSW, {n:,} chunks")
         for r in hnsw:
-            rec_ax.annotate(r["setting"].split()[-1], (r["p50"], r["recall"]), fontsize=6, xytext=(3, -8),
-                            textcoords="offset points")
+            rec_ax.annotate(
+                r["setting"].split()[-1],
+                (r["p50"], r["recall"]),
+                fontsize=6,
+                xytext=(3, -8),
+                textcoords="offset points",
+            )
         flat = [r for r in rows if r["n"] == n and r["kind"] == "flat"]
         rec_ax.plot([r["p50"] for r in flat], [r["recall"] for r in flat], marker, color="tab:gray")
-    rec_ax.set(xscale="log", xlabel="search p50 (ms), grey: flat (exact)", ylabel="recall@10 vs exact",
-               title="Recall against search time (HNSW efSearch)")
+    rec_ax.set(
+        xscale="log",
+        xlabel="search p50 (ms), grey: flat (exact)",
+        ylabel="recall@10 vs exact",
+        title="Recall against search time (HNSW efSearch)",
+    )
     rec_ax.legend(fontsize=7)
     rec_ax.grid(alpha=0.3, which="both")
-    fig.suptitle(f"Retrieval on MiniLM embeddings of the pydoc corpus ({result.config['real_chunks']:,} real, the rest "
-                 f"perturbed)\n{_source(result, source)}", fontsize=9)
+    fig.suptitle(
+        f"Retrieval on MiniLM embeddings of the pydoc corpus ({result.config['real_chunks']:,} real, the rest "
+        f"perturbed)\n{_source(result, source)}",
+        fontsize=9,
+    )
     return _save(fig, out)
 
 

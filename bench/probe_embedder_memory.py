@@ -42,17 +42,33 @@ CORPORA = ("sqlite-doc", "apache-doc", "git-doc", "rsyslog-doc", "stdlib-pydoc",
 
 
 class MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                 "keepcost")]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def mallinfo() -> dict:
     libc = ctypes.CDLL(None)
     libc.mallinfo2.restype = MallInfo2
     info = libc.mallinfo2()
-    return {"glibc_arena_mib": info.arena / MIB, "glibc_in_use_mib": info.uordblks / MIB,
-            "glibc_free_mib": info.fordblks / MIB, "glibc_mmapped_mib": info.hblkhd / MIB}
+    return {
+        "glibc_arena_mib": info.arena / MIB,
+        "glibc_in_use_mib": info.uordblks / MIB,
+        "glibc_free_mib": info.fordblks / MIB,
+        "glibc_mmapped_mib": info.hblkhd / MIB,
+    }
 
 
 def smaps_by_kind() -> dict:
@@ -104,7 +120,9 @@ def main() -> None:
     ap.add_argument("--per-call", type=int, default=8, help="documents per ingest call (chunked in parallel)")
     ap.add_argument("--embed-call", type=int, default=64, help="chunks per embed call (the gateway's step)")
     ap.add_argument("--batch-size", type=int, default=4)
-    ap.add_argument("--variant", default="default", choices=("default", "one-thread", "fixed-threads", "arena1", "arena2"))
+    ap.add_argument(
+        "--variant", default="default", choices=("default", "one-thread", "fixed-threads", "arena1", "arena2")
+    )
     ap.add_argument("--seed", type=int, default=46)
     ap.add_argument("--sample-every", type=int, default=8, help="documents between samples")
     ap.add_argument("--model", default=str(ROOT / "models" / "all-MiniLM-L6-v2"))
@@ -131,6 +149,7 @@ def main() -> None:
         def guard(_n):
             threads = 1 if args.variant == "fixed-threads" else rng.choice((1, 2))
             yield forward.runner(threads)
+
         return guard
 
     def embed(texts):
@@ -141,8 +160,16 @@ def main() -> None:
     def sample(label, docs_done, chunks_done):
         gc.collect()
         release_freed_heap(collect=False)
-        point = {"label": label, "t": round(time.time() - t0, 1), "docs": docs_done, "chunks": chunks_done,
-                 **rollup(), **smaps_by_kind(), **mallinfo(), "gc_objects": len(gc.get_objects())}
+        point = {
+            "label": label,
+            "t": round(time.time() - t0, 1),
+            "docs": docs_done,
+            "chunks": chunks_done,
+            **rollup(),
+            **smaps_by_kind(),
+            **mallinfo(),
+            "gc_objects": len(gc.get_objects()),
+        }
         samples.append(point)
         print(json.dumps({k: (round(v, 1) if isinstance(v, float) else v) for k, v in point.items()}), flush=True)
 
@@ -154,11 +181,11 @@ def main() -> None:
     documents = load_documents(args.docs, args.seed)
     chunks_done = 0
     for start in range(0, len(documents), args.per_call):
-        call = documents[start:start + args.per_call]
+        call = documents[start : start + args.per_call]
         chunked = list(pool.map(embedder.chunk, call))
         texts = [c.text for chunks in chunked for c in chunks]
         for i in range(0, len(texts), args.embed_call):
-            pool.submit(embed, texts[i:i + args.embed_call]).result()
+            pool.submit(embed, texts[i : i + args.embed_call]).result()
         chunks_done += len(texts)
         done = start + len(call)
         if done % args.sample_every == 0 or done == len(documents):

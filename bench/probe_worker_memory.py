@@ -64,8 +64,13 @@ VARIANTS = {
     "jemalloc": {"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"},
 }
 # The plan's env for the chat engine on this 2-core host (planner/engine_args.py, cpu-tiny).
-STACK_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-             "VLLM_CPU_OMP_THREADS_BIND": "auto", "VLLM_USE_AOT_COMPILE": "0"}
+STACK_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "VLLM_CPU_OMP_THREADS_BIND": "auto",
+    "VLLM_USE_AOT_COMPILE": "0",
+}
 HEADER = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S+) \S+ \S+ (\d+)\s*(.*)$")
 
 
@@ -83,8 +88,14 @@ def smaps(pid: int) -> list[dict]:
     for line in open(f"/proc/{pid}/smaps"):
         m = HEADER.match(line)
         if m:
-            cur = {"start": int(m[1], 16), "end": int(m[2], 16), "perms": m[3], "inode": int(m[4]),
-                   "name": m[5].strip(), "anon": 0}
+            cur = {
+                "start": int(m[1], 16),
+                "end": int(m[2], 16),
+                "perms": m[3],
+                "inode": int(m[4]),
+                "name": m[5].strip(),
+                "anon": 0,
+            }
             maps.append(cur)
         elif line.startswith("Anonymous:"):
             cur["anon"] = int(line.split()[1]) * 1024
@@ -105,9 +116,19 @@ def classify(maps: list[dict]) -> dict[str, int]:
             cat = "anon exec"
         elif m["name"]:
             cat = m["name"]
-        elif m["start"] % (64 * MIB) == 0 and size <= 64 * MIB and (size == 64 * MIB or (
-                nxt and nxt["start"] == m["end"] and nxt["perms"].startswith("---")
-                and nxt["end"] - m["start"] == 64 * MIB)):
+        elif (
+            m["start"] % (64 * MIB) == 0
+            and size <= 64 * MIB
+            and (
+                size == 64 * MIB
+                or (
+                    nxt
+                    and nxt["start"] == m["end"]
+                    and nxt["perms"].startswith("---")
+                    and nxt["end"] - m["start"] == 64 * MIB
+                )
+            )
+        ):
             cat = "glibc arena heaps (64 MiB)"
         elif size >= 512 * MIB:
             cat = "anon >= 512 MiB (KV cache)"
@@ -131,6 +152,7 @@ def worker_stats(worker, trim: bool = False, trim_first: bool = False, types: bo
     import ctypes
     import gc
     import os as _os
+
     libc = ctypes.CDLL("libc.so.6")
     if trim_first:
         libc.malloc_trim(0)
@@ -138,8 +160,12 @@ def worker_stats(worker, trim: bool = False, trim_first: bool = False, types: bo
     cls = type("Mallinfo2", (ctypes.Structure,), {"_fields_": [(n, ctypes.c_size_t) for n in names]})
     libc.mallinfo2.restype = cls
     info = {n: getattr(libc.mallinfo2(), n) for n in names}
-    out = {"pid": _os.getpid(), "mallinfo2": info, "gc_objects": len(gc.get_objects()),
-           "threads": len(_os.listdir("/proc/self/task"))}
+    out = {
+        "pid": _os.getpid(),
+        "mallinfo2": info,
+        "gc_objects": len(gc.get_objects()),
+        "threads": len(_os.listdir("/proc/self/task")),
+    }
     if types:
         out["types"] = dict(collections.Counter(type(o).__name__ for o in gc.get_objects()).most_common(15))
     if trim:
@@ -157,7 +183,7 @@ def build_requests(n: int, seed: int, tokenizer) -> list[tuple[list[int], int]]:
         length = rng.randint(20, 60) if r < 0.6 else rng.randint(300, 600) if r < 0.9 else rng.randint(1000, 3000)
         head = tokenizer(f"Request {i} ({rng.random():.6f}). Notes:\n", add_special_tokens=False)["input_ids"]
         start = rng.randrange(0, len(stream) - length)
-        body = stream[start:start + max(0, length - len(head) - len(tail))]
+        body = stream[start : start + max(0, length - len(head) - len(tail))]
         reqs.append((head + body + tail, rng.randint(16, 64)))
     return reqs
 
@@ -168,14 +194,29 @@ async def run_variant(args) -> dict:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
+
     model = str(ROOT / "models/SmolLM2-135M-Instruct")
     reqs = build_requests(args.requests, args.seed, AutoTokenizer.from_pretrained(model))
     t0 = time.time()
-    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(
-        model=model, dtype="float32", max_model_len=4096, max_num_seqs=16, max_num_batched_tokens=2048,
-        kv_cache_memory_bytes=1 << 30, enable_prefix_caching=True, enforce_eager=True, seed=args.seed,
-        speculative_config={"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
-                            "prompt_lookup_max": 4}))
+    engine = AsyncLLM.from_engine_args(
+        AsyncEngineArgs(
+            model=model,
+            dtype="float32",
+            max_model_len=4096,
+            max_num_seqs=16,
+            max_num_batched_tokens=2048,
+            kv_cache_memory_bytes=1 << 30,
+            enable_prefix_caching=True,
+            enforce_eager=True,
+            seed=args.seed,
+            speculative_config={
+                "method": "ngram",
+                "num_speculative_tokens": 4,
+                "prompt_lookup_min": 2,
+                "prompt_lookup_max": 4,
+            },
+        )
+    )
     init_s = time.time() - t0
     info = (await engine.collective_rpc(worker_stats))[0]
     pid = info["pid"]
@@ -185,8 +226,15 @@ async def run_variant(args) -> dict:
     def sample():
         while not state["stop"]:
             try:
-                series.append({"t": round(time.time() - t0, 1), "done": state["done"], "ptok": state["ptok"],
-                               "otok": state["otok"], **rollup(pid)})
+                series.append(
+                    {
+                        "t": round(time.time() - t0, 1),
+                        "done": state["done"],
+                        "ptok": state["ptok"],
+                        "otok": state["otok"],
+                        **rollup(pid),
+                    }
+                )
             except OSError:
                 return
             time.sleep(args.interval_s)
@@ -201,8 +249,9 @@ async def run_variant(args) -> dict:
     async def client():
         while queue and time.time() < deadline:
             i, (ids, max_tokens) = queue.pop(0)
-            sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
-                                output_kind=RequestOutputKind.FINAL_ONLY)
+            sp = SamplingParams(
+                max_tokens=max_tokens, temperature=0.0, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY
+            )
             async for out in engine.generate({"prompt_token_ids": ids}, sp, f"r{i}"):
                 final = out
             state["done"] += 1
@@ -220,12 +269,22 @@ async def run_variant(args) -> dict:
                 maps = smaps(pid)
                 snaps["warm"] = classify(maps)
                 warm_maps.update({m["start"]: m["anon"] for m in maps})
-                mall.append({"done": state["done"], "t": round(time.time() - t0, 1), **(await engine.collective_rpc(
-                    worker_stats, kwargs={**periodic, "types": True}))[0]})
+                mall.append(
+                    {
+                        "done": state["done"],
+                        "t": round(time.time() - t0, 1),
+                        **(await engine.collective_rpc(worker_stats, kwargs={**periodic, "types": True}))[0],
+                    }
+                )
             elif time.time() - last >= (args.trim_every_s or 60):
                 last = time.time()
-                mall.append({"done": state["done"], "t": round(time.time() - t0, 1),
-                             **(await engine.collective_rpc(worker_stats, kwargs=periodic))[0]})
+                mall.append(
+                    {
+                        "done": state["done"],
+                        "t": round(time.time() - t0, 1),
+                        **(await engine.collective_rpc(worker_stats, kwargs=periodic))[0],
+                    }
+                )
                 if periodic:  # the Worker's anon right after the stack's trim: the floor it comes back to
                     mall[-1]["anon_after_trim"] = rollup(pid)["anonymous"]
 
@@ -238,12 +297,24 @@ async def run_variant(args) -> dict:
     sampler.join()
     end_maps = smaps(pid)
     snaps["end"] = classify(end_maps)
-    grown = sorted(({"addr": hex(m["start"]), "size_mib": round((m["end"] - m["start"]) / MIB, 2), "perms": m["perms"],
-                     "name": m["name"], "anon_mib": round(m["anon"] / MIB, 1),
-                     "grew_mib": round((m["anon"] - warm_maps.get(m["start"], 0)) / MIB, 1)} for m in end_maps),
-                   key=lambda x: -x["grew_mib"])[:20]
+    grown = sorted(
+        (
+            {
+                "addr": hex(m["start"]),
+                "size_mib": round((m["end"] - m["start"]) / MIB, 2),
+                "perms": m["perms"],
+                "name": m["name"],
+                "anon_mib": round(m["anon"] / MIB, 1),
+                "grew_mib": round((m["anon"] - warm_maps.get(m["start"], 0)) / MIB, 1),
+            }
+            for m in end_maps
+        ),
+        key=lambda x: -x["grew_mib"],
+    )[:20]
     before = rollup(pid)
-    mall.append({"done": state["done"], **(await engine.collective_rpc(worker_stats, kwargs={"trim": True, "types": True}))[0]})
+    mall.append(
+        {"done": state["done"], **(await engine.collective_rpc(worker_stats, kwargs={"trim": True, "types": True}))[0]}
+    )
     await asyncio.sleep(1)
     after = rollup(pid)
     snaps["after_trim"] = classify(smaps(pid))
@@ -251,21 +322,32 @@ async def run_variant(args) -> dict:
     engine.__del__ = lambda: None
     w = marks.get("warm", (start, 0, 0))
     post_s = end[0] - w[0]
-    return {"env": {k: os.environ.get(k) for k in sorted(set(STACK_ENV) | {k for v in VARIANTS.values() for k in v})},
-            "init_s": round(init_s, 1), "served": state["done"], "planned": args.requests, "warm_n": warm_n,
-            "wall_s": round(end[0] - start, 1), "post_warm_s": round(post_s, 1),
-            "post_warm_tok_s": round((end[1] - w[1] + end[2] - w[2]) / post_s, 1) if post_s > 0 else None,
-            "post_warm_out_tok_s": round((end[2] - w[2]) / post_s, 2) if post_s > 0 else None,
-            "trim": {"anon_before": before["anonymous"], "anon_after": after["anonymous"]},
-            "smaps_categories": snaps, "top_grown_mappings": grown, "mallinfo": mall, "series": series,
-            "loadavg": open("/proc/loadavg").read().split()[:3]}
+    return {
+        "env": {k: os.environ.get(k) for k in sorted(set(STACK_ENV) | {k for v in VARIANTS.values() for k in v})},
+        "init_s": round(init_s, 1),
+        "served": state["done"],
+        "planned": args.requests,
+        "warm_n": warm_n,
+        "wall_s": round(end[0] - start, 1),
+        "post_warm_s": round(post_s, 1),
+        "post_warm_tok_s": round((end[1] - w[1] + end[2] - w[2]) / post_s, 1) if post_s > 0 else None,
+        "post_warm_out_tok_s": round((end[2] - w[2]) / post_s, 2) if post_s > 0 else None,
+        "trim": {"anon_before": before["anonymous"], "anon_after": after["anonymous"]},
+        "smaps_categories": snaps,
+        "top_grown_mappings": grown,
+        "mallinfo": mall,
+        "series": series,
+        "loadavg": open("/proc/loadavg").read().split()[:3],
+    }
 
 
 def summarize(path: Path) -> None:
     data = json.loads(path.read_text())
     base = data["variants"].get("default", {}).get("post_warm_tok_s")
-    print("| variant | served | anon idle | anon at 10% | at 55% | at end | growth after warm-up | 10-55% | 55-100%"
-          " | freed by malloc_trim | tok/s after warm-up | vs default |")
+    print(
+        "| variant | served | anon idle | anon at 10% | at 55% | at end | growth after warm-up | 10-55% | 55-100%"
+        " | freed by malloc_trim | tok/s after warm-up | vs default |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     n = min(v["served"] for v in data["variants"].values())  # compared at the same request counts
     for name, v in data["variants"].items():
@@ -274,27 +356,39 @@ def summarize(path: Path) -> None:
         def at(frac, width=0.05):
             vals = [x["anonymous"] for x in s if frac * n <= x["done"] <= (frac + width) * n] or [s[-1]["anonymous"]]
             return statistics.median(vals) / MIB
+
         idle, w, mid, e = s[0]["anonymous"] / MIB, at(0.10), at(0.55), at(0.95)
         trim = (v["trim"]["anon_before"] - v["trim"]["anon_after"]) / MIB
         rel = f"{v['post_warm_tok_s'] / base:.2f}x" if base and v.get("post_warm_tok_s") else "-"
-        print(f"| {name} | {v['served']} | {idle:,.0f} | {w:,.0f} | {mid:,.0f} | {e:,.0f} | {e - w:+,.0f} | {mid - w:+,.0f} |"
-              f" {e - mid:+,.0f} | {trim:,.0f} | {v['post_warm_tok_s']} | {rel} |")
+        print(
+            f"| {name} | {v['served']} | {idle:,.0f} | {w:,.0f} | {mid:,.0f} | {e:,.0f} | {e - w:+,.0f} | {mid - w:+,.0f} |"
+            f" {e - mid:+,.0f} | {trim:,.0f} | {v['post_warm_tok_s']} | {rel} |"
+        )
     print("\nanon MiB by mapping kind (warm -> end, end - warm; after malloc_trim):")
     for name, v in data["variants"].items():
         c = v["smaps_categories"]
         if "warm" not in c:
             continue
         keys = sorted(set(c["warm"]) | set(c["end"]), key=lambda k: -(c["end"].get(k, 0) - c["warm"].get(k, 0)))
-        parts = [f"{k} {c['warm'].get(k, 0) / MIB:,.0f}->{c['end'].get(k, 0) / MIB:,.0f} "
-                 f"({(c['end'].get(k, 0) - c['warm'].get(k, 0)) / MIB:+,.0f}; trim {c['after_trim'].get(k, 0) / MIB:,.0f})"
-                 for k in keys if c["end"].get(k, 0) or c["warm"].get(k, 0)]
+        parts = [
+            f"{k} {c['warm'].get(k, 0) / MIB:,.0f}->{c['end'].get(k, 0) / MIB:,.0f} "
+            f"({(c['end'].get(k, 0) - c['warm'].get(k, 0)) / MIB:+,.0f}; trim {c['after_trim'].get(k, 0) / MIB:,.0f})"
+            for k in keys
+            if c["end"].get(k, 0) or c["warm"].get(k, 0)
+        ]
         print(f"- {name}: " + "; ".join(parts))
         m = v["mallinfo"]
+
         def fmt(x):
-            return (f"arena {x['mallinfo2']['arena'] / MIB:,.0f} in-use {x['mallinfo2']['uordblks'] / MIB:,.0f} "
-                    f"free {x['mallinfo2']['fordblks'] / MIB:,.0f} mmapped {x['mallinfo2']['hblkhd'] / MIB:,.0f}")
-        print(f"  mallinfo2 at warm: {fmt(m[1])}; at end: {fmt(m[-1])}; gc objects {m[1]['gc_objects']:,} -> "
-              f"{m[-1]['gc_objects']:,}; threads {m[1]['threads']} -> {m[-1]['threads']}")
+            return (
+                f"arena {x['mallinfo2']['arena'] / MIB:,.0f} in-use {x['mallinfo2']['uordblks'] / MIB:,.0f} "
+                f"free {x['mallinfo2']['fordblks'] / MIB:,.0f} mmapped {x['mallinfo2']['hblkhd'] / MIB:,.0f}"
+            )
+
+        print(
+            f"  mallinfo2 at warm: {fmt(m[1])}; at end: {fmt(m[-1])}; gc objects {m[1]['gc_objects']:,} -> "
+            f"{m[-1]['gc_objects']:,}; threads {m[1]['threads']} -> {m[-1]['threads']}"
+        )
 
 
 def main() -> None:
@@ -305,8 +399,12 @@ def main() -> None:
     ap.add_argument("--max-seconds", type=float, default=540)
     ap.add_argument("--interval-s", type=float, default=5)
     ap.add_argument("--seed", type=int, default=23)
-    ap.add_argument("--trim-every-s", type=float, default=0,
-                    help="run malloc_trim(0) in the Worker this often, as the stack's heap_trim_interval_s does")
+    ap.add_argument(
+        "--trim-every-s",
+        type=float,
+        default=0,
+        help="run malloc_trim(0) in the Worker this often, as the stack's heap_trim_interval_s does",
+    )
     ap.add_argument("--out", type=Path, default=ROOT / f"bench/results/worker-memory-{dt.date.today()}.json")
     ap.add_argument("--summarize", action="store_true")
     args = ap.parse_args()

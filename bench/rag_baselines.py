@@ -30,8 +30,10 @@ class FieldIndex:
         """rows: (document_id, chunk_id, title, text)."""
         self.db = sqlite3.connect(":memory:")
         self.db.execute(f"CREATE VIRTUAL TABLE t USING fts5(title, text, tokenize='{DEFAULT_TOKENIZER}')")
-        self.db.executemany("INSERT INTO t (rowid, title, text) VALUES (?, ?, ?)",
-                            [(i, title, text) for i, (_, _, title, text) in enumerate(rows)])
+        self.db.executemany(
+            "INSERT INTO t (rowid, title, text) VALUES (?, ?, ?)",
+            [(i, title, text) for i, (_, _, title, text) in enumerate(rows)],
+        )
         self.rows = rows
 
     def search(self, question: str, limit: int, title_weight: float | None = None) -> list[RetrievedChunk]:
@@ -43,10 +45,13 @@ class FieldIndex:
             match, rank = f"{{text}} : ({match})", "bm25(t, 0.0, 1.0)"
         else:
             rank = f"bm25(t, {float(title_weight)}, 1.0)"
-        hits = self.db.execute(f"SELECT rowid, {rank} FROM t WHERE t MATCH ? ORDER BY {rank} LIMIT ?",
-                               (match, limit)).fetchall()
-        return [RetrievedChunk(document_id=self.rows[i][0], chunk_id=self.rows[i][1], score=-score, text="")
-                for i, score in hits]
+        hits = self.db.execute(
+            f"SELECT rowid, {rank} FROM t WHERE t MATCH ? ORDER BY {rank} LIMIT ?", (match, limit)
+        ).fetchall()
+        return [
+            RetrievedChunk(document_id=self.rows[i][0], chunk_id=self.rows[i][1], score=-score, text="")
+            for i, score in hits
+        ]
 
     def close(self) -> None:
         self.db.close()
@@ -62,8 +67,10 @@ def chunk_index(corpus, chunker) -> FieldIndex:
     rows = []
     for doc in corpus:
         title = doc.metadata.get("title") or ""
-        rows += [(doc.id, f"{doc.id}#{i}", title, chunk.text if hasattr(chunk, "text") else chunk)
-                 for i, chunk in enumerate(chunker(doc.text))]
+        rows += [
+            (doc.id, f"{doc.id}#{i}", title, chunk.text if hasattr(chunk, "text") else chunk)
+            for i, chunk in enumerate(chunker(doc.text))
+        ]
     return FieldIndex(rows)
 
 
@@ -82,25 +89,44 @@ def evaluate_pages(pages: FieldIndex, questions: list[dict], depth: int, metrics
         hits = pages.search(q["question"], depth)
         seconds.append(time.perf_counter() - start)
         ranks.append(rank_of(hits, set(q["documents"])))
-    by_kind = {kind: metrics([r for r, q in zip(ranks, questions) if q["kind"] == kind])
-               for kind in sorted({q["kind"] for q in questions})}
-    return {**metrics(ranks), "query_p50_ms": round(statistics.median(seconds) * 1e3, 2), "by_kind": by_kind,
-            "missed_top5": [q["id"] for r, q in zip(ranks, questions) if r is None or r > 5]}
+    by_kind = {
+        kind: metrics([r for r, q in zip(ranks, questions) if q["kind"] == kind])
+        for kind in sorted({q["kind"] for q in questions})
+    }
+    return {
+        **metrics(ranks),
+        "query_p50_ms": round(statistics.median(seconds) * 1e3, 2),
+        "by_kind": by_kind,
+        "missed_top5": [q["id"] for r, q in zip(ranks, questions) if r is None or r > 5],
+    }
 
 
-def compare_title_boosts(pages: FieldIndex, chunks: FieldIndex, dense: list[list[RetrievedChunk]],
-                         questions: list[dict], depth: int, candidates: int, fusion, fuse, metrics) -> dict:
+def compare_title_boosts(
+    pages: FieldIndex,
+    chunks: FieldIndex,
+    dense: list[list[RetrievedChunk]],
+    questions: list[dict],
+    depth: int,
+    candidates: int,
+    fusion,
+    fuse,
+    metrics,
+) -> dict:
     """Lexical with the title as a weighted field, per weight: chunks alone, chunks fused with the
     given dense candidates (one list per question), whole pages. 'no title' = the text column only."""
     out = {}
     for weight in (None, *TITLE_WEIGHTS):
         label = "no title" if weight is None else f"title x{weight:g}"
         lexical = [chunks.search(q["question"], candidates, weight) for q in questions]
-        for name, ranked in (("lexical", [lex[:depth] for lex in lexical]),
-                             ("hybrid", [fuse(d, lex, depth, fusion) for d, lex in zip(dense, lexical)]),
-                             ("bm25-pages", [pages.search(q["question"], depth, weight) for q in questions])):
+        for name, ranked in (
+            ("lexical", [lex[:depth] for lex in lexical]),
+            ("hybrid", [fuse(d, lex, depth, fusion) for d, lex in zip(dense, lexical)]),
+            ("bm25-pages", [pages.search(q["question"], depth, weight) for q in questions]),
+        ):
             ranks = [rank_of(hits, set(q["documents"])) for hits, q in zip(ranked, questions)]
-            by_kind = {kind: metrics([r for r, q in zip(ranks, questions) if q["kind"] == kind])["recall@5"]
-                       for kind in sorted({q["kind"] for q in questions})}
+            by_kind = {
+                kind: metrics([r for r, q in zip(ranks, questions) if q["kind"] == kind])["recall@5"]
+                for kind in sorted({q["kind"] for q in questions})
+            }
             out[f"{name}, {label}"] = {**metrics(ranks), "recall@5_by_kind": by_kind}
     return out

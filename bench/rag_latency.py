@@ -89,14 +89,21 @@ def load_corpora(paths: list[Path]) -> list[Corpus]:
         name = corpus_name(path)
         prefix = f"{name}:" if len(paths) > 1 else ""
         docs = [DocumentInput(id=prefix + d.id, text=d.text, metadata=d.metadata) for d in load_corpus(Path(path))]
-        questions = [{"question": q["question"], "documents": [prefix + i for i in q.get("documents", [])]}
-                     for q in load_questions(questions_path(path))]
+        questions = [
+            {"question": q["question"], "documents": [prefix + i for i in q.get("documents", [])]}
+            for q in load_questions(questions_path(path))
+        ]
         corpora.append(Corpus(name, docs, questions))
     return corpora
 
 
-def next_batch_end(docs: list[DocumentInput], start: int, remaining_chunks: int | None, chars_per_chunk: float,
-                   max_docs: int = BATCH_DOCUMENTS) -> int:
+def next_batch_end(
+    docs: list[DocumentInput],
+    start: int,
+    remaining_chunks: int | None,
+    chars_per_chunk: float,
+    max_docs: int = BATCH_DOCUMENTS,
+) -> int:
     """End of the next ingest batch from `start`: up to max_docs documents, and with a chunk target only as many
     as its remaining chunks need by their text length (at least one), so the target is passed by little."""
     end = min(len(docs), start + max_docs)
@@ -110,8 +117,9 @@ def next_batch_end(docs: list[DocumentInput], start: int, remaining_chunks: int 
     return end
 
 
-def ingest_until(post, docs: list[DocumentInput], target_chunks: int | None,
-                 max_docs: int = BATCH_DOCUMENTS) -> tuple[int, int]:
+def ingest_until(
+    post, docs: list[DocumentInput], target_chunks: int | None, max_docs: int = BATCH_DOCUMENTS
+) -> tuple[int, int]:
     """post(batch) -> chunks stored, batch after batch, until the chunks reach target_chunks (or the documents
     run out; all of them without a target). Returns (documents taken, chunks)."""
     taken = chunks = chars = 0
@@ -136,16 +144,23 @@ def interleave(lists: list[list]) -> list:
 def ingested_questions(corpora: list[Corpus], ingested: set[str], answerable_first: bool = False) -> list[dict]:
     """The questions of every corpus that has at least one ingested document, interleaved, each marked
     `answerable` when one of its answer documents was ingested; answerable_first: those first (stable)."""
-    questions = interleave([[{**q, "answerable": bool(set(q["documents"]) & ingested)} for q in c.questions]
-                            for c in corpora if any(d.id in ingested for d in c.documents)])
+    questions = interleave(
+        [
+            [{**q, "answerable": bool(set(q["documents"]) & ingested)} for q in c.questions]
+            for c in corpora
+            if any(d.id in ingested for d in c.documents)
+        ]
+    )
     return sorted(questions, key=lambda q: not q["answerable"]) if answerable_first else questions
 
 
 def recall(rows: list[list[str]], questions: list[dict], ks=RECALL_AT) -> dict:
     """recall@k over the answerable questions: rows[i] is question i's retrieved document ids, best first."""
     pairs = [(docs, set(q["documents"])) for docs, q in zip(rows, questions) if q.get("answerable", True)]
-    result = {f"recall@{k}": round(sum(bool(set(d[:k]) & want) for d, want in pairs) / len(pairs), 4) if pairs else None
-              for k in ks}
+    result = {
+        f"recall@{k}": round(sum(bool(set(d[:k]) & want) for d, want in pairs) / len(pairs), 4) if pairs else None
+        for k in ks
+    }
     return {**result, "recall_questions": len(pairs)}
 
 
@@ -172,9 +187,14 @@ def stream_timing(timed_events: list[tuple[float, dict]], total_s: float) -> dic
     first = next((t for t, e in timed_events if content_of(e)), None)
     cites = next(((t, e) for t, e in timed_events if e.get("object") == "rag.citations"), (None, {}))
     usages = [e["usage"] for _, e in timed_events if isinstance(e.get("usage"), dict)]
-    return {"first_token_s": first, "citations_s": cites[0], "total_s": total_s,
-            "prompt_tokens": usages[-1].get("prompt_tokens") if usages else None,
-            "refused": bool(cites[1].get("refused")), "citations": cites[1].get("citations") or []}
+    return {
+        "first_token_s": first,
+        "citations_s": cites[0],
+        "total_s": total_s,
+        "prompt_tokens": usages[-1].get("prompt_tokens") if usages else None,
+        "refused": bool(cites[1].get("refused")),
+        "citations": cites[1].get("citations") or [],
+    }
 
 
 def output_name(target_chunks: int | None, corpora: list | None, name: str | None = None) -> str:
@@ -249,8 +269,9 @@ class StackClient:
         self.http.post("/v1/embeddings", json={"model": self.embed_model, "input": q["question"]}).raise_for_status()
 
     def rag(self, q: dict) -> dict:
-        response = self.http.post("/v1/rag/query", json={"collection": COLLECTION, "question": q["question"],
-                                                         "max_tokens": RAG_MAX_TOKENS})
+        response = self.http.post(
+            "/v1/rag/query", json={"collection": COLLECTION, "question": q["question"], "max_tokens": RAG_MAX_TOKENS}
+        )
         response.raise_for_status()
         return response.json()
 
@@ -258,21 +279,31 @@ class StackClient:
         body = {"collection": COLLECTION, "question": q["question"], "max_tokens": RAG_MAX_TOKENS, "stream": True}
         if context_tokens is not None:
             body["context_tokens"] = context_tokens
-        return {**_streamed(self.http, "/v1/rag/query", body), "question": q["question"],
-                "answer_documents": q["documents"] if q.get("answerable", True) else None}
+        return {
+            **_streamed(self.http, "/v1/rag/query", body),
+            "question": q["question"],
+            "answer_documents": q["documents"] if q.get("answerable", True) else None,
+        }
 
     def replay(self, question: str, citations: list[dict], passages: int) -> dict:
-        body = {"model": self.chat_model, "messages": replay_messages(question, citations, passages),
-                "max_tokens": RAG_MAX_TOKENS, "temperature": 0.0, "stream": True,
-                "stream_options": {"include_usage": True}, "cache_salt": uuid.uuid4().hex}
+        body = {
+            "model": self.chat_model,
+            "messages": replay_messages(question, citations, passages),
+            "max_tokens": RAG_MAX_TOKENS,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "cache_salt": uuid.uuid4().hex,
+        }
         return _streamed(self.http, "/v1/chat/completions", body)
 
 
 def in_prompt_recall(streams: list[dict]) -> dict:
     """Of the answered streams whose question has an ingested answer document, the share whose prompt
     (its citations: the passages the prompt holds) includes a passage of one of them."""
-    pairs = [(s["citations"], set(s["answer_documents"])) for s in streams
-             if not s["refused"] and s.get("answer_documents")]
+    pairs = [
+        (s["citations"], set(s["answer_documents"])) for s in streams if not s["refused"] and s.get("answer_documents")
+    ]
     hits = sum(any(c["document_id"] in want for c in cites) for cites, want in pairs)
     return {"in_prompt_recall": round(hits / len(pairs), 4) if pairs else None, "in_prompt_questions": len(pairs)}
 
@@ -280,22 +311,30 @@ def in_prompt_recall(streams: list[dict]) -> dict:
 def measure(client: StackClient, questions: list[dict], budgets: tuple[int, ...] = ()) -> dict:
     """Every route's timings on the questions (see the module docstring); with budgets, streamed queries
     at each rag `context_tokens`, each on questions of its own (no prefix cache shared with another row)."""
-    search_q = questions[:SEARCH_QUERIES + WARMUP]
+    search_q = questions[: SEARCH_QUERIES + WARMUP]
     search_s, found = _timed(client.search, search_q)
     embed_s, _ = _timed(client.embed, search_q)
-    rag_s, answers = _timed(client.rag, questions[:RAG_QUERIES + WARMUP])
-    stream_q = questions[RAG_QUERIES + WARMUP:RAG_QUERIES + STREAM_QUERIES + 2 * WARMUP]
+    rag_s, answers = _timed(client.rag, questions[: RAG_QUERIES + WARMUP])
+    stream_q = questions[RAG_QUERIES + WARMUP : RAG_QUERIES + STREAM_QUERIES + 2 * WARMUP]
     _, streams = _timed(client.rag_stream, stream_q)
     answered = [s for s in streams if not s["refused"] and s["citations"] and s["first_token_s"] is not None]
     replays = {k: [client.replay(s["question"], s["citations"], k) for s in answered] for k in REPLAY_PASSAGES}
     budgeted, start = {}, RAG_QUERIES + STREAM_QUERIES + 2 * WARMUP
     for budget in budgets:
-        batch = questions[start:start + STREAM_QUERIES + WARMUP]
+        batch = questions[start : start + STREAM_QUERIES + WARMUP]
         start += len(batch)
         _, budgeted[budget] = _timed(lambda q, b=budget: client.rag_stream(q, b), batch)
-    return {"search_s": search_s, "embed_s": embed_s, "rag_s": rag_s, "answers": answers,
-            "streams": streams, "answered": answered, "replays": replays, "budgeted": budgeted,
-            "recall": recall(found, search_q[WARMUP:])}
+    return {
+        "search_s": search_s,
+        "embed_s": embed_s,
+        "rag_s": rag_s,
+        "answers": answers,
+        "streams": streams,
+        "answered": answered,
+        "replays": replays,
+        "budgeted": budgeted,
+        "recall": recall(found, search_q[WARMUP:]),
+    }
 
 
 def _p50(values: list, scale: float = 1.0) -> float | None:
@@ -306,48 +345,87 @@ def _p50(values: list, scale: float = 1.0) -> float | None:
 def rows_of(m: dict, common: dict) -> list[dict]:
     answers, answered, streams = m["answers"], m["answered"], m["streams"]
     rows = [
-        {**common, "setting": "search (GET /v1/collections/{c}/search)", **summary_ms(m["search_s"]),
-         "refused": None, **m["recall"]},
-        {**common, "setting": f"RAG query (POST /v1/rag/query, max_tokens {RAG_MAX_TOKENS})", **summary_ms(m["rag_s"]),
-         "refused": sum(1 for a in answers if a.get("refused")),
-         "prompt_tokens_p50": _p50([(a.get("usage") or {}).get("prompt_tokens") for a in answers
-                                           if not a.get("refused")])},
+        {
+            **common,
+            "setting": "search (GET /v1/collections/{c}/search)",
+            **summary_ms(m["search_s"]),
+            "refused": None,
+            **m["recall"],
+        },
+        {
+            **common,
+            "setting": f"RAG query (POST /v1/rag/query, max_tokens {RAG_MAX_TOKENS})",
+            **summary_ms(m["rag_s"]),
+            "refused": sum(1 for a in answers if a.get("refused")),
+            "prompt_tokens_p50": _p50(
+                [(a.get("usage") or {}).get("prompt_tokens") for a in answers if not a.get("refused")]
+            ),
+        },
         {**common, "setting": "question embedding (POST /v1/embeddings)", **summary_ms(m["embed_s"]), "refused": None},
     ]
     refused = len(streams) - len(answered)
     tokens = _p50([s["prompt_tokens"] for s in answered])
     for label, key in (("first token", "first_token_s"), ("citations event", "citations_s"), ("total", "total_s")):
-        rows.append({**common, "setting": f"RAG query streamed: {label}", "refused": refused,
-                     "prompt_tokens_p50": tokens, **summary_ms([s[key] for s in answered]),
-                     **(in_prompt_recall(streams) if key == "first_token_s" else {})})
+        rows.append(
+            {
+                **common,
+                "setting": f"RAG query streamed: {label}",
+                "refused": refused,
+                "prompt_tokens_p50": tokens,
+                **summary_ms([s[key] for s in answered]),
+                **(in_prompt_recall(streams) if key == "first_token_s" else {}),
+            }
+        )
     for budget, budget_streams in m.get("budgeted", {}).items():
         done = [s for s in budget_streams if not s["refused"] and s["first_token_s"] is not None]
-        rows.append({**common, "setting": f"RAG query streamed, context_tokens {budget}: first token",
-                     "refused": len(budget_streams) - len(done),
-                     "prompt_tokens_p50": _p50([s["prompt_tokens"] for s in done]),
-                     **summary_ms([s["first_token_s"] for s in done]), **in_prompt_recall(budget_streams)})
+        rows.append(
+            {
+                **common,
+                "setting": f"RAG query streamed, context_tokens {budget}: first token",
+                "refused": len(budget_streams) - len(done),
+                "prompt_tokens_p50": _p50([s["prompt_tokens"] for s in done]),
+                **summary_ms([s["first_token_s"] for s in done]),
+                **in_prompt_recall(budget_streams),
+            }
+        )
     for k, replays in m["replays"].items():
-        rows.append({**common, "setting": f"prompt replay, {k} passages (POST /v1/chat/completions, cold cache): "
-                                          "first token", "refused": None,
-                     "prompt_tokens_p50": _p50([r["prompt_tokens"] for r in replays]),
-                     **summary_ms([r["first_token_s"] for r in replays if r["first_token_s"] is not None])})
+        rows.append(
+            {
+                **common,
+                "setting": f"prompt replay, {k} passages (POST /v1/chat/completions, cold cache): first token",
+                "refused": None,
+                "prompt_tokens_p50": _p50([r["prompt_tokens"] for r in replays]),
+                **summary_ms([r["first_token_s"] for r in replays if r["first_token_s"] is not None]),
+            }
+        )
     return rows
 
 
 def breakdown(m: dict) -> dict:
     """Where a streamed query's first token goes: p50s of the parts, and per query TTFT minus its cold replay."""
     full = max(REPLAY_PASSAGES)
-    pairs = [(s["first_token_s"], r["first_token_s"]) for s, r in zip(m["answered"], m["replays"].get(full, []))
-             if r["first_token_s"] is not None]
-    return {"first_token_p50_ms": _p50([s["first_token_s"] for s in m["answered"]], 1e3),
-            "search_p50_ms": _p50(m["search_s"], 1e3), "embedding_p50_ms": _p50(m["embed_s"], 1e3),
-            "prefill_replay_p50_ms": _p50([r for _, r in pairs], 1e3),
-            "first_token_minus_replay_p50_ms": _p50([t - r for t, r in pairs], 1e3)}
+    pairs = [
+        (s["first_token_s"], r["first_token_s"])
+        for s, r in zip(m["answered"], m["replays"].get(full, []))
+        if r["first_token_s"] is not None
+    ]
+    return {
+        "first_token_p50_ms": _p50([s["first_token_s"] for s in m["answered"]], 1e3),
+        "search_p50_ms": _p50(m["search_s"], 1e3),
+        "embedding_p50_ms": _p50(m["embed_s"], 1e3),
+        "prefill_replay_p50_ms": _p50([r for _, r in pairs], 1e3),
+        "first_token_minus_replay_p50_ms": _p50([t - r for t, r in pairs], 1e3),
+    }
 
 
-def stack_latency(profile: Path, corpus_paths: list[Path] | None, documents: int | None,
-                  target_chunks: int | None, chat_overrides: dict | None = None,
-                  budgets: tuple[int, ...] = ()) -> tuple[list[dict], dict]:
+def stack_latency(
+    profile: Path,
+    corpus_paths: list[Path] | None,
+    documents: int | None,
+    target_chunks: int | None,
+    chat_overrides: dict | None = None,
+    budgets: tuple[int, ...] = (),
+) -> tuple[list[dict], dict]:
     import httpx
     import yaml
 
@@ -374,29 +452,60 @@ def stack_latency(profile: Path, corpus_paths: list[Path] | None, documents: int
                 load_before = os.getloadavg()
                 m = measure(client, questions, budgets)
                 load_after = os.getloadavg()
-    common = {"n": chunks, "real": chunks, "kind": "stack", "documents": taken, "ingest_s": ingest.seconds,
-              "start_s": server.start_s}
-    info = {"corpora": {c.name: sum(d.id in ingested for d in c.documents) for c in corpora},
-            "questions": len(questions), "load_average_queries": [list(load_before), list(load_after)],
-            "breakdown": breakdown(m), "recall": m["recall"]}
+    common = {
+        "n": chunks,
+        "real": chunks,
+        "kind": "stack",
+        "documents": taken,
+        "ingest_s": ingest.seconds,
+        "start_s": server.start_s,
+    }
+    info = {
+        "corpora": {c.name: sum(d.id in ingested for d in c.documents) for c in corpora},
+        "questions": len(questions),
+        "load_average_queries": [list(load_before), list(load_after)],
+        "breakdown": breakdown(m),
+        "recall": m["recall"],
+    }
     return rows_of(m, common), info
 
 
-def run(profile: Path, corpus_paths: list[Path] | None, documents: int | None, target_chunks: int | None,
-        name: str, chat_overrides: dict | None = None, budgets: tuple[int, ...] = ()) -> BenchResult:
+def run(
+    profile: Path,
+    corpus_paths: list[Path] | None,
+    documents: int | None,
+    target_chunks: int | None,
+    name: str,
+    chat_overrides: dict | None = None,
+    budgets: tuple[int, ...] = (),
+) -> BenchResult:
     load_start = os.getloadavg()
     rows, info = stack_latency(profile, corpus_paths, documents, target_chunks, chat_overrides, budgets)
-    config = {"profile": str(profile), "documents": rows[0]["documents"],
-              "corpora": [str(c) for c in corpus_paths or []],
-              "target_chunks": target_chunks, "search_queries": SEARCH_QUERIES, "rag_queries": RAG_QUERIES,
-              "stream_queries": STREAM_QUERIES, "rag_max_tokens": RAG_MAX_TOKENS, "warmup": WARMUP,
-              "replay_passages": list(REPLAY_PASSAGES), "chat_overrides": chat_overrides or {},
-              "context_tokens": list(budgets)}
+    config = {
+        "profile": str(profile),
+        "documents": rows[0]["documents"],
+        "corpora": [str(c) for c in corpus_paths or []],
+        "target_chunks": target_chunks,
+        "search_queries": SEARCH_QUERIES,
+        "rag_queries": RAG_QUERIES,
+        "stream_queries": STREAM_QUERIES,
+        "rag_max_tokens": RAG_MAX_TOKENS,
+        "warmup": WARMUP,
+        "replay_passages": list(REPLAY_PASSAGES),
+        "chat_overrides": chat_overrides or {},
+        "context_tokens": list(budgets),
+    }
     by = {r["setting"]: r for r in rows}
-    metrics = {"search_p50_ms": rows[0]["p50"], "rag_p50_ms": rows[1]["p50"], "chunks": rows[0]["n"],
-               "rag_stream_first_token_p50_ms": by["RAG query streamed: first token"]["p50"],
-               "rag_stream_first_token_p95_ms": by["RAG query streamed: first token"]["p95"],
-               "load_average_start": list(load_start), "load_average_end": list(os.getloadavg()), **info}
+    metrics = {
+        "search_p50_ms": rows[0]["p50"],
+        "rag_p50_ms": rows[1]["p50"],
+        "chunks": rows[0]["n"],
+        "rag_stream_first_token_p50_ms": by["RAG query streamed: first token"]["p50"],
+        "rag_stream_first_token_p95_ms": by["RAG query streamed: first token"]["p95"],
+        "load_average_start": list(load_start),
+        "load_average_end": list(os.getloadavg()),
+        **info,
+    }
     return new_result(name, config, metrics, rows)
 
 
@@ -406,17 +515,39 @@ def tables(result: BenchResult) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--documents", type=int, default=None,
-                        help=f"documents ingested at most (default {DEFAULT_DOCUMENTS} pydoc documents when neither "
-                             "--corpus nor --target-chunks is given, else all of the corpora)")
-    parser.add_argument("--corpus", type=Path, action="append", default=None,
-                        help="a .jsonl.gz corpus (bench/data/); repeat for several, ingested in the order given")
-    parser.add_argument("--target-chunks", type=int, default=None,
-                        help="ingest documents in corpus order until the collection holds at least N chunks")
-    parser.add_argument("--chat-omp-threads", type=int, default=None,
-                        help="the chat engine's OpenMP threads (chat.omp_threads; default: the plan's)")
-    parser.add_argument("--context-tokens", type=int, action="append", default=[],
-                        help="also stream RAG queries with this rag context_tokens budget (repeat for several)")
+    parser.add_argument(
+        "--documents",
+        type=int,
+        default=None,
+        help=f"documents ingested at most (default {DEFAULT_DOCUMENTS} pydoc documents when neither "
+        "--corpus nor --target-chunks is given, else all of the corpora)",
+    )
+    parser.add_argument(
+        "--corpus",
+        type=Path,
+        action="append",
+        default=None,
+        help="a .jsonl.gz corpus (bench/data/); repeat for several, ingested in the order given",
+    )
+    parser.add_argument(
+        "--target-chunks",
+        type=int,
+        default=None,
+        help="ingest documents in corpus order until the collection holds at least N chunks",
+    )
+    parser.add_argument(
+        "--chat-omp-threads",
+        type=int,
+        default=None,
+        help="the chat engine's OpenMP threads (chat.omp_threads; default: the plan's)",
+    )
+    parser.add_argument(
+        "--context-tokens",
+        type=int,
+        action="append",
+        default=[],
+        help="also stream RAG queries with this rag context_tokens budget (repeat for several)",
+    )
     parser.add_argument("--name", default=None, help="the result's name (default rag-latency, or rag-latency-<N>)")
     parser.add_argument("--profile", type=Path, default=DEFAULT_PROFILE)
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
@@ -436,8 +567,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    result = run(args.profile, args.corpus, args.documents, args.target_chunks, args.name, args.chat_overrides,
-                 tuple(args.context_tokens))
+    result = run(
+        args.profile,
+        args.corpus,
+        args.documents,
+        args.target_chunks,
+        args.name,
+        args.chat_overrides,
+        tuple(args.context_tokens),
+    )
     print(tables(result))
     print(json.dumps({k: result.metrics[k] for k in ("breakdown", "recall", "corpora")}, indent=1))
     print(f"wrote {write_result(result, args.out_dir)}")
@@ -447,14 +585,19 @@ def stack_table(rows: list[dict]) -> str:
     """The rows as docs/BENCHMARKS.md shows them; a prompt-tokens column when the rows have one."""
     tokens = any("prompt_tokens_p50" in r for r in rows)
     in_prompt = any("in_prompt_recall" in r for r in rows)
-    lines = ["| route | documents | chunks | ingest s | requests | p50 ms | p95 ms | refused (no answer) |"
-             + (" prompt tokens p50 |" if tokens else "") + (" answer in prompt |" if in_prompt else ""),
-             "|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if tokens else "") + ("---:|" if in_prompt else "")]
+    lines = [
+        "| route | documents | chunks | ingest s | requests | p50 ms | p95 ms | refused (no answer) |"
+        + (" prompt tokens p50 |" if tokens else "")
+        + (" answer in prompt |" if in_prompt else ""),
+        "|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if tokens else "") + ("---:|" if in_prompt else ""),
+    ]
     for r in rows:
         refused = "" if r["refused"] is None else str(r["refused"])
         cells = [f"{v:.1f}" if v is not None else "" for v in (r["p50"], r["p95"])]
-        line = (f"| {r['setting']} | {r['documents']} | {r['n']} | {r['ingest_s']:.0f} | {r['requests']} | "
-                f"{cells[0]} | {cells[1]} | {refused} |")
+        line = (
+            f"| {r['setting']} | {r['documents']} | {r['n']} | {r['ingest_s']:.0f} | {r['requests']} | "
+            f"{cells[0]} | {cells[1]} | {refused} |"
+        )
         if tokens:
             value = r.get("prompt_tokens_p50")
             line += f" {value:.0f} |" if value is not None else " |"

@@ -72,7 +72,9 @@ def load_results(results_dir: Path, console: Console | None = None) -> dict[str,
                 result = read_result(path)
             except (ValueError, TypeError, KeyError) as exc:
                 if console:
-                    console.print(f"[dim]skipped {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}: {exc}")
+                    console.print(
+                        f"[dim]skipped {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}: {exc}"
+                    )
                 continue
             found[prefix + path.stem] = (result, path)
     return found
@@ -138,9 +140,14 @@ def write_plots(results: dict[str, tuple[BenchResult, Path]], img_dir: Path) -> 
     written = []
     if found := _preferred(results, "serving"):
         written.append(plots.serving_plot(found[0], _short(found[1]), img_dir / "serving.png"))
-    spec = [(results[key][0], _short(results[key][1]), title) for key, title in
-            (("speculative-eager", "eager engine (as the stack runs)"), ("speculative", "compiled engine"))
-            if key in results]
+    spec = [
+        (results[key][0], _short(results[key][1]), title)
+        for key, title in (
+            ("speculative-eager", "eager engine (as the stack runs)"),
+            ("speculative", "compiled engine"),
+        )
+        if key in results
+    ]
     if spec:
         written.append(plots.speculative_plot(spec, img_dir / "speculative.png"))
     if found := _preferred(results, "retrieval"):
@@ -155,19 +162,23 @@ def _short(path: Path) -> Path:
 
 
 @app.command()
-def main(results_dir: Path = typer.Option(RESULTS_DIR, help="Where the JSON results are."),
-         docs: list[Path] = typer.Option(None, help="A Markdown file with marked tables (repeatable); "
-                                                    "default: every file under docs/ that has one."),
-         img_dir: Path = typer.Option(IMG_DIR, help="Where the PNG plots go."),
-         check: bool = typer.Option(False, help="Only compare the docs' marked tables with the results.")) -> None:
+def main(
+    results_dir: Path = typer.Option(RESULTS_DIR, help="Where the JSON results are."),
+    docs: list[Path] = typer.Option(
+        None, help="A Markdown file with marked tables (repeatable); default: every file under docs/ that has one."
+    ),
+    img_dir: Path = typer.Option(IMG_DIR, help="Where the PNG plots go."),
+    check: bool = typer.Option(False, help="Only compare the docs' marked tables with the results."),
+) -> None:
     console = Console()
     results = load_results(results_dir, console)
     docs = docs or marked_docs()
     if check:
         problems = check_docs(docs, results)
         for doc, keys in problems.items():
-            console.print(f"[red]{_short(doc)}: marked tables stale or without a result: {', '.join(keys)}; "
-                          "run bench/report.py")
+            console.print(
+                f"[red]{_short(doc)}: marked tables stale or without a result: {', '.join(keys)}; run bench/report.py"
+            )
         if problems:
             raise typer.Exit(1)
         console.print(f"marked tables match the results: {', '.join(str(_short(doc)) for doc in docs)}")

@@ -51,8 +51,17 @@ class EmbedSettings:
 
     def key(self) -> str:
         corpus = hashlib.sha256(CORPUS.read_bytes()).hexdigest()[:12]
-        text = json.dumps([Path(self.model).name, self.chunk_tokens, self.chunk_overlap, self.embed_title,
-                           WORD_DROPOUT, BLOCK, corpus])
+        text = json.dumps(
+            [
+                Path(self.model).name,
+                self.chunk_tokens,
+                self.chunk_overlap,
+                self.embed_title,
+                WORD_DROPOUT,
+                BLOCK,
+                corpus,
+            ]
+        )
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -62,8 +71,13 @@ def settings_from_profile(profile_path: Path) -> EmbedSettings:
     profile = load_profile(profile_path)
     model = profile.embedder.model
     model = model if Path(model).is_absolute() else str(ROOT / model)
-    return EmbedSettings(model, profile.rag.chunk_tokens, profile.rag.chunk_overlap, profile.rag.embed_title,
-                         profile.embedder.query_prefix)
+    return EmbedSettings(
+        model,
+        profile.rag.chunk_tokens,
+        profile.rag.chunk_overlap,
+        profile.rag.embed_title,
+        profile.embedder.query_prefix,
+    )
 
 
 def load_documents() -> list[dict]:
@@ -83,7 +97,7 @@ def perturbed(text: str, copy: int, doc_index: int) -> str:
     for paragraph in rest:
         lines = []
         for line in paragraph.split("\n"):
-            indent = line[:len(line) - len(line.lstrip())]
+            indent = line[: len(line) - len(line.lstrip())]
             words = [w for w in line.split() if rng.random() >= WORD_DROPOUT]
             lines.append(indent + " ".join(words))
         kept.append("\n".join(lines))
@@ -98,8 +112,14 @@ class CorpusEmbedder:
         from rag.retrieval.embedding import SentenceTransformerEmbedder
 
         self.settings = settings
-        self.embedder = SentenceTransformerEmbedder(settings.model, batch_size, settings.chunk_tokens,
-                                                    settings.chunk_overlap, device, query_prefix=settings.query_prefix)
+        self.embedder = SentenceTransformerEmbedder(
+            settings.model,
+            batch_size,
+            settings.chunk_tokens,
+            settings.chunk_overlap,
+            device,
+            query_prefix=settings.query_prefix,
+        )
         self._title, self._with_title = document_title, with_title
 
     def texts(self) -> Iterator[tuple[int, str]]:
@@ -122,8 +142,14 @@ def _block_path(settings: EmbedSettings, block: int, cache_dir: Path | None = No
     return (cache_dir or CACHE_DIR / settings.key()) / f"block-{block:05d}.npz"
 
 
-def real_chunk_vectors(settings: EmbedSettings, real_chunks: int, embedder: CorpusEmbedder | None = None,
-                       threads: int = 1, log=print, cache_dir: Path | None = None) -> tuple[np.ndarray, np.ndarray]:
+def real_chunk_vectors(
+    settings: EmbedSettings,
+    real_chunks: int,
+    embedder: CorpusEmbedder | None = None,
+    threads: int = 1,
+    log=print,
+    cache_dir: Path | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """The first real_chunks vectors of the stream and each one's copy number; missing blocks are embedded
     (and cached) with `threads` torch threads (on the shared 2-core box one measured faster than two)."""
     blocks = -(-real_chunks // BLOCK)
@@ -146,8 +172,7 @@ def real_chunk_vectors(settings: EmbedSettings, real_chunks: int, embedder: Corp
             path.parent.mkdir(parents=True, exist_ok=True)
             np.savez(path, vectors=vectors, copies=np.array([c for c, _ in rows], dtype=np.int32))
             done = (block + 1) * BLOCK
-            log(f"[corpus] embedded block {block + 1}/{blocks} ({done} chunks, "
-                f"{time.perf_counter() - started:.0f} s)")
+            log(f"[corpus] embedded block {block + 1}/{blocks} ({done} chunks, {time.perf_counter() - started:.0f} s)")
     parts = [np.load(_block_path(settings, b, cache_dir)) for b in range(blocks)]
     vectors = np.concatenate([p["vectors"] for p in parts])[:real_chunks]
     copies = np.concatenate([p["copies"] for p in parts])[:real_chunks]
@@ -167,11 +192,11 @@ def noise_norm(vectors: np.ndarray, copies: np.ndarray) -> tuple[float, float]:
     text-perturbed chunk (copy >= 1) to its nearest chunk of copy 0; and m. 0.3 when no copy is real."""
     original, others = vectors[copies == 0], vectors[copies > 0]
     if not len(others) or not len(original):
-        return 0.3, float(1 / np.sqrt(1 + 0.3 ** 2))
+        return 0.3, float(1 / np.sqrt(1 + 0.3**2))
     nearest = np.max(others @ original.T, axis=1)
     m = float(np.clip(np.median(nearest), 0.5, 0.999))
     # |v + s*g| with |v| = 1 and g a random unit direction nearly orthogonal to v: cos = 1/sqrt(1+s^2)
-    return float(np.sqrt(1 / m ** 2 - 1)), m
+    return float(np.sqrt(1 / m**2 - 1)), m
 
 
 def chunk_vectors(real: np.ndarray, n: int, norm: float, seed: int) -> np.ndarray:
@@ -203,7 +228,7 @@ def export_vectors(vectors: np.ndarray, copies: np.ndarray, out: Path) -> None:
     """vectors-K.npy (fp16) and copies.npy: files small enough to travel back from a remote machine."""
     out.mkdir(parents=True, exist_ok=True)
     for start in range(0, len(vectors), FILE_ROWS):
-        np.save(out / f"vectors-{start // FILE_ROWS}.npy", vectors[start:start + FILE_ROWS].astype(np.float16))
+        np.save(out / f"vectors-{start // FILE_ROWS}.npy", vectors[start : start + FILE_ROWS].astype(np.float16))
     np.save(out / "copies.npy", copies.astype(np.int16))
 
 
@@ -229,12 +254,18 @@ def main() -> None:
     app = typer.Typer(add_completion=False, help="Embed the chunk stream (e.g. on a GPU machine) and import it here.")
 
     @app.command()
-    def embed(n: int = typer.Option(..., help="Chunks of the stream to embed."),
-              out: Path = typer.Option(..., help="Where the fp16 files go."),
-              model: str = typer.Option(str(ROOT / "models" / "all-MiniLM-L6-v2"), help="sentence-transformers folder "
-                                        "(an fp16 copy is cast back to fp32)."),
-              device: str = typer.Option("cuda"), chunk_tokens: int = 200, chunk_overlap: int = 30,
-              batch_size: int = 128) -> None:
+    def embed(
+        n: int = typer.Option(..., help="Chunks of the stream to embed."),
+        out: Path = typer.Option(..., help="Where the fp16 files go."),
+        model: str = typer.Option(
+            str(ROOT / "models" / "all-MiniLM-L6-v2"),
+            help="sentence-transformers folder (an fp16 copy is cast back to fp32).",
+        ),
+        device: str = typer.Option("cuda"),
+        chunk_tokens: int = 200,
+        chunk_overlap: int = 30,
+        batch_size: int = 128,
+    ) -> None:
         """Embed the first n chunks of the stream and write them as export_vectors files."""
         settings = EmbedSettings(model, chunk_tokens, chunk_overlap, True, "")
         embedder = CorpusEmbedder(settings, device=device, batch_size=batch_size)
@@ -243,8 +274,11 @@ def main() -> None:
         export_vectors(vectors, copies, out)
 
     @app.command("import")
-    def import_(source: Path, note: str = typer.Option(..., help="Where and how they were embedded."),
-                profile: Path = typer.Option(ROOT / "configs" / "cpu-tiny.yaml")) -> None:
+    def import_(
+        source: Path,
+        note: str = typer.Option(..., help="Where and how they were embedded."),
+        profile: Path = typer.Option(ROOT / "configs" / "cpu-tiny.yaml"),
+    ) -> None:
         """Cache the vectors of `embed` for the profile's settings."""
         print(f"imported {import_vectors(settings_from_profile(profile), source, note)} vectors")
 

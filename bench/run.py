@@ -113,11 +113,16 @@ def finish(console: Console, title: str, timings: list[tuple[str, float, Path]],
 
 
 @app.command()
-def smoke(profile: Path = typer.Option(DEFAULT_PROFILE, help="Profile of the stack and raw vLLM."),
-          out_dir: Path = typer.Option(SMOKE_DIR, help="Where the smoke results go."),
-          stack: Path | None = typer.Option(None, help="The serve.yaml of a stack already running (its profile "
-                                            "replaces --profile): measured as it is instead of starting a private "
-                                            "one; a tenant key for it in $POOLSERVE_BENCH_API_KEY.")) -> None:
+def smoke(
+    profile: Path = typer.Option(DEFAULT_PROFILE, help="Profile of the stack and raw vLLM."),
+    out_dir: Path = typer.Option(SMOKE_DIR, help="Where the smoke results go."),
+    stack: Path | None = typer.Option(
+        None,
+        help="The serve.yaml of a stack already running (its profile "
+        "replaces --profile): measured as it is instead of starting a private "
+        "one; a tenant key for it in $POOLSERVE_BENCH_API_KEY.",
+    ),
+) -> None:
     """A few minutes: gateway vs raw vLLM at concurrency 1 (4 prompts), retrieval at N=2000, the limiter."""
     console = Console()
     workdir = Path(tempfile.mkdtemp(prefix="bench-smoke-"))
@@ -125,7 +130,9 @@ def smoke(profile: Path = typer.Option(DEFAULT_PROFILE, help="Profile of the sta
     if stack is not None:
         key = os.environ.get("POOLSERVE_BENCH_API_KEY")
         if not key:
-            raise typer.BadParameter("needs a tenant key of that stack in $POOLSERVE_BENCH_API_KEY", param_hint="--stack")
+            raise typer.BadParameter(
+                "needs a tenant key of that stack in $POOLSERVE_BENCH_API_KEY", param_hint="--stack"
+            )
         running, profile = running_stack(stack, key)
     steps: list[tuple[str, Callable[[], BenchResult]]] = [
         ("serving", lambda: bench_gateway.run(profile, [SMOKE_SERVING], workdir, running=running)),
@@ -146,9 +153,11 @@ def smoke(profile: Path = typer.Option(DEFAULT_PROFILE, help="Profile of the sta
 
 
 @app.command("all")
-def run_all(profile: Path = typer.Option(DEFAULT_PROFILE, help="Profile of the stack and raw vLLM."),
-            out_dir: Path = typer.Option(RESULTS_DIR, help="Where the results go."),
-            only: list[str] = typer.Option([], help="Run only these results (e.g. --only serving).")) -> None:
+def run_all(
+    profile: Path = typer.Option(DEFAULT_PROFILE, help="Profile of the stack and raw vLLM."),
+    out_dir: Path = typer.Option(RESULTS_DIR, help="Where the results go."),
+    only: list[str] = typer.Option([], help="Run only these results (e.g. --only serving)."),
+) -> None:
     """Every benchmark with its documented settings, one after the other, each in its own process (long)."""
     console = Console()
     log_dir = Path(tempfile.mkdtemp(prefix="bench-all-"))
@@ -159,8 +168,11 @@ def run_all(profile: Path = typer.Option(DEFAULT_PROFILE, help="Profile of the s
                 continue
             console.rule(f"{script.result}: bench/{script.script} {' '.join(script.args)}")
             out = out_dir / f"{script.result}.json"
-            args = [*script.args, "--json", str(out)] if script.script == "bench_speculative.py" \
+            args = (
+                [*script.args, "--json", str(out)]
+                if script.script == "bench_speculative.py"
                 else [*script.args, "--out-dir", str(out_dir)]
+            )
             log = log_dir / f"{script.result}.log"
             with Stopwatch() as watch:
                 group = ProcessGroup.start([sys.executable, str(BENCH_DIR / script.script), *args], child_env(), log)

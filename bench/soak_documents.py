@@ -36,18 +36,28 @@ def load_pages(seed: int) -> list[dict]:
         with gzip.open(ROOT / "bench" / "data" / f"{corpus}.jsonl.gz", "rt") as lines:
             for line in lines:
                 doc = json.loads(line)
-                pages.append({"id": f"{corpus}.{doc['id'].replace('/', '_')}", "text": doc["text"],
-                              "metadata": {"title": doc.get("title") or doc["id"]}})
+                pages.append(
+                    {
+                        "id": f"{corpus}.{doc['id'].replace('/', '_')}",
+                        "text": doc["text"],
+                        "metadata": {"title": doc.get("title") or doc["id"]},
+                    }
+                )
     random.Random(seed).shuffle(pages)
     return pages
 
 
 def replicas_of(status: dict) -> dict:
-    return {r["name"]: {"measured_mib": round(r["measured_bytes"] / MIB, 1),
-                        "anon_mib": round(r.get("anon_bytes", 0) / MIB, 1),
-                        "file_mib": round(r.get("file_bytes", 0) / MIB, 1),
-                        "planned_mib": round(r["planned_bytes"] / MIB, 1)}
-            for r in status["replicas"] if "measured_bytes" in r}
+    return {
+        r["name"]: {
+            "measured_mib": round(r["measured_bytes"] / MIB, 1),
+            "anon_mib": round(r.get("anon_bytes", 0) / MIB, 1),
+            "file_mib": round(r.get("file_bytes", 0) / MIB, 1),
+            "planned_mib": round(r["planned_bytes"] / MIB, 1),
+        }
+        for r in status["replicas"]
+        if "measured_bytes" in r
+    }
 
 
 def run(args) -> None:
@@ -72,14 +82,23 @@ def run(args) -> None:
                 else:
                     failed += 1
                 status = http.get("/status", headers=admin, timeout=120).json()
-                point = {"t": round(time.time() - start, 1), "ingest_s": round(time.time() - began, 1),
-                         "http": response.status_code, "documents": done, "chunks": chunks, "failed": failed,
-                         "replicas": replicas_of(status)}
+                point = {
+                    "t": round(time.time() - start, 1),
+                    "ingest_s": round(time.time() - began, 1),
+                    "http": response.status_code,
+                    "documents": done,
+                    "chunks": chunks,
+                    "failed": failed,
+                    "replicas": replicas_of(status),
+                }
                 out.write(json.dumps(point) + "\n")
                 out.flush()
                 emb = point["replicas"].get("embedder", {})
-                print(f"{point['t']:>7.0f}s {done} docs {chunks} chunks; embedder {emb.get('measured_mib')} / "
-                      f"{emb.get('planned_mib')} MiB", flush=True)
+                print(
+                    f"{point['t']:>7.0f}s {done} docs {chunks} chunks; embedder {emb.get('measured_mib')} / "
+                    f"{emb.get('planned_mib')} MiB",
+                    flush=True,
+                )
                 time.sleep(max(0.0, args.interval_s - (time.time() - began)))
         finally:
             if not args.keep:
@@ -92,15 +111,19 @@ def summarize(path: Path) -> None:
         sys.exit(f"{path}: no points")
     names = sorted({name for p in points for name in p["replicas"]})
     last = points[-1]
-    print(f"{len(points)} points over {last['t']:.0f} s; {last['documents']} documents, {last['chunks']} chunks, "
-          f"{last['failed']} failed requests")
+    print(
+        f"{len(points)} points over {last['t']:.0f} s; {last['documents']} documents, {last['chunks']} chunks, "
+        f"{last['failed']} failed requests"
+    )
     print("| replica | budget MiB | measured first | measured max | measured last | max / budget |")
     print("|---|---:|---:|---:|---:|---:|")
     for name in names:
         series = [p["replicas"][name] for p in points if name in p["replicas"]]
         top = max(s["measured_mib"] for s in series)
-        print(f"| {name} | {series[-1]['planned_mib']:,.1f} | {series[0]['measured_mib']:,.1f} | {top:,.1f} | "
-              f"{series[-1]['measured_mib']:,.1f} | {top / series[-1]['planned_mib']:.3f} |")
+        print(
+            f"| {name} | {series[-1]['planned_mib']:,.1f} | {series[0]['measured_mib']:,.1f} | {top:,.1f} | "
+            f"{series[-1]['measured_mib']:,.1f} | {top / series[-1]['planned_mib']:.3f} |"
+        )
 
 
 def main() -> None:

@@ -26,12 +26,26 @@ from stackctl.processes import stack_pids
 
 MIB = 1024 * 1024
 # Which replica a process belongs to, from its command line (Ray's actor titles, vLLM's process names).
-LABELS = (("EngineCore", "chat:EngineCore"), ("VLLM::Worker", "chat:Worker"), ("PoolserveLLMServer", "chat:actor"),
-          ("ServeReplica:poolserve:embedder", "embedder"), ("ServeReplica:poolserve:retriever", "retriever"),
-          ("ServeReplica:poolserve:gateway", "gateway"), ("ServeController", "serve-controller"),
-          ("ProxyActor", "serve-proxy"), ("raylet", "raylet"), ("gcs_server", "gcs"), ("dashboard", "ray-dashboard"))
-ROLLUP_KEYS = {"Rss": "rss", "Pss_Anon": "pss_anon", "Pss_File": "pss_file", "Pss_Shmem": "pss_shmem",
-               "Anonymous": "anonymous"}
+LABELS = (
+    ("EngineCore", "chat:EngineCore"),
+    ("VLLM::Worker", "chat:Worker"),
+    ("PoolserveLLMServer", "chat:actor"),
+    ("ServeReplica:poolserve:embedder", "embedder"),
+    ("ServeReplica:poolserve:retriever", "retriever"),
+    ("ServeReplica:poolserve:gateway", "gateway"),
+    ("ServeController", "serve-controller"),
+    ("ProxyActor", "serve-proxy"),
+    ("raylet", "raylet"),
+    ("gcs_server", "gcs"),
+    ("dashboard", "ray-dashboard"),
+)
+ROLLUP_KEYS = {
+    "Rss": "rss",
+    "Pss_Anon": "pss_anon",
+    "Pss_File": "pss_file",
+    "Pss_Shmem": "pss_shmem",
+    "Anonymous": "anonymous",
+}
 
 
 def label_of(cmdline: str) -> str:
@@ -111,9 +125,15 @@ def main() -> None:
     parser.add_argument("--interval-s", type=float, default=20.0)
     parser.add_argument("--out", type=Path, default=Path("bench/results/soak-memory.jsonl"))
     parser.add_argument("--summarize", type=Path, help="Print the summary of a recorded series and exit.")
-    parser.add_argument("--warmup-s", type=float, default=600.0, help="Samples before this are left out of the summary.")
-    parser.add_argument("--until-s", type=float, default=None,
-                        help="Samples after this (the load's end; the series runs on while idle) are left out.")
+    parser.add_argument(
+        "--warmup-s", type=float, default=600.0, help="Samples before this are left out of the summary."
+    )
+    parser.add_argument(
+        "--until-s",
+        type=float,
+        default=None,
+        help="Samples after this (the load's end; the series runs on while idle) are left out.",
+    )
     args = parser.parse_args()
     if args.summarize:
         print(json.dumps(summarize(args.summarize, args.warmup_s, args.until_s), indent=1))

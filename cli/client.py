@@ -72,8 +72,10 @@ class StackClient:
             try:
                 response = self.http.request(method, path, **kwargs)
             except httpx.HTTPError as exc:
-                raise ClientError(f"cannot reach {self.base_url}: {type(exc).__name__}: {exc}. Is the stack running, "
-                                  f"and is --base-url (or ${URL_ENV}) its address?") from None
+                raise ClientError(
+                    f"cannot reach {self.base_url}: {type(exc).__name__}: {exc}. Is the stack running, "
+                    f"and is --base-url (or ${URL_ENV}) its address?"
+                ) from None
             if response.status_code not in (429, 503) or attempt == RETRIES:
                 return response
             time.sleep(_retry_after(response))

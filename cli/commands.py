@@ -18,10 +18,12 @@ from cli.ingest import ingest_files
 from cli.sync import sync_once, watch
 from system.private_files import open_private
 
-collections_app = typer.Typer(help="The tenant's collections: list (no subcommand) or remove one.",
-                              invoke_without_command=True)
-tenants_app = typer.Typer(help="Tenants, their keys and usage (the admin API; needs the admin key).",
-                          no_args_is_help=True)
+collections_app = typer.Typer(
+    help="The tenant's collections: list (no subcommand) or remove one.", invoke_without_command=True
+)
+tenants_app = typer.Typer(
+    help="Tenants, their keys and usage (the admin API; needs the admin key).", no_args_is_help=True
+)
 
 
 def _url():
@@ -42,12 +44,19 @@ def _fail(exc: ClientError) -> typer.Exit:
     return typer.Exit(1)
 
 
-def ingest(paths: list[Path] = typer.Argument(..., help="Files and folders (walked recursively)."),
-           collection: str = typer.Option(..., "--collection", "-c", help="The collection to load into."),
-           sync: bool = typer.Option(False, "--sync", help="Make the collection equal to the folders: also delete "
-                                     "documents whose files are gone. Shows what it would do; --yes does it."),
-           yes: bool = typer.Option(False, "--yes", "-y", help="With --sync: carry the sync out."),
-           base_url: str = _url(), key_file: Path | None = _key_file(False)) -> None:
+def ingest(
+    paths: list[Path] = typer.Argument(..., help="Files and folders (walked recursively)."),
+    collection: str = typer.Option(..., "--collection", "-c", help="The collection to load into."),
+    sync: bool = typer.Option(
+        False,
+        "--sync",
+        help="Make the collection equal to the folders: also delete "
+        "documents whose files are gone. Shows what it would do; --yes does it.",
+    ),
+    yes: bool = typer.Option(False, "--yes", "-y", help="With --sync: carry the sync out."),
+    base_url: str = _url(),
+    key_file: Path | None = _key_file(False),
+) -> None:
     """Load text, Markdown, HTML, XHTML, PDF, DOCX and PPTX files into a collection, with progress. Unchanged
     files (same content hash in the stored document's metadata) are skipped; a failing file is reported and the
     rest go on. Files of 1 MiB and more go as ingest jobs."""
@@ -62,14 +71,17 @@ def ingest(paths: list[Path] = typer.Argument(..., help="Files and folders (walk
             report = ingest_files(client, collection, files, console)
     except ClientError as exc:
         raise _fail(exc) from None
-    typer.echo(f"{report.sent} files ingested ({report.chunks} chunks, {report.chunks_per_s:.1f} chunks/s), "
-               f"{report.skipped} unchanged and skipped, {len(report.failed) + len(missing)} failed")
+    typer.echo(
+        f"{report.sent} files ingested ({report.chunks} chunks, {report.chunks_per_s:.1f} chunks/s), "
+        f"{report.skipped} unchanged and skipped, {len(report.failed) + len(missing)} failed"
+    )
     if report.failed or missing:
         raise typer.Exit(1)
 
 
-def _sync(paths: list[Path], collection: str, yes: bool, base_url: str, key_file: Path | None,
-          console: Console) -> None:
+def _sync(
+    paths: list[Path], collection: str, yes: bool, base_url: str, key_file: Path | None, console: Console
+) -> None:
     missing = [p for p in paths if not p.exists()]
     if missing:  # a folder that is not there would delete everything it held
         for path in missing:
@@ -81,22 +93,29 @@ def _sync(paths: list[Path], collection: str, yes: bool, base_url: str, key_file
     except ClientError as exc:
         raise _fail(exc) from None
     if report is None:
-        typer.echo(f"{collection}: {plan.summary()}" + ("" if not plan.changes or yes else
-                                                         "; nothing changed: run again with --yes to sync"))
+        typer.echo(
+            f"{collection}: {plan.summary()}"
+            + ("" if not plan.changes or yes else "; nothing changed: run again with --yes to sync")
+        )
         for doc_id in plan.delete:
             typer.echo(f"  would delete {doc_id}")
         return
-    typer.echo(f"{collection}: {report.ingest.sent} ingested ({report.ingest.chunks} chunks), {report.deleted} "
-               f"deleted, {plan.unchanged} unchanged, {len(report.failed)} failed")
+    typer.echo(
+        f"{collection}: {report.ingest.sent} ingested ({report.ingest.chunks} chunks), {report.deleted} "
+        f"deleted, {plan.unchanged} unchanged, {len(report.failed)} failed"
+    )
     if report.failed:
         raise typer.Exit(1)
 
 
-def watch_folder(paths: list[Path] = typer.Argument(..., help="Folders (and files) to keep the collection equal to."),
-                 collection: str = typer.Option(..., "--collection", "-c", help="The collection to keep in sync."),
-                 interval: float = typer.Option(5.0, "--interval", min=0.5, help="Seconds between looks at the files."),
-                 cycles: int = typer.Option(0, "--cycles", min=0, help="Stop after this many passes (0: until Ctrl-C)."),
-                 base_url: str = _url(), key_file: Path | None = _key_file(False)) -> None:
+def watch_folder(
+    paths: list[Path] = typer.Argument(..., help="Folders (and files) to keep the collection equal to."),
+    collection: str = typer.Option(..., "--collection", "-c", help="The collection to keep in sync."),
+    interval: float = typer.Option(5.0, "--interval", min=0.5, help="Seconds between looks at the files."),
+    cycles: int = typer.Option(0, "--cycles", min=0, help="Stop after this many passes (0: until Ctrl-C)."),
+    base_url: str = _url(),
+    key_file: Path | None = _key_file(False),
+) -> None:
     """Keep a collection equal to folders: sync now (adds, replacements and deletions, as `ingest --sync --yes`),
     then again whenever a file is added, changed or removed. Unchanged files are not read again."""
     console = Console(stderr=True)
@@ -115,11 +134,14 @@ def watch_folder(paths: list[Path] = typer.Argument(..., help="Folders (and file
         raise typer.Exit(1)
 
 
-def query(collection: str = typer.Argument(..., help="The collection to ask."),
-          question: str = typer.Argument(..., help="The question."),
-          top_k: int | None = typer.Option(None, "--top-k", min=1, help="Passages to retrieve."),
-          model: str | None = typer.Option(None, "--model", help="Chat model; default the gateway's."),
-          base_url: str = _url(), key_file: Path | None = _key_file(False)) -> None:
+def query(
+    collection: str = typer.Argument(..., help="The collection to ask."),
+    question: str = typer.Argument(..., help="The question."),
+    top_k: int | None = typer.Option(None, "--top-k", min=1, help="Passages to retrieve."),
+    model: str | None = typer.Option(None, "--model", help="Chat model; default the gateway's."),
+    base_url: str = _url(),
+    key_file: Path | None = _key_file(False),
+) -> None:
     """Ask a collection: the answer, then a table of the passages it was given (POST /v1/rag/query)."""
     body = {"collection": collection, "question": question, "top_k": top_k, "model": model}
     try:
@@ -129,14 +151,21 @@ def query(collection: str = typer.Argument(..., help="The collection to ask."),
         raise _fail(exc) from None
     console = Console()
     console.print(result["answer"], highlight=False)
-    table = Table(title="citations" + (" (below the score threshold: not answered from them)" if result.get("refused")
-                                       else ""))
+    table = Table(
+        title="citations" + (" (below the score threshold: not answered from them)" if result.get("refused") else "")
+    )
     for column in ("#", "document", "chunk", "score", "source", "text"):
         table.add_column(column, overflow="fold")
     for i, cited in enumerate(result.get("citations", []), 1):
         text = " ".join(cited["text"].split())
-        table.add_row(str(i), cited["document_id"], cited["chunk_id"], f"{cited['score']:.3f}",
-                      str(cited.get("metadata", {}).get("source", "")), text[:160] + ("..." if len(text) > 160 else ""))
+        table.add_row(
+            str(i),
+            cited["document_id"],
+            cited["chunk_id"],
+            f"{cited['score']:.3f}",
+            str(cited.get("metadata", {}).get("source", "")),
+            text[:160] + ("..." if len(text) > 160 else ""),
+        )
     console.print(table)
 
 
@@ -160,8 +189,11 @@ def collections(ctx: typer.Context, base_url: str = _url(), key_file: Path | Non
 
 
 @collections_app.command("rm")
-def collections_rm(ctx: typer.Context, collection: str = typer.Argument(...),
-                   yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask.")) -> None:
+def collections_rm(
+    ctx: typer.Context,
+    collection: str = typer.Argument(...),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask."),
+) -> None:
     """Delete a collection and every document in it."""
     base_url, key_file = ctx.obj
     if not yes:
@@ -231,11 +263,15 @@ SAVE_KEY_HELP = "Write the new key to this file (created, mode 0600) instead of 
 
 
 @tenants_app.command("add")
-def tenants_add(ctx: typer.Context, name: str = typer.Argument(...),
-                model: list[str] | None = typer.Option(None, "--model", help="A model it may use (repeat); default all."),
-                rpm: int | None = typer.Option(None, "--rpm", min=1), tpm: int | None = typer.Option(None, "--tpm", min=1),
-                max_concurrency: int | None = typer.Option(None, "--max-concurrency", min=1),
-                save_key: Path | None = typer.Option(None, "--save-key", help=SAVE_KEY_HELP)) -> None:
+def tenants_add(
+    ctx: typer.Context,
+    name: str = typer.Argument(...),
+    model: list[str] | None = typer.Option(None, "--model", help="A model it may use (repeat); default all."),
+    rpm: int | None = typer.Option(None, "--rpm", min=1),
+    tpm: int | None = typer.Option(None, "--tpm", min=1),
+    max_concurrency: int | None = typer.Option(None, "--max-concurrency", min=1),
+    save_key: Path | None = typer.Option(None, "--save-key", help=SAVE_KEY_HELP),
+) -> None:
     """Create a tenant with its first API key."""
     body = {"name": name, "models": model or None, "rpm": rpm, "tpm": tpm, "max_concurrency": max_concurrency}
     with _key_destination(save_key) as destination:
@@ -263,14 +299,23 @@ def tenants_list(ctx: typer.Context) -> None:
     for column in ("tenant", "models", "rpm", "tpm", "concurrency", "created"):
         table.add_column(column)
     for t in listing["data"]:
-        table.add_row(t["name"], ", ".join(t["models"]) if t["models"] is not None else "all", _limit(t["rpm"]),
-                      _limit(t["tpm"]), _limit(t["max_concurrency"]), t["created_at"])
+        table.add_row(
+            t["name"],
+            ", ".join(t["models"]) if t["models"] is not None else "all",
+            _limit(t["rpm"]),
+            _limit(t["tpm"]),
+            _limit(t["max_concurrency"]),
+            t["created_at"],
+        )
     Console().print(table)
 
 
 @tenants_app.command("rm")
-def tenants_rm(ctx: typer.Context, name: str = typer.Argument(...),
-               yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask.")) -> None:
+def tenants_rm(
+    ctx: typer.Context,
+    name: str = typer.Argument(...),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask."),
+) -> None:
     """Delete a tenant, its keys and its collections (its usage rows are kept for accounting)."""
     if not yes:
         typer.confirm(f"Delete tenant {name!r}, its keys and its collections?", abort=True)
@@ -294,20 +339,26 @@ def tenants_usage(ctx: typer.Context, name: str = typer.Argument(...)) -> None:
     for column in ("day", "model", "requests", "prompt tokens", "completion tokens"):
         table.add_column(column, justify="left" if column in ("day", "model") else "right")
     for row in usage["usage"]:
-        table.add_row(row["day"], row["model"], str(row["requests"]), str(row["prompt_tokens"]),
-                      str(row["completion_tokens"]))
+        table.add_row(
+            row["day"], row["model"], str(row["requests"]), str(row["prompt_tokens"]), str(row["completion_tokens"])
+        )
     console = Console()
     console.print(table)
     rejected = usage.get("rejected_today") or {}
-    console.print(f"429s today: {sum(rejected.values())}"
-                  + (f" ({', '.join(f'{k} {v}' for k, v in sorted(rejected.items()))})" if rejected else ""))
+    console.print(
+        f"429s today: {sum(rejected.values())}"
+        + (f" ({', '.join(f'{k} {v}' for k, v in sorted(rejected.items()))})" if rejected else "")
+    )
 
 
 @tenants_app.command("keys")
-def tenants_keys(ctx: typer.Context, name: str = typer.Argument(...),
-                 create: bool = typer.Option(False, "--create", help="Make another key (rotation)."),
-                 revoke: str | None = typer.Option(None, "--revoke", help="Revoke the key with this key id."),
-                 save_key: Path | None = typer.Option(None, "--save-key", help=SAVE_KEY_HELP)) -> None:
+def tenants_keys(
+    ctx: typer.Context,
+    name: str = typer.Argument(...),
+    create: bool = typer.Option(False, "--create", help="Make another key (rotation)."),
+    revoke: str | None = typer.Option(None, "--revoke", help="Revoke the key with this key id."),
+    save_key: Path | None = typer.Option(None, "--save-key", help=SAVE_KEY_HELP),
+) -> None:
     """List a tenant's keys (ids only; secrets are never stored), or --create / --revoke one."""
     tenant = quote(name, safe="")
     with _key_destination(save_key if create else None) as destination:

@@ -9,11 +9,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # File suffix -> the content_type the ingest route extracts text from (rag/documents/extract.py).
-CONTENT_TYPES = {".txt": "text/plain", ".text": "text/plain", ".md": "text/markdown", ".markdown": "text/markdown",
-                 ".html": "text/html", ".htm": "text/html", ".xhtml": "application/xhtml+xml",
-                 ".pdf": "application/pdf",
-                 ".docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
-                 ".pptx": "application/vnd.openxmlformats-officedocument.presentationml.presentation"}
+CONTENT_TYPES = {
+    ".txt": "text/plain",
+    ".text": "text/plain",
+    ".md": "text/markdown",
+    ".markdown": "text/markdown",
+    ".html": "text/html",
+    ".htm": "text/html",
+    ".xhtml": "application/xhtml+xml",
+    ".pdf": "application/pdf",
+    ".docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+    ".pptx": "application/vnd.openxmlformats-officedocument.presentationml.presentation",
+}
 # Sent as the file's bytes (data_base64): binary formats, and HTML so its declared charset is honoured.
 SENT_AS_BYTES = {".html", ".htm", ".xhtml", ".pdf", ".docx", ".pptx"}
 HASH_KEY = "sha256"  # the document metadata key that holds the file's content hash
@@ -39,8 +46,11 @@ def walk(arguments: list[Path]) -> tuple[list[SourceFile], list[Path]]:
         if argument.is_dir():
             for path in sorted(argument.rglob("*")):
                 relative = path.relative_to(argument)
-                if path.is_file() and not any(part.startswith(".") for part in relative.parts) \
-                        and path.suffix.lower() in CONTENT_TYPES:
+                if (
+                    path.is_file()
+                    and not any(part.startswith(".") for part in relative.parts)
+                    and path.suffix.lower() in CONTENT_TYPES
+                ):
                     found.setdefault(path.resolve(), _source(path, argument.resolve().parent))
         elif argument.is_file():
             found.setdefault(argument.resolve(), _source(argument, argument.resolve().parent))
@@ -61,7 +71,7 @@ def document_id(source: str) -> str:
     if not text[:1].isalnum():
         text = "f" + text
     if len(text) > MAX_ID_LEN:
-        text = text[:MAX_ID_LEN - 17] + "-" + hashlib.sha256(source.encode()).hexdigest()[:16]
+        text = text[: MAX_ID_LEN - 17] + "-" + hashlib.sha256(source.encode()).hexdigest()[:16]
     return text
 
 

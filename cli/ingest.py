@@ -19,7 +19,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 import base64
 
 from cli.client import ClientError, StackClient
-from cli.files import CONTENT_TYPES, HASH_KEY, SENT_AS_BYTES, SOURCE_KEY, SourceFile, content_hash, document_id, unchanged
+from cli.files import (
+    CONTENT_TYPES,
+    HASH_KEY,
+    SENT_AS_BYTES,
+    SOURCE_KEY,
+    SourceFile,
+    content_hash,
+    document_id,
+    unchanged,
+)
 
 
 # Larger files are sent as jobs: a 1 MiB file is thousands of chunks, minutes of embedding on a CPU.
@@ -45,8 +54,9 @@ def stored_metadata(client: StackClient, collection: str) -> dict[str, dict]:
     """Document id -> metadata of what the collection holds now (empty for a new collection), page by page."""
     stored, params = {}, {}
     while True:
-        page = client.request("GET", f"/v1/collections/{quote(collection, safe='')}/documents", ok_missing=True,
-                              params=params)
+        page = client.request(
+            "GET", f"/v1/collections/{quote(collection, safe='')}/documents", ok_missing=True, params=params
+        )
         if page is None:
             return stored
         stored.update((doc["id"], doc.get("metadata") or {}) for doc in page["data"])
@@ -55,16 +65,28 @@ def stored_metadata(client: StackClient, collection: str) -> dict[str, dict]:
         params = {"after": page["last_id"]}
 
 
-def ingest_files(client: StackClient, collection: str, files: list[SourceFile], console: Console,
-                 stored: dict[str, dict] | None = None, job_min_bytes: int = JOB_MIN_BYTES) -> IngestReport:
+def ingest_files(
+    client: StackClient,
+    collection: str,
+    files: list[SourceFile],
+    console: Console,
+    stored: dict[str, dict] | None = None,
+    job_min_bytes: int = JOB_MIN_BYTES,
+) -> IngestReport:
     """Send each file (skipping those `stored`, the collection's documents, holds unchanged); files of
     `job_min_bytes` and more as ingest jobs."""
     if stored is None:
         stored = stored_metadata(client, collection)  # also a 400 for a malformed name, before any file
     report, started = IngestReport(), time.perf_counter()
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("files"),
-               TextColumn("{task.fields[chunks]} chunks"), TextColumn("{task.fields[rate]:.1f} chunks/s"),
-               TimeElapsedColumn())
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("files"),
+        TextColumn("{task.fields[chunks]} chunks"),
+        TextColumn("{task.fields[rate]:.1f} chunks/s"),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=console, transient=False) as progress:
         task = progress.add_task(f"ingest into {collection}", total=len(files), chunks=0, rate=0.0)
 
@@ -83,11 +105,20 @@ def ingest_files(client: StackClient, collection: str, files: list[SourceFile], 
     return report
 
 
-def _ingest_one(client: StackClient, collection: str, source: SourceFile, stored: dict, report: IngestReport,
-                show, job_min_bytes: int = JOB_MIN_BYTES) -> str | None:
+def _ingest_one(
+    client: StackClient,
+    collection: str,
+    source: SourceFile,
+    stored: dict,
+    report: IngestReport,
+    show,
+    job_min_bytes: int = JOB_MIN_BYTES,
+) -> str | None:
     """Send one file; None when it was stored or skipped, else why it failed."""
     if source.content_type is None:
-        return f"unsupported file type {source.path.suffix or '(none)'!r}; supported: {', '.join(sorted(CONTENT_TYPES))}"
+        return (
+            f"unsupported file type {source.path.suffix or '(none)'!r}; supported: {', '.join(sorted(CONTENT_TYPES))}"
+        )
     try:
         data = source.path.read_bytes()
     except OSError as exc:
@@ -96,8 +127,11 @@ def _ingest_one(client: StackClient, collection: str, source: SourceFile, stored
     if unchanged(doc_id, digest, stored):
         report.skipped += 1
         return None
-    document = {"id": doc_id, "content_type": source.content_type,
-                "metadata": {SOURCE_KEY: source.source, HASH_KEY: digest}}
+    document = {
+        "id": doc_id,
+        "content_type": source.content_type,
+        "metadata": {SOURCE_KEY: source.source, HASH_KEY: digest},
+    }
     if source.path.suffix.lower() in SENT_AS_BYTES:
         document["data_base64"] = base64.b64encode(data).decode("ascii")
     else:
@@ -123,8 +157,15 @@ def _ingest_one(client: StackClient, collection: str, source: SourceFile, stored
     return "the stream ended without a result"
 
 
-def _ingest_as_job(client: StackClient, path: str, document: dict, report: IngestReport, show,
-                   sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> str | None:
+def _ingest_as_job(
+    client: StackClient,
+    path: str,
+    document: dict,
+    report: IngestReport,
+    show,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> str | None:
     """Start an ingest job and follow it to its end; Ctrl-C cancels it on the server, then stops."""
     try:
         job = client.request("POST", path, json={"documents": [document], "async": True})
@@ -134,7 +175,9 @@ def _ingest_as_job(client: StackClient, path: str, document: dict, report: Inges
     try:
         while job["status"] in ("in_progress", "cancelling"):
             if clock() > deadline:
-                return f"job {job['id']} is still {job['status']} after {JOB_WAIT_S:.0f}s; GET /v1/ingest/jobs/{job['id']}"
+                return (
+                    f"job {job['id']} is still {job['status']} after {JOB_WAIT_S:.0f}s; GET /v1/ingest/jobs/{job['id']}"
+                )
             show(job["counts"]["chunks_embedded"])
             sleep(JOB_POLL_S)
             job = client.request("GET", f"/v1/ingest/jobs/{job['id']}")

@@ -37,8 +37,10 @@ class SyncPlan:
         return len(self.add) + len(self.replace) + len(self.delete)
 
     def summary(self) -> str:
-        return (f"{len(self.add)} to add, {len(self.replace)} to replace, {len(self.delete)} to delete, "
-                f"{self.unchanged} unchanged")
+        return (
+            f"{len(self.add)} to add, {len(self.replace)} to replace, {len(self.delete)} to delete, "
+            f"{self.unchanged} unchanged"
+        )
 
 
 def plan_sync(files: list[tuple[SourceFile, str | None]], stored: dict[str, dict]) -> SyncPlan:
@@ -87,8 +89,14 @@ class SyncReport:
     failed: list[tuple[str, str]] = field(default_factory=list)
 
 
-def sync_once(client: StackClient, collection: str, folders: list[Path], console: Console, apply: bool,
-              hashes: HashCache | None = None) -> tuple[SyncPlan, SyncReport | None]:
+def sync_once(
+    client: StackClient,
+    collection: str,
+    folders: list[Path],
+    console: Console,
+    apply: bool,
+    hashes: HashCache | None = None,
+) -> tuple[SyncPlan, SyncReport | None]:
     """Plan a sync of `collection` to `folders`; carry it out when `apply`. The plan is always returned."""
     hashes = hashes or HashCache()
     files, _ = walk(folders)
@@ -96,21 +104,34 @@ def sync_once(client: StackClient, collection: str, folders: list[Path], console
     plan = plan_sync([(f, hashes.digest(f.path)) for f in files], stored)
     if not apply or not plan.changes:
         return plan, None
-    report = SyncReport(ingest_files(client, collection, plan.add + plan.replace, console, stored=stored)
-                        if plan.add or plan.replace else IngestReport())
+    report = SyncReport(
+        ingest_files(client, collection, plan.add + plan.replace, console, stored=stored)
+        if plan.add or plan.replace
+        else IngestReport()
+    )
     report.failed += plan.unreadable + report.ingest.failed
     for doc_id in plan.delete:
         try:
-            client.request("DELETE", f"/v1/collections/{quote(collection, safe='')}/documents/{quote(doc_id, safe='')}",
-                           ok_missing=True)
+            client.request(
+                "DELETE",
+                f"/v1/collections/{quote(collection, safe='')}/documents/{quote(doc_id, safe='')}",
+                ok_missing=True,
+            )
             report.deleted += 1
         except ClientError as exc:
             report.failed.append((doc_id, str(exc)))
     return plan, report
 
 
-def watch(client: StackClient, collection: str, folders: list[Path], console: Console, interval_s: float,
-          cycles: int = 0, sleep: Callable[[float], None] = time.sleep) -> int:
+def watch(
+    client: StackClient,
+    collection: str,
+    folders: list[Path],
+    console: Console,
+    interval_s: float,
+    cycles: int = 0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
     """Sync now, then every `interval_s` while files change; `cycles` > 0 stops after that many passes
     (0: until Ctrl-C). Returns the number of failures of the last pass."""
     hashes, done, failures = HashCache(), 0, 0
@@ -120,13 +141,18 @@ def watch(client: StackClient, collection: str, folders: list[Path], console: Co
         stamp = time.strftime("%H:%M:%S")
         if report is not None:
             failures = len(report.failed)
-            console.print(f"[{stamp}] {collection}: {report.ingest.sent} ingested ({report.ingest.chunks} chunks), "
-                          f"{report.deleted} deleted, {plan.unchanged} unchanged, {failures} failed", highlight=False)
+            console.print(
+                f"[{stamp}] {collection}: {report.ingest.sent} ingested ({report.ingest.chunks} chunks), "
+                f"{report.deleted} deleted, {plan.unchanged} unchanged, {failures} failed",
+                highlight=False,
+            )
             for source, problem in report.failed:
                 console.print(f"[red]failed[/red] {source}: {problem}", highlight=False)
         elif done == 1:
-            console.print(f"[{stamp}] {collection}: in sync ({plan.unchanged} documents); watching {interval_s:g}s",
-                          highlight=False)
+            console.print(
+                f"[{stamp}] {collection}: in sync ({plan.unchanged} documents); watching {interval_s:g}s",
+                highlight=False,
+            )
         if cycles and done >= cycles:
             return failures
         sleep(interval_s)

@@ -10,10 +10,17 @@ def tenants_today(tenants: list[dict], usage_rows: list, rejected: dict[str, dic
     for tenant in tenants:
         rows = [r for r in usage_rows if r.tenant == tenant["name"] and r.day == day]
         refused = rejected.get(tenant["name"], {})
-        figures.append({**tenant, "today": {
-            "requests": sum(r.requests for r in rows),
-            "tokens": sum(r.prompt_tokens + r.completion_tokens for r in rows),
-            "rejected": sum(refused.values()), "rejected_by_reason": refused}})
+        figures.append(
+            {
+                **tenant,
+                "today": {
+                    "requests": sum(r.requests for r in rows),
+                    "tokens": sum(r.prompt_tokens + r.completion_tokens for r in rows),
+                    "rejected": sum(refused.values()),
+                    "rejected_by_reason": refused,
+                },
+            }
+        )
     return figures
 
 

@@ -29,8 +29,10 @@ class MemoryHistory:
         """{"t": [unix seconds...], "series": {replica: [bytes or None...]}}: the columns a chart plots."""
         self._forget_before(now - self.max_age_s)
         names = sorted({name for _, measured in self._points for name in measured})
-        return {"t": [at for at, _ in self._points],
-                "series": {name: [measured.get(name) for _, measured in self._points] for name in names}}
+        return {
+            "t": [at for at, _ in self._points],
+            "series": {name: [measured.get(name) for _, measured in self._points] for name in names},
+        }
 
     def __len__(self) -> int:
         return len(self._points)

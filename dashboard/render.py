@@ -36,25 +36,31 @@ def render_pool(status: dict) -> str:
     for i, replica in enumerate(replicas):
         measured = replica.get("measured_bytes") or 0
         accounted += measured
-        segments.append(f'<div class="seg" title="{_attr(replica["name"])}: {mib(measured)}" '
-                        f'style="width:{100 * measured / limit:.3f}%;background:{PALETTE[i % len(PALETTE)]}"></div>')
+        segments.append(
+            f'<div class="seg" title="{_attr(replica["name"])}: {mib(measured)}" '
+            f'style="width:{100 * measured / limit:.3f}%;background:{PALETTE[i % len(PALETTE)]}"></div>'
+        )
     other = max(0, pool["used_bytes"] - accounted)  # in the pool but not a replica: Ray, the OS, other processes
-    segments.append(f'<div class="seg other" title="other: {mib(other)}" style="width:{100 * other / limit:.3f}%"></div>')
+    segments.append(
+        f'<div class="seg other" title="other: {mib(other)}" style="width:{100 * other / limit:.3f}%"></div>'
+    )
     planned = sum(r.get("planned_bytes") or 0 for r in replicas)
-    legend = "".join(f'<span class="key"><i style="background:{PALETTE[i % len(PALETTE)]}"></i>{escape(r["name"])}</span>'
-                     for i, r in enumerate(replicas))
+    legend = "".join(
+        f'<span class="key"><i style="background:{PALETTE[i % len(PALETTE)]}"></i>{escape(r["name"])}</span>'
+        for i, r in enumerate(replicas)
+    )
     return f"""
-<section id="pool" data-pool-used-bytes="{pool['used_bytes']}" data-pool-limit-bytes="{pool['limit_bytes']}"
-  data-guard-state="{_attr(pool['state'])}" data-shed-ingest-at="{pool['shed_ingest_at']}"
-  data-shed-all-at="{pool['shed_all_at']}" data-planned-bytes="{planned}">
- <h2>Pool <span class="state state-{_attr(pool['state'])}">{escape(pool['state'])}</span></h2>
- <p>{mib(pool['used_bytes'])} of {mib(pool['limit_bytes'])} in use ({pool['fraction']:.1%}), {escape(pool['source'])};
-  replicas planned {mib(planned)}. Sheds ingestion at {pool['shed_ingest_at']:.0%}, all new work at
-  {pool['shed_all_at']:.0%}; {pool['shed_requests']} requests shed.</p>
- <div class="bar">{''.join(segments)}
-  <div class="band ingest" style="left:{100 * pool['shed_ingest_at']:.2f}%;width:{100 * (pool['shed_all_at'] - pool['shed_ingest_at']):.2f}%"
+<section id="pool" data-pool-used-bytes="{pool["used_bytes"]}" data-pool-limit-bytes="{pool["limit_bytes"]}"
+  data-guard-state="{_attr(pool["state"])}" data-shed-ingest-at="{pool["shed_ingest_at"]}"
+  data-shed-all-at="{pool["shed_all_at"]}" data-planned-bytes="{planned}">
+ <h2>Pool <span class="state state-{_attr(pool["state"])}">{escape(pool["state"])}</span></h2>
+ <p>{mib(pool["used_bytes"])} of {mib(pool["limit_bytes"])} in use ({pool["fraction"]:.1%}), {escape(pool["source"])};
+  replicas planned {mib(planned)}. Sheds ingestion at {pool["shed_ingest_at"]:.0%}, all new work at
+  {pool["shed_all_at"]:.0%}; {pool["shed_requests"]} requests shed.</p>
+ <div class="bar">{"".join(segments)}
+  <div class="band ingest" style="left:{100 * pool["shed_ingest_at"]:.2f}%;width:{100 * (pool["shed_all_at"] - pool["shed_ingest_at"]):.2f}%"
    title="sheds ingestion"></div>
-  <div class="band all" style="left:{100 * pool['shed_all_at']:.2f}%;width:{100 * (1 - pool['shed_all_at']):.2f}%"
+  <div class="band all" style="left:{100 * pool["shed_all_at"]:.2f}%;width:{100 * (1 - pool["shed_all_at"]):.2f}%"
    title="sheds all new work"></div>
   <div class="mark" style="left:{min(100.0, 100 * planned / limit):.2f}%" title="planned: {mib(planned)}"></div>
  </div>
@@ -74,13 +80,17 @@ def render_replicas(status: dict) -> str:
     for r in status["replicas"]:
         planned, measured = r.get("planned_bytes"), r.get("measured_bytes")
         share = f"{measured / planned:.0%}" if planned and measured is not None else "n/a"
-        rows.append(f'<tr data-replica="{_attr(r["name"])}" data-planned-bytes="{_attr(planned)}" '
-                    f'data-measured-bytes="{_attr(measured)}"><td>{escape(r["name"])}</td><td>{mib(planned)}</td>'
-                    f'<td>{mib(_at_rest(r))}</td><td>{mib(measured)}</td><td>{share}</td>'
-                    f'<td>{escape(r.get("error", ""))}</td></tr>')
-    return ('<section id="replicas"><h2>Replicas: planned against measured (PSS)</h2><table><thead><tr>'
-            '<th>replica</th><th>planned</th><th>planned at rest</th><th>measured</th><th>of plan</th><th></th>'
-            f'</tr></thead><tbody>{"".join(rows)}</tbody></table></section>')
+        rows.append(
+            f'<tr data-replica="{_attr(r["name"])}" data-planned-bytes="{_attr(planned)}" '
+            f'data-measured-bytes="{_attr(measured)}"><td>{escape(r["name"])}</td><td>{mib(planned)}</td>'
+            f"<td>{mib(_at_rest(r))}</td><td>{mib(measured)}</td><td>{share}</td>"
+            f"<td>{escape(r.get('error', ''))}</td></tr>"
+        )
+    return (
+        '<section id="replicas"><h2>Replicas: planned against measured (PSS)</h2><table><thead><tr>'
+        "<th>replica</th><th>planned</th><th>planned at rest</th><th>measured</th><th>of plan</th><th></th>"
+        f"</tr></thead><tbody>{''.join(rows)}</tbody></table></section>"
+    )
 
 
 def render_tenants(tenants: list[dict], day: str) -> str:
@@ -91,31 +101,42 @@ def render_tenants(tenants: list[dict], day: str) -> str:
             f'<tr data-tenant="{_attr(t["name"])}" data-requests="{today["requests"]}" data-tokens="{today["tokens"]}" '
             f'data-rejected="{today["rejected"]}" data-rpm="{_attr(t["rpm"])}" data-tpm="{_attr(t["tpm"])}" '
             f'data-max-concurrency="{_attr(t["max_concurrency"])}"><td>{escape(t["name"])}</td>'
-            f'<td>{today["requests"]:,}</td><td>{today["tokens"]:,}</td><td>{today["rejected"]:,}</td>'
-            f'<td>{_limit(t["rpm"])}</td><td>{_limit(t["tpm"])}</td><td>{_limit(t["max_concurrency"])}</td>'
-            f'<td>{escape(", ".join(t["models"])) if t["models"] is not None else "all"}</td></tr>')
-    return (f'<section id="tenants" data-day="{_attr(day)}"><h2>Tenants today ({escape(day)} UTC)</h2><table><thead><tr>'
-            '<th>tenant</th><th>requests</th><th>tokens</th><th>429s</th><th>rpm</th><th>tpm</th>'
-            f'<th>concurrency</th><th>models</th></tr></thead><tbody>{"".join(rows)}</tbody></table></section>')
+            f"<td>{today['requests']:,}</td><td>{today['tokens']:,}</td><td>{today['rejected']:,}</td>"
+            f"<td>{_limit(t['rpm'])}</td><td>{_limit(t['tpm'])}</td><td>{_limit(t['max_concurrency'])}</td>"
+            f"<td>{escape(', '.join(t['models'])) if t['models'] is not None else 'all'}</td></tr>"
+        )
+    return (
+        f'<section id="tenants" data-day="{_attr(day)}"><h2>Tenants today ({escape(day)} UTC)</h2><table><thead><tr>'
+        "<th>tenant</th><th>requests</th><th>tokens</th><th>429s</th><th>rpm</th><th>tpm</th>"
+        f"<th>concurrency</th><th>models</th></tr></thead><tbody>{''.join(rows)}</tbody></table></section>"
+    )
 
 
 def render_collections(collections: dict) -> str:
-    rows = [f'<tr data-collection="{_attr(c["tenant"])}/{_attr(c["name"])}" data-documents="{c["documents"]}" '
-            f'data-chunks="{c["chunks"]}"><td>{escape(c["tenant"])}</td><td>{escape(c["name"])}</td>'
-            f'<td>{c["documents"]:,}</td><td>{c["chunks"]:,}</td><td>{escape(collections["index"])}</td></tr>'
-            for c in collections["data"]]
+    rows = [
+        f'<tr data-collection="{_attr(c["tenant"])}/{_attr(c["name"])}" data-documents="{c["documents"]}" '
+        f'data-chunks="{c["chunks"]}"><td>{escape(c["tenant"])}</td><td>{escape(c["name"])}</td>'
+        f"<td>{c['documents']:,}</td><td>{c['chunks']:,}</td><td>{escape(collections['index'])}</td></tr>"
+        for c in collections["data"]
+    ]
     empty = '<tr><td colspan="5">no collections yet</td></tr>' if not rows else ""
-    return (f'<section id="collections" data-index="{_attr(collections["index"])}"><h2>Collections</h2><table><thead>'
-            '<tr><th>tenant</th><th>collection</th><th>documents</th><th>chunks</th><th>index</th></tr></thead>'
-            f'<tbody>{"".join(rows) or empty}</tbody></table></section>')
+    return (
+        f'<section id="collections" data-index="{_attr(collections["index"])}"><h2>Collections</h2><table><thead>'
+        "<tr><th>tenant</th><th>collection</th><th>documents</th><th>chunks</th><th>index</th></tr></thead>"
+        f"<tbody>{''.join(rows) or empty}</tbody></table></section>"
+    )
 
 
 def render_sections(snapshot: dict) -> str:
-    return (f'<div id="snapshot" data-taken-at="{_attr(snapshot["taken_at"])}">'
-            + render_pool(snapshot["status"]) + render_replicas(snapshot["status"])
-            + '<section id="history"><h2>Measured memory, last hour (MiB)</h2><div id="memory-chart"></div></section>'
-            + render_tenants(snapshot["tenants"], snapshot["day"]) + render_collections(snapshot["collections"])
-            + "</div>")
+    return (
+        f'<div id="snapshot" data-taken-at="{_attr(snapshot["taken_at"])}">'
+        + render_pool(snapshot["status"])
+        + render_replicas(snapshot["status"])
+        + '<section id="history"><h2>Measured memory, last hour (MiB)</h2><div id="memory-chart"></div></section>'
+        + render_tenants(snapshot["tenants"], snapshot["day"])
+        + render_collections(snapshot["collections"])
+        + "</div>"
+    )
 
 
 def _document(title: str, body: str) -> str:
@@ -128,17 +149,21 @@ def _document(title: str, body: str) -> str:
 
 
 def page(snapshot: dict, refresh_s: float) -> str:
-    body = (f'<header><h1>poolserve</h1><span id="updated" data-refresh-s="{refresh_s}">updated '
-            f'{escape(snapshot["taken_at"])}</span><form method="post" action="dashboard/logout">'
-            f'<button>sign out</button></form></header><main id="sections">{render_sections(snapshot)}</main>'
-            '<script src="dashboard/static/uPlot.iife.min.js"></script><script src="dashboard/static/dashboard.js"></script>')
+    body = (
+        f'<header><h1>poolserve</h1><span id="updated" data-refresh-s="{refresh_s}">updated '
+        f'{escape(snapshot["taken_at"])}</span><form method="post" action="dashboard/logout">'
+        f'<button>sign out</button></form></header><main id="sections">{render_sections(snapshot)}</main>'
+        '<script src="dashboard/static/uPlot.iife.min.js"></script><script src="dashboard/static/dashboard.js"></script>'
+    )
     return _document("poolserve dashboard", body)
 
 
 def login_page(problem: str | None = None) -> str:
     # Served at /dashboard/login: the form posts back to it ("login" is relative to that URL).
     note = f'<p class="problem">{escape(problem)}</p>' if problem else ""
-    body = (f'<main class="login"><h1>poolserve dashboard</h1>{note}<form method="post" action="login">'
-            '<label>Admin key <input type="password" name="key" id="key" autocomplete="current-password" required>'
-            '</label><button id="sign-in">sign in</button></form></main>')
+    body = (
+        f'<main class="login"><h1>poolserve dashboard</h1>{note}<form method="post" action="login">'
+        '<label>Admin key <input type="password" name="key" id="key" autocomplete="current-password" required>'
+        '</label><button id="sign-in">sign in</button></form></main>'
+    )
     return _document("poolserve dashboard: sign in", body).replace('href="dashboard/static/', 'href="static/')

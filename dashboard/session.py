@@ -70,5 +70,6 @@ def cookie_secure(setting: bool | str, scheme: str, forwarded_proto: str | None,
 
 def set_cookie_header(token: str, path: str, secure: bool, max_age: int = SESSION_TTL_S) -> str:
     """HttpOnly (no script reads it), SameSite=Strict (no other site's page sends it), Secure over https."""
-    return (f"{COOKIE_NAME}={token}; Path={path}; Max-Age={max_age}; HttpOnly; SameSite=Strict"
-            + ("; Secure" if secure else ""))
+    return f"{COOKIE_NAME}={token}; Path={path}; Max-Age={max_age}; HttpOnly; SameSite=Strict" + (
+        "; Secure" if secure else ""
+    )

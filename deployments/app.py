@@ -32,11 +32,16 @@ logger = logging.getLogger("poolserve.app")
 
 class AppArgs(BaseModel):
     model_config = {"extra": "forbid"}
-    profile: str = Field(default_factory=lambda: os.environ.get("POOLSERVE_PROFILE", "configs/cpu-tiny.yaml"),
-                         description="Profile YAML, relative to the working directory; default $POOLSERVE_PROFILE, "
-                                     "else the CPU default.")
-    plan: dict | None = Field(None, description="The resolved Plan (`poolserve up` and `poolserve render` write "
-                              "it): deployed as it is, after a check that it is this profile's. None: plan at start.")
+    profile: str = Field(
+        default_factory=lambda: os.environ.get("POOLSERVE_PROFILE", "configs/cpu-tiny.yaml"),
+        description="Profile YAML, relative to the working directory; default $POOLSERVE_PROFILE, "
+        "else the CPU default.",
+    )
+    plan: dict | None = Field(
+        None,
+        description="The resolved Plan (`poolserve up` and `poolserve render` write "
+        "it): deployed as it is, after a check that it is this profile's. None: plan at start.",
+    )
 
 
 def _options(plan, name: str) -> dict:
@@ -56,10 +61,12 @@ def refuse_if_ray_is_open(profile: Profile) -> None:
     problem = found.problem(several_nodes=len(profile.pools) > 1)
     if problem is None:
         return
-    message = (f"refusing to deploy: the Ray cluster this app runs in is open: {problem}. Anyone who reaches it "
-               "can run code as this user. Start the stack with `poolserve up serve.yaml` (make serve): a private "
-               "Ray on loopback with token authentication. To deploy on this Ray on purpose (a cluster closed by "
-               "other means), set `ray.allow_open: true` in the profile (docs/SECURITY.md).")
+    message = (
+        f"refusing to deploy: the Ray cluster this app runs in is open: {problem}. Anyone who reaches it "
+        "can run code as this user. Start the stack with `poolserve up serve.yaml` (make serve): a private "
+        "Ray on loopback with token authentication. To deploy on this Ray on purpose (a cluster closed by "
+        "other means), set `ray.allow_open: true` in the profile (docs/SECURITY.md)."
+    )
     logger.error(message)
     if found.started_by:
         logger.error("ending the `serve run` (pid %d) that started this Ray, and with it the Ray", found.started_by)
@@ -79,8 +86,10 @@ def engine_deployments(profile: Profile, plan: Plan) -> tuple[dict, dict, list[t
                 after, current = current, []
             waves.append([])
         order = replica.start_order
-        rank_plans = sorted((r for r in plan.shares if r.name.startswith(f"{name}@") and r.engine_node_rank is not None),
-                            key=lambda r: r.engine_node_rank)
+        rank_plans = sorted(
+            (r for r in plan.shares if r.name.startswith(f"{name}@") and r.engine_node_rank is not None),
+            key=lambda r: r.engine_node_rank,
+        )
         on_demand = plan.on_demand.engines.get(name) if plan.on_demand else None
         start_asleep = on_demand is not None and name not in plan.on_demand.worst_awake_set
         llm_config = llm_config_from_plan(spec, replica, after, rank_plans, on_demand, start_asleep)
@@ -99,7 +108,9 @@ def _start_order(plan: Plan, name: str, after: list[tuple[str, str]]) -> StartOr
 
 def embedder_deployment(plan: Plan, start_after: list[tuple[str, str]]) -> serve.Application:
     """The embedder bound with its plan: resources, and the settings (the device among them) that go with them."""
-    return Embedder.options(**_options(plan, "embedder")).bind(plan.embedder, _start_order(plan, "embedder", start_after))
+    return Embedder.options(**_options(plan, "embedder")).bind(
+        plan.embedder, _start_order(plan, "embedder", start_after)
+    )
 
 
 def build_app(args: dict) -> serve.Application:
@@ -116,18 +127,24 @@ def build_app(args: dict) -> serve.Application:
     llm_deployments, model_cards, after_engines = engine_deployments(profile, plan)
     embedder = embedder_deployment(plan, after_engines)
     retriever = Retriever.options(**_options(plan, "retriever")).bind(
-        plan.retriever, _start_order(plan, "retriever", after_engines))
+        plan.retriever, _start_order(plan, "retriever", after_engines)
+    )
     app = make_app(plan.edge)
     ingress_cls = make_fastapi_ingress(Gateway, endpoint_map=ENDPOINTS, app=app)
-    gateway = serve.deployment(ingress_cls, name="gateway").options(
-        **_options(plan, "gateway"))
+    gateway = serve.deployment(ingress_cls, name="gateway").options(**_options(plan, "gateway"))
     on_demand = {}
     if plan.on_demand is not None:  # issue 48: one wake coordinator for the pool's on-demand engines
         on_demand_models = [e.model_id for e in plan.on_demand.engines.values()]
-        on_demand = {"wake": WakeCoordinator.bind(plan.on_demand, {m: llm_deployments[m] for m in on_demand_models}),
-                     "on_demand_models": on_demand_models}
+        on_demand = {
+            "wake": WakeCoordinator.bind(plan.on_demand, {m: llm_deployments[m] for m in on_demand_models}),
+            "on_demand_models": on_demand_models,
+        }
     return gateway.bind(
-        llm_deployments=llm_deployments, model_cards=model_cards,
-        embedder=embedder, retriever=retriever, settings=plan.gateway,
-        start=_start_order(plan, "gateway", after_engines), **on_demand,
+        llm_deployments=llm_deployments,
+        model_cards=model_cards,
+        embedder=embedder,
+        retriever=retriever,
+        settings=plan.gateway,
+        start=_start_order(plan, "gateway", after_engines),
+        **on_demand,
     )

@@ -88,8 +88,12 @@ class PoolserveLLMServer(LLMServer):
         from ray import serve
 
         settings = replica_settings(self._llm_config)
-        await wait_for_predecessors(self._llm_config.model_id, settings.start_after,
-                                    serve.get_replica_context().app_name, settings.start_wait_timeout_s)
+        await wait_for_predecessors(
+            self._llm_config.model_id,
+            settings.start_after,
+            serve.get_replica_context().app_name,
+            settings.start_wait_timeout_s,
+        )
         self._rank_lost: str | None = None
         self._engine_state = "awake"
         self._engine_state_lock = asyncio.Lock()  # one sleep or wake at a time
@@ -121,8 +125,9 @@ class PoolserveLLMServer(LLMServer):
             if self._rank_lost is None:
                 self._rank_lost = f"the engine's ranks on node_rank {rank.node_rank} {reason}"
                 ended = end_local_engine()
-                logger.error("%s: this replica is now unhealthy (%d engine processes here ended)",
-                             self._rank_lost, ended)
+                logger.error(
+                    "%s: this replica is now unhealthy (%d engine processes here ended)", self._rank_lost, ended
+                )
 
         loop = asyncio.get_running_loop()
         self._rank_hosts = hosts  # kept: the actors live as long as this replica holds them
@@ -136,8 +141,11 @@ class PoolserveLLMServer(LLMServer):
     async def _warm_up(self) -> None:
         prompt = replica_settings(self._llm_config).warmup_prompt
         request = ChatCompletionRequest(
-            model=self._llm_config.model_id, messages=[{"role": "user", "content": prompt}],
-            max_tokens=4, temperature=0.0, stream=False,
+            model=self._llm_config.model_id,
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=4,
+            temperature=0.0,
+            stream=False,
         )
         started = time.monotonic()
         async for _ in await self.chat(request):
@@ -163,7 +171,7 @@ class PoolserveLLMServer(LLMServer):
 
     # ---- on demand (issue 48): the wake coordinator (deployments/wake_coordinator.py) calls these ----
     async def engine_state(self) -> str:
-        """"awake", "asleep", "sleeping" or "waking"."""
+        """ "awake", "asleep", "sleeping" or "waking"."""
         return self._engine_state
 
     async def sleep_engine(self) -> dict:
@@ -268,14 +276,26 @@ def rank_configs(rank_plans: list[ReplicaPlan]) -> list[EngineRank]:
     ranks = []
     for index, share in enumerate(rank_plans, start=1):
         bundle = engine_placement(share.ray_actor_options)[1]
-        ranks.append(EngineRank(node_rank=share.engine_node_rank, bundle_index=index, num_cpus=bundle["CPU"],
-                                resources={k: v for k, v in bundle.items() if k != "CPU"}, env=dict(share.env)))
+        ranks.append(
+            EngineRank(
+                node_rank=share.engine_node_rank,
+                bundle_index=index,
+                num_cpus=bundle["CPU"],
+                resources={k: v for k, v in bundle.items() if k != "CPU"},
+                env=dict(share.env),
+            )
+        )
     return ranks
 
 
-def llm_config_from_plan(chat: ChatSpec, chat_plan: ReplicaPlan, start_after: list[tuple[str, str]],
-                         rank_plans: list[ReplicaPlan] = (), on_demand: OnDemandEngine | None = None,
-                         start_asleep: bool = False) -> LLMConfig:
+def llm_config_from_plan(
+    chat: ChatSpec,
+    chat_plan: ReplicaPlan,
+    start_after: list[tuple[str, str]],
+    rank_plans: list[ReplicaPlan] = (),
+    on_demand: OnDemandEngine | None = None,
+    start_asleep: bool = False,
+) -> LLMConfig:
     """One engine's ray.serve.llm config, every number from its plan. The replica's Serve name is
     `PoolserveLLMServer:<plan name>` (`chat` for the first engine). `rank_plans`: a CPU engine split over
     nodes, its shares on the other nodes (ReplicaPlans with engine_node_rank), started by the replica.
@@ -292,17 +312,23 @@ def llm_config_from_plan(chat: ChatSpec, chat_plan: ReplicaPlan, start_after: li
             **chat_plan.serve.deployment_options(),
             "ray_actor_options": actor_options,
         },
-        placement_group_config={"bundles": [bundle, *(engine_placement(r.ray_actor_options)[1] for r in rank_plans)],
-                                "strategy": "PACK"},
+        placement_group_config={
+            "bundles": [bundle, *(engine_placement(r.ray_actor_options)[1] for r in rank_plans)],
+            "strategy": "PACK",
+        },
         runtime_env={"env_vars": adapt_engine_env(chat_plan.env)},  # what the installed vLLM accepts
         experimental_configs={
             SETTINGS_KEY: ChatReplicaSettings(
-                warmup_prompt=chat.warmup_prompt, start_after=list(start_after),
+                warmup_prompt=chat.warmup_prompt,
+                start_after=list(start_after),
                 start_wait_timeout_s=chat_plan.serve.start_wait_timeout_s,
-                heap_trim_interval_s=chat.heap_trim_interval_s, ranks=ranks,
+                heap_trim_interval_s=chat.heap_trim_interval_s,
+                ranks=ranks,
                 # A headless rank is vLLM's own engine: it names the model as an argument, not as Serve's source.
                 rank_engine_kwargs={**engine_kwargs, "model": chat.model} if ranks else {},
-                sleep=on_demand.sleep if on_demand else None, start_asleep=start_asleep),
+                sleep=on_demand.sleep if on_demand else None,
+                start_asleep=start_asleep,
+            ),
             "stream_batching_interval_ms": chat.stream_batching_interval_ms,  # ray.serve.llm's own key
         },
         log_engine_metrics=True,

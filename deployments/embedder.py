@@ -35,9 +35,14 @@ class Embedder:
         self._forward = OneForwardThread()
         self._idle_cores = IdleCores(len(os.sched_getaffinity(0)))
         # `cuda` only when the plan gave this replica a GPU share: Ray then sets CUDA_VISIBLE_DEVICES to it.
-        self.embedder = SentenceTransformerEmbedder(settings.model_path, settings.batch_size, settings.chunk_tokens,
-                                                    settings.chunk_overlap, settings.device,
-                                                    query_prefix=settings.query_prefix)
+        self.embedder = SentenceTransformerEmbedder(
+            settings.model_path,
+            settings.batch_size,
+            settings.chunk_tokens,
+            settings.chunk_overlap,
+            settings.device,
+            query_prefix=settings.query_prefix,
+        )
         self.dimension = self.embedder.dimension
         self._warm_up()
 
@@ -50,11 +55,15 @@ class Embedder:
     def _batches(self, tenant: str, question: bool):
         """The guard of each forward pass: `tenant`'s turn, then the pass on the forward thread, a question's
         on the planned threads, a document batch's on the cores the rest of the machine leaves idle."""
+
         @contextmanager
         def batch(_texts: int):
             with self._turns.turn(question=question, tenant=tenant):
-                threads = self._torch_threads if question else threads_for(
-                    self._idle_cores(), self._torch_threads, self._ingest_threads)
+                threads = (
+                    self._torch_threads
+                    if question
+                    else threads_for(self._idle_cores(), self._torch_threads, self._ingest_threads)
+                )
                 try:
                     yield self._forward.runner(threads)
                 finally:
@@ -62,6 +71,7 @@ class Embedder:
                     # peaks at one batch's working set, as planned, where glibc kept the fragments of all of
                     # them (+48-55 MiB over 16 batches of 4 against +32-34, at the same speed; docs/STRESS.md).
                     release_freed_heap(collect=False)
+
         return batch
 
     def embed(self, texts: list[str], tenant: str = "") -> dict:
@@ -104,11 +114,12 @@ class Embedder:
         if self.embedder.device.startswith("cuda"):
             import torch
 
-            tree["cuda"] = {"allocated_bytes": torch.cuda.memory_allocated(),
-                            "reserved_bytes": torch.cuda.memory_reserved(),
-                            "max_reserved_bytes": torch.cuda.max_memory_reserved()}
+            tree["cuda"] = {
+                "allocated_bytes": torch.cuda.memory_allocated(),
+                "reserved_bytes": torch.cuda.memory_reserved(),
+                "max_reserved_bytes": torch.cuda.max_memory_reserved(),
+            }
         return tree
 
     def ready(self) -> bool:
         return True
-

@@ -20,8 +20,18 @@ from vllm_bridge.compat import OpenAiIngress
 
 
 class Gateway(OpenAIRoutes, KnowledgeRoutes, TenantAdminRoutes, DashboardRoutes, OpenAiIngress):
-    async def __init__(self, llm_deployments, model_cards, *, embedder, retriever, settings: GatewaySettings,
-                       start: StartOrder, wake=None, on_demand_models: list[str] = ()):
+    async def __init__(
+        self,
+        llm_deployments,
+        model_cards,
+        *,
+        embedder,
+        retriever,
+        settings: GatewaySettings,
+        start: StartOrder,
+        wake=None,
+        on_demand_models: list[str] = (),
+    ):
         from ray import serve
         from transformers import AutoTokenizer
 
@@ -39,8 +49,9 @@ class Gateway(OpenAIRoutes, KnowledgeRoutes, TenantAdminRoutes, DashboardRoutes,
         for model_id, engine in settings.chat_models.items():
             if engine.path not in tokenizers:
                 tokenizers[engine.path] = AutoTokenizer.from_pretrained(engine.path)
-            self._engines[model_id] = SimpleNamespace(tokenizer=tokenizers[engine.path], replica=engine.replica,
-                                                      max_model_len=engine.max_model_len)
+            self._engines[model_id] = SimpleNamespace(
+                tokenizer=tokenizers[engine.path], replica=engine.replica, max_model_len=engine.max_model_len
+            )
         # issue 48: the pool's wake coordinator (deployments/wake_coordinator.py), None with no on-demand engine
         self._on_demand = OnDemandGate(wake, set(on_demand_models))
         self._healthy_until = 0.0

@@ -34,13 +34,19 @@ class Retriever:
         os.umask(0o077)  # the chunk store and its -wal/-shm are the owner's only
         faiss.omp_set_num_threads(settings.faiss_threads)
         self.fusion = FusionSettings.model_validate(settings.fusion.model_dump())  # the profile's rag.fusion
-        self.store = KnowledgeStore(Path(settings.state_dir) / STORE_FILE, dim=settings.dim,
-                                    index_kind=settings.index_kind, hnsw_m=settings.hnsw_m,
-                                    hnsw_ef_search=settings.hnsw_ef_search, capacity_chunks=settings.capacity_chunks,
-                                    sqlite_cache_bytes=settings.sqlite_cache_bytes, quotas=_quotas(settings),
-                                    rebuild_deleted_fraction=settings.hnsw_rebuild_deleted_fraction,
-                                    index_save_interval_s=settings.index_save_interval_s,
-                                    embedder=settings.embedder_model_id)
+        self.store = KnowledgeStore(
+            Path(settings.state_dir) / STORE_FILE,
+            dim=settings.dim,
+            index_kind=settings.index_kind,
+            hnsw_m=settings.hnsw_m,
+            hnsw_ef_search=settings.hnsw_ef_search,
+            capacity_chunks=settings.capacity_chunks,
+            sqlite_cache_bytes=settings.sqlite_cache_bytes,
+            quotas=_quotas(settings),
+            rebuild_deleted_fraction=settings.hnsw_rebuild_deleted_fraction,
+            index_save_interval_s=settings.index_save_interval_s,
+            embedder=settings.embedder_model_id,
+        )
 
     def __del__(self):
         # Serve calls this at shutdown: the changed indexes are saved, so the next start loads them.

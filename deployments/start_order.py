@@ -29,8 +29,7 @@ class StartOrder:
         await wait_for_predecessors(me, self.after, app_name, self.timeout_s)
 
 
-async def wait_for_predecessors(me: str, predecessors: list[tuple[str, str]], app_name: str,
-                                timeout_s: float) -> None:
+async def wait_for_predecessors(me: str, predecessors: list[tuple[str, str]], app_name: str, timeout_s: float) -> None:
     """Block until each (deployment, method) answers; a call is routed only to a running replica,
     so an answer means that deployment finished its constructor (for an engine: KV cache allocated)."""
     from ray import serve
@@ -42,5 +41,4 @@ async def wait_for_predecessors(me: str, predecessors: list[tuple[str, str]], ap
         logger.info("start order: %s waits for %s", me, deployment)
         handle = serve.get_deployment_handle(deployment, app_name=app_name)
         await asyncio.wait_for(getattr(handle, method).remote(), timeout=timeout_s)
-        logger.info("start order: %s starts, %s is running (waited %.1fs)", me, deployment,
-                    time.monotonic() - started)
+        logger.info("start order: %s starts, %s is running (waited %.1fs)", me, deployment, time.monotonic() - started)

@@ -33,13 +33,23 @@ class WakeCoordinator:
         self._room = asyncio.Lock()  # one change of the pool's awake set at a time
         registry = CollectorRegistry()
         self._registry = registry
-        self._wakes = Counter("on_demand_wakes", "On-demand engine wakes, by model.", ["model"],
-                              namespace="poolserve", registry=registry)
-        self._sleeps = Counter("on_demand_sleeps", "On-demand engine sleeps, by model and why (room for another "
-                               "engine's wake, or idle).", ["model", "reason"], namespace="poolserve",
-                               registry=registry)
-        self._wake_seconds = Counter("on_demand_wake_seconds", "Seconds spent waking, by model (a CPU: cold "
-                                     "start + warm-up).", ["model"], namespace="poolserve", registry=registry)
+        self._wakes = Counter(
+            "on_demand_wakes", "On-demand engine wakes, by model.", ["model"], namespace="poolserve", registry=registry
+        )
+        self._sleeps = Counter(
+            "on_demand_sleeps",
+            "On-demand engine sleeps, by model and why (room for another engine's wake, or idle).",
+            ["model", "reason"],
+            namespace="poolserve",
+            registry=registry,
+        )
+        self._wake_seconds = Counter(
+            "on_demand_wake_seconds",
+            "Seconds spent waking, by model (a CPU: cold start + warm-up).",
+            ["model"],
+            namespace="poolserve",
+            registry=registry,
+        )
         self._idle_task = asyncio.get_event_loop().create_task(self._sleep_idle_engines())
 
     async def ensure_awake(self, model: str, tenant: str) -> WakeAnswer:
@@ -116,12 +126,17 @@ class WakeCoordinator:
         replaced starts as the plan says), and put idle engines to sleep should the awake set no longer fit."""
         async with self._room:  # no change of ours under way: a difference is theirs
             models = list(self._engines)
-            answers = await asyncio.gather(*(asyncio.wait_for(self._engines[m].engine_state.remote(), STATE_TIMEOUT_S)
-                                             for m in models), return_exceptions=True)
+            answers = await asyncio.gather(
+                *(asyncio.wait_for(self._engines[m].engine_state.remote(), STATE_TIMEOUT_S) for m in models),
+                return_exceptions=True,
+            )
             reported = {m: a for m, a in zip(models, answers) if isinstance(a, str)}  # a replica starting: unknown
             for model in self._ledger.reconcile(reported):
-                logger.warning("engine %s reports %s: its replica was replaced; the ledger follows", model,
-                               self._ledger.state[model])
+                logger.warning(
+                    "engine %s reports %s: its replica was replaced; the ledger follows",
+                    model,
+                    self._ledger.state[model],
+                )
             for model in self._ledger.over_the_awake_set() or []:
                 await self._sleep(model, "room")
 

@@ -27,14 +27,29 @@ class EngineNotRunning(RuntimeError):
 
 
 # A replica that died or is being restarted by Ray Serve: the request may be retried shortly.
-UNAVAILABLE_MARKERS = ("EngineNotRunning", "EngineDeadError", "EngineCore", "ActorDiedError", "ActorUnavailableError", "RayActorError",
-                       "DeploymentUnavailableError", "BackPressureError", "WorkerCrashedError", "ObjectLostError",
-                       "engine is dead", "ReplicaUnavailableError")
+UNAVAILABLE_MARKERS = (
+    "EngineNotRunning",
+    "EngineDeadError",
+    "EngineCore",
+    "ActorDiedError",
+    "ActorUnavailableError",
+    "RayActorError",
+    "DeploymentUnavailableError",
+    "BackPressureError",
+    "WorkerCrashedError",
+    "ObjectLostError",
+    "engine is dead",
+    "ReplicaUnavailableError",
+)
 
 
 def unavailable(replica: str, detail: str, retry_after_s: int) -> JSONResponse:
-    response = error_body(503, f"the {replica} replica is unavailable (restarting); retry after {retry_after_s}s. "
-                               f"Cause: {detail.strip()[:300]}", "service_unavailable")
+    response = error_body(
+        503,
+        f"the {replica} replica is unavailable (restarting); retry after {retry_after_s}s. "
+        f"Cause: {detail.strip()[:300]}",
+        "service_unavailable",
+    )
     response.headers["Retry-After"] = str(retry_after_s)
     return response
 
@@ -42,7 +57,9 @@ def unavailable(replica: str, detail: str, retry_after_s: int) -> JSONResponse:
 def _describe_validation(exc: RequestValidationError) -> tuple[int, str]:
     errors = exc.errors()
     if any(err.get("type") == "json_invalid" for err in errors):
-        return 400, "request body is not valid JSON: " + "; ".join(str(e.get("ctx", {}).get("error", e.get("msg"))) for e in errors)
+        return 400, "request body is not valid JSON: " + "; ".join(
+            str(e.get("ctx", {}).get("error", e.get("msg"))) for e in errors
+        )
     parts = []
     for err in errors[:5]:
         location = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
@@ -59,6 +76,7 @@ def context_length_message(exc: BaseException) -> str | None:
 
 def install_error_handlers(app: FastAPI, unavailable_retry_after_s: int) -> None:
     """unavailable_retry_after_s: the plan's Retry-After of a 503 while a replica restarts."""
+
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError):
         status, message = _describe_validation(exc)
@@ -67,7 +85,9 @@ def install_error_handlers(app: FastAPI, unavailable_retry_after_s: int) -> None
     @app.exception_handler(ValidationError)
     async def _model_validation(_: Request, exc: ValidationError):
         # Nested bodies validated by hand (e.g. the `rag` field of a chat request).
-        parts = [f"{'.'.join(str(p) for p in err.get('loc', ())) or 'body'}: {err.get('msg')}" for err in exc.errors()[:5]]
+        parts = [
+            f"{'.'.join(str(p) for p in err.get('loc', ())) or 'body'}: {err.get('msg')}" for err in exc.errors()[:5]
+        ]
         return error_body(422, f"invalid {exc.title}: " + "; ".join(parts), "invalid_request_error")
 
     @app.exception_handler(InvalidIdError)
@@ -81,7 +101,9 @@ def install_error_handlers(app: FastAPI, unavailable_retry_after_s: int) -> None
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException):
-        kind = {404: "not_found_error", 429: "rate_limit_error", 503: "service_unavailable"}.get(exc.status_code, "invalid_request_error")
+        kind = {404: "not_found_error", 429: "rate_limit_error", 503: "service_unavailable"}.get(
+            exc.status_code, "invalid_request_error"
+        )
         message = str(exc.detail)
         if exc.status_code in (404, 405) and message in ("Not Found", "Method Not Allowed"):
             message = f"no route for {request.method} {request.url.path}"
@@ -102,8 +124,12 @@ def install_error_handlers(app: FastAPI, unavailable_retry_after_s: int) -> None
 
 def map_exception(exc: Exception, unavailable_retry_after_s: int) -> JSONResponse:
     # Errors raised inside other replicas arrive as RayTaskError subclasses of the cause.
-    for kind, status in ((InvalidIdError, 400), (CollectionNotFound, 404), (DocumentNotFound, 404),
-                         (CapacityExceeded, 413)):
+    for kind, status in (
+        (InvalidIdError, 400),
+        (CollectionNotFound, 404),
+        (DocumentNotFound, 404),
+        (CapacityExceeded, 413),
+    ):
         if isinstance(exc, kind):
             cause = getattr(exc, "cause", exc)
             return error_body(status, str(cause.args[0] if cause.args else cause), "invalid_request_error")
@@ -117,8 +143,9 @@ def map_exception(exc: Exception, unavailable_retry_after_s: int) -> JSONRespons
     text = f"{type(exc).__name__}: {exc}"
     if any(marker in text for marker in UNAVAILABLE_MARKERS):
         logger.warning("a replica is unavailable: %s", text[:500])
-        return unavailable("chat" if "Engine" in text or "LLM" in text else "backend", text.splitlines()[0],
-                           unavailable_retry_after_s)
+        return unavailable(
+            "chat" if "Engine" in text or "LLM" in text else "backend", text.splitlines()[0], unavailable_retry_after_s
+        )
     status = getattr(exc, "status_code", None)
     if isinstance(status, int) and 400 <= status < 600:
         kind = getattr(exc, "type", None) or ("invalid_request_error" if status < 500 else "internal_error")

@@ -44,8 +44,11 @@ class OnDemandGate:  # the routes' default is OnDemandGate(None, set()): no engi
         tenant = tenant_of(request)
         answer = await self._coordinator.ensure_awake.remote(model, tenant.name if tenant is not None else "")
         if answer.outcome != "go":
-            raise HTTPException(503 if answer.outcome == "busy" else 429, answer.message,
-                                headers={"Retry-After": str(answer.retry_after_s)})
+            raise HTTPException(
+                503 if answer.outcome == "busy" else 429,
+                answer.message,
+                headers={"Retry-After": str(answer.retry_after_s)},
+            )
         try:
             response = await call()
         except BaseException:

@@ -55,8 +55,9 @@ class GatewayChat:
         self._model = model
 
     async def complete(self, messages: list[dict], max_tokens: int, temperature: float | None, stream: bool):
-        body = ChatCompletionRequest(model=self._model, messages=messages, max_tokens=max_tokens,
-                                     temperature=temperature, stream=stream)
+        body = ChatCompletionRequest(
+            model=self._model, messages=messages, max_tokens=max_tokens, temperature=temperature, stream=stream
+        )
         force_stream_usage(body)
         return await self._gateway._chat_checked(body, self._request)
 

@@ -21,6 +21,7 @@ class _Method:
 
         async def answer():
             return raise_refused(await response)
+
         return answer()
 
 

@@ -32,11 +32,11 @@ async def sse_event_batches(body_iterator):
         while "\n\n" in buffer:
             event, buffer = buffer.split("\n\n", 1)
             if event.startswith("data: "):
-                events.append(event[len("data: "):])
+                events.append(event[len("data: ") :])
         if events:
             yield events
     if buffer.strip().startswith("data: "):
-        yield [buffer.strip()[len("data: "):]]
+        yield [buffer.strip()[len("data: ") :]]
 
 
 def force_stream_usage(body) -> tuple[bool, bool]:
@@ -153,9 +153,17 @@ def trim_capped_choices(payload: dict) -> dict:
     return payload
 
 
-async def tracked_stream(body_iterator, request: Request, model: str, cited: list[dict] | None,
-                         client_wants_usage: bool, client_continuous_usage: bool = False, on_broken=None,
-                         choices_per_prompt: int = 1, trim_at_cap: bool = False):
+async def tracked_stream(
+    body_iterator,
+    request: Request,
+    model: str,
+    cited: list[dict] | None,
+    client_wants_usage: bool,
+    client_continuous_usage: bool = False,
+    on_broken=None,
+    choices_per_prompt: int = 1,
+    trim_at_cap: bool = False,
+):
     """Pass OpenAI chunks through; record usage when the stream ends (or the client leaves: every
     choice's tokens so far, UsageTally); chat-with-RAG's first chunk carries `citations`. Usage the
     client did not ask for is removed. A stream the engine did not finish ends with an error event

@@ -30,8 +30,9 @@ def page_limit(limit: int | None, settings) -> int:
     """A listing's page size: the request's `limit`, at most rag.documents_page_max (a 400 above it), or
     rag.documents_page_default when it gives none."""
     if limit is not None and limit > settings.documents_page_max:
-        raise HTTPException(400, f"limit {limit} is above the largest page of {settings.documents_page_max} "
-                                 "(rag.documents_page_max)")
+        raise HTTPException(
+            400, f"limit {limit} is above the largest page of {settings.documents_page_max} (rag.documents_page_max)"
+        )
     return limit or settings.documents_page_default
 
 

@@ -28,9 +28,19 @@ from planner.units import cdiv
 BUNDLED_DIR = Path(__file__).resolve().parent.parent / "configs" / "models"
 
 DTYPE_BYTES = {
-    "float32": 4, "fp32": 4, "float": 4,
-    "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2, "auto": 2,
-    "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1,
+    "float32": 4,
+    "fp32": 4,
+    "float": 4,
+    "bfloat16": 2,
+    "bf16": 2,
+    "float16": 2,
+    "fp16": 2,
+    "half": 2,
+    "auto": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "int8": 1,
 }
 
 
@@ -129,8 +139,9 @@ class Architecture:
             return 0
         return min(max_model_len, self.sliding_window - 1 + max_num_batched_tokens)
 
-    def sliding_bytes_per_sequence(self, kv_dtype_bytes: int, max_num_batched_tokens: int,
-                                   max_model_len: int, block_size: int) -> int:
+    def sliding_bytes_per_sequence(
+        self, kv_dtype_bytes: int, max_num_batched_tokens: int, max_model_len: int, block_size: int
+    ) -> int:
         tokens = self.sliding_tokens_per_sequence(max_num_batched_tokens, max_model_len)
         tokens = cdiv(tokens, block_size) * block_size if tokens else 0
         return tokens * self.sliding_layers * self.kv_bytes_per_token_per_layer(kv_dtype_bytes)
@@ -152,8 +163,9 @@ class Architecture:
         """One sequence's recurrent state over all linear-attention layers (k speculative tokens)."""
         return self.linear_layers * self.state_bytes_per_layer(conv_dtype_bytes, ssm_dtype_bytes, num_spec)
 
-    def hybrid_attention_block(self, kv_dtype_bytes: int, conv_dtype_bytes: int, ssm_dtype_bytes: int,
-                               alignment: int, num_spec: int = 0) -> int:
+    def hybrid_attention_block(
+        self, kv_dtype_bytes: int, conv_dtype_bytes: int, ssm_dtype_bytes: int, alignment: int, num_spec: int = 0
+    ) -> int:
         """vLLM's attention block for hybrids: the smallest multiple of `alignment` tokens whose
         per-layer attention page is >= one layer's state page (platforms/interface.py
         _align_hybrid_block_size); 0 when the model has no recurrent layers."""

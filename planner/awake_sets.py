@@ -70,8 +70,11 @@ def engines_to_sleep(plan: OnDemandPlan, activity: Mapping[str, EngineActivity],
 
 def idle_past_their_time(plan: OnDemandPlan, activity: Mapping[str, EngineActivity], now: float) -> list[str]:
     """Awake engines with nothing in flight for their idle_sleep_s or longer, longest idle first."""
-    due = [n for n, a in activity.items() if a.awake and a.in_flight == 0
-           and now - a.last_used >= plan.engines[n].idle_sleep_s]
+    due = [
+        n
+        for n, a in activity.items()
+        if a.awake and a.in_flight == 0 and now - a.last_used >= plan.engines[n].idle_sleep_s
+    ]
     return sorted(due, key=lambda n: (activity[n].last_used, n))
 
 

@@ -21,8 +21,11 @@ BLOCK = re.compile(r"(<!-- figures: (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /
 
 def render(name: str) -> str:
     # CPU profiles (`dtype: auto`) as on a host with native bfloat16, whichever machine regenerates the doc.
-    plan = build_plan(load_profile(ROOT / "configs" / f"{name}.yaml"), 24 * GiB if name.startswith("cpu") else None,
-                      cpu_native_bf16=True)
+    plan = build_plan(
+        load_profile(ROOT / "configs" / f"{name}.yaml"),
+        24 * GiB if name.startswith("cpu") else None,
+        cpu_native_bf16=True,
+    )
     p = plan.pool
     out = ["| line | bytes | |", "|---|---:|---:|"]
     for r in plan.replicas:
@@ -32,26 +35,37 @@ def render(name: str) -> str:
         out.append(f"| **{r.name}**{copies} | **{r.pool_bytes:,}** | {gib(r.pool_bytes)} |")
     out += [f"| ray (system + object store) | {p.ray_bytes:,} | {gib(p.ray_bytes)} |"]
     out += [f"| {k} | {v:,} | {gib(v)} |" for k, v in plan.page_cache.items()]
-    out += ["", f"Pool {p.total_bytes:,} - reserve {p.reserve_bytes:,} = {p.free_bytes:,} free; planned "
-            f"{p.free_bytes - p.headroom_bytes:,}; headroom **{gib(p.headroom_bytes)}** at steady state"]
+    out += [
+        "",
+        f"Pool {p.total_bytes:,} - reserve {p.reserve_bytes:,} = {p.free_bytes:,} free; planned "
+        f"{p.free_bytes - p.headroom_bytes:,}; headroom **{gib(p.headroom_bytes)}** at steady state",
+    ]
     if plan.start_peak:
-        out[-1] += (f", **{gib(p.start_headroom_bytes)}** while starting (tightest engine's start peak "
-                    f"{gib(p.start_peak_bytes)}: {', '.join(plan.start_peak)})")
+        out[-1] += (
+            f", **{gib(p.start_headroom_bytes)}** while starting (tightest engine's start peak "
+            f"{gib(p.start_peak_bytes)}: {', '.join(plan.start_peak)})"
+        )
     out[-1] += "."
     for name_, c in plan.engines.items():
         r = plan.replica(name_)
-        line = (f"{name_}: {c.kv_bytes_per_token:,} B/token, block {c.block_size}, {c.num_blocks:,} blocks = "
-                f"{c.kv_pool_tokens:,} tokens as vLLM counts them, max_num_seqs {c.max_num_seqs}")
+        line = (
+            f"{name_}: {c.kv_bytes_per_token:,} B/token, block {c.block_size}, {c.num_blocks:,} blocks = "
+            f"{c.kv_pool_tokens:,} tokens as vLLM counts them, max_num_seqs {c.max_num_seqs}"
+        )
         if c.state_bytes_per_sequence:
-            line += (f"; state {c.state_bytes_per_sequence:,} B/sequence ({c.state_pool_bytes_per_sequence:,} "
-                     f"as a padded block); groups of {c.kv_group_size}: {', '.join(c.kv_group_layers)}")
+            line += (
+                f"; state {c.state_bytes_per_sequence:,} B/sequence ({c.state_pool_bytes_per_sequence:,} "
+                f"as a padded block); groups of {c.kv_group_size}: {', '.join(c.kv_group_layers)}"
+            )
         util = r.vllm.gpu_memory_utilization
         line += f"; gpu_memory_utilization {util}." if util else "."
         out.append(line)
     for a in plan.admission:
         if a.overhead_bytes or a.start_peak_bytes:
-            out.append(f"Admission {a.name}: {gib(a.requested_bytes)} requested, {gib(a.free_before_bytes)} free at "
-                       f"its turn, {gib(a.free_before_bytes - a.overhead_bytes)} when vLLM samples it.")
+            out.append(
+                f"Admission {a.name}: {gib(a.requested_bytes)} requested, {gib(a.free_before_bytes)} free at "
+                f"its turn, {gib(a.free_before_bytes - a.overhead_bytes)} when vLLM samples it."
+            )
     return "\n".join(out) + "\n"
 
 

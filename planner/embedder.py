@@ -38,7 +38,9 @@ def activation_bytes(model_dir: str, dim: int, batch: int, seq: int, gpu: bool) 
     eager = config.get("model_type") in EAGER_ATTENTION_TYPES
     scores = batch * heads * seq * seq * runtime.EMBEDDER_EAGER_SCORE_BYTES if eager else 0
     if gpu:  # measured on an H200 and an H100: kept reserved by torch's allocator after the batch
-        per_token_dim = runtime.EMBEDDER_GPU_EAGER_ACT_PER_TOKEN_DIM if eager else runtime.EMBEDDER_GPU_ACT_PER_TOKEN_DIM
+        per_token_dim = (
+            runtime.EMBEDDER_GPU_EAGER_ACT_PER_TOKEN_DIM if eager else runtime.EMBEDDER_GPU_ACT_PER_TOKEN_DIM
+        )
         return (batch * seq * dim * per_token_dim + scores) * checkpoint_dtype_bytes(config) // 4
     # CPU (fp32): one layer's hidden states, q/k/v, the MLP's 4x-wide input and its activation (32 bytes a
     # token and hidden unit), and its scores with their softmax. Measured with MiniLM at 256 tokens, as one

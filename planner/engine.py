@@ -49,7 +49,8 @@ def _quantization(chat: ChatSpec, arch: Architecture, notes: list[str]) -> str:
     if chat.quantization != "auto":
         return chat.quantization
     q = {"modelopt_fp4": "nvfp4", "modelopt": "fp8", "compressed-tensors": "int4", "gptq": "int4"}.get(
-        arch.quantization, arch.quantization)
+        arch.quantization, arch.quantization
+    )
     if q not in QUANT_METHODS:
         notes.append(f"chat: unknown quant_method {arch.quantization!r}; planning weights unquantized")
         return "none"
@@ -61,8 +62,10 @@ def _activations(chat: ChatSpec, a: Architecture, seqs: int, k: int) -> int:
     dtype; plus fp32 logits and probabilities for every sampled position."""
     q = a.num_attention_heads * a.head_dim * (2 if a.attn_output_gate else 1)
     kv = 2 * a.num_kv_heads * a.head_dim
-    mlp = max(a.intermediate_size if a.moe_layers < a.num_layers else 0,
-              a.experts_per_token * a.moe_intermediate_size + a.shared_expert_intermediate_size)
+    mlp = max(
+        a.intermediate_size if a.moe_layers < a.num_layers else 0,
+        a.experts_per_token * a.moe_intermediate_size + a.shared_expert_intermediate_size,
+    )
     lin = 3 * a.lin_v_heads * a.lin_v_dim if a.linear_layers else 0
     per_token = DTYPE_BYTES.get(chat.dtype, 2) * (4 * a.hidden_size + q + kv + 3 * mlp + lin)
     logits = seqs * (1 + k) * a.vocab_size * 4 * 2
@@ -98,6 +101,7 @@ def resolved_dtype(chat: ChatSpec, gpu: bool, cpu_native_bf16: bool) -> str:
         return chat.dtype
     return "bfloat16" if gpu or cpu_native_bf16 else "float32"
 
+
 @dataclass(frozen=True)
 class KVLayout:
     """How one KV block is laid out: its tokens, the bytes each token takes, vLLM's layer groups."""
@@ -125,8 +129,9 @@ class KVPool:
     logged_tokens: int  # what vLLM logs: num_blocks / blocks per max_model_len request x max_model_len
 
 
-def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_threads: int,
-                cpu_native_bf16: bool = True) -> EnginePlan:
+def plan_engine(
+    chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_threads: int, cpu_native_bf16: bool = True
+) -> EnginePlan:
     """The engine's budget on `pool` (`cpus` CPUs beside the embedder's `other_threads`), line by line."""
     notes: list[str] = []
     gpu = pool.gpu
@@ -154,35 +159,76 @@ def plan_engine(chat: ChatSpec, pool: PoolSpec, cpus: float, total: int, other_t
     ple_env = _ple_switch_env(chat, disk, notes)
     threads = engine_threads(chat, gpu, cpus, other_threads)
     facts = _facts(chat, arch, layout, kv, drafter, seqs, kv_cache_memory_bytes, mamba_mode, breakdown, threads, quant)
-    return EnginePlan(chat=chat, gpu=gpu, arch=arch, quantization=quant, drafter=drafter, max_num_seqs=seqs,
-                      kv_cache_memory_bytes=kv_cache_memory_bytes, mamba_cache_mode=mamba_mode,
-                      ssm_cache_dtype=layout.ssm_dtype, threads=threads, ple_switch_env=ple_env, breakdown=breakdown,
-                      facts=facts, component_bytes=comp, disk_components=disk,
-                      page_cache_bytes=chat.disk_page_cache_bytes * len(disk), notes=tuple(notes))
+    return EnginePlan(
+        chat=chat,
+        gpu=gpu,
+        arch=arch,
+        quantization=quant,
+        drafter=drafter,
+        max_num_seqs=seqs,
+        kv_cache_memory_bytes=kv_cache_memory_bytes,
+        mamba_cache_mode=mamba_mode,
+        ssm_cache_dtype=layout.ssm_dtype,
+        threads=threads,
+        ple_switch_env=ple_env,
+        breakdown=breakdown,
+        facts=facts,
+        component_bytes=comp,
+        disk_components=disk,
+        page_cache_bytes=chat.disk_page_cache_bytes * len(disk),
+        notes=tuple(notes),
+    )
 
 
-def _facts(chat: ChatSpec, arch: Architecture, layout: KVLayout, kv: KVPool, drafter: Drafter, seqs: int,
-           kv_cache_memory_bytes: int, mamba_mode: str, breakdown: dict[str, int], threads: EngineThreads,
-           quant: str) -> dict:
+def _facts(
+    chat: ChatSpec,
+    arch: Architecture,
+    layout: KVLayout,
+    kv: KVPool,
+    drafter: Drafter,
+    seqs: int,
+    kv_cache_memory_bytes: int,
+    mamba_mode: str,
+    breakdown: dict[str, int],
+    threads: EngineThreads,
+    quant: str,
+) -> dict:
     """The engine's figures the plan reports (ChatFacts), vLLM's logged KV tokens among them."""
     state_seq = arch.state_bytes_per_sequence(layout.conv_dtype_bytes, DTYPE_BYTES[layout.ssm_dtype], drafter.k)
     page_per_token_per_layer = arch.kv_bytes_per_token_per_layer(layout.kv_dtype_bytes)
     per_token = layout.per_token(drafter)
     return {
-        "vllm_kv_tokens": vllm_logged_kv_tokens(kv_cache_memory_bytes, chat.max_model_len, layout.block,
-                                                layout.groups, page_per_token_per_layer, per_token,
-                                                1 + drafter.state_blocks + (mamba_mode == "align")),
-        "kv_bytes_per_token": per_token, "target_kv_bytes_per_token": layout.target_per_token,
-        "indexer_bytes_per_token": layout.indexer_per_token, "drafter_kv_bytes_per_token": drafter.kv_bytes_per_token,
-        "state_bytes_per_sequence": state_seq, "kv_pool_tokens": kv.logged_tokens, "block_size": layout.block,
-        "num_blocks": kv.num_blocks, "max_num_seqs": seqs, "kv_cache_memory_bytes": kv_cache_memory_bytes,
+        "vllm_kv_tokens": vllm_logged_kv_tokens(
+            kv_cache_memory_bytes,
+            chat.max_model_len,
+            layout.block,
+            layout.groups,
+            page_per_token_per_layer,
+            per_token,
+            1 + drafter.state_blocks + (mamba_mode == "align"),
+        ),
+        "kv_bytes_per_token": per_token,
+        "target_kv_bytes_per_token": layout.target_per_token,
+        "indexer_bytes_per_token": layout.indexer_per_token,
+        "drafter_kv_bytes_per_token": drafter.kv_bytes_per_token,
+        "state_bytes_per_sequence": state_seq,
+        "kv_pool_tokens": kv.logged_tokens,
+        "block_size": layout.block,
+        "num_blocks": kv.num_blocks,
+        "max_num_seqs": seqs,
+        "kv_cache_memory_bytes": kv_cache_memory_bytes,
         "weight_bytes": sum(v for k, v in breakdown.items() if k.startswith("weights.")),
-        "drafter_weight_bytes": drafter.weight_bytes, "omp_threads": threads.wide, "decode_omp_threads": threads.narrow,
-        "omp_bind": threads.bind, "quantization": quant,
-        "speculative_method": drafter.method, "kv_group_size": layout.groups.group_size,
+        "drafter_weight_bytes": drafter.weight_bytes,
+        "omp_threads": threads.wide,
+        "decode_omp_threads": threads.narrow,
+        "omp_bind": threads.bind,
+        "quantization": quant,
+        "speculative_method": drafter.method,
+        "kv_group_size": layout.groups.group_size,
         "kv_group_layers": [f"{g.kind}:{g.layers}" for g in layout.groups.groups],
         "state_pool_bytes_per_sequence": layout.groups.slots("state") * layout.block * page_per_token_per_layer
-        if state_seq else 0,
+        if state_seq
+        else 0,
     }
 
 
@@ -192,8 +238,10 @@ def _with_resolved_dtype(chat: ChatSpec, gpu: bool, cpu_native_bf16: bool, notes
         return chat
     chat = chat.model_copy(update={"dtype": resolved_dtype(chat, gpu, cpu_native_bf16)})
     if not gpu:
-        notes.append(f"dtype auto -> {chat.dtype}: this CPU "
-                     f"{'computes bfloat16 natively' if cpu_native_bf16 else 'emulates bfloat16'}")
+        notes.append(
+            f"dtype auto -> {chat.dtype}: this CPU "
+            f"{'computes bfloat16 natively' if cpu_native_bf16 else 'emulates bfloat16'}"
+        )
     return chat
 
 
@@ -226,8 +274,16 @@ def _drafter(chat: ChatSpec, arch: Architecture, kvb: int, kv_name: str, comp: d
         raise EngineError(str(exc)) from exc
 
 
-def _weight_lines(chat: ChatSpec, arch: Architecture, quant: str, dtypes: dict[str, str], comp: dict[str, int],
-                  disk: dict[str, int], gpu: bool, notes: list[str]) -> dict[str, int]:
+def _weight_lines(
+    chat: ChatSpec,
+    arch: Architecture,
+    quant: str,
+    dtypes: dict[str, str],
+    comp: dict[str, int],
+    disk: dict[str, int],
+    gpu: bool,
+    notes: list[str],
+) -> dict[str, int]:
     """The weights resident in the pool, one line a component, plus what the checkpoint holds beyond them."""
     lines: dict[str, int] = {}
     for name, nbytes in comp.items():
@@ -244,43 +300,58 @@ def _weight_lines(chat: ChatSpec, arch: Architecture, quant: str, dtypes: dict[s
         residual = max(0, int(published) - (computed - comp["ple"]))
     if residual:
         lines["weights.checkpoint_residual"] = residual
-        notes.append(f"chat: checkpoint holds {gib(residual)} more than the component model "
-                     "(tensors kept in higher precision, scales); planned as its own line")
+        notes.append(
+            f"chat: checkpoint holds {gib(residual)} more than the component model "
+            "(tensors kept in higher precision, scales); planned as its own line"
+        )
     if not gpu and on_disk_ckpt and DTYPE_BYTES.get(chat.dtype, 2) > DTYPE_BYTES.get(arch.config_dtype, 2):
         lines["runtime.upcast_load_residue"] = int(on_disk_ckpt * runtime.CPU_UPCAST_RESIDUE_FACTOR)
     return lines
 
 
-def _kv_layout(chat: ChatSpec, arch: Architecture, drafter: Drafter, kvb: int, gpu: bool,
-               notes: list[str]) -> KVLayout:
+def _kv_layout(chat: ChatSpec, arch: Architecture, drafter: Drafter, kvb: int, gpu: bool, notes: list[str]) -> KVLayout:
     """The block size vLLM will use (a pinned one kept or refused) and the bytes one token of it takes."""
-    default_block = runtime.BLOCK_SIZE_GPU if gpu else (
-        runtime.BLOCK_SIZE_CPU_MLA if arch.uses_mla else runtime.BLOCK_SIZE_CPU)
+    default_block = (
+        runtime.BLOCK_SIZE_GPU if gpu else (runtime.BLOCK_SIZE_CPU_MLA if arch.uses_mla else runtime.BLOCK_SIZE_CPU)
+    )
     block = chat.block_size or default_block
     if chat.block_size and not gpu and arch.uses_mla and chat.block_size != 16:
-        raise EngineError(f"chat.block_size {chat.block_size} is pinned, but vLLM's CPU MLA kernel only runs "
-                          "with block_size 16 (it would override it); pin 16 or unpin")
+        raise EngineError(
+            f"chat.block_size {chat.block_size} is pinned, but vLLM's CPU MLA kernel only runs "
+            "with block_size 16 (it would override it); pin 16 or unpin"
+        )
     conv_b = DTYPE_BYTES["bfloat16" if chat.dtype == "auto" else chat.dtype]
     ssm_name = arch.ssm_dtype if chat.mamba_ssm_cache_dtype == "auto" else chat.mamba_ssm_cache_dtype
     ssm_b = DTYPE_BYTES[ssm_name]
     if arch.is_hybrid:
         hybrid_block = arch.hybrid_attention_block(kvb, conv_b, ssm_b, max(16, block), drafter.k)
         if chat.block_size and chat.block_size < hybrid_block:
-            raise EngineError(f"chat.block_size {chat.block_size} is pinned, but vLLM raises the attention block "
-                              f"of {arch.name} to {hybrid_block} tokens so one page covers a layer's recurrent "
-                              "state; pin at least that or unpin")
+            raise EngineError(
+                f"chat.block_size {chat.block_size} is pinned, but vLLM raises the attention block "
+                f"of {arch.name} to {hybrid_block} tokens so one page covers a layer's recurrent "
+                "state; pin at least that or unpin"
+            )
         if hybrid_block > block:
-            notes.append(f"chat: attention block raised {block} -> {hybrid_block} tokens to match the "
-                         f"{gib(arch.state_bytes_per_layer(conv_b, ssm_b, drafter.k))} state page (as vLLM does)")
+            notes.append(
+                f"chat: attention block raised {block} -> {hybrid_block} tokens to match the "
+                f"{gib(arch.state_bytes_per_layer(conv_b, ssm_b, drafter.k))} state page (as vLLM does)"
+            )
         block = max(block, hybrid_block)
     groups = _kv_groups(arch, drafter, kvb)
     # Empty layer slots of short attention groups still take their page in every block.
     pad_tok = groups.padding("attention") * arch.kv_bytes_per_token_per_layer(kvb) if groups.groups else 0
     if groups.groups and drafter.architecture is not None:
         pad_tok += groups.padding("drafter") * drafter.architecture.kv_bytes_per_token_per_layer(kvb)
-    return KVLayout(block=block, kv_dtype_bytes=kvb, conv_dtype_bytes=conv_b, ssm_dtype=ssm_name,
-                    target_per_token=arch.kv_bytes_per_token(kvb), indexer_per_token=arch.indexer_bytes_per_token(),
-                    padding_per_token=pad_tok, groups=groups)
+    return KVLayout(
+        block=block,
+        kv_dtype_bytes=kvb,
+        conv_dtype_bytes=conv_b,
+        ssm_dtype=ssm_name,
+        target_per_token=arch.kv_bytes_per_token(kvb),
+        indexer_per_token=arch.indexer_bytes_per_token(),
+        padding_per_token=pad_tok,
+        groups=groups,
+    )
 
 
 def _kv_pool(chat: ChatSpec, block: int, block_bytes: int) -> KVPool:
@@ -294,9 +365,11 @@ def _kv_pool(chat: ChatSpec, block: int, block_bytes: int) -> KVPool:
         num_blocks = pool_bytes // block_bytes
     tokens = num_blocks * block
     if tokens < chat.max_model_len:
-        raise EngineError(f"the KV pool holds {tokens:,} tokens, fewer than max_model_len "
-                          f"{chat.max_model_len:,}: raise chat.kv_cache_bytes to at least "
-                          f"{gib(cdiv(chat.max_model_len, block) * block_bytes)} or lower max_model_len")
+        raise EngineError(
+            f"the KV pool holds {tokens:,} tokens, fewer than max_model_len "
+            f"{chat.max_model_len:,}: raise chat.kv_cache_bytes to at least "
+            f"{gib(cdiv(chat.max_model_len, block) * block_bytes)} or lower max_model_len"
+        )
     # vLLM logs num_blocks / blocks-per-request(max_model_len) x max_model_len (kv_cache_utils.py).
     logged = int(num_blocks / cdiv(chat.max_model_len, block) * chat.max_model_len)
     return KVPool(num_blocks=num_blocks, pool_bytes=pool_bytes, tokens=tokens, logged_tokens=logged)
@@ -313,9 +386,12 @@ def _max_num_seqs(chat: ChatSpec, kv: KVPool, block: int, block_bytes: int, note
             f"chat.max_num_seqs {chat.max_num_seqs} is pinned but the pinned KV pool ({gib(kv.pool_bytes)}, "
             f"{kv.tokens:,} tokens) holds {fits} sequences of {chat.expected_tokens_per_seq:,} tokens: raise "
             f"chat.kv_cache_bytes to {gib(cdiv(chat.max_num_seqs * chat.expected_tokens_per_seq, block) * block_bytes)} "
-            f"or lower max_num_seqs / expected_tokens_per_seq")
-    notes.append(f"chat: max_num_seqs {chat.max_num_seqs} -> {max(1, fits)} (KV pool holds {fits} sequences of "
-                 f"{chat.expected_tokens_per_seq:,} tokens)")
+            f"or lower max_num_seqs / expected_tokens_per_seq"
+        )
+    notes.append(
+        f"chat: max_num_seqs {chat.max_num_seqs} -> {max(1, fits)} (KV pool holds {fits} sequences of "
+        f"{chat.expected_tokens_per_seq:,} tokens)"
+    )
     return max(1, fits)
 
 
@@ -343,8 +419,9 @@ def _mamba_cache_mode(chat: ChatSpec) -> str:
     return "align" if chat.enable_prefix_caching else "none"
 
 
-def _state_lines(chat: ChatSpec, arch: Architecture, layout: KVLayout, drafter: Drafter, seqs: int,
-                 mamba_mode: str) -> dict[str, int]:
+def _state_lines(
+    chat: ChatSpec, arch: Architecture, layout: KVLayout, drafter: Drafter, seqs: int, mamba_mode: str
+) -> dict[str, int]:
     """Per-sequence state beside the KV pool: a hybrid's recurrent state (and the drafter's copies, the align
     checkpoint, the page padding), and the sliding-window layers' KV."""
     state_seq = arch.state_bytes_per_sequence(layout.conv_dtype_bytes, DTYPE_BYTES[layout.ssm_dtype], drafter.k)
@@ -352,8 +429,9 @@ def _state_lines(chat: ChatSpec, arch: Architecture, layout: KVLayout, drafter: 
     if state_seq:
         lines["recurrent_state"] = state_seq * seqs
         if drafter.state_blocks:
-            lines[f"drafter.recurrent_state (x{drafter.state_blocks} spec blocks)"] = \
+            lines[f"drafter.recurrent_state (x{drafter.state_blocks} spec blocks)"] = (
                 state_seq * seqs * drafter.state_blocks
+            )
         if mamba_mode == "align":
             lines["recurrent_state.align_checkpoint"] = state_seq * seqs
         # Each state block is a full page per layer slot: the state page padded to the attention
@@ -362,17 +440,23 @@ def _state_lines(chat: ChatSpec, arch: Architecture, layout: KVLayout, drafter: 
         pad_seq = layout.groups.slots("state") * page - state_seq
         blocks_per_seq = 1 + drafter.state_blocks + (mamba_mode == "align")
         if pad_seq > 0:
-            lines[f"recurrent_state.page_padding ({layout.groups.padding('state')} empty slots, "
-                  f"x{blocks_per_seq} blocks)"] = pad_seq * seqs * blocks_per_seq
-    sliding = arch.sliding_bytes_per_sequence(layout.kv_dtype_bytes, chat.max_num_batched_tokens, chat.max_model_len,
-                                              layout.block) * seqs
+            lines[
+                f"recurrent_state.page_padding ({layout.groups.padding('state')} empty slots, x{blocks_per_seq} blocks)"
+            ] = pad_seq * seqs * blocks_per_seq
+    sliding = (
+        arch.sliding_bytes_per_sequence(
+            layout.kv_dtype_bytes, chat.max_num_batched_tokens, chat.max_model_len, layout.block
+        )
+        * seqs
+    )
     if sliding:
         lines["kv_pool.sliding_window"] = sliding
     return lines
 
 
-def _compute_and_runtime_lines(chat: ChatSpec, arch: Architecture, drafter: Drafter, seqs: int,
-                               gpu: bool) -> dict[str, int]:
+def _compute_and_runtime_lines(
+    chat: ChatSpec, arch: Architecture, drafter: Drafter, seqs: int, gpu: bool
+) -> dict[str, int]:
     """The drafter's weights, a step's activations, and the engine's processes (driver, EngineCore, Worker,
     CUDA context and graphs on a GPU)."""
     lines = {}
@@ -405,8 +489,10 @@ def _settings_not_passed(chat: ChatSpec, gpu: bool) -> list[str]:
     if not gpu:
         for knob in ("cuda_graph_capture_sizes", "gpu_memory_utilization"):
             if getattr(chat, knob) is not None:
-                notes.append(f"chat.{knob} is ignored on CPU (vLLM CPU has no CUDA graphs and sizes KV "
-                             "from kv_cache_memory_bytes); not passed")
+                notes.append(
+                    f"chat.{knob} is ignored on CPU (vLLM CPU has no CUDA graphs and sizes KV "
+                    "from kv_cache_memory_bytes); not passed"
+                )
     return notes
 
 
@@ -418,14 +504,23 @@ def _ple_switch_env(chat: ChatSpec, disk: dict[str, int], notes: list[str]) -> d
         env = ple_disk_switch(chat.vllm_build).env
     except PleSwitchError as exc:
         raise EngineError(str(exc)) from exc
-    notes.append(f"chat: PLE on disk ({', '.join(f'{k}={v}' for k, v in env.items())}, vLLM build "
-                 f"{chat.vllm_build}): the page cache holds its hot rows "
-                 f"(headroom {gib(chat.disk_page_cache_bytes)} kept free in the pool)")
+    notes.append(
+        f"chat: PLE on disk ({', '.join(f'{k}={v}' for k, v in env.items())}, vLLM build "
+        f"{chat.vllm_build}): the page cache holds its hot rows "
+        f"(headroom {gib(chat.disk_page_cache_bytes)} kept free in the pool)"
+    )
     return dict(env)
 
 
-def vllm_logged_kv_tokens(kv_cache_memory_bytes: int, max_model_len: int, block: int, groups: KVGroups,
-                          page_bytes_per_token: int, bytes_per_token: int, state_blocks_per_request: int) -> int:
+def vllm_logged_kv_tokens(
+    kv_cache_memory_bytes: int,
+    max_model_len: int,
+    block: int,
+    groups: KVGroups,
+    page_bytes_per_token: int,
+    bytes_per_token: int,
+    state_blocks_per_request: int,
+) -> int:
     """The "KV cache size: N tokens" vLLM logs for a KV cache of kv_cache_memory_bytes (v1/core/kv_cache_utils.py):
     the blocks it can make, over the blocks one request of max_model_len needs, times max_model_len.
     Single-spec models: a block is block x bytes/token. Hybrids: a block is one page per layer slot of a
@@ -436,6 +531,7 @@ def vllm_logged_kv_tokens(kv_cache_memory_bytes: int, max_model_len: int, block:
         num_blocks = kv_cache_memory_bytes // (block * bytes_per_token)
         return int(num_blocks / cdiv(max_model_len, block) * max_model_len)
     num_blocks = kv_cache_memory_bytes // (block * page_bytes_per_token * groups.group_size)
-    per_request = sum(state_blocks_per_request if g.kind == "state" else cdiv(max_model_len, block)
-                      for g in groups.groups)
+    per_request = sum(
+        state_blocks_per_request if g.kind == "state" else cdiv(max_model_len, block) for g in groups.groups
+    )
     return int(num_blocks / per_request * max_model_len)

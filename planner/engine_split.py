@@ -38,8 +38,9 @@ def split_engine(name: str, chat: ChatSpec, eng: EnginePlan, home: str, pools: d
         logits = 0  # a pinned figure: every rank keeps all of it
     partition = ",".join(map(str, chat.pp_layer_partition)) if chat.pp_layer_partition else None
     try:
-        ranks = parallel.split_engine(eng.breakdown, eng.arch, pp, tp, logits, partition,
-                                      tied_embeddings=not eng.component_bytes.get("lm_head"))
+        ranks = parallel.split_engine(
+            eng.breakdown, eng.arch, pp, tp, logits, partition, tied_embeddings=not eng.component_bytes.get("lm_head")
+        )
         where = parallel.rank_nodes(chat.nodes or [home], pp, tp)
     except parallel.ParallelError as exc:
         raise PlanError(f"{name}: {exc}") from exc
@@ -50,12 +51,27 @@ def split_engine(name: str, chat: ChatSpec, eng: EnginePlan, home: str, pools: d
         per_node.setdefault(where[rank], {}).update({f"rank{rank}.{k}": v for k, v in lines.items()})
     over_cpu_nodes = spans_cpu_nodes(home_spec.gpu, len(per_node))
     if over_cpu_nodes:  # the processes that parent another node's workers (vllm_bridge/engine_ranks.py)
-        per_node = {node: lines if node == home else {**lines, "runtime.headless_executor": runtime.VLLM_HEADLESS_EXECUTOR,
-                                                      "runtime.rank_host": runtime.RANK_HOST_ACTOR}
-                    for node, lines in per_node.items()}
-    note = (f"{name}: {pp} pipeline x {tp} tensor ranks on {', '.join(dict.fromkeys(where))} "
-            f"(layers per pipeline rank {parallel.pp_partition(eng.arch.num_layers, pp, partition)}); "
-            "kv_cache_memory_bytes is per worker")
-    return EngineSplit(lines_by_node=per_node, pipeline_ranks=pp, tensor_ranks=tp,
-                       kv_cache_bytes_per_worker=parallel.kv_cache_bytes_per_worker(ranks), layer_partition=partition,
-                       over_cpu_nodes=over_cpu_nodes, note=note)
+        per_node = {
+            node: lines
+            if node == home
+            else {
+                **lines,
+                "runtime.headless_executor": runtime.VLLM_HEADLESS_EXECUTOR,
+                "runtime.rank_host": runtime.RANK_HOST_ACTOR,
+            }
+            for node, lines in per_node.items()
+        }
+    note = (
+        f"{name}: {pp} pipeline x {tp} tensor ranks on {', '.join(dict.fromkeys(where))} "
+        f"(layers per pipeline rank {parallel.pp_partition(eng.arch.num_layers, pp, partition)}); "
+        "kv_cache_memory_bytes is per worker"
+    )
+    return EngineSplit(
+        lines_by_node=per_node,
+        pipeline_ranks=pp,
+        tensor_ranks=tp,
+        kv_cache_bytes_per_worker=parallel.kv_cache_bytes_per_worker(ranks),
+        layer_partition=partition,
+        over_cpu_nodes=over_cpu_nodes,
+        note=note,
+    )

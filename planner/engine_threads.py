@@ -59,6 +59,8 @@ def omp_bind(setting: str, threads: int, allowed_cpus: list[int] | None = None) 
         return setting
     cpus = sorted(allowed_cpus if allowed_cpus is not None else os.sched_getaffinity(0))
     if len(cpus) < threads:
-        raise EngineError(f"chat: {threads} OpenMP threads planned but this host lets the process run on "
-                          f"{len(cpus)} CPUs; lower chat.omp_threads or set chat.omp_bind")
+        raise EngineError(
+            f"chat: {threads} OpenMP threads planned but this host lets the process run on "
+            f"{len(cpus)} CPUs; lower chat.omp_threads or set chat.omp_bind"
+        )
     return ",".join(str(c) for c in cpus[:threads])

@@ -64,8 +64,15 @@ def engine_placement(options: RayActorOptions) -> tuple[dict, dict]:
 # On a discrete GPU (PoolSpec.unified false) the pool is the device's memory: only these plan lines live
 # there. The rest (each process's host runtime, mapped files, Ray's own processes, the index, SQLite) is
 # host memory, reported beside the pool and given to Ray as the replica's logical `memory`.
-DEVICE_LINE_PREFIXES = ("weights", "kv_pool", "drafter.", "recurrent_state", "activations", "cuda_context",
-                        "cuda_graphs")
+DEVICE_LINE_PREFIXES = (
+    "weights",
+    "kv_pool",
+    "drafter.",
+    "recurrent_state",
+    "activations",
+    "cuda_context",
+    "cuda_graphs",
+)
 
 
 # Device lines a replica releases once a batch or vLLM's profile run is done: at rest on an H100 (2026-12-06,

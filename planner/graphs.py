@@ -46,8 +46,11 @@ def compilation_config(chat: ChatSpec, drafter: Drafter, seqs: int) -> dict | No
         config = {"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": sizes}
         return config if compiles(chat, drafter) else {"mode": NO_TORCH_COMPILE, **config}
     sizes = chat.cuda_graph_capture_sizes or decode_capture_sizes(drafter.k, seqs)
-    return {"mode": TORCH_COMPILE if compiles(chat, drafter) else NO_TORCH_COMPILE, "cudagraph_mode": "FULL_DECODE_ONLY",
-            "cudagraph_capture_sizes": sizes}
+    return {
+        "mode": TORCH_COMPILE if compiles(chat, drafter) else NO_TORCH_COMPILE,
+        "cudagraph_mode": "FULL_DECODE_ONLY",
+        "cudagraph_capture_sizes": sizes,
+    }
 
 
 def compiles(chat: ChatSpec, drafter: Drafter) -> bool:

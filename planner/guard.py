@@ -23,15 +23,22 @@ class GuardPlan(BaseModel):
     model_config = {"frozen": True, "extra": "forbid"}
 
     shed_ingest_at: float = Field(description="Fraction of the pool in use above which new ingestion is shed.")
-    shed_all_at: float = Field(description="Fraction above which every new generation, embedding and ingestion is shed.")
-    hysteresis: float = Field(description="Shedding stops this fraction below the mark that started it; never "
-                                          "so wide that the plan's own resident bytes keep it shedding.")
+    shed_all_at: float = Field(
+        description="Fraction above which every new generation, embedding and ingestion is shed."
+    )
+    hysteresis: float = Field(
+        description="Shedding stops this fraction below the mark that started it; never "
+        "so wide that the plan's own resident bytes keep it shedding."
+    )
     sample_interval_s: float = Field(description="The pool is read at most this often.")
     retry_after_s: int = Field(description="Retry-After of a shed request.")
-    heaviest_at_least: int = Field(description="Past shed_ingest_at, the heaviest tenant with at least this many "
-                                               "requests in flight is shed too.")
-    reader: Literal["pool", "gpu"] = Field(description="What is read: the process's pool (a cgroup or the host's "
-                                                       "MemAvailable) or a discrete GPU's memory through NVML.")
+    heaviest_at_least: int = Field(
+        description="Past shed_ingest_at, the heaviest tenant with at least this many requests in flight is shed too."
+    )
+    reader: Literal["pool", "gpu"] = Field(
+        description="What is read: the process's pool (a cgroup or the host's "
+        "MemAvailable) or a discrete GPU's memory through NVML."
+    )
     limit_bytes: int = Field(description="The pool's size the fractions are of (the device's memory on a GPU).")
     planned_bytes: int = Field(description="What the plan itself holds in that pool once started.")
     basis: str = Field(description="How the marks were set, in words (shown by `poolserve plan` and /status).")
@@ -51,13 +58,24 @@ def guard_plan(spec: PoolSpec, total_bytes: int, planned_bytes: int, discrete: b
     # Half the gap between the plan and the first mark at most: back at its planned size the pool is `ok`.
     hysteresis = round(max(0.001, min(spec.shed_hysteresis, (ingest - planned) / 2)), 4)
     raised = ingest > spec.shed_ingest_at or every > spec.shed_all_at
-    basis = (f"the plan holds {planned:.1%} of the pool; marks at the plan plus "
-             f"{spec.shed_ingest_headroom_share:.0%} / {spec.shed_all_headroom_share:.0%} of the headroom it leaves"
-             if raised else f"the profile's fixed marks (the plan holds {planned:.1%} of the pool)")
-    return GuardPlan(shed_ingest_at=ingest, shed_all_at=every, hysteresis=hysteresis,
-                     sample_interval_s=spec.shed_sample_interval_s, retry_after_s=spec.shed_retry_after_s,
-                     heaviest_at_least=spec.shed_heaviest_at_least, reader="gpu" if discrete else "pool",
-                     limit_bytes=total_bytes, planned_bytes=planned_bytes, basis=basis)
+    basis = (
+        f"the plan holds {planned:.1%} of the pool; marks at the plan plus "
+        f"{spec.shed_ingest_headroom_share:.0%} / {spec.shed_all_headroom_share:.0%} of the headroom it leaves"
+        if raised
+        else f"the profile's fixed marks (the plan holds {planned:.1%} of the pool)"
+    )
+    return GuardPlan(
+        shed_ingest_at=ingest,
+        shed_all_at=every,
+        hysteresis=hysteresis,
+        sample_interval_s=spec.shed_sample_interval_s,
+        retry_after_s=spec.shed_retry_after_s,
+        heaviest_at_least=spec.shed_heaviest_at_least,
+        reader="gpu" if discrete else "pool",
+        limit_bytes=total_bytes,
+        planned_bytes=planned_bytes,
+        basis=basis,
+    )
 
 
 def unplanned_guard() -> GuardPlan:

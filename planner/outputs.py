@@ -27,12 +27,14 @@ class EngineArgs(_Output):
 
     dtype: str = Field(description="Weights and activations dtype.")
     max_model_len: int = Field(description="Longest prompt + completion, in tokens.")
-    max_num_seqs: int = Field(description="Sequences decoded together: bounds the KV pool's concurrent use "
-                              "and the activations planned.")
+    max_num_seqs: int = Field(
+        description="Sequences decoded together: bounds the KV pool's concurrent use and the activations planned."
+    )
     max_num_batched_tokens: int = Field(description="Tokens one scheduler step may run (prefill chunk size).")
     kv_cache_memory_bytes: int = Field(description="KV cache bytes vLLM allocates: exactly the plan's KV pool.")
-    gpu_memory_utilization: float | None = Field(None, description="GPU only: fraction of the pool the engine "
-                                                 "may hold; covers exactly its planned bytes.")
+    gpu_memory_utilization: float | None = Field(
+        None, description="GPU only: fraction of the pool the engine may hold; covers exactly its planned bytes."
+    )
     enable_prefix_caching: bool = Field(description="Reuse KV blocks of shared prompt prefixes.")
     enable_chunked_prefill: bool = Field(True, description="Split long prompts across scheduler steps.")
     block_size: int | None = Field(None, description="KV cache block in tokens; None: vLLM's platform default.")
@@ -46,40 +48,61 @@ class EngineArgs(_Output):
     load_format: str | None = Field(None, description="'dummy': random weights (plan validation, benchmarks).")
     additional_config: dict | None = Field(None, description="Platform options (gdn_prefill_backend).")
     limit_mm_per_prompt: dict | None = Field(None, description="Multimodal inputs per prompt (0: text only).")
-    pipeline_parallel_size: int | None = Field(None, exclude_if=lambda v: v is None,
-                                               description="Pipeline ranks (layers split), when > 1.")
-    tensor_parallel_size: int | None = Field(None, exclude_if=lambda v: v is None,
-                                             description="Tensor ranks (heads split), when > 1.")
-    worker_cls: str | None = Field(None, exclude_if=lambda v: v is None,
-                                   description="CPU: the worker that runs a prefill on all the engine's threads and "
-                                               "a decode step on fewer (vllm_bridge/cpu_worker.py); None: vLLM's.")
-    worker_extension_cls: str | None = Field(None, exclude_if=lambda v: v is None,
-                                             description="Methods mixed into vLLM's Worker: the heap trim the chat "
-                                                         "replica calls (vllm_bridge/worker_heap_trim.py); None: none.")
-    distributed_executor_backend: str | None = Field(None, exclude_if=lambda v: v is None,
-                                                     description="Ranks over nodes: 'ray' on GPU pools, 'mp' "
-                                                                 "(vLLM's multi-node multiprocessing) on CPU pools.")
-    nnodes: int | None = Field(None, exclude_if=lambda v: v is None,
-                               description="CPU ranks over nodes ('mp'): the nodes the engine spans.")
-    node_rank: int | None = Field(None, exclude_if=lambda v: v is None,
-                                  description="CPU ranks over nodes: this process's node (0: the replica's).")
-    master_addr: str | None = Field(None, exclude_if=lambda v: v is None,
-                                    description="CPU ranks over nodes: node 0's address (torch.distributed).")
-    master_port: int | None = Field(None, exclude_if=lambda v: v is None,
-                                    description="CPU ranks over nodes: node 0's rendezvous port.")
+    pipeline_parallel_size: int | None = Field(
+        None, exclude_if=lambda v: v is None, description="Pipeline ranks (layers split), when > 1."
+    )
+    tensor_parallel_size: int | None = Field(
+        None, exclude_if=lambda v: v is None, description="Tensor ranks (heads split), when > 1."
+    )
+    worker_cls: str | None = Field(
+        None,
+        exclude_if=lambda v: v is None,
+        description="CPU: the worker that runs a prefill on all the engine's threads and "
+        "a decode step on fewer (vllm_bridge/cpu_worker.py); None: vLLM's.",
+    )
+    worker_extension_cls: str | None = Field(
+        None,
+        exclude_if=lambda v: v is None,
+        description="Methods mixed into vLLM's Worker: the heap trim the chat "
+        "replica calls (vllm_bridge/worker_heap_trim.py); None: none.",
+    )
+    distributed_executor_backend: str | None = Field(
+        None,
+        exclude_if=lambda v: v is None,
+        description="Ranks over nodes: 'ray' on GPU pools, 'mp' (vLLM's multi-node multiprocessing) on CPU pools.",
+    )
+    nnodes: int | None = Field(
+        None, exclude_if=lambda v: v is None, description="CPU ranks over nodes ('mp'): the nodes the engine spans."
+    )
+    node_rank: int | None = Field(
+        None,
+        exclude_if=lambda v: v is None,
+        description="CPU ranks over nodes: this process's node (0: the replica's).",
+    )
+    master_addr: str | None = Field(
+        None, exclude_if=lambda v: v is None, description="CPU ranks over nodes: node 0's address (torch.distributed)."
+    )
+    master_port: int | None = Field(
+        None, exclude_if=lambda v: v is None, description="CPU ranks over nodes: node 0's rendezvous port."
+    )
 
 
 class RayActorOptions(_Output):
     """Ray resources of one replica actor: what the scheduler reserves for it."""
 
-    num_cpus: float = Field(description="Ray CPUs (fractions: Ray sees the machine's cores and every "
-                            "replica must fit beside the others).")
+    num_cpus: float = Field(
+        description="Ray CPUs (fractions: Ray sees the machine's cores and every replica must fit beside the others)."
+    )
     memory: int = Field(description="Ray's logical memory resource: the replica's planned bytes.")
     num_gpus: float | None = Field(None, description="GPU share on a GPU pool; None on CPU.")
     # Left out of the plan when None, so a one-node plan reads as it did before nodes were planned.
-    resources: dict[str, float] | None = Field(None, exclude_if=lambda v: v is None, description="Custom "
-                                               "resources: the node's placement resource (planner/nodes.py) "
-                                               "on a plan of several nodes; None on one node.")
+    resources: dict[str, float] | None = Field(
+        None,
+        exclude_if=lambda v: v is None,
+        description="Custom "
+        "resources: the node's placement resource (planner/nodes.py) "
+        "on a plan of several nodes; None on one node.",
+    )
 
 
 class ChatModelCard(_Output):
@@ -105,9 +128,19 @@ class ContentsPlan(_Output):
 
 
 # The GatewaySpec fields GatewaySettings copies as they are.
-FROM_GATEWAY_SPEC = ("max_choices", "max_prompts", "max_embedding_inputs", "unavailable_retry_after_s", "cookie_secure",
-                     "trust_forwarded_proto", "health_timeout_s", "healthy_ttl_s", "dashboard_refresh_s",
-                     "dashboard_history_sample_s", "dashboard_measure_timeout_s")
+FROM_GATEWAY_SPEC = (
+    "max_choices",
+    "max_prompts",
+    "max_embedding_inputs",
+    "unavailable_retry_after_s",
+    "cookie_secure",
+    "trust_forwarded_proto",
+    "health_timeout_s",
+    "healthy_ttl_s",
+    "dashboard_refresh_s",
+    "dashboard_history_sample_s",
+    "dashboard_measure_timeout_s",
+)
 
 
 class GatewaySettings(RagSpec):
@@ -118,9 +151,12 @@ class GatewaySettings(RagSpec):
     embed_model_id: str = Field(description="The embedder's id for /v1/embeddings.")
     planned_bytes: dict[str, int] = Field(description="Each replica's budget (ceiling), for /status and the guard.")
     planned_at_rest_bytes: dict[str, int] = Field(description="Each replica's planned resident memory at rest.")
-    planned_contents: dict[str, ContentsPlan] = Field(default_factory=dict, description="Replicas whose plan "
-                                                      "grows with what they hold (the retriever): /status adds "
-                                                      "it to the at-rest plan for the current contents.")
+    planned_contents: dict[str, ContentsPlan] = Field(
+        default_factory=dict,
+        description="Replicas whose plan "
+        "grows with what they hold (the retriever): /status adds "
+        "it to the at-rest plan for the current contents.",
+    )
     max_choices: int = Field(description="Largest n / best_of.")
     max_prompts: int = Field(description="Most prompts in one completions request.")
     max_embedding_inputs: int = Field(description="Most inputs in one embeddings request.")
@@ -132,8 +168,10 @@ class GatewaySettings(RagSpec):
     dashboard_measure_timeout_s: float = Field(description="Longest wait for a replica's memory (GatewaySpec).")
     cookie_secure: bool | Literal["auto"] = Field(description="The dashboard cookie's Secure flag (GatewaySpec).")
     trust_forwarded_proto: bool = Field(description="Whether X-Forwarded-Proto decides an auto Secure flag.")
-    embed_max_seq_tokens: int = Field(description="Most tokens the embedder reads of one input: caps the TPM "
-                                      "estimate of an embeddings request (characters / 4 per input).")
+    embed_max_seq_tokens: int = Field(
+        description="Most tokens the embedder reads of one input: caps the TPM "
+        "estimate of an embeddings request (characters / 4 per input)."
+    )
     state_dir: str = Field(description="SQLite databases, index snapshots, the tenant store.")
 
     def as_dict(self) -> dict:
@@ -211,17 +249,26 @@ class ChatReplicaSettings(_Output):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     warmup_prompt: str = Field(description="Sent once before the replica reports ready.")
-    start_after: list[tuple[str, str]] = Field(description="(deployment, method) whose health the engine waits for "
-                                               "before it starts: the ordered start.")
+    start_after: list[tuple[str, str]] = Field(
+        description="(deployment, method) whose health the engine waits for before it starts: the ordered start."
+    )
     start_wait_timeout_s: float = Field(description="The longest wait for those.")
     heap_trim_interval_s: float = Field(description="How often the Workers' freed heap is handed back; 0 = never.")
     ranks: list[EngineRank] = Field(default_factory=list, description="A split engine's shares on other nodes.")
-    rank_engine_kwargs: dict = Field(default_factory=dict, description="The ranks' vLLM engine arguments, as vLLM "
-                                     "takes them (keywords of its engine args).")
+    rank_engine_kwargs: dict = Field(
+        default_factory=dict,
+        description="The ranks' vLLM engine arguments, as vLLM takes them (keywords of its engine args).",
+    )
     # issue 48: set only for an on-demand engine (Plan.on_demand); left out of the dump when unset
-    sleep: Literal["level_1", "level_2", "stop"] | None = Field(None, exclude_if=lambda v: v is None, description=
-                                                                "How the engine sleeps (OnDemandEngine.sleep); None "
-                                                                "= always awake, sleep_engine() refuses.")
-    start_asleep: bool = Field(False, exclude_if=lambda v: not v, description="An on-demand engine beyond the "
-                               "plan's awake set: the replica starts without its engine, which the first request "
-                               "wakes, so the pool at rest holds what the plan says.")
+    sleep: Literal["level_1", "level_2", "stop"] | None = Field(
+        None,
+        exclude_if=lambda v: v is None,
+        description="How the engine sleeps (OnDemandEngine.sleep); None = always awake, sleep_engine() refuses.",
+    )
+    start_asleep: bool = Field(
+        False,
+        exclude_if=lambda v: not v,
+        description="An on-demand engine beyond the "
+        "plan's awake set: the replica starts without its engine, which the first request "
+        "wakes, so the pool at rest holds what the plan says.",
+    )

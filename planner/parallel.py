@@ -27,8 +27,13 @@ _TP_LAYER_WEIGHTS = ("linear_attention", "mlp", "experts", "shared_experts", "ch
 _REPLICATED_LAYER_WEIGHTS = ("router", "norms")
 _RANK0_LINES = ("runtime.driver", "runtime.engine_core", "runtime.traffic_growth")
 # The ngram proposer runs in every worker; the upcast residue is planned whole on each (a ceiling).
-_EVERY_RANK_LINES = ("runtime.worker", "runtime.ngram_proposer", "runtime.upcast_load_residue", "cuda_context.worker",
-                     "cuda_graphs")
+_EVERY_RANK_LINES = (
+    "runtime.worker",
+    "runtime.ngram_proposer",
+    "runtime.upcast_load_residue",
+    "cuda_context.worker",
+    "cuda_graphs",
+)
 _KV_LINES = ("kv_pool.", "recurrent_state")
 
 
@@ -76,8 +81,10 @@ def rank_nodes(nodes: list[str], pp: int, tp: int) -> list[str]:
     """The node of every rank (rank = pp_rank x tp + tp_rank), world / len(nodes) consecutive ranks per node."""
     world = pp * tp
     if world % len(nodes):
-        raise ParallelError(f"{world} ranks (pipeline {pp} x tensor {tp}) do not spread evenly over "
-                            f"{len(nodes)} nodes ({', '.join(nodes)})")
+        raise ParallelError(
+            f"{world} ranks (pipeline {pp} x tensor {tp}) do not spread evenly over "
+            f"{len(nodes)} nodes ({', '.join(nodes)})"
+        )
     per_node = world // len(nodes)
     return [nodes[rank // per_node] for rank in range(world)]
 
@@ -103,8 +110,15 @@ def _component(line: str) -> str:
     return line.removeprefix("weights.").split(" ")[0]
 
 
-def split_engine(breakdown: dict[str, int], arch: Architecture, pp: int, tp: int, logits_bytes: int,
-                 layer_partition: str | None = None, tied_embeddings: bool = False) -> list[dict[str, int]]:
+def split_engine(
+    breakdown: dict[str, int],
+    arch: Architecture,
+    pp: int,
+    tp: int,
+    logits_bytes: int,
+    layer_partition: str | None = None,
+    tied_embeddings: bool = False,
+) -> list[dict[str, int]]:
     """Each rank's lines of one engine's single-process breakdown (ranks in vLLM's order)."""
     partitions = pp_partition(arch.num_layers, pp, layer_partition)
     attention, kv = _attention_ratio(arch, tp), _kv_ratio(arch, tp)

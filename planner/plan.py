@@ -28,8 +28,17 @@ from planner.gpu import gpu_fraction, released_at_rest, split_device_lines, torc
 from planner.guard import guard_plan
 from planner.on_demand_plan import OnDemandPlan
 from planner.on_demand_pool import on_demand_pool
-from planner.outputs import (FROM_GATEWAY_SPEC, ChatModelCard, ContentsPlan, EngineArgs, GatewayEdge,
-                             EmbedderSettings, GatewaySettings, RayActorOptions, RetrieverSettings)
+from planner.outputs import (
+    FROM_GATEWAY_SPEC,
+    ChatModelCard,
+    ContentsPlan,
+    EngineArgs,
+    GatewayEdge,
+    EmbedderSettings,
+    GatewaySettings,
+    RayActorOptions,
+    RetrieverSettings,
+)
 from planner.profile import PoolSpec, Profile, ServeSpec, pinned
 from planner.units import gib
 from planner.weights import safetensors_bytes
@@ -43,22 +52,34 @@ class ReplicaPlan(BaseModel):
     node: str = Field("local", description="Pool (node) the replica is placed on.")
     planned_bytes: int
     breakdown: dict[str, int]
-    growth_bytes: int = Field(0, description="Part of planned_bytes not resident at rest: capacity that fills "
-                                             "with use (index, caches) and a batch's peak that the replica "
-                                             "releases after it; RSS at rest is planned_bytes - growth_bytes.")
+    growth_bytes: int = Field(
+        0,
+        description="Part of planned_bytes not resident at rest: capacity that fills "
+        "with use (index, caches) and a batch's peak that the replica "
+        "releases after it; RSS at rest is planned_bytes - growth_bytes.",
+    )
     vllm: EngineArgs | None = Field(None, description="vLLM engine arguments (chat replicas only).")
     ray_actor_options: RayActorOptions
     env: dict[str, str] = Field(default_factory=dict)
     start_order: int
     num_replicas: int = Field(1, description="Copies of this replica; each gets planned_bytes.")
-    host_bytes: int = Field(0, description="Discrete GPU: the replica's host memory, outside the GPU pool "
-                                           "(planned_bytes and breakdown are then its device memory).")
+    host_bytes: int = Field(
+        0,
+        description="Discrete GPU: the replica's host memory, outside the GPU pool "
+        "(planned_bytes and breakdown are then its device memory).",
+    )
     host_breakdown: dict[str, int] = Field(default_factory=dict, description="Discrete GPU: the host lines.")
-    contents: ContentsPlan | None = Field(None, description="Retriever: its growth lines for the contents it "
-                                          "holds, so /status can compare against the plan for what is stored.")
+    contents: ContentsPlan | None = Field(
+        None,
+        description="Retriever: its growth lines for the contents it "
+        "holds, so /status can compare against the plan for what is stored.",
+    )
     serve: ServeSpec = Field(description="Ray Serve options: the replica section's `serve`.")
-    engine_node_rank: int | None = Field(None, description="A CPU chat engine split over nodes, its share on "
-                                         "another node: the vLLM node_rank its headless ranks run as there.")
+    engine_node_rank: int | None = Field(
+        None,
+        description="A CPU chat engine split over nodes, its share on "
+        "another node: the vLLM node_rank its headless ranks run as there.",
+    )
 
     def serve_options(self) -> dict:
         """Ray Serve deployment options for this replica; the app and `poolserve render` both use this."""
@@ -85,24 +106,39 @@ class PoolPlan(BaseModel):
     ray_bytes: int = 0
     page_cache_bytes: int = 0
     headroom_bytes: int = 0
-    start_peak_bytes: int = Field(0, description="Largest engine's start-up transient (GPU): weights in the page "
-                                                 "cache, compile, graph capture.")
+    start_peak_bytes: int = Field(
+        0, description="Largest engine's start-up transient (GPU): weights in the page cache, compile, graph capture."
+    )
     start_headroom_bytes: int = Field(0, description="headroom while that engine starts: headroom - start peak.")
-    needed_bytes: int = Field(0, description="The smallest pool this plan fits: replicas + Ray + page cache + the "
-                                             "largest start peak + reserve (what `--pool` / POOL= should be).")
+    needed_bytes: int = Field(
+        0,
+        description="The smallest pool this plan fits: replicas + Ray + page cache + the "
+        "largest start peak + reserve (what `--pool` / POOL= should be).",
+    )
     # Filled on a plan of several nodes only (left out when empty, so a one-node plan reads as before).
     head: bool = Field(False, exclude_if=lambda v: not v, description="The Ray head node (GCS, Serve controller).")
-    replicas: list[str] = Field(default_factory=list, exclude_if=lambda v: not v,
-                                description="Replicas and engine shares planned on this node.")
-    ray_breakdown: dict[str, int] = Field(default_factory=dict, exclude_if=lambda v: not v,
-                                          description="Ray's own processes on this node and its object store.")
-    admission: list["Admission"] = Field(default_factory=list, exclude_if=lambda v: not v,
-                                         description="This node's start order and admission.")
-    start_peak: dict[str, int] = Field(default_factory=dict, exclude_if=lambda v: not v,
-                                       description="Start lines of this node's tightest engine start.")
+    replicas: list[str] = Field(
+        default_factory=list, exclude_if=lambda v: not v, description="Replicas and engine shares planned on this node."
+    )
+    ray_breakdown: dict[str, int] = Field(
+        default_factory=dict,
+        exclude_if=lambda v: not v,
+        description="Ray's own processes on this node and its object store.",
+    )
+    admission: list["Admission"] = Field(
+        default_factory=list, exclude_if=lambda v: not v, description="This node's start order and admission."
+    )
+    start_peak: dict[str, int] = Field(
+        default_factory=dict,
+        exclude_if=lambda v: not v,
+        description="Start lines of this node's tightest engine start.",
+    )
     page_cache: dict[str, int] = Field(default_factory=dict, exclude_if=lambda v: not v)
-    ray_resources: dict[str, float] = Field(default_factory=dict, exclude_if=lambda v: not v,
-                                            description="Custom resources this node's `ray start` advertises.")
+    ray_resources: dict[str, float] = Field(
+        default_factory=dict,
+        exclude_if=lambda v: not v,
+        description="Custom resources this node's `ray start` advertises.",
+    )
 
 
 class ChatFacts(BaseModel):
@@ -124,8 +160,11 @@ class ChatFacts(BaseModel):
     speculative_method: str = "none"
     kv_group_size: int = Field(0, description="vLLM's layer slots per KV-cache group (hybrids; 0: one group).")
     kv_group_layers: list[str] = Field(default_factory=list, description="Real layers per group, kind:count.")
-    state_pool_bytes_per_sequence: int = Field(0, description="One state block per sequence as vLLM allocates "
-                                               "it: state groups x group size x the attention page.")
+    state_pool_bytes_per_sequence: int = Field(
+        0,
+        description="One state block per sequence as vLLM allocates "
+        "it: state groups x group size x the attention page.",
+    )
     architecture_source: str = ""
 
 
@@ -145,8 +184,11 @@ class Admission(BaseModel):
     requested_bytes: int
     start_peak_bytes: int = Field(0, description="Transient on top of planned bytes while it starts (GPU engines).")
     start_headroom_bytes: int = Field(0, description="free_before - planned bytes - start peak.")
-    overhead_bytes: int = Field(0, description="Memory the engine's own processes hold when vLLM samples free "
-                                               "memory (GPU): it is taken from free before the check.")
+    overhead_bytes: int = Field(
+        0,
+        description="Memory the engine's own processes hold when vLLM samples free "
+        "memory (GPU): it is taken from free before the check.",
+    )
     check: str
 
 
@@ -155,31 +197,45 @@ PoolPlan.model_rebuild()
 
 class Plan(BaseModel):
     profile: str
-    profile_digest: str = Field("", description="sha256 of the profile it was made from (profile_digest()): a "
-                                "plan handed to build_app must be for the profile it runs.")
+    profile_digest: str = Field(
+        "",
+        description="sha256 of the profile it was made from (profile_digest()): a "
+        "plan handed to build_app must be for the profile it runs.",
+    )
     pool: PoolPlan
     pools: list[PoolPlan] = Field(default_factory=list, description="Every node's pool (the first is `pool`).")
     replicas: list[ReplicaPlan]
-    shares: list[ReplicaPlan] = Field(default_factory=list, exclude_if=lambda v: not v, description="Split "
-                                      "engines: the ranks' share on each node other than the engine's own "
-                                      "(<engine>@<node>); planned in that node's pool, deployed with the engine.")
+    shares: list[ReplicaPlan] = Field(
+        default_factory=list,
+        exclude_if=lambda v: not v,
+        description="Split "
+        "engines: the ranks' share on each node other than the engine's own "
+        "(<engine>@<node>); planned in that node's pool, deployed with the engine.",
+    )
     chat: ChatFacts
-    engines: dict[str, ChatFacts] = Field(default_factory=dict, description="Every chat engine's facts by replica "
-                                          "name (`chat` is the first).")
+    engines: dict[str, ChatFacts] = Field(
+        default_factory=dict, description="Every chat engine's facts by replica name (`chat` is the first)."
+    )
     ray: RayPlan
     admission: list[Admission] = Field(default_factory=list)
     threads: dict[str, int] = Field(default_factory=dict)
     page_cache: dict[str, int] = Field(default_factory=dict)
-    start_peak: dict[str, int] = Field(default_factory=dict, description="Start lines of the engine whose start is tightest.")
+    start_peak: dict[str, int] = Field(
+        default_factory=dict, description="Start lines of the engine whose start is tightest."
+    )
     notes: list[str] = Field(default_factory=list)
     gateway: GatewaySettings = Field(description="Everything the gateway reads (limits, models, budgets).")
-    edge: GatewayEdge = Field(description="What the gateway's outer middleware reads, the pool guard's marks "
-                             "(planner/guard.py) included.")
+    edge: GatewayEdge = Field(
+        description="What the gateway's outer middleware reads, the pool guard's marks (planner/guard.py) included."
+    )
     embedder: EmbedderSettings = Field(description="Everything the embedder replica reads.")
     retriever: RetrieverSettings = Field(description="Everything the retriever replica reads.")
     # issue 48: left out of the plan when no engine is on demand (planner/on_demand_pool.py)
-    on_demand: OnDemandPlan | None = Field(None, exclude_if=lambda v: v is None, description="On-demand chat "
-                                           "engines: the awake set the pool holds, each engine's bytes asleep.")
+    on_demand: OnDemandPlan | None = Field(
+        None,
+        exclude_if=lambda v: v is None,
+        description="On-demand chat engines: the awake set the pool holds, each engine's bytes asleep.",
+    )
 
     def replica(self, name: str) -> ReplicaPlan:
         for replica in self.replicas:
@@ -225,8 +281,10 @@ def resolved_plan(profile: Profile, handed: dict | None) -> Plan:
         return build_plan(profile)
     plan = Plan.model_validate(handed)
     if plan.profile_digest != profile_digest(profile):
-        raise PlanError(f"the plan in serve.yaml's args was made for another version of profile {profile.name}; "
-                        "run `poolserve render` again, or drop args.plan to plan at start")
+        raise PlanError(
+            f"the plan in serve.yaml's args was made for another version of profile {profile.name}; "
+            "run `poolserve render` again, or drop args.plan to plan at start"
+        )
     return plan
 
 
@@ -246,53 +304,108 @@ def embedder_dimension(profile: Profile) -> int:
         raise PlanError(f"{exc}; set retriever.dim") from exc
 
 
-def _side_replicas(profile: Profile, gpu: bool, dim: int, first_order: int = 1,
-                   pool_bytes: int = 0, *, embedder_ingest_threads: int) -> list[ReplicaPlan]:
+def _side_replicas(
+    profile: Profile, gpu: bool, dim: int, first_order: int = 1, pool_bytes: int = 0, *, embedder_ingest_threads: int
+) -> list[ReplicaPlan]:
     emb, ret, gw = profile.embedder, profile.retriever, profile.gateway
     emb_weights = safetensors_bytes(emb.model)
     if not emb_weights:
         raise PlanError(f"no safetensors weights in embedder.model {emb.model}")
     emb_act = activation_bytes(emb.model, dim, emb.batch_size, emb.max_seq_tokens, gpu)
-    emb_lines = {"weights": emb_weights, "activations": emb_act, "runtime": runtime.EMBEDDER_RUNTIME,
-                 "mapped_files": runtime.EMBEDDER_MAPPED_FILES, "traffic_growth": runtime.EMBEDDER_TRAFFIC_GROWTH}
+    emb_lines = {
+        "weights": emb_weights,
+        "activations": emb_act,
+        "runtime": runtime.EMBEDDER_RUNTIME,
+        "mapped_files": runtime.EMBEDDER_MAPPED_FILES,
+        "traffic_growth": runtime.EMBEDDER_TRAFFIC_GROWTH,
+    }
     if gpu:
         emb_lines["cuda_context"] = runtime.EMBEDDER_CUDA_CONTEXT
     n = ret.capacity_chunks
     index = n * dim * 4 if ret.index == "flat" else n * (dim * 4 + ret.hnsw_m * 8)
-    ret_lines = {f"index.{ret.index} ({n:,} x {dim})": index, "index.id_map": n * 56,
-                 "sqlite_cache": ret.sqlite_cache_bytes, "runtime": runtime.RETRIEVER_RUNTIME,
-                 "mapped_files": runtime.RETRIEVER_MAPPED_FILES}
-    gw_lines = {"runtime (OpenAiIngress)": runtime.GATEWAY_RUNTIME, "mapped_files": runtime.GATEWAY_MAPPED_FILES,
-                "request_buffers": 2 * gw.max_body_bytes, "traffic_growth": runtime.GATEWAY_TRAFFIC_GROWTH}
+    ret_lines = {
+        f"index.{ret.index} ({n:,} x {dim})": index,
+        "index.id_map": n * 56,
+        "sqlite_cache": ret.sqlite_cache_bytes,
+        "runtime": runtime.RETRIEVER_RUNTIME,
+        "mapped_files": runtime.RETRIEVER_MAPPED_FILES,
+    }
+    gw_lines = {
+        "runtime (OpenAiIngress)": runtime.GATEWAY_RUNTIME,
+        "mapped_files": runtime.GATEWAY_MAPPED_FILES,
+        "request_buffers": 2 * gw.max_body_bytes,
+        "traffic_growth": runtime.GATEWAY_TRAFFIC_GROWTH,
+    }
     # Extraction workers: idle parsers at rest; each document's child may grow to its address-space cap.
     ext = profile.rag.extraction
     extraction_growth = ext.workers * ext.memory_bytes
-    gw_lines.update({"extraction.workers": ext.workers * runtime.EXTRACTION_WORKER,
-                     "extraction.documents (memory cap)": extraction_growth})
+    gw_lines.update(
+        {
+            "extraction.workers": ext.workers * runtime.EXTRACTION_WORKER,
+            "extraction.documents (memory cap)": extraction_growth,
+        }
+    )
 
     def replica(name, lines, spec, threads, order, growth=0, gpus=0.0, copies=1, contents=None, env=None):
-        env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
-               **(env or {})}
+        env = {
+            "OMP_NUM_THREADS": str(threads),
+            "MKL_NUM_THREADS": str(threads),
+            "TOKENIZERS_PARALLELISM": "false",
+            **(env or {}),
+        }
         total = sum(lines.values())
         opts = RayActorOptions(num_cpus=spec.num_cpus, memory=total, num_gpus=gpus or None)
-        return ReplicaPlan(name=name, kind=name, planned_bytes=total, breakdown=lines, growth_bytes=growth,
-                           ray_actor_options=opts, env=env, start_order=order, num_replicas=copies, contents=contents,
-                           serve=spec.serve)
+        return ReplicaPlan(
+            name=name,
+            kind=name,
+            planned_bytes=total,
+            breakdown=lines,
+            growth_bytes=growth,
+            ray_actor_options=opts,
+            env=env,
+            start_order=order,
+            num_replicas=copies,
+            contents=contents,
+            serve=spec.serve,
+        )
 
     return [
-        replica("embedder", emb_lines, emb, emb.torch_threads, first_order,
-                growth=runtime.EMBEDDER_TRAFFIC_GROWTH + emb_act,  # a GPU embedder empties torch's cache too
-                gpus=gpu_fraction(sum(emb_lines.values()), pool_bytes) if gpu else 0.0,
-                # Documents are tokenized for chunking and embedding in batches spread over the ingest threads
-                # (the tokenizer's pool, sized once at its first use); one thread each was the GPU ingest's floor.
-                env={"MALLOC_ARENA_MAX": str(runtime.EMBEDDER_MALLOC_ARENA_MAX), "TOKENIZERS_PARALLELISM": "true",
-                     "RAYON_NUM_THREADS": str(embedder_ingest_threads)}),
-        replica("retriever", ret_lines, ret, ret.faiss_threads, first_order + 1,
-                growth=index + n * 56 + ret.sqlite_cache_bytes,
-                contents=ContentsPlan(per_chunk_bytes=index // n + 56, cache_bytes=ret.sqlite_cache_bytes,
-                                      capacity_chunks=n)),
-        replica("gateway", gw_lines, gw, 1, first_order + 2, growth=2 * gw.max_body_bytes + runtime.GATEWAY_TRAFFIC_GROWTH + extraction_growth,
-                copies=gw.replicas),
+        replica(
+            "embedder",
+            emb_lines,
+            emb,
+            emb.torch_threads,
+            first_order,
+            growth=runtime.EMBEDDER_TRAFFIC_GROWTH + emb_act,  # a GPU embedder empties torch's cache too
+            gpus=gpu_fraction(sum(emb_lines.values()), pool_bytes) if gpu else 0.0,
+            # Documents are tokenized for chunking and embedding in batches spread over the ingest threads
+            # (the tokenizer's pool, sized once at its first use); one thread each was the GPU ingest's floor.
+            env={
+                "MALLOC_ARENA_MAX": str(runtime.EMBEDDER_MALLOC_ARENA_MAX),
+                "TOKENIZERS_PARALLELISM": "true",
+                "RAYON_NUM_THREADS": str(embedder_ingest_threads),
+            },
+        ),
+        replica(
+            "retriever",
+            ret_lines,
+            ret,
+            ret.faiss_threads,
+            first_order + 1,
+            growth=index + n * 56 + ret.sqlite_cache_bytes,
+            contents=ContentsPlan(
+                per_chunk_bytes=index // n + 56, cache_bytes=ret.sqlite_cache_bytes, capacity_chunks=n
+            ),
+        ),
+        replica(
+            "gateway",
+            gw_lines,
+            gw,
+            1,
+            first_order + 2,
+            growth=2 * gw.max_body_bytes + runtime.GATEWAY_TRAFFIC_GROWTH + extraction_growth,
+            copies=gw.replicas,
+        ),
     ]
 
 
@@ -302,9 +415,13 @@ def _ray_plan(profile: Profile, cpus: float, replicas: list[ReplicaPlan], head: 
         lines["dashboard"] = runtime.RAY_DASHBOARD
     store = max(profile.ray.object_store_memory, runtime.RAY_OBJECT_STORE_MIN)
     lines["object_store"] = store
-    return RayPlan(object_store_memory=store, include_dashboard=profile.ray.include_dashboard and head,
-                   num_cpus=cpus, memory=sum(r.ray_actor_options.memory * r.num_replicas for r in replicas),
-                   breakdown=lines)
+    return RayPlan(
+        object_store_memory=store,
+        include_dashboard=profile.ray.include_dashboard and head,
+        num_cpus=cpus,
+        memory=sum(r.ray_actor_options.memory * r.num_replicas for r in replicas),
+        breakdown=lines,
+    )
 
 
 def _pools_for(profile: Profile, pool_total_bytes: int | None) -> list[tuple[PoolSpec, int, float]]:
@@ -320,8 +437,10 @@ def _pools_for(profile: Profile, pool_total_bytes: int | None) -> list[tuple[Poo
     for index, spec in enumerate(profile.pools):
         discrete = spec.gpu and not spec.unified
         if index and spec.total == "auto":
-            raise PlanError(f"pool {spec.name}: total auto is read on this machine, which is the first node; "
-                            "set the size of every other node's pool")
+            raise PlanError(
+                f"pool {spec.name}: total auto is read on this machine, which is the first node; "
+                "set the size of every other node's pool"
+            )
         detect = detect_gpu_bytes if discrete else detect_total_bytes
         total = (pool_total_bytes if index == 0 else None) or (detect() if spec.total == "auto" else spec.total)
         cpus = float(os.cpu_count() or 1) if spec.cpus == "auto" else float(spec.cpus)
@@ -351,23 +470,44 @@ def _engine_replicas(name: str, chat, eng, pools: dict, home: str, order: int) -
         discrete = spec.gpu and not spec.unified
         device, host = split_device_lines(lines) if discrete else (lines, {})
         chat_bytes, host_bytes = sum(device.values()), sum(host.values())
-        opts = RayActorOptions(num_cpus=chat.num_cpus, memory=host_bytes if discrete else chat_bytes,
-                               num_gpus=gpu_fraction(chat_bytes, total) if spec.gpu else None,
-                               resources=nodes.placement_resources(node) if len(pools) > 1 else None)
-        launch = engine_launch(name, eng, split, EngineNode(spec=spec, total=total, device_bytes=chat_bytes,
-                                                             num_gpus=opts.num_gpus, home=node == home))
+        opts = RayActorOptions(
+            num_cpus=chat.num_cpus,
+            memory=host_bytes if discrete else chat_bytes,
+            num_gpus=gpu_fraction(chat_bytes, total) if spec.gpu else None,
+            resources=nodes.placement_resources(node) if len(pools) > 1 else None,
+        )
+        launch = engine_launch(
+            name,
+            eng,
+            split,
+            EngineNode(spec=spec, total=total, device_bytes=chat_bytes, num_gpus=opts.num_gpus, home=node == home),
+        )
         growth = released_at_rest(device) if discrete else 0 if node != home else runtime.VLLM_TRAFFIC_GROWTH
         cpu_share = split is not None and split.over_cpu_nodes and node != home
-        replicas.append(ReplicaPlan(name=name if node == home else f"{name}@{node}", kind="chat",
-                                    node=node if len(pools) > 1 else "local", planned_bytes=chat_bytes,
-                                    breakdown=device, host_bytes=host_bytes, host_breakdown=host, vllm=launch.args,
-                                    ray_actor_options=opts, env=launch.env, start_order=order, growth_bytes=growth,
-                                    serve=chat.serve, engine_node_rank=node_rank if cpu_share else None))
+        replicas.append(
+            ReplicaPlan(
+                name=name if node == home else f"{name}@{node}",
+                kind="chat",
+                node=node if len(pools) > 1 else "local",
+                planned_bytes=chat_bytes,
+                breakdown=device,
+                host_bytes=host_bytes,
+                host_breakdown=host,
+                vllm=launch.args,
+                ray_actor_options=opts,
+                env=launch.env,
+                start_order=order,
+                growth_bytes=growth,
+                serve=chat.serve,
+                engine_node_rank=node_rank if cpu_share else None,
+            )
+        )
     return replicas, [split.note] if split else []
 
 
-def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bool = True,
-               cpu_native_bf16: bool | None = None) -> Plan:
+def build_plan(
+    profile: Profile, pool_total_bytes: int | None = None, advise: bool = True, cpu_native_bf16: bool | None = None
+) -> Plan:
     """advise=False: an overcommit raises a bare Overcommit (advice re-plans through this).
     cpu_native_bf16: whether this host's CPU computes bfloat16 (`dtype: auto` on a CPU pool); None reads it."""
     if cpu_native_bf16 is None:
@@ -397,16 +537,23 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
     emb_spec, emb_total, emb_cpus = pools[_home(profile.embedder, first)]
     dim = embedder_dimension(profile)  # the embedder's config.json, read once
     ingest_threads = _embedder_ingest_threads(profile, emb_spec, emb_cpus)
-    side = _side_replicas(profile, emb_spec.gpu, dim, order + 1, pool_bytes=emb_total,
-                          embedder_ingest_threads=ingest_threads)
+    side = _side_replicas(
+        profile, emb_spec.gpu, dim, order + 1, pool_bytes=emb_total, embedder_ingest_threads=ingest_threads
+    )
     for r in side:
         node = first if r.kind == "gateway" else _home(getattr(profile, r.kind), first)  # the gateway: the head
         spec, total, _ = pools[node]
         if spec.gpu and not spec.unified:
             r = _on_device(r, total)
         if multi:
-            r = r.model_copy(update={"node": node, "ray_actor_options": r.ray_actor_options.model_copy(
-                update={"resources": nodes.placement_resources(node)})})
+            r = r.model_copy(
+                update={
+                    "node": node,
+                    "ray_actor_options": r.ray_actor_options.model_copy(
+                        update={"resources": nodes.placement_resources(node)}
+                    ),
+                }
+            )
         engine_replicas.append(r)
     replicas = engine_replicas
     node_of = {r.name: (r.node if multi else first) for r in replicas}
@@ -416,37 +563,81 @@ def build_plan(profile: Profile, pool_total_bytes: int | None = None, advise: bo
     for spec, total, cpus in listed:
         mine = [r for r in replicas if node_of[r.name] == spec.name]
         mine_engines = {n: e for n, e in engines.items() if node_of[n] == spec.name}
-        node_plans[spec.name] = _node_plan(profile, spec, total, cpus, mine, mine_engines, engines, head=spec.name == first,
-                                           replan=replan, multi=multi, override=pool_total_bytes)
+        node_plans[spec.name] = _node_plan(
+            profile,
+            spec,
+            total,
+            cpus,
+            mine,
+            mine_engines,
+            engines,
+            head=spec.name == first,
+            replan=replan,
+            multi=multi,
+            override=pool_total_bytes,
+        )
     pool, ray, admission, page_cache, start, notes, demand = node_plans[first]
     notes = engine_notes + [n for _, _, _, _, _, node_notes, _ in node_plans.values() for n in node_notes]
-    facts = {name: ChatFacts(**{k: v for k, v in e.facts.items() if k in ChatFacts.model_fields},
-                             architecture_source=e.arch.source) for name, (_, e) in engines.items()}
+    facts = {
+        name: ChatFacts(
+            **{k: v for k, v in e.facts.items() if k in ChatFacts.model_fields}, architecture_source=e.arch.source
+        )
+        for name, (_, e) in engines.items()
+    }
     if multi:
         pool_list = [p for p, *_ in node_plans.values()]
     else:
         pool_list = [pool]
     spec, _, cpus = listed[0]
     return Plan(
-        profile=profile.name, profile_digest=profile_digest(profile), pool=pool, pools=pool_list, replicas=deployed, shares=shares,
-        chat=facts["chat"], engines=facts, ray=ray, admission=admission,
-        threads={"cpus": int(cpus), "chat_omp": eng.facts["omp_threads"],
-                 "chat_decode_omp": eng.facts["decode_omp_threads"],
-                 "embedder_torch": profile.embedder.torch_threads,
-                 "embedder_ingest_most": ingest_threads,
-                 "faiss": profile.retriever.faiss_threads,
-                 "gateway": 1},
-        page_cache=page_cache, start_peak=start, notes=notes, gateway=_gateway_settings(profile, deployed),
-        edge=GatewayEdge(state_dir=profile.state_dir, tenants_file=profile.tenants_file, gateway=profile.gateway,
-                         guard=guard_plan(spec, pool.total_bytes, pool.free_bytes - pool.headroom_bytes,
-                                          pool.discrete)),
+        profile=profile.name,
+        profile_digest=profile_digest(profile),
+        pool=pool,
+        pools=pool_list,
+        replicas=deployed,
+        shares=shares,
+        chat=facts["chat"],
+        engines=facts,
+        ray=ray,
+        admission=admission,
+        threads={
+            "cpus": int(cpus),
+            "chat_omp": eng.facts["omp_threads"],
+            "chat_decode_omp": eng.facts["decode_omp_threads"],
+            "embedder_torch": profile.embedder.torch_threads,
+            "embedder_ingest_most": ingest_threads,
+            "faiss": profile.retriever.faiss_threads,
+            "gateway": 1,
+        },
+        page_cache=page_cache,
+        start_peak=start,
+        notes=notes,
+        gateway=_gateway_settings(profile, deployed),
+        edge=GatewayEdge(
+            state_dir=profile.state_dir,
+            tenants_file=profile.tenants_file,
+            gateway=profile.gateway,
+            guard=guard_plan(spec, pool.total_bytes, pool.free_bytes - pool.headroom_bytes, pool.discrete),
+        ),
         embedder=_embedder_settings(profile, deployed, ingest_threads),
-        retriever=_retriever_settings(profile, dim), on_demand=demand.section,
+        retriever=_retriever_settings(profile, dim),
+        on_demand=demand.section,
     )
 
 
-def _node_plan(profile: Profile, spec: PoolSpec, total: int, cpus: float, replicas: list[ReplicaPlan],
-               engines: dict, all_engines: dict, head: bool, replan, multi: bool, override: int | None):
+def _node_plan(
+    profile: Profile,
+    spec: PoolSpec,
+    total: int,
+    cpus: float,
+    replicas: list[ReplicaPlan],
+    engines: dict,
+    all_engines: dict,
+    head: bool,
+    replan,
+    multi: bool,
+    override: int | None,
+):
     """One node's pool: its replicas, Ray's processes there, its page cache, admission in start order.
     replan: build_plan without advice, for the advice an overcommit gets; None: raise a bare Overcommit."""
     discrete = spec.gpu and not spec.unified
@@ -454,8 +645,11 @@ def _node_plan(profile: Profile, spec: PoolSpec, total: int, cpus: float, replic
     ray = _ray_plan(profile, cpus, replicas, head=head)
     # Ray's own processes and object store are host memory beside a discrete GPU, not in its pool.
     ray_bytes = 0 if discrete else sum(ray.breakdown.values())
-    page_cache = {f"page_cache.{name}.{c} (on disk, {gib(b)})": chat.disk_page_cache_bytes
-                  for name, (chat, e) in engines.items() for c, b in e.disk_components.items()}
+    page_cache = {
+        f"page_cache.{name}.{c} (on disk, {gib(b)})": chat.disk_page_cache_bytes
+        for name, (chat, e) in engines.items()
+        for c, b in e.disk_components.items()
+    }
     starts = {name: _start_lines(name, chat, e, spec) for name, (chat, e) in engines.items()}
     # issue 48: on-demand engines count asleep, but for the worst awake set; they start asleep (no admission row)
     demand = on_demand_pool(profile, spec, total, replicas, starts, ray_bytes + sum(page_cache.values()), multi)
@@ -465,16 +659,37 @@ def _node_plan(profile: Profile, spec: PoolSpec, total: int, cpus: float, replic
         if replan is None:
             raise Overcommit(f"{where} {gib(needed - free)}", needed, free)
         eng = (all_engines.get("chat") or next(iter(all_engines.values())))[1]
-        raise PlanError(overcommit_message(profile, spec, total, free, replicas, ray.breakdown, page_cache, eng,
-                                           replan=replan, nodes=[p.name for p in profile.pools] if multi else None,
-                                           override=override))
+        raise PlanError(
+            overcommit_message(
+                profile,
+                spec,
+                total,
+                free,
+                replicas,
+                ray.breakdown,
+                page_cache,
+                eng,
+                replan=replan,
+                nodes=[p.name for p in profile.pools] if multi else None,
+                override=override,
+            )
+        )
     want_cpus = sum(r.ray_actor_options.num_cpus * r.num_replicas for r in replicas)
     if want_cpus > cpus:
-        raise PlanError(f"replicas ask for {want_cpus:g} Ray CPUs but pool {spec.name} has {cpus:g}: lower the "
-                        "num_cpus of chat/embedder/retriever/gateway (fractions are fine)")
+        raise PlanError(
+            f"replicas ask for {want_cpus:g} Ray CPUs but pool {spec.name} has {cpus:g}: lower the "
+            "num_cpus of chat/embedder/retriever/gateway (fractions are fine)"
+        )
     notes: list[str] = list(demand.notes)
-    admission = _admission([r for r in replicas if r.name not in demand.engines], total, spec,
-                           ray_bytes + sum(page_cache.values()), notes, starts, discrete)
+    admission = _admission(
+        [r for r in replicas if r.name not in demand.engines],
+        total,
+        spec,
+        ray_bytes + sum(page_cache.values()),
+        notes,
+        starts,
+        discrete,
+    )
     admission += [Admission(**row) for row in demand.wake_rows]  # issue 48: each on-demand engine's wake
     if multi:
         notes = [f"node {spec.name}: {n}" for n in notes]
@@ -482,19 +697,38 @@ def _node_plan(profile: Profile, spec: PoolSpec, total: int, cpus: float, replic
     tightest = min((a.start_headroom_bytes for a in admission), default=free - needed)
     engine_rows = [a for a in admission if a.name in starts]
     start = starts[min(engine_rows, key=lambda a: a.start_headroom_bytes).name] if engine_rows else {}
-    pool = PoolPlan(name=spec.name, total_bytes=total, reserve_bytes=spec.reserve, free_bytes=free, cpus=cpus,
-                    gpu=spec.gpu, unified=spec.gpu and spec.unified, discrete=discrete,
-                    host_bytes=sum(r.host_bytes * r.num_replicas for r in replicas) + sum(ray.breakdown.values())
-                    if discrete else 0, planned_bytes=needed - ray_bytes - sum(page_cache.values()), ray_bytes=ray_bytes,
-                    page_cache_bytes=sum(page_cache.values()), headroom_bytes=free - needed,
-                    start_peak_bytes=sum(start.values()),
-                    start_headroom_bytes=min(free - needed, tightest),
-                    needed_bytes=needed + max((a.start_peak_bytes for a in admission), default=0) + spec.reserve)
+    pool = PoolPlan(
+        name=spec.name,
+        total_bytes=total,
+        reserve_bytes=spec.reserve,
+        free_bytes=free,
+        cpus=cpus,
+        gpu=spec.gpu,
+        unified=spec.gpu and spec.unified,
+        discrete=discrete,
+        host_bytes=sum(r.host_bytes * r.num_replicas for r in replicas) + sum(ray.breakdown.values())
+        if discrete
+        else 0,
+        planned_bytes=needed - ray_bytes - sum(page_cache.values()),
+        ray_bytes=ray_bytes,
+        page_cache_bytes=sum(page_cache.values()),
+        headroom_bytes=free - needed,
+        start_peak_bytes=sum(start.values()),
+        start_headroom_bytes=min(free - needed, tightest),
+        needed_bytes=needed + max((a.start_peak_bytes for a in admission), default=0) + spec.reserve,
+    )
     if multi:
-        pool = pool.model_copy(update={
-            "head": head, "replicas": [r.name for r in replicas], "ray_breakdown": ray.breakdown,
-            "admission": admission, "start_peak": start, "page_cache": page_cache,
-            "ray_resources": nodes.advertised_resources(spec.name)})
+        pool = pool.model_copy(
+            update={
+                "head": head,
+                "replicas": [r.name for r in replicas],
+                "ray_breakdown": ray.breakdown,
+                "admission": admission,
+                "start_peak": start,
+                "page_cache": page_cache,
+                "ray_resources": nodes.advertised_resources(spec.name),
+            }
+        )
     return pool, ray, admission, page_cache, start, notes, demand
 
 
@@ -503,11 +737,19 @@ def _on_device(replica: ReplicaPlan, total: int) -> ReplicaPlan:
     and gateway, whose FAISS and HTTP work stays on the CPU), the rest is host memory."""
     device, host = split_device_lines(replica.breakdown)
     device_bytes, host_bytes = sum(device.values()), sum(host.values())
-    options = replica.ray_actor_options.model_copy(update={
-        "memory": host_bytes, "num_gpus": gpu_fraction(device_bytes, total) if device_bytes else None})
-    return replica.model_copy(update={"planned_bytes": device_bytes, "breakdown": device, "host_bytes": host_bytes,
-                                      "host_breakdown": host, "growth_bytes": released_at_rest(device),
-                                      "ray_actor_options": options})
+    options = replica.ray_actor_options.model_copy(
+        update={"memory": host_bytes, "num_gpus": gpu_fraction(device_bytes, total) if device_bytes else None}
+    )
+    return replica.model_copy(
+        update={
+            "planned_bytes": device_bytes,
+            "breakdown": device,
+            "host_bytes": host_bytes,
+            "host_breakdown": host,
+            "growth_bytes": released_at_rest(device),
+            "ray_actor_options": options,
+        }
+    )
 
 
 def _embedder_ingest_threads(profile: Profile, spec: PoolSpec, cpus: float) -> int:
@@ -523,33 +765,64 @@ def _embedder_settings(profile: Profile, replicas: list[ReplicaPlan], ingest_thr
     emb = profile.embedder
     options = next(r for r in replicas if r.name == "embedder").ray_actor_options
     return EmbedderSettings(
-        model_path=str(emb.model), model_id=emb.model_id, batch_size=emb.batch_size,
-        chunk_tokens=profile.rag.chunk_tokens, chunk_overlap=profile.rag.chunk_overlap,
-        torch_threads=emb.torch_threads, ingest_threads=ingest_threads, device=torch_device(options.num_gpus),
-        query_prefix=emb.query_prefix, cpu_nice=emb.cpu_nice, question_window_s=emb.question_window_s)
+        model_path=str(emb.model),
+        model_id=emb.model_id,
+        batch_size=emb.batch_size,
+        chunk_tokens=profile.rag.chunk_tokens,
+        chunk_overlap=profile.rag.chunk_overlap,
+        torch_threads=emb.torch_threads,
+        ingest_threads=ingest_threads,
+        device=torch_device(options.num_gpus),
+        query_prefix=emb.query_prefix,
+        cpu_nice=emb.cpu_nice,
+        question_window_s=emb.question_window_s,
+    )
 
 
 def _retriever_settings(profile: Profile, dim: int) -> RetrieverSettings:
     ret = profile.retriever
     return RetrieverSettings(
-        state_dir=profile.state_dir, dim=dim, index_kind=ret.index, embedder_model_id=profile.embedder.model_id,
-        fusion=profile.rag.fusion, **ret.model_dump(include={
-            "hnsw_m", "hnsw_ef_search", "faiss_threads", "capacity_chunks", "sqlite_cache_bytes", "tenant_max_chunks",
-            "tenant_max_documents", "tenant_quotas", "hnsw_rebuild_deleted_fraction", "index_save_interval_s"}))
+        state_dir=profile.state_dir,
+        dim=dim,
+        index_kind=ret.index,
+        embedder_model_id=profile.embedder.model_id,
+        fusion=profile.rag.fusion,
+        **ret.model_dump(
+            include={
+                "hnsw_m",
+                "hnsw_ef_search",
+                "faiss_threads",
+                "capacity_chunks",
+                "sqlite_cache_bytes",
+                "tenant_max_chunks",
+                "tenant_max_documents",
+                "tenant_quotas",
+                "hnsw_rebuild_deleted_fraction",
+                "index_save_interval_s",
+            }
+        ),
+    )
 
 
 def _gateway_settings(profile: Profile, replicas: list[ReplicaPlan]) -> GatewaySettings:
     by_name = {r.name: r for r in replicas}
-    cards = {spec.model_id: ChatModelCard(path=spec.model, max_model_len=by_name[name].vllm.max_model_len,
-                                          replica=name) for name, spec in profile.chat_engines()}
+    cards = {
+        spec.model_id: ChatModelCard(path=spec.model, max_model_len=by_name[name].vllm.max_model_len, replica=name)
+        for name, spec in profile.chat_engines()
+    }
     limits = profile.gateway.model_dump(include=set(FROM_GATEWAY_SPEC))
     return GatewaySettings(
-        **profile.rag.model_dump(), **limits, chat_model_id=profile.chat.model_id, chat_models=cards,
-        embed_model_id=profile.embedder.model_id, embed_max_seq_tokens=profile.embedder.max_seq_tokens,
+        **profile.rag.model_dump(),
+        **limits,
+        chat_model_id=profile.chat.model_id,
+        chat_models=cards,
+        embed_model_id=profile.embedder.model_id,
+        embed_max_seq_tokens=profile.embedder.max_seq_tokens,
         state_dir=profile.state_dir,
         planned_bytes={r.name: r.planned_bytes for r in replicas},
         planned_at_rest_bytes={r.name: r.planned_bytes - r.growth_bytes for r in replicas},
-        planned_contents={r.name: r.contents for r in replicas if r.contents is not None})
+        planned_contents={r.name: r.contents for r in replicas if r.contents is not None},
+    )
 
 
 def _start_lines(name: str, chat, eng, spec: PoolSpec) -> dict[str, int]:
@@ -559,8 +832,11 @@ def _start_lines(name: str, chat, eng, spec: PoolSpec) -> dict[str, int]:
     GPU the page cache and the compile workers are host memory: only graph capture touches the device."""
     discrete = spec.gpu and not spec.unified
     weights = eng.facts["weight_bytes"] + eng.facts["drafter_weight_bytes"]
-    lines = {} if discrete or chat.load_format == "dummy" else {
-        f"start.{name}.weights_page_cache": min(runtime.START_WEIGHT_READ, weights)}
+    lines = (
+        {}
+        if discrete or chat.load_format == "dummy"
+        else {f"start.{name}.weights_page_cache": min(runtime.START_WEIGHT_READ, weights)}
+    )
     if not chat.enforce_eager:
         if not discrete:
             lines[f"start.{name}.compile"] = runtime.START_COMPILE
@@ -571,9 +847,15 @@ def _start_lines(name: str, chat, eng, spec: PoolSpec) -> dict[str, int]:
     return lines
 
 
-def _admission(replicas: list[ReplicaPlan], total: int, spec: PoolSpec, outside: int,
-               notes: list[str], starts: dict[str, dict[str, int]] | None = None,
-               discrete: bool = False) -> list[Admission]:
+def _admission(
+    replicas: list[ReplicaPlan],
+    total: int,
+    spec: PoolSpec,
+    outside: int,
+    notes: list[str],
+    starts: dict[str, dict[str, int]] | None = None,
+    discrete: bool = False,
+) -> list[Admission]:
     """Replicas start in start order, those of one order side by side (CPU engines: PoolSpec.engines_start);
     vLLM refuses util x total > free (GPU) or KV > MemAvailable (CPU). A replica's companions of the same order
     are counted as started, and their start peaks beside its own. Reads the replicas only: a plan is never
@@ -609,22 +891,46 @@ def _admission(replicas: list[ReplicaPlan], total: int, spec: PoolSpec, outside:
             requested, check = r.pool_bytes, "planned bytes <= free"
         # A start that would be refused is a PlanError: every Admission in a Plan passes.
         if requested > free_before - overhead:
-            raise PlanError(f"{r.name} would be refused at start: {check} fails ({gib(requested)} requested, "
-                            f"{gib(free_before)} free at its turn, {gib(free_before - overhead)} when vLLM looks)")
+            raise PlanError(
+                f"{r.name} would be refused at start: {check} fails ({gib(requested)} requested, "
+                f"{gib(free_before)} free at its turn, {gib(free_before - overhead)} when vLLM looks)"
+            )
         peak = sum((starts or {}).get(r.name, {}).values())
         beside = wave_peak[order] - peak  # the start peaks of the engines starting with it
         if free_before - r.pool_bytes < peak + beside:
-            raise PlanError(f"{r.name} would run out while it starts: {gib(free_before)} free at its turn, "
-                            f"{gib(r.pool_bytes)} planned + {gib(peak)} start peak ({', '.join(starts[r.name])})"
-                            + (f" + {gib(beside)} of the engines starting beside it" if beside else ""))
+            raise PlanError(
+                f"{r.name} would run out while it starts: {gib(free_before)} free at its turn, "
+                f"{gib(r.pool_bytes)} planned + {gib(peak)} start peak ({', '.join(starts[r.name])})"
+                + (f" + {gib(beside)} of the engines starting beside it" if beside else "")
+            )
         if requested > worst - overhead:
             notes.append(f"{r.name}: admission needs start order (passes only if started before the others)")
-        rows.append(Admission(name=r.name, start_order=r.start_order, free_before_bytes=free_before,
-                              free_worst_bytes=worst, requested_bytes=requested, overhead_bytes=overhead,
-                              start_peak_bytes=peak, start_headroom_bytes=free_before - r.pool_bytes - peak - beside,
-                              check=check))
+        rows.append(
+            Admission(
+                name=r.name,
+                start_order=r.start_order,
+                free_before_bytes=free_before,
+                free_worst_bytes=worst,
+                requested_bytes=requested,
+                overhead_bytes=overhead,
+                start_peak_bytes=peak,
+                start_headroom_bytes=free_before - r.pool_bytes - peak - beside,
+                check=check,
+            )
+        )
     return rows
 
 
-__all__ = ["Plan", "PlanError", "ReplicaPlan", "PoolPlan", "ChatFacts", "RayPlan", "Admission", "build_plan",
-           "detect_total_bytes", "embedder_dimension", "pinned"]
+__all__ = [
+    "Plan",
+    "PlanError",
+    "ReplicaPlan",
+    "PoolPlan",
+    "ChatFacts",
+    "RayPlan",
+    "Admission",
+    "build_plan",
+    "detect_total_bytes",
+    "embedder_dimension",
+    "pinned",
+]

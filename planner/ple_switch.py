@@ -28,8 +28,7 @@ class DiskSwitch:
 
 
 PLE_DISK_SWITCHES: dict[str, DiskSwitch] = {
-    "b12x": DiskSwitch(env={"VLLM_PLE_TABLE_MEMORY": "disk"},
-                       source="eugr/spark-vllm-b12x fork (not upstream vLLM)"),
+    "b12x": DiskSwitch(env={"VLLM_PLE_TABLE_MEMORY": "disk"}, source="eugr/spark-vllm-b12x fork (not upstream vLLM)"),
     "pr54129": DiskSwitch(env={"VLLM_PLE_MMAP": "1"}, source="vllm-project/vllm#54129 (open pull request)"),
 }
 
@@ -49,8 +48,12 @@ def ple_disk_switch(build: str) -> DiskSwitch:
     if build in PLE_DISK_SWITCHES:
         return PLE_DISK_SWITCHES[build]
     known = NO_DISK_SWITCH.get(build, "no PLE disk switch is known for it")
-    others = "; ".join(f"{name} ({s.source}: {', '.join(f'{k}={v}' for k, v in s.env.items())})"
-                       for name, s in PLE_DISK_SWITCHES.items())
-    raise PleSwitchError(f"chat.placement.ple is disk, but chat.vllm_build {build} cannot put the PLE on disk "
-                         f"({known}); the table would stay in the pool. Builds with a switch: {others}. Set "
-                         "chat.vllm_build to one of them, or plan the table in the pool (placement: {ple: pool}).")
+    others = "; ".join(
+        f"{name} ({s.source}: {', '.join(f'{k}={v}' for k, v in s.env.items())})"
+        for name, s in PLE_DISK_SWITCHES.items()
+    )
+    raise PleSwitchError(
+        f"chat.placement.ple is disk, but chat.vllm_build {build} cannot put the PLE on disk "
+        f"({known}); the table would stay in the pool. Builds with a switch: {others}. Set "
+        "chat.vllm_build to one of them, or plan the table in the pool (placement: {ple: pool})."
+    )

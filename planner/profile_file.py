@@ -28,8 +28,9 @@ def merged(base: dict, override: dict) -> dict:
     return result
 
 
-def read_profile_data(path: str | Path, prepare: Callable[[dict, Path], dict] | None = None,
-                      _chain: tuple[Path, ...] = ()) -> dict:
+def read_profile_data(
+    path: str | Path, prepare: Callable[[dict, Path], dict] | None = None, _chain: tuple[Path, ...] = ()
+) -> dict:
     """The profile at path as one mapping, every `extends:` above it merged in. `prepare(data, file)` is
     applied to each file's own mapping before the merge (planner/profile.py: its paths made absolute against
     that file's root)."""
@@ -39,7 +40,9 @@ def read_profile_data(path: str | Path, prepare: Callable[[dict, Path], dict] | 
         raise FileNotFoundError(f"profile {path} does not exist{where}")
     resolved = path.resolve()
     if resolved in _chain:
-        raise ValueError(f"profile {path}: `extends` loops back to itself ({' -> '.join(p.name for p in (*_chain, resolved))})")
+        raise ValueError(
+            f"profile {path}: `extends` loops back to itself ({' -> '.join(p.name for p in (*_chain, resolved))})"
+        )
     if len(_chain) >= MAX_EXTENDS_DEPTH:
         raise ValueError(f"profile {path}: more than {MAX_EXTENDS_DEPTH} levels of `extends`")
     data = yaml.safe_load(path.read_text()) or {}

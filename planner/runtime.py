@@ -153,15 +153,15 @@ RETRIEVER_MAPPED_FILES = 20 * MB
 # Unique memory (PSS) of each, measured 2026-11-30 on the running embedded default.
 RAY_SYSTEM = {
     "serve_controller": 104 * MB,
-    "serve_proxy": 101 * MB,         # one per node
-    "serve_run_cli": 102 * MB,       # `serve run`, which poolserve up keeps in the foreground
+    "serve_proxy": 101 * MB,  # one per node
+    "serve_run_cli": 102 * MB,  # `serve run`, which poolserve up keeps in the foreground
     "gcs_server": 52 * MB,
     "raylet": 31 * MB,
-    "dashboard_agent": 88 * MB,      # the agent runs even with include_dashboard=False
+    "dashboard_agent": 88 * MB,  # the agent runs even with include_dashboard=False
     "dashboard_head_minimal": 77 * MB,
     "runtime_env_agent": 52 * MB,
     "telemetry_agent": 231 * MB,
-    "monitor": 52 * MB,              # the autoscaler's monitor of the head node
+    "monitor": 52 * MB,  # the autoscaler's monitor of the head node
     "log_monitor": 48 * MB,
     "ray_client_server": 49 * MB,
 }
@@ -169,8 +169,15 @@ RAY_SYSTEM = {
 # autoscaler's monitor, the client server, the dashboard head, and Serve's proxy, which the Serve config
 # keeps on the head: proxy_location HeadOnly). A worker node runs the rest: its raylet, dashboard agent,
 # runtime-env agent, telemetry agent and log monitor (planner/nodes.py ray_system_lines).
-RAY_HEAD_ONLY = ("serve_controller", "serve_proxy", "serve_run_cli", "gcs_server", "dashboard_head_minimal",
-                 "monitor", "ray_client_server")
+RAY_HEAD_ONLY = (
+    "serve_controller",
+    "serve_proxy",
+    "serve_run_cli",
+    "gcs_server",
+    "dashboard_head_minimal",
+    "monitor",
+    "ray_client_server",
+)
 # Dashboard head: nine processes of about 90 MB = 0.8 GB measured; 0 when include_dashboard=False.
 RAY_DASHBOARD = 800 * MB
 # Ray refuses an object store below 75 MiB (ray_constants.OBJECT_STORE_MINIMUM_MEMORY_BYTES).
@@ -189,4 +196,3 @@ BLOCK_SIZE_GPU = 16
 # +301 MiB; the rest, 286 and 364 MiB, is 1.06x and 1.35x the checkpoint. Two runs of one model: a
 # calibration, not a law. (MALLOC_MMAP_THRESHOLD_=1 MiB returned 116 MiB of it but made decode 45% slower.)
 CPU_UPCAST_RESIDUE_FACTOR = 1.0
-

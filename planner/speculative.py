@@ -53,7 +53,8 @@ def _draft_architecture(chat: ChatSpec) -> tuple[Architecture, str]:
     except ArchitectureError as exc:
         raise SpeculativeError(
             f"draft model folder {spec.model} is missing (no config.json) and no bundled "
-            f"configs/models/{name}.json describes it: {exc}") from exc
+            f"configs/models/{name}.json describes it: {exc}"
+        ) from exc
     arch = architecture_from_config(cfg, name=name, source=source)
     markov = _markov_head_params(cfg, arch.vocab_size) if spec.method == "dspark" else 0
     if markov:
@@ -61,29 +62,40 @@ def _draft_architecture(chat: ChatSpec) -> tuple[Architecture, str]:
     return arch, source
 
 
-def plan_drafter(chat: ChatSpec, target: Architecture, kv_dtype_bytes: int, kv_dtype_name: str,
-                 mtp_weight_bytes: int) -> Drafter:
+def plan_drafter(
+    chat: ChatSpec, target: Architecture, kv_dtype_bytes: int, kv_dtype_name: str, mtp_weight_bytes: int
+) -> Drafter:
     spec = chat.speculative
     k = spec.num_speculative_tokens
     if spec.method == "none":
         return Drafter("none", 0, 0, 0, 0, None)
     if spec.method == "ngram":
         if spec.prompt_lookup_min > spec.prompt_lookup_max:
-            raise SpeculativeError(f"chat.speculative: prompt_lookup_min {spec.prompt_lookup_min} > "
-                                   f"prompt_lookup_max {spec.prompt_lookup_max}")
-        cfg = {"method": "ngram", "num_speculative_tokens": k,
-               "prompt_lookup_min": spec.prompt_lookup_min, "prompt_lookup_max": spec.prompt_lookup_max}
+            raise SpeculativeError(
+                f"chat.speculative: prompt_lookup_min {spec.prompt_lookup_min} > "
+                f"prompt_lookup_max {spec.prompt_lookup_max}"
+            )
+        cfg = {
+            "method": "ngram",
+            "num_speculative_tokens": k,
+            "prompt_lookup_min": spec.prompt_lookup_min,
+            "prompt_lookup_max": spec.prompt_lookup_max,
+        }
         return Drafter("ngram", k, 0, 0, k, cfg)
     if spec.method == "mtp":
         if not target.mtp_layers:
-            raise SpeculativeError(f"chat.speculative.method mtp: {target.name} has no MTP head "
-                                   "(mtp_num_hidden_layers is 0); use ngram or a draft model")
+            raise SpeculativeError(
+                f"chat.speculative.method mtp: {target.name} has no MTP head "
+                "(mtp_num_hidden_layers is 0); use ngram or a draft model"
+            )
         cfg = {"method": "mtp", "num_speculative_tokens": k}
         return Drafter("mtp", k, mtp_weight_bytes, target.mtp_kv_bytes_per_token(kv_dtype_bytes), k, cfg)
     draft, _ = _draft_architecture(chat)
     if spec.method in ("draft_model", "dspark") and draft.vocab_size != target.vocab_size:
-        raise SpeculativeError(f"draft {draft.name} has vocabulary {draft.vocab_size:,} but the target "
-                               f"{target.name} has {target.vocab_size:,}; a draft must share the tokenizer")
+        raise SpeculativeError(
+            f"draft {draft.name} has vocabulary {draft.vocab_size:,} but the target "
+            f"{target.name} has {target.vocab_size:,}; a draft must share the tokenizer"
+        )
     if spec.method == "dspark" and kv_dtype_name not in ("auto", "bfloat16"):
         raise SpeculativeError(f"chat.speculative.method dspark needs bf16 KV; chat.kv_cache_dtype is {kv_dtype_name}")
     on_disk = safetensors_bytes(spec.model)
@@ -91,8 +103,23 @@ def plan_drafter(chat: ChatSpec, target: Architecture, kv_dtype_bytes: int, kv_d
         weights = on_disk
     else:
         shares = draft.published.get("shares_target_embeddings", False)
-        dtypes = {c: "bfloat16" for c in ("embed", "lm_head", "attention", "linear_attention", "mlp", "experts",
-                                          "shared_experts", "router", "norms", "mtp", "ple", "vision")}
+        dtypes = {
+            c: "bfloat16"
+            for c in (
+                "embed",
+                "lm_head",
+                "attention",
+                "linear_attention",
+                "mlp",
+                "experts",
+                "shared_experts",
+                "router",
+                "norms",
+                "mtp",
+                "ple",
+                "vision",
+            )
+        }
         comps = component_bytes(draft, dtypes)
         comps["mtp"] = 0
         if shares:

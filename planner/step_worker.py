@@ -24,12 +24,22 @@ class StepWorkerSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    narrow_step_threads: int | None = Field(ge=1, description="OpenMP threads of a step under wide_step_tokens "
-                                            "(decoding); None: every step on the engine's own threads.")
-    wide_step_tokens: int = Field(ge=1, description="A step of at least this many tokens (a prefill) runs on all the "
-                                  "engine's threads (chat.wide_step_tokens).")
-    idle_spin_s: float = Field(ge=0, le=1.0, description="How long the Worker busy-waits for its next step before "
-                               "it sleeps (chat.worker_idle_spin_s; vLLM's own is 1 s).")
+    narrow_step_threads: int | None = Field(
+        ge=1,
+        description="OpenMP threads of a step under wide_step_tokens "
+        "(decoding); None: every step on the engine's own threads.",
+    )
+    wide_step_tokens: int = Field(
+        ge=1,
+        description="A step of at least this many tokens (a prefill) runs on all the "
+        "engine's threads (chat.wide_step_tokens).",
+    )
+    idle_spin_s: float = Field(
+        ge=0,
+        le=1.0,
+        description="How long the Worker busy-waits for its next step before "
+        "it sleeps (chat.worker_idle_spin_s; vLLM's own is 1 s).",
+    )
 
     def as_env(self) -> dict[str, str]:
         """The environment variable that carries these settings to the Worker's process."""

@@ -22,10 +22,12 @@ class WakeAnswer(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    outcome: Literal["go", "busy", "over_budget"] = Field(description="go: the engine is awake and the request is "
-                                                         "counted in flight (the gateway must call request_ended); "
-                                                         "busy: 503, nothing could make room in time; "
-                                                         "over_budget: 429, the tenant's wakes are spent.")
+    outcome: Literal["go", "busy", "over_budget"] = Field(
+        description="go: the engine is awake and the request is "
+        "counted in flight (the gateway must call request_ended); "
+        "busy: 503, nothing could make room in time; "
+        "over_budget: 429, the tenant's wakes are spent."
+    )
     message: str = Field("", description="Why not, naming the model (and the limit), for the client.")
     retry_after_s: int = Field(0, description="The Retry-After seconds of a refusal.")
     woke: bool = Field(False, description="This request's wait included its engine's wake.")
@@ -37,8 +39,9 @@ class WakeLedger:
     def __init__(self, plan: OnDemandPlan, awake_at_start: list[str], now: float) -> None:
         self.plan = plan
         self.replica_of = {e.model_id: name for name, e in plan.engines.items()}
-        self.state: dict[str, EngineState] = {m: ("awake" if r in awake_at_start else "asleep")
-                                              for m, r in self.replica_of.items()}
+        self.state: dict[str, EngineState] = {
+            m: ("awake" if r in awake_at_start else "asleep") for m, r in self.replica_of.items()
+        }
         self.in_flight: dict[str, int] = {m: 0 for m in self.replica_of}
         self.last_used: dict[str, float] = {m: now for m in self.replica_of}  # idle counts from the start
         self._wakes: dict[tuple[str, str], deque[float]] = {}
@@ -67,16 +70,22 @@ class WakeLedger:
 
     def over_budget(self, tenant: str, model: str) -> WakeAnswer:
         limit = self.engine(model).tenant_wakes_per_hour
-        return WakeAnswer(outcome="over_budget", retry_after_s=int(WAKE_BUDGET_WINDOW_S / limit),
-                          message=f"model {model!r} is asleep and this tenant has used its {limit} wakes of it "
-                                  f"per hour (tenant_wakes_per_hour); retry later or use an awake model")
+        return WakeAnswer(
+            outcome="over_budget",
+            retry_after_s=int(WAKE_BUDGET_WINDOW_S / limit),
+            message=f"model {model!r} is asleep and this tenant has used its {limit} wakes of it "
+            f"per hour (tenant_wakes_per_hour); retry later or use an awake model",
+        )
 
     # ---- room ----
     def activity(self) -> dict[str, EngineActivity]:
         """By replica name, as planner/awake_sets.py takes it: waking and sleeping engines hold awake bytes."""
-        return {self.replica_of[m]: EngineActivity(awake=s != "asleep", in_flight=self.in_flight[m],
-                                                   last_used=self.last_used[m])
-                for m, s in self.state.items()}
+        return {
+            self.replica_of[m]: EngineActivity(
+                awake=s != "asleep", in_flight=self.in_flight[m], last_used=self.last_used[m]
+            )
+            for m, s in self.state.items()
+        }
 
     def to_sleep_for(self, model: str) -> list[str] | None:
         """Model ids to put to sleep, least recently used idle first, so `model` can wake; [] when it can wake
@@ -122,7 +131,10 @@ class WakeLedger:
     def busy(self, model: str, waited_s: float) -> WakeAnswer:
         busy = sorted(m for m, n in self.in_flight.items() if n and m != model)
         why = f" ({', '.join(busy)} busy with requests in flight)" if busy else ""
-        return WakeAnswer(outcome="busy", retry_after_s=max(1, int(self.engine(model).wake_timeout_s / 4)),
-                          message=f"model {model!r} is asleep and could not be woken within {waited_s:.0f}s: "
-                                  f"the pool holds at most {self.plan.max_awake} on-demand engine(s) awake and "
-                                  f"none could be put to sleep to make room{why}; retry later")
+        return WakeAnswer(
+            outcome="busy",
+            retry_after_s=max(1, int(self.engine(model).wake_timeout_s / 4)),
+            message=f"model {model!r} is asleep and could not be woken within {waited_s:.0f}s: "
+            f"the pool holds at most {self.plan.max_awake} on-demand engine(s) awake and "
+            f"none could be put to sleep to make room{why}; retry later",
+        )

@@ -22,26 +22,46 @@ from pathlib import Path
 from planner.architecture import Architecture
 
 BYTES_PER_PARAM = {
-    "float32": Fraction(4), "bfloat16": Fraction(2), "float16": Fraction(2), "bf16": Fraction(2),
-    "fp16": Fraction(2), "fp8": Fraction(1), "nvfp4": Fraction(1, 2) + Fraction(1, 16),
-    "int4": Fraction(1, 2) + Fraction(4, 128), "awq": Fraction(1, 2) + Fraction(4, 128),
-    "int3": Fraction(3, 8) + Fraction(4, 128), "mxfp4": Fraction(1, 2) + Fraction(1, 32),
+    "float32": Fraction(4),
+    "bfloat16": Fraction(2),
+    "float16": Fraction(2),
+    "bf16": Fraction(2),
+    "fp16": Fraction(2),
+    "fp8": Fraction(1),
+    "nvfp4": Fraction(1, 2) + Fraction(1, 16),
+    "int4": Fraction(1, 2) + Fraction(4, 128),
+    "awq": Fraction(1, 2) + Fraction(4, 128),
+    "int3": Fraction(3, 8) + Fraction(4, 128),
+    "mxfp4": Fraction(1, 2) + Fraction(1, 32),
 }
 QUANT_METHODS = ("none", "fp8", "nvfp4", "int4", "awq", "int3", "mxfp4")
 # Components a quantized checkpoint stores quantized unless the bundled facts say otherwise.
 DEFAULT_QUANTIZED = ("attention", "linear_attention", "mlp", "experts", "shared_experts")
-MAIN_COMPONENTS = ("embed", "lm_head", "attention", "linear_attention", "mlp", "experts",
-                   "shared_experts", "router", "norms")
+MAIN_COMPONENTS = (
+    "embed",
+    "lm_head",
+    "attention",
+    "linear_attention",
+    "mlp",
+    "experts",
+    "shared_experts",
+    "router",
+    "norms",
+)
 
 
 def _attention_params(a: Architecture) -> int:
     h = a.hidden_size
     if a.uses_mla:
         qk = a.qk_nope_head_dim + a.qk_rope_head_dim
-        q = h * a.q_lora_rank + a.q_lora_rank * a.num_attention_heads * qk if a.q_lora_rank else \
-            h * a.num_attention_heads * qk
+        q = (
+            h * a.q_lora_rank + a.q_lora_rank * a.num_attention_heads * qk
+            if a.q_lora_rank
+            else h * a.num_attention_heads * qk
+        )
         kv = h * (a.kv_lora_rank + a.qk_rope_head_dim) + a.kv_lora_rank * a.num_attention_heads * (
-            a.qk_nope_head_dim + a.v_head_dim)
+            a.qk_nope_head_dim + a.v_head_dim
+        )
         return q + kv + a.num_attention_heads * a.v_head_dim * h
     q = h * a.num_attention_heads * a.head_dim * (2 if a.attn_output_gate else 1)
     kv = 2 * h * a.num_kv_heads * a.head_dim
@@ -52,8 +72,13 @@ def _linear_params(a: Architecture) -> int:
     h = a.hidden_size
     if a.lin_kind == "gdn":
         kdim, vdim = a.lin_k_heads * a.lin_k_dim, a.lin_v_heads * a.lin_v_dim
-        return (h * (2 * kdim + 2 * vdim + 2 * a.lin_v_heads) + vdim * h
-                + (2 * kdim + vdim) * a.conv_kernel + 2 * a.lin_v_heads + a.lin_v_dim)
+        return (
+            h * (2 * kdim + 2 * vdim + 2 * a.lin_v_heads)
+            + vdim * h
+            + (2 * kdim + vdim) * a.conv_kernel
+            + 2 * a.lin_v_heads
+            + a.lin_v_dim
+        )
     if a.lin_kind == "mamba2":
         inner = a.lin_v_heads * a.lin_v_dim
         gs = 2 * a.mamba_groups * a.mamba_state
@@ -91,8 +116,9 @@ def component_params(a: Architecture) -> dict[str, int]:
     }
 
 
-def component_dtypes(a: Architecture, quantization: str, model_dtype: str,
-                     overrides: dict[str, str], quantized: tuple[str, ...]) -> dict[str, str]:
+def component_dtypes(
+    a: Architecture, quantization: str, model_dtype: str, overrides: dict[str, str], quantized: tuple[str, ...]
+) -> dict[str, str]:
     """dtype per component: quantized parts in the checkpoint's format, the rest in the model dtype."""
     base = "bfloat16" if model_dtype in ("auto", "float32") and quantization != "none" else model_dtype
     base = "bfloat16" if base == "auto" else base
@@ -101,14 +127,18 @@ def component_dtypes(a: Architecture, quantization: str, model_dtype: str,
         if quantization != "none" and comp in quantized:
             dtypes[comp] = quantization
         elif comp == "ple" and quantization != "none":
-            dtypes[comp] = "fp8"  # NVFP4 checkpoints of Flash-Next ship the PLE in fp8 (docs/DESIGN-FACTS.md section 3b)
+            dtypes[comp] = (
+                "fp8"  # NVFP4 checkpoints of Flash-Next ship the PLE in fp8 (docs/DESIGN-FACTS.md section 3b)
+            )
         else:
             dtypes[comp] = base
     for comp, dtype in overrides.items():
         if comp not in dtypes:
             raise ValueError(f"chat.component_dtypes: unknown component {comp!r}; known: {', '.join(dtypes)}")
         if dtype not in BYTES_PER_PARAM:
-            raise ValueError(f"chat.component_dtypes.{comp}: unknown dtype {dtype!r}; known: {', '.join(BYTES_PER_PARAM)}")
+            raise ValueError(
+                f"chat.component_dtypes.{comp}: unknown dtype {dtype!r}; known: {', '.join(BYTES_PER_PARAM)}"
+            )
         dtypes[comp] = dtype
     return dtypes
 

@@ -20,8 +20,9 @@ class LocalEmbedder:
     """The embedder's vectors; `chunker` replaces its own chunking (to compare chunkings): it returns
     Chunks, or plain texts (then stored without offsets)."""
 
-    def __init__(self, embedder: SentenceTransformerEmbedder,
-                 chunker: Callable[[str], list[Chunk] | list[str]] | None = None):
+    def __init__(
+        self, embedder: SentenceTransformerEmbedder, chunker: Callable[[str], list[Chunk] | list[str]] | None = None
+    ):
         self._embedder = embedder
         self._chunk = chunker
         self.tokens = 0  # tokens embedded for documents, as the gateway charges them
@@ -29,8 +30,10 @@ class LocalEmbedder:
     async def chunk_documents(self, texts: list[str]) -> list[list[Chunk]]:
         if self._chunk is None:
             return self._embedder.chunk_documents(texts)
-        return [[c if isinstance(c, Chunk) else Chunk(index=i, text=c) for i, c in enumerate(self._chunk(text))]
-                for text in texts]
+        return [
+            [c if isinstance(c, Chunk) else Chunk(index=i, text=c) for i, c in enumerate(self._chunk(text))]
+            for text in texts
+        ]
 
     async def embed_documents(self, texts: list[str]) -> np.ndarray:
         result = self._embedder.embed(texts)

@@ -73,12 +73,18 @@ def make_smoke_target(models: Path, tokenizer_from: Path, layers: int = SMOKE_LA
 def make_drafter(models: Path, tokenizer_from: Path) -> Path:
     target = _bundled("qwen3.8-27b")["text_config"]
     config = _bundled("qwen3.8-27b-dspark")
-    config.update({
-        "model_type": "qwen3", "architectures": ["Qwen3DSparkModel"],
-        "target_layer_ids": dflash_target_layers(target["num_hidden_layers"], DRAFT_LAYERS),
-        "mask_token_id": 0, "markov_rank": 256, "rms_norm_eps": 1e-6, "max_position_embeddings": 262144,
-        "rope_theta": 10000000,
-    })
+    config.update(
+        {
+            "model_type": "qwen3",
+            "architectures": ["Qwen3DSparkModel"],
+            "target_layer_ids": dflash_target_layers(target["num_hidden_layers"], DRAFT_LAYERS),
+            "mask_token_id": 0,
+            "markov_rank": 256,
+            "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 262144,
+            "rope_theta": 10000000,
+        }
+    )
     folder = models / "gpu" / "Qwen3.8-27B-DSpark-dummy"
     _with_tokenizer(folder, config, tokenizer_from)
     return folder
@@ -99,8 +105,12 @@ def main(models_dir: str = "models") -> None:
     tokenizer_from = models / "SmolLM2-135M-Instruct"
     if not (tokenizer_from / "tokenizer.json").exists():
         sys.exit(f"{tokenizer_from} has no tokenizer: run `make models` first")
-    for folder in (make_target(models, tokenizer_from), make_smoke_target(models, tokenizer_from),
-                   make_drafter(models, tokenizer_from), make_fp16_embedder(models)):
+    for folder in (
+        make_target(models, tokenizer_from),
+        make_smoke_target(models, tokenizer_from),
+        make_drafter(models, tokenizer_from),
+        make_fp16_embedder(models),
+    ):
         print(folder)
     if (models / "all-mpnet-base-v2" / "model.safetensors").exists():  # `make models-mpnet` installed it
         print(make_fp16_embedder(models, "all-mpnet-base-v2"))

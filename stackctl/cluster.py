@@ -17,13 +17,21 @@ from planner.plan import Plan, PoolPlan
 from planner.profile import PoolSpec, Profile
 
 # What `ray start` calls each port of RayPortsSpec; the first three are the head's alone.
-HEAD_ONLY_PORT_FLAGS = {"gcs": "--port", "ray_client_server": "--ray-client-server-port",
-                        "dashboard": "--dashboard-port"}
-NODE_PORT_FLAGS = {"dashboard_agent_listen": "--dashboard-agent-listen-port",
-                   "dashboard_agent_grpc": "--dashboard-agent-grpc-port", "metrics_export": "--metrics-export-port",
-                   "runtime_env_agent": "--runtime-env-agent-port", "node_manager": "--node-manager-port",
-                   "object_manager": "--object-manager-port", "min_worker": "--min-worker-port",
-                   "max_worker": "--max-worker-port"}
+HEAD_ONLY_PORT_FLAGS = {
+    "gcs": "--port",
+    "ray_client_server": "--ray-client-server-port",
+    "dashboard": "--dashboard-port",
+}
+NODE_PORT_FLAGS = {
+    "dashboard_agent_listen": "--dashboard-agent-listen-port",
+    "dashboard_agent_grpc": "--dashboard-agent-grpc-port",
+    "metrics_export": "--metrics-export-port",
+    "runtime_env_agent": "--runtime-env-agent-port",
+    "node_manager": "--node-manager-port",
+    "object_manager": "--object-manager-port",
+    "min_worker": "--min-worker-port",
+    "max_worker": "--max-worker-port",
+}
 
 
 def is_cluster(profile: Profile) -> bool:
@@ -65,13 +73,18 @@ def split_refusal(profile: Profile) -> str | None:
     a split engine (vllm_bridge/engine_ranks.py); on GPU pools the plan names vLLM's Ray executor, whose ranks'
     bundles per node are not handed to ray.serve.llm yet, and that path never ran (no two GPU nodes)."""
     pools = {pool.name: pool for pool in profile.pools}
-    split = [name for name, spec in profile.chat_engines()
-             if len(set(spec.nodes)) > 1 and any(pools[node].gpu for node in spec.nodes)]
+    split = [
+        name
+        for name, spec in profile.chat_engines()
+        if len(set(spec.nodes)) > 1 and any(pools[node].gpu for node in spec.nodes)
+    ]
     if not split:
         return None
-    return (f"chat engine {', '.join(split)} is split over GPU nodes: planned, but poolserve does not start it "
-            "yet (its Ray executor's placement bundles per node are not wired; docs/SPARK.md section 12 step "
-            "10). Place the engine on one node (`node:`), or split it over CPU pools")
+    return (
+        f"chat engine {', '.join(split)} is split over GPU nodes: planned, but poolserve does not start it "
+        "yet (its Ray executor's placement bundles per node are not wired; docs/SPARK.md section 12 step "
+        "10). Place the engine on one node (`node:`), or split it over CPU pools"
+    )
 
 
 def next_node_manager_port(spec: PoolSpec, last: int | None) -> int:
@@ -84,18 +97,26 @@ def next_node_manager_port(spec: PoolSpec, last: int | None) -> int:
     return ports.node_manager + (last - ports.node_manager + 1) % ports.node_manager_span
 
 
-def join_command(ray_bin: str, plan: Plan, spec: PoolSpec, head_address: str,
-                 node_manager_port: int | None = None) -> list[str]:
+def join_command(
+    ray_bin: str, plan: Plan, spec: PoolSpec, head_address: str, node_manager_port: int | None = None
+) -> list[str]:
     """`ray start` for a node that joins the head: its address, CPUs, object store, placement resource and
     fixed ports. No dashboard, client server or GCS of its own (those are the head's)."""
     pool = next(p for p in plan.pools if p.name == spec.name)
-    command = [ray_bin, "start", f"--address={head_address}", f"--node-ip-address={spec.address}",
-               f"--num-cpus={pool.cpus:g}", f"--object-store-memory={plan.ray.object_store_memory}",
-               "--disable-usage-stats"]
+    command = [
+        ray_bin,
+        "start",
+        f"--address={head_address}",
+        f"--node-ip-address={spec.address}",
+        f"--num-cpus={pool.cpus:g}",
+        f"--object-store-memory={plan.ray.object_store_memory}",
+        "--disable-usage-stats",
+    ]
     if pool.ray_resources:
         command.append(f"--resources={json.dumps(pool.ray_resources, sort_keys=True)}")
     flags = ray_port_flags(spec, head=False)
     if node_manager_port is not None:
-        flags = [f"--node-manager-port={node_manager_port}" if f.startswith("--node-manager-port=") else f
-                 for f in flags]
+        flags = [
+            f"--node-manager-port={node_manager_port}" if f.startswith("--node-manager-port=") else f for f in flags
+        ]
     return command + flags

@@ -90,16 +90,21 @@ def probe(ref: ModelRef, endpoint: str | None, staging: Path) -> HubModel:
     """The repo's listing and config.json at the pinned revision; no weight byte is read."""
     hub = ref.hub
     assert hub is not None
-    info = HfApi(endpoint=endpoint).model_info(hub.repo_id, revision=hub.revision, files_metadata=True,
-                                               timeout=HUB_TIMEOUT_S)
+    info = HfApi(endpoint=endpoint).model_info(
+        hub.repo_id, revision=hub.revision, files_metadata=True, timeout=HUB_TIMEOUT_S
+    )
     if not info.sha:
         raise ValueError(f"the hub named no commit for {hub.repo_id}@{hub.revision}")
     # A branch moves: everything below reads the commit it named now, so config and weights match.
     staged = staging / ref.section / ref.folder.name
-    path = hf_hub_download(hub.repo_id, "config.json", revision=info.sha, local_dir=staged, endpoint=endpoint,
-                           etag_timeout=HUB_TIMEOUT_S)
-    weights = {s.rfilename: (s.lfs.size if s.lfs else s.size) or 0 for s in info.siblings or []
-               if s.rfilename.endswith(".safetensors") and "/" not in s.rfilename}
+    path = hf_hub_download(
+        hub.repo_id, "config.json", revision=info.sha, local_dir=staged, endpoint=endpoint, etag_timeout=HUB_TIMEOUT_S
+    )
+    weights = {
+        s.rfilename: (s.lfs.size if s.lfs else s.size) or 0
+        for s in info.siblings or []
+        if s.rfilename.endswith(".safetensors") and "/" not in s.rfilename
+    }
     # The planner sizes a checkpoint by stat()-ing its safetensors: sparse files of the listed sizes let
     # it plan this exact checkpoint without a byte of it on disk.
     for name, size in weights.items():
@@ -127,6 +132,7 @@ def differences(model: HubModel) -> tuple[Path | None, list[str]]:
 
 def staged_profile(profile: Profile, staged: dict[str, Path]) -> Profile:
     """The profile with each hub model's folder replaced by its staged folder (section -> folder)."""
+
     def engine(name, chat):
         spec = chat.speculative
         if f"{name}.speculative" in staged:
@@ -152,13 +158,16 @@ def plan_table(plan: Plan) -> Table:
         facts = plan.engines.get(r.name)
         engine = ""
         if facts:
-            engine = (f"weights {gib(facts.weight_bytes)}, KV {facts.kv_pool_tokens:,} tokens, "
-                      f"max_num_seqs {facts.max_num_seqs}")
+            engine = (
+                f"weights {gib(facts.weight_bytes)}, KV {facts.kv_pool_tokens:,} tokens, "
+                f"max_num_seqs {facts.max_num_seqs}"
+            )
             if r.vllm and r.vllm.gpu_memory_utilization:
                 engine += f", gpu_memory_utilization {r.vllm.gpu_memory_utilization}"
         copies = f" x{r.num_replicas}" if r.num_replicas > 1 else ""
-        table.add_row(f"{r.name}{copies}", gib(r.pool_bytes), gib(r.pool_bytes - r.growth_bytes * r.num_replicas),
-                      engine)
+        table.add_row(
+            f"{r.name}{copies}", gib(r.pool_bytes), gib(r.pool_bytes - r.growth_bytes * r.num_replicas), engine
+        )
     return table
 
 
@@ -178,8 +187,12 @@ def _bar_class(progress: Progress, label: str) -> type[tqdm]:
                 amount = gib(self.n) + (f" / {gib(total)}" if total else "")
             else:
                 amount = f"{self.n}/{total or '?'} files"
-            fields = {"description": f"{label}: {self.desc.rstrip(': ')}", "completed": self.n, "total": total,
-                      "amount": amount}
+            fields = {
+                "description": f"{label}: {self.desc.rstrip(': ')}",
+                "completed": self.n,
+                "total": total,
+                "amount": amount,
+            }
             if self._task is None:
                 self._task = progress.add_task(**fields)
             else:
@@ -196,9 +209,16 @@ def download(model: HubModel, endpoint: str | None, console: Console) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TextColumn("{task.fields[amount]}"))
     with Progress(*columns, console=console) as progress:
-        snapshot_download(hub.repo_id, revision=model.commit, local_dir=folder, allow_patterns=list(ALLOW_PATTERNS),
-                          endpoint=endpoint, etag_timeout=HUB_TIMEOUT_S, max_workers=DOWNLOAD_WORKERS,
-                          tqdm_class=_bar_class(progress, model.ref.section))
+        snapshot_download(
+            hub.repo_id,
+            revision=model.commit,
+            local_dir=folder,
+            allow_patterns=list(ALLOW_PATTERNS),
+            endpoint=endpoint,
+            etag_timeout=HUB_TIMEOUT_S,
+            max_workers=DOWNLOAD_WORKERS,
+            tqdm_class=_bar_class(progress, model.ref.section),
+        )
     fetched = folder / "config.json"
     if not fetched.is_file() or json.loads(fetched.read_text()) != model.config:
         raise ValueError(f"{fetched} is not the config.json that was checked at {model.commit}")
@@ -245,13 +265,17 @@ def _replan(profile: Profile, models: list[HubModel], pool_bytes: int | None, co
     console.print(plan_table(plan))
     p = plan.pool
     start = f", {gib(p.start_headroom_bytes)} while starting" if plan.start_peak else ""
-    _say(console, f"fits: {gib(p.free_bytes - p.headroom_bytes)} of {gib(p.free_bytes)} free planned; "
-                  f"headroom {gib(p.headroom_bytes)}{start}")
+    _say(
+        console,
+        f"fits: {gib(p.free_bytes - p.headroom_bytes)} of {gib(p.free_bytes)} free planned; "
+        f"headroom {gib(p.headroom_bytes)}{start}",
+    )
     return True
 
 
-def fetch_profile(profile_path: Path, pool_bytes: int | None = None, console: Console | None = None,
-                  endpoint: str | None = None) -> int:
+def fetch_profile(
+    profile_path: Path, pool_bytes: int | None = None, console: Console | None = None, endpoint: str | None = None
+) -> int:
     """The command: returns the exit code (0 every model ready, 1 a folder is missing or the hub fails,
     2 the profile or its re-plan is refused)."""
     console = console or Console(stderr=True)
@@ -265,8 +289,11 @@ def fetch_profile(profile_path: Path, pool_bytes: int | None = None, console: Co
     missing = _local_missing(refs, console)
     if missing:
         # the plan needs every folder (the embedder's weights, a chat model's config): fetch all or nothing
-        _say(console, "not ready, nothing fetched: " + "; ".join(missing) + ". Provide the folder (make models) "
-                      "or give it a hub: source.")
+        _say(
+            console,
+            "not ready, nothing fetched: " + "; ".join(missing) + ". Provide the folder (make models) "
+            "or give it a hub: source.",
+        )
         return EXIT_FAILED
     hub_refs = [ref for ref in refs if ref.hub is not None]
     if not hub_refs:
@@ -278,8 +305,11 @@ def fetch_profile(profile_path: Path, pool_bytes: int | None = None, console: Co
             try:
                 models.append(probe(ref, endpoint, Path(tmp)))
             except HUB_ERRORS as exc:
-                _say(console, f"{ref.section}: cannot read config.json of {ref.hub.repo_id}@{ref.hub.revision}: "
-                              f"{exc.__class__.__name__}: {exc}")
+                _say(
+                    console,
+                    f"{ref.section}: cannot read config.json of {ref.hub.repo_id}@{ref.hub.revision}: "
+                    f"{exc.__class__.__name__}: {exc}",
+                )
                 return EXIT_FAILED
             _report(models[-1], console)
         if not _replan(profile, models, pool_bytes, console):

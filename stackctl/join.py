@@ -18,8 +18,7 @@ from planner.units import gib
 from system.cgroup import PoolUnavailable
 from system.private_files import make_private_dir
 from stackctl.cluster import join_command, next_node_manager_port, node_plan, pool_spec
-from stackctl.launcher import (StackLayout, _bin, down, enter_pool, run_preflight, secure_state_dir, stack_env,
-                               wind_down)
+from stackctl.launcher import StackLayout, _bin, down, enter_pool, run_preflight, secure_state_dir, stack_env, wind_down
 from stackctl.processes import stack_pids
 
 # A raylet that starts while its agents are slow to (a loaded machine) can die before it registers
@@ -30,8 +29,16 @@ JOIN_RETRY_PAUSE_S = 5.0
 NODE_POLL_S = 1.0
 
 
-def join(profile: Profile, plan: Plan, node: str, head_address: str, token_file: Path, layout: StackLayout, log=print,
-         ray_bin: str | None = None) -> int:
+def join(
+    profile: Profile,
+    plan: Plan,
+    node: str,
+    head_address: str,
+    token_file: Path,
+    layout: StackLayout,
+    log=print,
+    ray_bin: str | None = None,
+) -> int:
     """Run one more node of the profile's cluster in the foreground until signalled (or its raylet ends);
     always end this node's processes, and only those, on the way out."""
     if node == profile.pools[0].name:
@@ -75,19 +82,29 @@ def join(profile: Profile, plan: Plan, node: str, head_address: str, token_file:
             last_port.write_text(str(port))
             # In a session of its own, as on the head (launcher.py): a Ctrl-C reaches this process, which ends
             # the node's Ray processes in order.
-            started = subprocess.run(join_command(ray_bin or _bin("ray"), plan, spec, head_address, port), env=env,
-                                     start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     text=True, timeout=180)
+            started = subprocess.run(
+                join_command(ray_bin or _bin("ray"), plan, spec, head_address, port),
+                env=env,
+                start_new_session=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=180,
+            )
             if started.returncode == 0 or stopping["signal"] is not None:
                 break
-            log(f"ray start --address={head_address} failed ({started.returncode}, attempt {attempt} of "
-                f"{JOIN_ATTEMPTS}): {started.stderr[-1500:]}")
+            log(
+                f"ray start --address={head_address} failed ({started.returncode}, attempt {attempt} of "
+                f"{JOIN_ATTEMPTS}): {started.stderr[-1500:]}"
+            )
             down(layout, log)  # what the failed start left (its agents) before trying again
             time.sleep(JOIN_RETRY_PAUSE_S * attempt)  # a loaded machine gets a moment before the next start
         if started.returncode != 0:
             return 1
-        log(f"node {node} joined {head_address} at {spec.address}, raylet port {port} (pool {gib(spec.total) if spec.total != 'auto' else 'auto'}, "
-            f"resource {next(p for p in plan.pools if p.name == node).ray_resources})")
+        log(
+            f"node {node} joined {head_address} at {spec.address}, raylet port {port} (pool {gib(spec.total) if spec.total != 'auto' else 'auto'}, "
+            f"resource {next(p for p in plan.pools if p.name == node).ray_resources})"
+        )
         own = {os.getpid()}
         while stopping["signal"] is None:
             time.sleep(NODE_POLL_S)

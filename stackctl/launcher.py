@@ -41,13 +41,29 @@ from rag.store.store_schema import STORE_FILE, embedder_mismatch, recorded_embed
 from stackctl.cluster import gcs_address as cluster_gcs_address, is_cluster, node_plan, ray_port_flags, split_refusal
 from system.cgroup import MemoryCgroup, PoolUnavailable, create_pool, limited_cgroup, own_cgroup, remove_pool
 from system.private_files import make_private_dir, tighten_private, write_private
-from stackctl.preflight import (biggest_other_processes, can_drop_page_cache, check, drop_clean_page_cache, host_fits,
-                                read_live, read_live_gpu)
+from stackctl.preflight import (
+    biggest_other_processes,
+    can_drop_page_cache,
+    check,
+    drop_clean_page_cache,
+    host_fits,
+    read_live,
+    read_live_gpu,
+)
 from stackctl.processes import STACK_ENV, end_stack, stack_pids
 
 # Ray ports a head opens; each gets a free port so two stacks on one machine never collide.
-RAY_PORT_FLAGS = ("--port", "--ray-client-server-port", "--dashboard-port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
-                  "--metrics-export-port", "--runtime-env-agent-port", "--node-manager-port", "--object-manager-port")
+RAY_PORT_FLAGS = (
+    "--port",
+    "--ray-client-server-port",
+    "--dashboard-port",
+    "--dashboard-agent-listen-port",
+    "--dashboard-agent-grpc-port",
+    "--metrics-export-port",
+    "--runtime-env-agent-port",
+    "--node-manager-port",
+    "--object-manager-port",
+)
 SERVE_SHUTDOWN_GRACE_S = 60.0
 RAY_MEMORY_USAGE_THRESHOLD = 0.98
 
@@ -116,30 +132,40 @@ def stack_env(layout: StackLayout, base: dict | None = None, cluster: bool = Fal
     """The environment of every process of the stack. `cluster`: a node of several, whose Ray binds the
     pool's `address` (given explicitly) and lets other nodes join."""
     env = dict(os.environ if base is None else base)
-    env.update({
-        STACK_ENV: layout.stack_id,
-        "RAY_AUTH_MODE": "token",
-        "RAY_AUTH_TOKEN_PATH": str(layout.token_path),
-        # "0": one machine, 127.0.0.1 as the node address and no node may join; "1" for a node of several.
-        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1" if cluster else "0",
-        "RAY_USAGE_STATS_ENABLED": "0",
-        # Ray's memory monitor kills workers above 95% of the node's memory by default, a loading engine
-        # included. The pool guard sheds load at 90/95% of the pool first; Ray acts only past 98%.
-        "RAY_memory_usage_threshold": str(RAY_MEMORY_USAGE_THRESHOLD),
-        # Ray starts its workers (every replica, and so the engine it forks) at nice 15, behind anything
-        # else on the machine: a serving stack runs at normal priority, like raw vLLM. Measured under
-        # background load: 219 against 119 tokens/s at 8 streams (docs/BENCHMARKS.md section 4).
-        "RAY_worker_niceness": "0",
-    })
+    env.update(
+        {
+            STACK_ENV: layout.stack_id,
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(layout.token_path),
+            # "0": one machine, 127.0.0.1 as the node address and no node may join; "1" for a node of several.
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1" if cluster else "0",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            # Ray's memory monitor kills workers above 95% of the node's memory by default, a loading engine
+            # included. The pool guard sheds load at 90/95% of the pool first; Ray acts only past 98%.
+            "RAY_memory_usage_threshold": str(RAY_MEMORY_USAGE_THRESHOLD),
+            # Ray starts its workers (every replica, and so the engine it forks) at nice 15, behind anything
+            # else on the machine: a serving stack runs at normal priority, like raw vLLM. Measured under
+            # background load: 219 against 119 tokens/s at 8 streams (docs/BENCHMARKS.md section 4).
+            "RAY_worker_niceness": "0",
+        }
+    )
     env.pop("RAY_ADDRESS", None)  # never join some other cluster the shell points at
     return env
 
 
 def ray_start_command(ray_bin: str, plan: Plan, layout: StackLayout, ports: list[int]) -> list[str]:
-    command = [ray_bin, "start", "--head", "--node-ip-address=127.0.0.1", f"--temp-dir={layout.ray_temp_dir}",
-               f"--num-cpus={plan.ray.num_cpus:g}", f"--object-store-memory={plan.ray.object_store_memory}",
-               f"--include-dashboard={'true' if plan.ray.include_dashboard else 'false'}", "--dashboard-host=127.0.0.1",
-               "--disable-usage-stats"]
+    command = [
+        ray_bin,
+        "start",
+        "--head",
+        "--node-ip-address=127.0.0.1",
+        f"--temp-dir={layout.ray_temp_dir}",
+        f"--num-cpus={plan.ray.num_cpus:g}",
+        f"--object-store-memory={plan.ray.object_store_memory}",
+        f"--include-dashboard={'true' if plan.ray.include_dashboard else 'false'}",
+        "--dashboard-host=127.0.0.1",
+        "--disable-usage-stats",
+    ]
     command += [f"{flag}={port}" for flag, port in zip(RAY_PORT_FLAGS, ports)]
     return command
 
@@ -148,10 +174,22 @@ def head_start_command(ray_bin: str, plan: Plan, profile: Profile, layout: Stack
     """The head of several nodes: on its pool's link address and fixed ports (a firewall rule can name
     them), advertising its placement resource. The dashboard stays on loopback."""
     head = profile.pools[0]
-    return ([ray_bin, "start", "--head", f"--node-ip-address={head.address}", f"--temp-dir={layout.ray_temp_dir}",
-             f"--num-cpus={plan.pool.cpus:g}", f"--object-store-memory={plan.ray.object_store_memory}",
-             f"--include-dashboard={'true' if plan.ray.include_dashboard else 'false'}", "--dashboard-host=127.0.0.1",
-             "--disable-usage-stats"] + ray_port_flags(head, head=True) + node_resources_flag(plan, head.name))
+    return (
+        [
+            ray_bin,
+            "start",
+            "--head",
+            f"--node-ip-address={head.address}",
+            f"--temp-dir={layout.ray_temp_dir}",
+            f"--num-cpus={plan.pool.cpus:g}",
+            f"--object-store-memory={plan.ray.object_store_memory}",
+            f"--include-dashboard={'true' if plan.ray.include_dashboard else 'false'}",
+            "--dashboard-host=127.0.0.1",
+            "--disable-usage-stats",
+        ]
+        + ray_port_flags(head, head=True)
+        + node_resources_flag(plan, head.name)
+    )
 
 
 def node_resources_flag(plan: Plan, node: str) -> list[str]:
@@ -169,23 +207,30 @@ def direct_ingress_env(gateway_port: int, grpc_port: int) -> dict[str, str]:
     """Ray Serve's direct ingress, with the port range (Ray's max is exclusive) narrowed to the gateway's
     port: the gateway replica itself listens there. No quarantine: Ray holds a released port back for
     HAProxy's drain (150 s), which would keep a restarted gateway off its only port."""
-    return {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
-            "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(gateway_port),
-            "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(gateway_port + 1),
-            "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT": str(grpc_port),
-            "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": str(grpc_port + 1),
-            "RAY_SERVE_PORT_QUARANTINE_S": "0"}
+    return {
+        "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
+        "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(gateway_port),
+        "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(gateway_port + 1),
+        "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT": str(grpc_port),
+        "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": str(grpc_port + 1),
+        "RAY_SERVE_PORT_QUARANTINE_S": "0",
+    }
 
 
-def resolved_serve_config(serve_config: dict, profile: Profile, profile_path: Path,
-                          proxy_port: int | None = None, plan: Plan | None = None) -> dict:
+def resolved_serve_config(
+    serve_config: dict, profile: Profile, profile_path: Path, proxy_port: int | None = None, plan: Plan | None = None
+) -> dict:
     """serve.yaml with the gateway's address and request timeout taken from the profile (loopback unless
     opened there), and the plan preflight checked, which build_app then deploys as it is. With direct
     ingress the proxy, which Ray still starts, gets proxy_port instead."""
     config = yaml.safe_load(yaml.safe_dump(serve_config))
     port = proxy_port if profile.gateway.direct_ingress and proxy_port else profile.gateway.port
-    config["http_options"] = {**config.get("http_options", {}), "host": profile.gateway.host,
-                              "port": port, "request_timeout_s": profile.gateway.request_timeout_s}
+    config["http_options"] = {
+        **config.get("http_options", {}),
+        "host": profile.gateway.host,
+        "port": port,
+        "request_timeout_s": profile.gateway.request_timeout_s,
+    }
     config["applications"][0]["args"]["profile"] = str(profile_path.resolve())
     if plan is not None:
         config["applications"][0]["args"]["plan"] = plan.model_dump(mode="json")
@@ -202,8 +247,10 @@ def enter_pool(layout: StackLayout, pool_bytes: int, log) -> tuple[MemoryCgroup,
     origin = own_cgroup()
     pool = create_pool(f"poolserve-{layout.stack_id}", pool_bytes)
     pool.add(os.getpid())
-    log(f"memory pool: cgroup v{pool.version} {pool.path}, limit {gib(pool_bytes)}; Ray, every replica and "
-        "the engine run inside it")
+    log(
+        f"memory pool: cgroup v{pool.version} {pool.path}, limit {gib(pool_bytes)}; Ray, every replica and "
+        "the engine run inside it"
+    )
     return pool, origin
 
 
@@ -255,8 +302,9 @@ def private_temp_dir(path: Path) -> None:
     path.chmod(0o700)
 
 
-def up(serve_config_path: Path, profile: Profile, profile_path: Path, plan: Plan, log=print,
-       pool_bytes: int | None = None) -> int:
+def up(
+    serve_config_path: Path, profile: Profile, profile_path: Path, plan: Plan, log=print, pool_bytes: int | None = None
+) -> int:
     """Run the stack in the foreground until `serve run` exits or we are signalled; always clean up."""
     os.umask(0o077)
     layout = StackLayout(Path(profile.state_dir))
@@ -309,35 +357,62 @@ def up(serve_config_path: Path, profile: Profile, profile_path: Path, plan: Plan
             env.update(direct_ingress_env(profile.gateway.port, grpc_port))
         cluster = is_cluster(profile)
         gcs_address = cluster_gcs_address(profile) if cluster else f"127.0.0.1:{ports[0]}"
-        metrics_port = (spec.ray_ports.metrics_export if cluster
-                        else ports[RAY_PORT_FLAGS.index('--metrics-export-port')])
-        config = resolved_serve_config(yaml.safe_load(serve_config_path.read_text()), profile, profile_path,
-                                       proxy_port, plan)
+        metrics_port = (
+            spec.ray_ports.metrics_export if cluster else ports[RAY_PORT_FLAGS.index("--metrics-export-port")]
+        )
+        config = resolved_serve_config(
+            yaml.safe_load(serve_config_path.read_text()), profile, profile_path, proxy_port, plan
+        )
         resolved_path = layout.run_dir / "serve.yaml"
         resolved_path.write_text(yaml.safe_dump(config, sort_keys=False))
         # Ray's proxy refuses what a public path may not carry itself, before routing it to the gateway.
-        env.update(proxy_env(config["applications"][0].get("route_prefix") or "/",
-                             profile.gateway.login_form_max_bytes, profile.gateway.refusal_delay_s,
-                             profile.gateway.refusal_delay_max))
-        (layout.run_dir / "stack.yaml").write_text(yaml.safe_dump({
-            "stack_id": layout.stack_id, "gcs_address": gcs_address, "ray_temp_dir": str(layout.ray_temp_dir),
-            "gateway": f"http://{profile.gateway.host}:{profile.gateway.port}", "launcher_pid": os.getpid(),
-            # Ray's metrics agent (loopback): the engines' vLLM counters, exported as ray_vllm_*.
-            "ray_metrics": f"http://{spec.address if cluster else '127.0.0.1'}:{metrics_port}/metrics"}))
-        command = (head_start_command(_bin("ray"), plan, profile, layout) if cluster
-                   else ray_start_command(_bin("ray"), plan, layout, ports))
+        env.update(
+            proxy_env(
+                config["applications"][0].get("route_prefix") or "/",
+                profile.gateway.login_form_max_bytes,
+                profile.gateway.refusal_delay_s,
+                profile.gateway.refusal_delay_max,
+            )
+        )
+        (layout.run_dir / "stack.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "stack_id": layout.stack_id,
+                    "gcs_address": gcs_address,
+                    "ray_temp_dir": str(layout.ray_temp_dir),
+                    "gateway": f"http://{profile.gateway.host}:{profile.gateway.port}",
+                    "launcher_pid": os.getpid(),
+                    # Ray's metrics agent (loopback): the engines' vLLM counters, exported as ray_vllm_*.
+                    "ray_metrics": f"http://{spec.address if cluster else '127.0.0.1'}:{metrics_port}/metrics",
+                }
+            )
+        )
+        command = (
+            head_start_command(_bin("ray"), plan, profile, layout)
+            if cluster
+            else ray_start_command(_bin("ray"), plan, layout, ports)
+        )
         # Ray's processes in a session of their own: a Ctrl-C (or a signal to this process group) reaches this
         # launcher and `serve run`, and the launcher ends Ray in `ray stop`'s order (raylet, the rest, the GCS
         # last: a GCS signalled with everything else lingers until the SIGKILL 30 s later).
-        started = subprocess.run(command, env=env, start_new_session=True,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=180)
+        started = subprocess.run(
+            command,
+            env=env,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=180,
+        )
         if started.returncode != 0:
             log(f"ray start failed ({started.returncode}): {started.stderr[-2000:]}")
             return 1
         layout.ray_temp_dir.chmod(0o700)
-        log(f"ray head on {gcs_address} ({'nodes join there' if cluster else 'loopback only'}, token auth; "
+        log(
+            f"ray head on {gcs_address} ({'nodes join there' if cluster else 'loopback only'}, token auth; "
             f"token {layout.token_path}); "
-            f"gateway on http://{profile.gateway.host}:{profile.gateway.port}")
+            f"gateway on http://{profile.gateway.host}:{profile.gateway.port}"
+        )
         serve = subprocess.Popen([_bin("serve"), "run", "--address", gcs_address, str(resolved_path)], env=env)
         if stopping["signal"] is not None:
             serve.send_signal(signal.SIGINT)
@@ -360,8 +435,9 @@ def up(serve_config_path: Path, profile: Profile, profile_path: Path, plan: Plan
         wind_down(layout, pool, origin, previous, log)
 
 
-def wind_down(layout: StackLayout, pool: MemoryCgroup | None, origin: MemoryCgroup | None, previous: dict,
-              log=print) -> None:
+def wind_down(
+    layout: StackLayout, pool: MemoryCgroup | None, origin: MemoryCgroup | None, previous: dict, log=print
+) -> None:
     """End this stack's (or node's) processes and remove its pool, then give the signals back their
     handlers. A second Ctrl-C while it winds down must not cut the cleanup short."""
     for sig in previous:

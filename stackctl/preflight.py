@@ -49,9 +49,14 @@ class PreflightResult:
 def read_live(pool: MemoryCgroup | None = None) -> LiveMemory:
     info = host_meminfo()
     limit = pool.limit_bytes() if pool is not None else None
-    return LiveMemory(info["MemTotal"], info["MemAvailable"], info["MemFree"],
-                      info.get("Cached", 0) + info.get("Buffers", 0), limit,
-                      pool.usage_bytes() if pool is not None else 0)
+    return LiveMemory(
+        info["MemTotal"],
+        info["MemAvailable"],
+        info["MemFree"],
+        info.get("Cached", 0) + info.get("Buffers", 0),
+        limit,
+        pool.usage_bytes() if pool is not None else 0,
+    )
 
 
 def read_live_gpu(index: int = 0) -> LiveMemory:
@@ -71,8 +76,10 @@ def host_fits(plan: Plan) -> tuple[bool, str]:
     """Beside a discrete GPU the host lines (runtimes, Ray, the index) need host memory of their own."""
     available = host_meminfo()["MemAvailable"]
     ok = plan.pool.host_bytes <= available
-    return ok, (f"host: the plan's host lines need {gib(plan.pool.host_bytes)}, MemAvailable {gib(available)} -> "
-                f"{'fits' if ok else 'does NOT fit'}")
+    return ok, (
+        f"host: the plan's host lines need {gib(plan.pool.host_bytes)}, MemAvailable {gib(available)} -> "
+        f"{'fits' if ok else 'does NOT fit'}"
+    )
 
 
 def biggest_other_processes(exclude: set[int], count: int = 5) -> list[tuple[str, int]]:
@@ -115,8 +122,11 @@ def start_steps(plan: Plan) -> list[tuple[str, int, int]]:
     # issue 48: an on-demand engine beyond the plan's awake set starts asleep (deployments/chat.py): it holds
     # its asleep bytes (a CPU: none, its engine is not started) and has no start peak until a request wakes it
     demand = plan.on_demand
-    asleep = {} if demand is None else {n: e.asleep_bytes for n, e in demand.engines.items()
-                                        if n not in demand.worst_awake_set}
+    asleep = (
+        {}
+        if demand is None
+        else {n: e.asleep_bytes for n, e in demand.engines.items() if n not in demand.worst_awake_set}
+    )
     running, steps = plan.pool.ray_bytes + plan.pool.page_cache_bytes, []
     for replica in sorted(plan.replicas, key=lambda r: r.start_order):
         running += asleep.get(replica.name, replica.pool_bytes)
@@ -130,18 +140,24 @@ def check(plan: Plan, live: LiveMemory, others: list[tuple[str, int]] | None = N
     result = PreflightResult(ok=True)
     usable = live.usable
     where = f"pool {gib(live.pool_limit)} ({gib(live.pool_usage)} in use)" if live.pool_limit else "host"
-    result.lines.append(f"live: MemTotal {gib(live.total)}, MemAvailable {gib(live.available)}, MemFree "
-                        f"{gib(live.free)}, page cache {gib(live.page_cache)}; {where}; usable {gib(usable)}")
+    result.lines.append(
+        f"live: MemTotal {gib(live.total)}, MemAvailable {gib(live.available)}, MemFree "
+        f"{gib(live.free)}, page cache {gib(live.page_cache)}; {where}; usable {gib(usable)}"
+    )
     for name, peak, started in start_steps(plan):
         fits = peak <= usable
-        result.lines.append(f"  step {name}: {gib(peak)} at its start peak, {gib(started)} once started -> "
-                            f"{'fits' if fits else 'does NOT fit'}")
+        result.lines.append(
+            f"  step {name}: {gib(peak)} at its start peak, {gib(started)} once started -> "
+            f"{'fits' if fits else 'does NOT fit'}"
+        )
         result.ok = result.ok and fits
     shm = shm_free_bytes()
     if shm is not None and shm < plan.ray.object_store_memory:
-        result.lines.append(f"  /dev/shm has {gib(shm)} free but Ray's object store is planned at "
-                            f"{gib(plan.ray.object_store_memory)}: Ray would fall back to disk; enlarge /dev/shm "
-                            "or lower ray.object_store_memory")
+        result.lines.append(
+            f"  /dev/shm has {gib(shm)} free but Ray's object store is planned at "
+            f"{gib(plan.ray.object_store_memory)}: Ray would fall back to disk; enlarge /dev/shm "
+            "or lower ray.object_store_memory"
+        )
         result.ok = False
     # vLLM's GPU start check per engine, in start order: util x MemTotal must fit MemAvailable, sampled
     # after the engines before it took their share and after its own start-up footprint exists.
@@ -152,15 +168,19 @@ def check(plan: Plan, live: LiveMemory, others: list[tuple[str, int]] | None = N
             requested = int((replica.vllm.gpu_memory_utilization or 0) * live.total)
             seen = live.usable - taken - overhead.get(replica.name, 0)
             if requested > seen:
-                result.lines.append(f"  {replica.name}: vLLM's start check would refuse util x MemTotal "
-                                    f"{gib(requested)}: MemAvailable at its turn, less its own start-up, is {gib(seen)}")
+                result.lines.append(
+                    f"  {replica.name}: vLLM's start check would refuse util x MemTotal "
+                    f"{gib(requested)}: MemAvailable at its turn, less its own start-up, is {gib(seen)}"
+                )
                 result.ok = False
         taken += replica.pool_bytes
     if not result.ok:
         short = needed_bytes(plan) - usable
-        result.lines.append(f"refused: the plan needs {gib(needed_bytes(plan))}, {gib(usable)} is usable now "
-                            f"({gib(max(short, 0))} short). Free memory held by others, or plan for what is "
-                            f"free: `poolserve plan PROFILE --pool {max(usable, 0) // 2**20}MiB` shows what to shrink.")
+        result.lines.append(
+            f"refused: the plan needs {gib(needed_bytes(plan))}, {gib(usable)} is usable now "
+            f"({gib(max(short, 0))} short). Free memory held by others, or plan for what is "
+            f"free: `poolserve plan PROFILE --pool {max(usable, 0) // 2**20}MiB` shows what to shrink."
+        )
         if others:
             result.lines.append("held by other processes: " + ", ".join(f"{name} {gib(rss)}" for name, rss in others))
     return result

@@ -18,8 +18,10 @@ MEMORY_EVERY = 10  # requests of each kind between two /status reads
 
 
 def drift_rule(spec) -> str:
-    return (f"each replica's planned growth (budget - at-rest, /status); where the plan gives none, "
-            f"{spec.memory_drift_fraction:.0%} or {spec.memory_drift_bytes / 2**20:.0f} MiB, whichever is larger")
+    return (
+        f"each replica's planned growth (budget - at-rest, /status); where the plan gives none, "
+        f"{spec.memory_drift_fraction:.0%} or {spec.memory_drift_bytes / 2**20:.0f} MiB, whichever is larger"
+    )
 
 
 def drift_checks(result: LayerResult, samples: list[dict[str, int]], ctx: RunContext, label: str) -> None:
@@ -31,13 +33,17 @@ def drift_checks(result: LayerResult, samples: list[dict[str, int]], ctx: RunCon
     drifts = memory_drift(samples, ctx.spec.memory_drift_fraction, ctx.spec.memory_drift_bytes, planned_growth=planned)
     result.figures[f"memory drift ({label}, {len(samples)} /status reads)"] = [d.as_dict() for d in drifts]
     # The whole series, so a fail shows its shape: a step (a cache filling once) or a slope (a leak).
-    result.figures["memory series (MiB)"] = {d.replica: [round(s[d.replica] / 2**20) for s in samples if d.replica in s]
-                                             for d in drifts}
+    result.figures["memory series (MiB)"] = {
+        d.replica: [round(s[d.replica] / 2**20) for s in samples if d.replica in s] for d in drifts
+    }
     result.check("memory read from /status", bool(drifts), f"{len(drifts)} replicas")
     for drift in drifts:
         d = drift.as_dict()
-        result.check(f"{drift.replica} memory flat", drift.ok,
-                     f"{d['growth_mib']:+} MiB ({d['growth_pct']}%) allowed {d['allowed_mib']} MiB")
+        result.check(
+            f"{drift.replica} memory flat",
+            drift.ok,
+            f"{d['growth_mib']:+} MiB ({d['growth_pct']}%) allowed {d['allowed_mib']} MiB",
+        )
 
 
 def layer1(ctx: RunContext, result: LayerResult) -> None:
@@ -45,8 +51,11 @@ def layer1(ctx: RunContext, result: LayerResult) -> None:
     tenant = ctx.tenants[0]
     gw = ctx.gateway(tenant)
     result.thresholds = {"requests per kind": count, "memory drift": drift_rule(ctx.spec)}
-    calls = (lambda i: gw.chat(f"Name one colour. ({i})", 16), lambda i: gw.rag(COLLECTION, QUESTIONS[i % len(QUESTIONS)]),
-             lambda i: gw.embed(f"A sentence to embed, number {i}."))
+    calls = (
+        lambda i: gw.chat(f"Name one colour. ({i})", 16),
+        lambda i: gw.rag(COLLECTION, QUESTIONS[i % len(QUESTIONS)]),
+        lambda i: gw.embed(f"A sentence to embed, number {i}."),
+    )
     try:
         for i in range(WARMUP_REQUESTS):
             for call in calls:
@@ -62,8 +71,11 @@ def layer1(ctx: RunContext, result: LayerResult) -> None:
     table = summarize(outcomes)
     result.figures["latency per route (sequential)"] = table
     for route, row in table.items():
-        result.check(f"{route}: every request answered", row["errors"] == 0 and row["timeouts"] == 0 and row["ok"] == count,
-                     f"{row['ok']}/{count} ok, {row['errors']} errors, {row['timeouts']} timeouts")
+        result.check(
+            f"{route}: every request answered",
+            row["errors"] == 0 and row["timeouts"] == 0 and row["ok"] == count,
+            f"{row['ok']}/{count} ok, {row['errors']} errors, {row['timeouts']} timeouts",
+        )
     drift_checks(result, samples, ctx, f"after {WARMUP_REQUESTS} warm-up requests of each kind")
 
 
@@ -75,8 +87,15 @@ def fresh_salt() -> str:
 
 def _stream(gw, content: str, max_tokens: int) -> dict:
     """One streamed chat: time to first token, decode rate, the text and the final usage."""
-    body = {"model": gw.chat_model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
-            "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}, "cache_salt": fresh_salt()}
+    body = {
+        "model": gw.chat_model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "cache_salt": fresh_salt(),
+    }
     started, first, text, usage, done = time.monotonic(), None, "", None, False
     with gw.http.stream("POST", "/v1/chat/completions", json=body) as response:
         if response.status_code != 200:
@@ -84,7 +103,7 @@ def _stream(gw, content: str, max_tokens: int) -> dict:
         for line in response.iter_lines():
             if not line.startswith("data: "):
                 continue
-            data = line[len("data: "):]
+            data = line[len("data: ") :]
             if data == "[DONE]":
                 done = True
                 break
@@ -99,13 +118,25 @@ def _stream(gw, content: str, max_tokens: int) -> dict:
     ended = time.monotonic()
     completion = (usage or {}).get("completion_tokens", 0)
     decode = (completion - 1) / (ended - first) if first and completion > 1 and ended > first else None
-    return {"status": 200, "done": done, "usage": usage, "text": text, "ttft_s": round(first - started, 3) if first else None,
-            "decode_tok_s": round(decode, 1) if decode else None, "seconds": round(ended - started, 3)}
+    return {
+        "status": 200,
+        "done": done,
+        "usage": usage,
+        "text": text,
+        "ttft_s": round(first - started, 3) if first else None,
+        "decode_tok_s": round(decode, 1) if decode else None,
+        "seconds": round(ended - started, 3),
+    }
 
 
 def _plain(gw, content: str, max_tokens: int) -> dict:
-    body = {"model": gw.chat_model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
-            "temperature": 0.0, "cache_salt": fresh_salt()}
+    body = {
+        "model": gw.chat_model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "cache_salt": fresh_salt(),
+    }
     started = time.monotonic()
     response = gw.http.post("/v1/chat/completions", json=body)
     seconds = time.monotonic() - started
@@ -119,8 +150,12 @@ def _plain(gw, content: str, max_tokens: int) -> dict:
 def layer2(ctx: RunContext, result: LayerResult) -> None:
     limit, answer_tokens = ctx.max_model_len, 32
     fractions = ctx.spec.quick_long_context_fractions if ctx.quick else ctx.spec.long_context_fractions
-    result.thresholds = {"max_model_len": limit, "prompt + max_tokens": [f"{f:.0%}" for f in fractions],
-                         "max_tokens": answer_tokens, "over the limit by one token": "400"}
+    result.thresholds = {
+        "max_model_len": limit,
+        "prompt + max_tokens": [f"{f:.0%}" for f in fractions],
+        "max_tokens": answer_tokens,
+        "over the limit by one token": "400",
+    }
     gw = ctx.gateway(ctx.tenants[0])
     rows, at_limit = [], None
     try:
@@ -134,32 +169,50 @@ def layer2(ctx: RunContext, result: LayerResult) -> None:
             for mode, call in (("plain", _plain), ("stream", _stream)):
                 got = call(gw, content, answer_tokens)
                 usage = got.get("usage") or {}
-                row = {"context": f"{fraction:.0%}", "mode": mode, "prompt_tokens": usage.get("prompt_tokens"),
-                       "completion_tokens": usage.get("completion_tokens"), "seconds": got.get("seconds"),
-                       "ttft_s": got.get("ttft_s"), "decode_tok_s": got.get("decode_tok_s")}
+                row = {
+                    "context": f"{fraction:.0%}",
+                    "mode": mode,
+                    "prompt_tokens": usage.get("prompt_tokens"),
+                    "completion_tokens": usage.get("completion_tokens"),
+                    "seconds": got.get("seconds"),
+                    "ttft_s": got.get("ttft_s"),
+                    "decode_tok_s": got.get("decode_tok_s"),
+                }
                 rows.append(row)
                 name = f"{fraction:.0%} {mode}"
-                if not result.check(f"{name}: answered", got.get("status") == 200 and got.get("done"),
-                                    got.get("error", "")):
+                if not result.check(
+                    f"{name}: answered", got.get("status") == 200 and got.get("done"), got.get("error", "")
+                ):
                     continue
-                result.check(f"{name}: prompt not truncated", usage.get("prompt_tokens") == tokens,
-                             f"sent {tokens} tokens, usage says {usage.get('prompt_tokens')}")
+                result.check(
+                    f"{name}: prompt not truncated",
+                    usage.get("prompt_tokens") == tokens,
+                    f"sent {tokens} tokens, usage says {usage.get('prompt_tokens')}",
+                )
                 adds_up = usage.get("total_tokens") == usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
                 result.check(f"{name}: usage adds up", adds_up, json.dumps(usage))
-                result.check(f"{name}: answer continues after the prompt",
-                             usage.get("completion_tokens", 0) >= 1 and bool(got.get("text", "").strip()),
-                             f"{usage.get('completion_tokens')} tokens: {got.get('text', '')[:60]!r}")
+                result.check(
+                    f"{name}: answer continues after the prompt",
+                    usage.get("completion_tokens", 0) >= 1 and bool(got.get("text", "").strip()),
+                    f"{usage.get('completion_tokens')} tokens: {got.get('text', '')[:60]!r}",
+                )
         result.figures["long prompts"] = rows
         if at_limit is None:
             content, tokens = sizer.exact(limit - answer_tokens, tag="[1.00] ")
         else:
             content, tokens = at_limit
-        response = gw.http.post("/v1/chat/completions", json={
-            "model": gw.chat_model, "messages": [{"role": "user", "content": content}],
-            "max_tokens": limit - tokens + 1})
-        result.figures["one token over"] = f"prompt {tokens} + max_tokens {limit - tokens + 1} = {limit + 1}: " \
-                                           f"{response.status_code} {response.text[:160]}"
-        result.check("one token over the limit: clean 400", response.status_code == 400,
-                     f"{response.status_code}")
+        response = gw.http.post(
+            "/v1/chat/completions",
+            json={
+                "model": gw.chat_model,
+                "messages": [{"role": "user", "content": content}],
+                "max_tokens": limit - tokens + 1,
+            },
+        )
+        result.figures["one token over"] = (
+            f"prompt {tokens} + max_tokens {limit - tokens + 1} = {limit + 1}: "
+            f"{response.status_code} {response.text[:160]}"
+        )
+        result.check("one token over the limit: clean 400", response.status_code == 400, f"{response.status_code}")
     finally:
         gw.close()

@@ -20,8 +20,12 @@ FACTS = [
     "Basil grows best in warm soil with six hours of sun a day.",
     "The Tarn express train runs from Odrin to Vessa in three hours and ten minutes.",
 ]
-QUESTIONS = ["Who built the Quorvex lighthouse?", "When was the Velmora bridge opened?",
-             "What is copper used for?", "How large is the Harlan telescope?"]
+QUESTIONS = [
+    "Who built the Quorvex lighthouse?",
+    "When was the Velmora bridge opened?",
+    "What is copper used for?",
+    "How large is the Harlan telescope?",
+]
 
 
 @dataclass(frozen=True)
@@ -34,7 +38,9 @@ class Outcome:
     started: float = 0.0
 
 
-def timed(route: str, call: Callable[[], httpx.Response], check: Callable[[httpx.Response], str] | None = None) -> Outcome:
+def timed(
+    route: str, call: Callable[[], httpx.Response], check: Callable[[httpx.Response], str] | None = None
+) -> Outcome:
     """Run one request; a 2xx whose body fails `check` (returns a reason) is an error too."""
     started = time.monotonic()
     try:
@@ -71,15 +77,22 @@ class Gateway:
     def __init__(self, base_url: str, key: str, timeout_s: float, chat_model: str, embed_model: str, tenant: str = ""):
         self.base_url, self.tenant = base_url.rstrip("/"), tenant
         self.chat_model, self.embed_model = chat_model, embed_model
-        self.http = httpx.Client(base_url=self.base_url, headers={"Authorization": f"Bearer {key}"},
-                                 timeout=httpx.Timeout(timeout_s, connect=10.0))
+        self.http = httpx.Client(
+            base_url=self.base_url,
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=httpx.Timeout(timeout_s, connect=10.0),
+        )
 
     def close(self) -> None:
         self.http.close()
 
     def chat(self, content: str, max_tokens: int = 16) -> Outcome:
-        body = {"model": self.chat_model, "messages": [{"role": "user", "content": content}],
-                "max_tokens": max_tokens, "temperature": 0.0}
+        body = {
+            "model": self.chat_model,
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+        }
         return timed("chat", lambda: self.http.post("/v1/chat/completions", json=body), _has_choice)
 
     def rag(self, collection: str, question: str, max_tokens: int = 24) -> Outcome:
@@ -91,8 +104,9 @@ class Gateway:
         return timed("embeddings", lambda: self.http.post("/v1/embeddings", json=body), _has_vectors)
 
     def ingest(self, collection: str, documents: list[dict]) -> Outcome:
-        return timed("ingest", lambda: self.http.post(f"/v1/collections/{collection}/documents",
-                                                      json={"documents": documents}))
+        return timed(
+            "ingest", lambda: self.http.post(f"/v1/collections/{collection}/documents", json={"documents": documents})
+        )
 
     def document_ids(self, collection: str) -> set[str]:
         ids, params = set(), {}
@@ -111,8 +125,11 @@ class Admin:
 
     def __init__(self, base_url: str, admin_key: str, timeout_s: float = 60.0):
         self.base_url = base_url.rstrip("/")
-        self.http = httpx.Client(base_url=self.base_url, headers={"Authorization": f"Bearer {admin_key}"},
-                                 timeout=httpx.Timeout(timeout_s, connect=10.0))
+        self.http = httpx.Client(
+            base_url=self.base_url,
+            headers={"Authorization": f"Bearer {admin_key}"},
+            timeout=httpx.Timeout(timeout_s, connect=10.0),
+        )
         self.created: list[str] = []
 
     def close(self) -> None:
@@ -180,8 +197,9 @@ class Admin:
 
     def replica_memory(self) -> dict[str, int]:
         """Measured PSS per replica (its whole process tree), as /status reports it."""
-        return {r["name"]: int(r["measured_bytes"]) for r in self.status().get("replicas", [])
-                if r.get("measured_bytes")}
+        return {
+            r["name"]: int(r["measured_bytes"]) for r in self.status().get("replicas", []) if r.get("measured_bytes")
+        }
 
     def wait_healthy(self, since: float, timeout_s: float, settle_s: float = 3.0) -> float | None:
         """Seconds from `since` until /healthz answers 200 (after the gateway's 2 s health cache has

@@ -38,8 +38,14 @@ class RunContext:
         return self.profile.chat.max_model_len
 
     def gateway(self, tenant: str, timeout_s: float | None = None) -> Gateway:
-        return Gateway(self.base_url, self.keys[tenant], timeout_s or self.spec.client_timeout_s,
-                       self.profile.chat.model_id, self.profile.embedder.model_id, tenant)
+        return Gateway(
+            self.base_url,
+            self.keys[tenant],
+            timeout_s or self.spec.client_timeout_s,
+            self.profile.chat.model_id,
+            self.profile.embedder.model_id,
+            tenant,
+        )
 
     @property
     def tenants(self) -> list[str]:
@@ -71,6 +77,8 @@ def not_local(result: LayerResult, ctx: RunContext, what: str) -> bool:
     if ctx.stack is not None:
         return False
     result.verdict = "not run"
-    result.notes.append(f"{what} needs the stack on this machine: pass --serve-config (and --profile, --pool as it "
-                        f"was started); against {ctx.base_url} alone it cannot run")
+    result.notes.append(
+        f"{what} needs the stack on this machine: pass --serve-config (and --profile, --pool as it "
+        f"was started); against {ctx.base_url} alone it cannot run"
+    )
     return True

@@ -13,8 +13,13 @@ from stress.client import Outcome
 from stress.measure import latency_summary
 
 
-def run_clients(clients: int, operation: Callable[[int, int], Outcome], seconds: float | None = None,
-                total: int | None = None, stop: threading.Event | None = None) -> list[Outcome]:
+def run_clients(
+    clients: int,
+    operation: Callable[[int, int], Outcome],
+    seconds: float | None = None,
+    total: int | None = None,
+    stop: threading.Event | None = None,
+) -> list[Outcome]:
     """`clients` threads call operation(client, n) until `seconds` have passed or `total` calls were made
     (whichever comes first; at least one of them bounds the run), or `stop` is set."""
     if seconds is None and total is None:
@@ -47,9 +52,14 @@ def summarize(outcomes: Sequence[Outcome]) -> dict:
     table = {}
     for route, items in sorted(by_route.items()):
         kinds = Counter(o.kind for o in items)
-        table[route] = {"requests": len(items), "ok": kinds["ok"], "429/503": kinds["intended"],
-                        "errors": kinds["error"], "timeouts": kinds["timeout"],
-                        **latency_summary([o.seconds for o in items if o.kind == "ok"])}
+        table[route] = {
+            "requests": len(items),
+            "ok": kinds["ok"],
+            "429/503": kinds["intended"],
+            "errors": kinds["error"],
+            "timeouts": kinds["timeout"],
+            **latency_summary([o.seconds for o in items if o.kind == "ok"]),
+        }
         table[route].pop("count", None)
     return table
 

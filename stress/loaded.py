@@ -37,6 +37,7 @@ def stop_thermal(ctx: RunContext) -> None:
 
 def mixed_operation(ctx: RunContext, gateways: list):
     """Per 10 requests: 4 chats, 2 RAG queries, 3 embeddings, 1 small ingest; clients spread over tenants."""
+
     def operation(client: int, n: int):
         gw = gateways[client % len(gateways)]
         kind = n % 10
@@ -51,6 +52,7 @@ def mixed_operation(ctx: RunContext, gateways: list):
         if outcome.kind == "ok":
             ctx.acknowledge(gw.tenant, doc_id)
         return outcome
+
     return operation
 
 
@@ -58,9 +60,14 @@ def layer3(ctx: RunContext, result: LayerResult) -> None:
     spec = ctx.spec
     seconds = spec.quick_concurrency_seconds if ctx.quick else spec.concurrency_seconds
     warmup = min(spec.warmup_seconds, seconds / 4)
-    result.thresholds = {"clients": spec.concurrency_clients, "seconds": seconds, "tenants": len(ctx.tenants),
-                         "errors other than 429/503": 0, "client timeouts": f"0 (timeout {spec.client_timeout_s:g} s)",
-                         "memory drift": drift_rule(spec)}
+    result.thresholds = {
+        "clients": spec.concurrency_clients,
+        "seconds": seconds,
+        "tenants": len(ctx.tenants),
+        "errors other than 429/503": 0,
+        "client timeouts": f"0 (timeout {spec.client_timeout_s:g} s)",
+        "memory drift": drift_rule(spec),
+    }
     gateways = [ctx.gateway(tenant) for tenant in ctx.tenants]
     started = time.monotonic()
     try:
@@ -87,10 +94,19 @@ def layer4(ctx: RunContext, result: LayerResult) -> None:
     total = spec.quick_mixed_requests if ctx.quick else spec.mixed_requests
     concurrency = spec.quick_mixed_concurrency if ctx.quick else spec.mixed_concurrency
     answer = 16
-    sizes = {"short": spec.short_prompt_tokens, "medium": spec.medium_prompt_tokens,
-             "long": min(spec.long_prompt_tokens, ctx.max_model_len - answer - 8)}
-    result.thresholds = {"concurrency": concurrency, "requests": total, "mix": "30% short, 50% medium, "
-                         "20% long", "prompt tokens": sizes, "short p95": f"<= {spec.short_p95_s:g} s", "errors": 0}
+    sizes = {
+        "short": spec.short_prompt_tokens,
+        "medium": spec.medium_prompt_tokens,
+        "long": min(spec.long_prompt_tokens, ctx.max_model_len - answer - 8),
+    }
+    result.thresholds = {
+        "concurrency": concurrency,
+        "requests": total,
+        "mix": "30% short, 50% medium, 20% long",
+        "prompt tokens": sizes,
+        "short p95": f"<= {spec.short_p95_s:g} s",
+        "errors": 0,
+    }
     gw = ctx.gateway(ctx.tenants[0])
     try:
         sizer = PromptSizer(gw.http, gw.chat_model)
@@ -103,7 +119,9 @@ def layer4(ctx: RunContext, result: LayerResult) -> None:
             bucket = order[n]
             # A distinct first line per request: no two share a cached prefix.
             outcome = gw.chat(filler_prompt(units[bucket], tag=f"Request {n}. "), answer)
-            return outcome.__class__(bucket, outcome.status, outcome.seconds, outcome.kind, outcome.detail, outcome.started)
+            return outcome.__class__(
+                bucket, outcome.status, outcome.seconds, outcome.kind, outcome.detail, outcome.started
+            )
 
         outcomes = run_clients(concurrency, operation, total=total)
     finally:
@@ -111,21 +129,29 @@ def layer4(ctx: RunContext, result: LayerResult) -> None:
     table = {}
     for bucket in ("short", "medium", "long"):
         mine = [o for o in outcomes if o.route == bucket]
-        table[bucket] = {"requests": len(mine), "failed": sum(o.kind != "ok" for o in mine),
-                         **latency_summary([o.seconds for o in mine if o.kind == "ok"])}
+        table[bucket] = {
+            "requests": len(mine),
+            "failed": sum(o.kind != "ok" for o in mine),
+            **latency_summary([o.seconds for o in mine if o.kind == "ok"]),
+        }
         table[bucket].pop("count", None)
     result.figures["per length bucket"] = table
     failed = sum(row["failed"] for row in table.values())
     result.check("every request answered", failed == 0, "; ".join(error_examples(outcomes)) or "0 failed")
     short_p95 = table["short"].get("p95_s")
-    result.check("short prompts do not starve", short_p95 is not None and short_p95 <= spec.short_p95_s,
-                 f"short p95 {short_p95} s")
+    result.check(
+        "short prompts do not starve",
+        short_p95 is not None and short_p95 <= spec.short_p95_s,
+        f"short p95 {short_p95} s",
+    )
 
 
 def layer6(ctx: RunContext, result: LayerResult) -> None:
     spec = ctx.spec
-    result.thresholds = {"sustained clock drop": f"> {spec.clock_drop_fraction:.0%} for >= {spec.clock_drop_seconds:g} s",
-                         "max temperature": f"{spec.max_temperature_c} C" if spec.max_temperature_c else "not set"}
+    result.thresholds = {
+        "sustained clock drop": f"> {spec.clock_drop_fraction:.0%} for >= {spec.clock_drop_seconds:g} s",
+        "max temperature": f"{spec.max_temperature_c} C" if spec.max_temperature_c else "not set",
+    }
     if "started" not in ctx.thermal:
         result.verdict = "not run"
         result.notes.append("layer 6 samples during layers 3 and 4; neither ran")

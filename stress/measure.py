@@ -7,8 +7,15 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-LAYER_NAMES = {1: "single-request stability", 2: "long context", 3: "high concurrency", 4: "mixed lengths",
-               5: "crash recovery", 6: "thermal throttling", 7: "upgrade compatibility"}
+LAYER_NAMES = {
+    1: "single-request stability",
+    2: "long context",
+    3: "high concurrency",
+    4: "mixed lengths",
+    5: "crash recovery",
+    6: "thermal throttling",
+    7: "upgrade compatibility",
+}
 
 
 def parse_layers(text: str) -> list[int]:
@@ -44,10 +51,16 @@ def latency_summary(values: Sequence[float]) -> dict:
     """Count, mean, standard deviation, p50/p95/p99, min and max in seconds (rounded to the millisecond)."""
     if not values:
         return {"count": 0}
-    summary = {"count": len(values), "mean_s": statistics.fmean(values),
-               "stdev_s": statistics.stdev(values) if len(values) > 1 else 0.0,
-               "p50_s": percentile(values, 0.50), "p95_s": percentile(values, 0.95),
-               "p99_s": percentile(values, 0.99), "min_s": min(values), "max_s": max(values)}
+    summary = {
+        "count": len(values),
+        "mean_s": statistics.fmean(values),
+        "stdev_s": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "p50_s": percentile(values, 0.50),
+        "p95_s": percentile(values, 0.95),
+        "p99_s": percentile(values, 0.99),
+        "min_s": min(values),
+        "max_s": max(values),
+    }
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in summary.items()}
 
 
@@ -67,14 +80,24 @@ class Drift:
         return self.growth_bytes <= self.allowed_bytes
 
     def as_dict(self) -> dict:
-        return {"replica": self.replica, "baseline_mib": round(self.baseline_bytes / 2**20, 1),
-                "end_mib": round(self.end_bytes / 2**20, 1), "growth_mib": round(self.growth_bytes / 2**20, 1),
-                "growth_pct": round(100 * self.growth_bytes / self.baseline_bytes, 2) if self.baseline_bytes else None,
-                "allowed_mib": round(self.allowed_bytes / 2**20, 1), "ok": self.ok}
+        return {
+            "replica": self.replica,
+            "baseline_mib": round(self.baseline_bytes / 2**20, 1),
+            "end_mib": round(self.end_bytes / 2**20, 1),
+            "growth_mib": round(self.growth_bytes / 2**20, 1),
+            "growth_pct": round(100 * self.growth_bytes / self.baseline_bytes, 2) if self.baseline_bytes else None,
+            "allowed_mib": round(self.allowed_bytes / 2**20, 1),
+            "ok": self.ok,
+        }
 
 
-def memory_drift(samples: Sequence[dict[str, int]], fraction: float, floor_bytes: int, window: int = 3,
-                 planned_growth: Mapping[str, int] | None = None) -> list[Drift]:
+def memory_drift(
+    samples: Sequence[dict[str, int]],
+    fraction: float,
+    floor_bytes: int,
+    window: int = 3,
+    planned_growth: Mapping[str, int] | None = None,
+) -> list[Drift]:
     """Growth of each replica's memory from the start to the end of a series of /status samples.
 
     Baseline and end are medians of the first and last `window` samples, so one sample taken while a
@@ -97,8 +120,9 @@ def memory_drift(samples: Sequence[dict[str, int]], fraction: float, floor_bytes
     return drifts
 
 
-def sustained_drop(samples: Sequence[tuple[float, float]], fraction: float, seconds: float,
-                   reference_count: int = 3) -> dict:
+def sustained_drop(
+    samples: Sequence[tuple[float, float]], fraction: float, seconds: float, reference_count: int = 3
+) -> dict:
     """The longest run of (time, clock) samples below (1 - fraction) x the median of the first samples.
 
     Returns the reference, the lowest value, the longest drop in seconds and whether it lasted at least
@@ -114,5 +138,9 @@ def sustained_drop(samples: Sequence[tuple[float, float]], fraction: float, seco
             longest = max(longest, t - started)
         else:
             started = None
-    return {"reference": reference, "lowest": min(v for _, v in samples), "longest_drop_s": round(longest, 1),
-            "sustained": longest >= seconds}
+    return {
+        "reference": reference,
+        "lowest": min(v for _, v in samples),
+        "longest_drop_s": round(longest, 1),
+        "sustained": longest >= seconds,
+    }

@@ -18,7 +18,9 @@ TRIES = 5
 def filler_prompt(sentences: int, pad: int = 0, tag: str = "") -> str:
     # The padding goes last: successive sizing probes share the sentences' prefix, which the engine's prefix
     # cache then holds, so sizing a long prompt costs one long prefill, not one per probe.
-    return f"{tag}Here are some notes:{SENTENCE * sentences}{PAD * pad}\nWhat did the keeper do? Answer in one sentence."
+    return (
+        f"{tag}Here are some notes:{SENTENCE * sentences}{PAD * pad}\nWhat did the keeper do? Answer in one sentence."
+    )
 
 
 class PromptSizer:
@@ -32,8 +34,10 @@ class PromptSizer:
         self.overhead = round(small - 8 * self.per_unit)
 
     def prompt_tokens(self, content: str) -> int:
-        response = self.http.post("/v1/chat/completions", json={
-            "model": self.model, "messages": [{"role": "user", "content": content}], "max_tokens": 1})
+        response = self.http.post(
+            "/v1/chat/completions",
+            json={"model": self.model, "messages": [{"role": "user", "content": content}], "max_tokens": 1},
+        )
         if response.status_code != 200:
             raise RuntimeError(f"sizing probe answered {response.status_code}: {response.text[:200]}")
         return int(response.json()["usage"]["prompt_tokens"])

@@ -77,8 +77,12 @@ def _table(rows: list[dict]) -> list[str]:
 
 def render_markdown(report: StressReport) -> str:
     mode = "quick" if report.quick else "full"
-    lines = [f"# poolserve stress: {report.profile} ({mode})", "",
-             f"Target {report.base_url}; {report.started_utc} to {report.finished_utc}.", ""]
+    lines = [
+        f"# poolserve stress: {report.profile} ({mode})",
+        "",
+        f"Target {report.base_url}; {report.started_utc} to {report.finished_utc}.",
+        "",
+    ]
     if report.machine:
         lines += ["Machine: " + "; ".join(f"{k} {_cell(v)}" for k, v in report.machine.items()) + ".", ""]
     lines += [f"- {note}" for note in report.notes] + ([""] if report.notes else [])

@@ -49,22 +49,45 @@ def _utc() -> str:
 
 def machine() -> dict:
     memory = psutil.virtual_memory()
-    return {"cpus": os.cpu_count(), "memory_gib": round(memory.total / 2**30, 1), "platform": platform.platform(),
-            "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
+    return {
+        "cpus": os.cpu_count(),
+        "memory_gib": round(memory.total / 2**30, 1),
+        "platform": platform.platform(),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
 
 
 def run_stress(options: StressOptions, log=print, on_layer=None) -> StressReport:
     """`on_layer(report)` is called after each layer with the report so far (the CLI writes it, so a long
     run that is cut short still leaves its finished layers)."""
-    report = StressReport(profile=options.profile_label, base_url=options.base_url, quick=options.quick,
-                          started_utc=_utc(), machine=machine(), notes=list(options.notes))
+    report = StressReport(
+        profile=options.profile_label,
+        base_url=options.base_url,
+        quick=options.quick,
+        started_utc=_utc(),
+        machine=machine(),
+        notes=list(options.notes),
+    )
     admin = Admin(options.base_url, options.admin_key)
     stack = None
     if options.serve_config is not None:
-        stack = StackControl(options.serve_config.resolve(), options.profile_path.resolve(),
-                             Path(options.profile.state_dir), options.pool, log)
-    ctx = RunContext(base_url=options.base_url, admin_key=options.admin_key, profile=options.profile,
-                     quick=options.quick, run_id=secrets.token_hex(3), admin=admin, stack=stack, log=log)
+        stack = StackControl(
+            options.serve_config.resolve(),
+            options.profile_path.resolve(),
+            Path(options.profile.state_dir),
+            options.pool,
+            log,
+        )
+    ctx = RunContext(
+        base_url=options.base_url,
+        admin_key=options.admin_key,
+        profile=options.profile,
+        quick=options.quick,
+        run_id=secrets.token_hex(3),
+        admin=admin,
+        stack=stack,
+        log=log,
+    )
     results: dict[int, LayerResult] = {}
     try:
         if not admin.reachable():

@@ -19,8 +19,12 @@ from stackctl.processes import stack_pids
 
 # What identifies each replica among the stack's own processes (tests/integration/test_faults.py
 # kills the same ones): vLLM's engine core process, and Ray Serve's replica actors.
-TARGETS = {"engine": "EngineCore", "embedder": "ServeReplica:poolserve:embedder",
-           "retriever": "ServeReplica:poolserve:retriever", "gateway": "ServeReplica:poolserve:gateway"}
+TARGETS = {
+    "engine": "EngineCore",
+    "embedder": "ServeReplica:poolserve:embedder",
+    "retriever": "ServeReplica:poolserve:retriever",
+    "gateway": "ServeReplica:poolserve:gateway",
+}
 LAUNCHER_EXIT_S = 180.0
 
 
@@ -34,6 +38,7 @@ def _parent_of(pid: int) -> int | None:
 def launches_stack(launcher: int, marked: list[int], parent_of) -> bool:
     """Whether `launcher` is the parent of one of the stack's marked processes (`serve run` is)."""
     return any(parent_of(pid) == launcher for pid in marked)
+
 
 class StackControl:
     def __init__(self, serve_config: Path, profile_path: Path, state_dir: Path, pool: str | None, log):
@@ -94,5 +99,11 @@ class StackControl:
         env = {**os.environ, "POOLSERVE_ADMIN_KEY": admin_key}
         self.restart_log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.restart_log, "ab") as log:
-            return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                    cwd=Path(__file__).resolve().parents[1])
+            return subprocess.Popen(
+                command,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=Path(__file__).resolve().parents[1],
+            )

@@ -9,8 +9,13 @@ from pathlib import Path
 from stress.measure import sustained_drop
 
 # NVML clock-event reasons that mean the chip slowed itself down (not idle, not an application cap).
-NVML_SLOWDOWN_BITS = {0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal", 0x40: "hw_thermal",
-                      0x80: "hw_power_brake"}
+NVML_SLOWDOWN_BITS = {
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x20: "sw_thermal",
+    0x40: "hw_thermal",
+    0x80: "hw_power_brake",
+}
 
 
 def nvml_reader() -> tuple[Callable[[], dict] | None, str]:
@@ -65,8 +70,9 @@ def find_reader() -> tuple[Callable[[], dict] | None, str]:
     return reader, sysfs_note if reader else f"{nvml_note}; {sysfs_note}"
 
 
-def judge(samples: list[tuple[float, dict]], drop_fraction: float, drop_seconds: float,
-          max_temperature_c: float | None) -> tuple[dict, list[tuple[str, bool, str]]]:
+def judge(
+    samples: list[tuple[float, dict]], drop_fraction: float, drop_seconds: float, max_temperature_c: float | None
+) -> tuple[dict, list[tuple[str, bool, str]]]:
     """Figures and (check, ok, detail) from timed sensor samples: a clock below (1 - drop_fraction) of its
     first readings for drop_seconds or longer fails; so does a temperature above max_temperature_c."""
     keys = sorted({key for _, values in samples for key in values})
@@ -77,8 +83,13 @@ def judge(samples: list[tuple[float, dict]], drop_fraction: float, drop_seconds:
         if key.endswith("_mhz"):
             drop = sustained_drop(series, drop_fraction, drop_seconds)
             figures[key] = {"samples": len(series), **drop}
-            checks.append((f"{key} no sustained drop", not drop["sustained"],
-                           f"longest {drop['longest_drop_s']} s below {1 - drop_fraction:.0%} of {drop['reference']}"))
+            checks.append(
+                (
+                    f"{key} no sustained drop",
+                    not drop["sustained"],
+                    f"longest {drop['longest_drop_s']} s below {1 - drop_fraction:.0%} of {drop['reference']}",
+                )
+            )
         elif key.endswith("_temp_c"):
             peak = max(v for _, v in series)
             figures[key] = {"samples": len(series), "first": series[0][1], "max": peak}

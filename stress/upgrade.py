@@ -40,8 +40,11 @@ def restart_stack(ctx: RunContext) -> dict:
     started = time.monotonic()
     ctx.stack.start(ctx.admin_key)
     healthy = ctx.admin.wait_healthy(started, ctx.spec.recovery_timeout_s + ctx.spec.max_restart_s)
-    return {"stop_s": round(stopped, 1), "healthy_s": round(healthy, 1) if healthy is not None else None,
-            "log": str(ctx.stack.restart_log)}
+    return {
+        "stop_s": round(stopped, 1),
+        "healthy_s": round(healthy, 1) if healthy is not None else None,
+        "log": str(ctx.stack.restart_log),
+    }
 
 
 def schema_versions(state_dir: Path) -> dict[str, int | None]:
@@ -60,15 +63,22 @@ def schema_versions(state_dir: Path) -> dict[str, int | None]:
 def layer7(ctx: RunContext, result: LayerResult) -> None:
     if not_local(result, ctx, "restarting the stack over its state"):
         return
-    result.thresholds = {"schema versions": DATABASES, "keys": "all authenticate", "documents": "all still listed",
-                         "index": "rebuilt to the same vector count; the planted fact is found first",
-                         "restart within": f"{ctx.spec.max_restart_s:g} s"}
+    result.thresholds = {
+        "schema versions": DATABASES,
+        "keys": "all authenticate",
+        "documents": "all still listed",
+        "index": "rebuilt to the same vector count; the planted fact is found first",
+        "restart within": f"{ctx.spec.max_restart_s:g} s",
+    }
     if "before" not in ctx.restarted:  # layer 5 did not restart the stack in this run
         ctx.restarted.update(before=snapshot(ctx), **restart_stack(ctx))
     before, healthy = ctx.restarted["before"], ctx.restarted["healthy_s"]
     result.figures["restart"] = {k: ctx.restarted[k] for k in ("stop_s", "healthy_s", "log")}
-    result.check("stack healthy again in time", healthy is not None and healthy <= ctx.spec.max_restart_s,
-                 f"{healthy} s after the start")
+    result.check(
+        "stack healthy again in time",
+        healthy is not None and healthy <= ctx.spec.max_restart_s,
+        f"{healthy} s after the start",
+    )
     if healthy is None:
         return
     versions = schema_versions(ctx.stack.layout.state_dir)
@@ -79,17 +89,26 @@ def layer7(ctx: RunContext, result: LayerResult) -> None:
         gw = ctx.gateway(tenant, timeout_s=120)
         try:
             models = gw.http.get("/v1/models")
-            result.check(f"{tenant}: key made before the restart authenticates", models.status_code == 200,
-                         f"{models.status_code}")
+            result.check(
+                f"{tenant}: key made before the restart authenticates",
+                models.status_code == 200,
+                f"{models.status_code}",
+            )
             stored = sorted(gw.document_ids(COLLECTION))
-            result.check(f"{tenant}: collection unchanged", stored == before["documents"][tenant],
-                         f"{len(stored)} documents, {len(before['documents'][tenant])} before")
+            result.check(
+                f"{tenant}: collection unchanged",
+                stored == before["documents"][tenant],
+                f"{len(stored)} documents, {len(before['documents'][tenant])} before",
+            )
         finally:
             gw.close()
     retriever = ctx.admin.status().get("retriever", {})
     result.figures["retriever before / after"] = {"before": before["retriever"], "after": retriever}
-    result.check("index rebuilt", retriever.get("vectors") == before["retriever"].get("vectors"),
-                 f"{retriever.get('vectors')} vectors, {before['retriever'].get('vectors')} before")
+    result.check(
+        "index rebuilt",
+        retriever.get("vectors") == before["retriever"].get("vectors"),
+        f"{retriever.get('vectors')} vectors, {before['retriever'].get('vectors')} before",
+    )
     gw = ctx.gateway(ctx.tenants[0], timeout_s=120)
     try:
         search = gw.http.get(f"/v1/collections/{COLLECTION}/search", params={"q": QUESTIONS[0], "top_k": 2})
@@ -99,5 +118,7 @@ def layer7(ctx: RunContext, result: LayerResult) -> None:
         result.check("RAG query answers", answer.kind == "ok", f"{answer.status} {answer.detail[:80]}")
     finally:
         gw.close()
-    result.notes.append(f"planted fact: {FACTS[0]!r}; state written by an older schema is opened by "
-                        "tests/unit/test_upgrade_fixture.py (tests/fixtures/state-v0)")
+    result.notes.append(
+        f"planted fact: {FACTS[0]!r}; state written by an older schema is opened by "
+        "tests/unit/test_upgrade_fixture.py (tests/fixtures/state-v0)"
+    )

@@ -143,9 +143,11 @@ def create_pool(name: str, limit_bytes: int) -> MemoryCgroup:
     """A new memory cgroup of `limit_bytes` below this process's own (so outer limits still bind)."""
     parent = own_cgroup()
     if parent is None:
-        raise PoolUnavailable("no memory cgroup controller is mounted (neither /sys/fs/cgroup/memory for v1 "
-                              "nor a 'memory' entry in /sys/fs/cgroup/cgroup.controllers for v2); run without "
-                              "POOL=, or on a machine whose kernel has the memory controller")
+        raise PoolUnavailable(
+            "no memory cgroup controller is mounted (neither /sys/fs/cgroup/memory for v1 "
+            "nor a 'memory' entry in /sys/fs/cgroup/cgroup.controllers for v2); run without "
+            "POOL=, or on a machine whose kernel has the memory controller"
+        )
     if parent.version == 2:
         enabled = (parent.path / "cgroup.subtree_control").read_text().split()
         if "memory" not in enabled:
@@ -155,7 +157,8 @@ def create_pool(name: str, limit_bytes: int) -> MemoryCgroup:
                 raise PoolUnavailable(
                     f"cgroup v2: cannot enable the memory controller below {parent.path} ({exc.strerror}); "
                     "start inside a delegated scope instead, e.g. `systemd-run --user --scope -p MemoryMax=6G "
-                    "make serve`") from exc
+                    "make serve`"
+                ) from exc
     path = parent.path / name
     try:
         path.mkdir(exist_ok=True)
@@ -177,9 +180,11 @@ def create_pool(name: str, limit_bytes: int) -> MemoryCgroup:
         if parent.version == 2 and (path / "memory.swap.max").exists():
             (path / "memory.swap.max").write_text("0")
     except PermissionError as exc:
-        raise PoolUnavailable(f"cannot create a memory cgroup under {parent.path}: permission denied "
-                              f"(running as uid {os.getuid()}; making a pool needs root or a delegated "
-                              "cgroup)") from exc
+        raise PoolUnavailable(
+            f"cannot create a memory cgroup under {parent.path}: permission denied "
+            f"(running as uid {os.getuid()}; making a pool needs root or a delegated "
+            "cgroup)"
+        ) from exc
     except OSError as exc:
         raise PoolUnavailable(f"cannot create a memory cgroup at {path}: {exc.strerror}") from exc
     return MemoryCgroup(path, parent.version)

@@ -15,8 +15,13 @@ import os
 import psutil
 
 # /proc/<pid>/smaps_rollup fields (kB) -> the keys /status reports.
-_ROLLUP_FIELDS = {"Pss:": "measured_bytes", "Pss_Anon:": "anon_bytes", "Pss_File:": "file_bytes",
-                  "Pss_Shmem:": "shmem_bytes", "Rss:": "rss_bytes"}
+_ROLLUP_FIELDS = {
+    "Pss:": "measured_bytes",
+    "Pss_Anon:": "anon_bytes",
+    "Pss_File:": "file_bytes",
+    "Pss_Shmem:": "shmem_bytes",
+    "Rss:": "rss_bytes",
+}
 
 
 def release_freed_heap(collect: bool = True) -> None:

@@ -64,8 +64,10 @@ def is_loopback(address: str) -> bool:
 
 def open_listeners(listening: list[tuple[str, str, int]]) -> list[Listener]:
     """(process name, address, port) of listening sockets -> those reachable from beyond this machine."""
-    return sorted({Listener(name, address, port) for name, address, port in listening if not is_loopback(address)},
-                  key=lambda x: (x.process, x.port, x.address))
+    return sorted(
+        {Listener(name, address, port) for name, address, port in listening if not is_loopback(address)},
+        key=lambda x: (x.process, x.port, x.address),
+    )
 
 
 def token_problem(env: dict[str, str], home: Path | None = None) -> str | None:
@@ -74,8 +76,11 @@ def token_problem(env: dict[str, str], home: Path | None = None) -> str | None:
         return "Ray's token authentication is off (RAY_AUTH_MODE is not `token`)"
     if env.get("RAY_AUTH_TOKEN"):
         return None  # the token is in the environment of Ray's own processes, no file to read
-    path = Path(env["RAY_AUTH_TOKEN_PATH"]) if env.get("RAY_AUTH_TOKEN_PATH") else \
-        (home / ".ray" / "auth_token" if home else DEFAULT_TOKEN.expanduser())
+    path = (
+        Path(env["RAY_AUTH_TOKEN_PATH"])
+        if env.get("RAY_AUTH_TOKEN_PATH")
+        else (home / ".ray" / "auth_token" if home else DEFAULT_TOKEN.expanduser())
+    )
     try:
         mode = path.stat().st_mode
     except OSError:
@@ -134,5 +139,6 @@ def exposure(env: dict[str, str] | None = None) -> RayExposure:
                     listening.append((process.info["name"] or str(process.pid), conn.laddr.ip, conn.laddr.port))
         except (psutil.Error, OSError):
             continue
-    return RayExposure(session, open_listeners(listening), token_problem(dict(env or os.environ)),
-                       _starting_serve_run(holder))
+    return RayExposure(
+        session, open_listeners(listening), token_problem(dict(env or os.environ)), _starting_serve_run(holder)
+    )

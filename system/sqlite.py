@@ -51,8 +51,7 @@ def connect(path: str | Path, *, synchronous: Synchronous) -> sqlite3.Connection
         make_private_dir(Path(path).parent)
         touch_private(path)  # before SQLite creates it with the umask's mode
         _tighten_sidecars(path)
-    conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None,
-                           check_same_thread=False)
+    conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None, check_same_thread=False)
     try:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={synchronous}")

@@ -44,8 +44,14 @@ class ClientLimiter:
     """Thread-safe; one per gateway replica. `enter` before serving an unauthenticated request and
     `leave` once it is answered; `note_failed_login` / `login_refusal` for the login form."""
 
-    def __init__(self, max_concurrent: int, per_minute: int, login_failures_per_minute: int,
-                 tracked_clients: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        max_concurrent: int,
+        per_minute: int,
+        login_failures_per_minute: int,
+        tracked_clients: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.max_concurrent = max_concurrent
         self.per_minute = per_minute
         self.login_failures_per_minute = login_failures_per_minute
@@ -82,9 +88,11 @@ class ClientLimiter:
         with self._lock:
             client = self._client(address)
             if client.in_flight >= self.max_concurrent:
-                return ClientRefusal(f"client {address} has {client.in_flight} requests without a valid key in "
-                                     f"flight; the limit is {self.max_concurrent} (gateway.client_max_concurrent)",
-                                     BUSY_RETRY_AFTER_SECONDS)
+                return ClientRefusal(
+                    f"client {address} has {client.in_flight} requests without a valid key in "
+                    f"flight; the limit is {self.max_concurrent} (gateway.client_max_concurrent)",
+                    BUSY_RETRY_AFTER_SECONDS,
+                )
             if (refusal := self._over_rate(address, client, now)) is not None:
                 return refusal
             client.hits.append(now)
@@ -95,9 +103,11 @@ class ClientLimiter:
         self._expire(client.hits, now)
         if len(client.hits) < self.per_minute:
             return None
-        return ClientRefusal(f"client {address} sent {len(client.hits)} requests without a valid key in the last "
-                             f"minute; the limit is {self.per_minute} (gateway.client_requests_per_minute)",
-                             _retry_after(client.hits[0], now))
+        return ClientRefusal(
+            f"client {address} sent {len(client.hits)} requests without a valid key in the last "
+            f"minute; the limit is {self.per_minute} (gateway.client_requests_per_minute)",
+            _retry_after(client.hits[0], now),
+        )
 
     def leave(self, address: str) -> None:
         with self._lock:
@@ -124,9 +134,11 @@ class ClientLimiter:
             self._expire(client.failures, now)
             if len(client.failures) < self.login_failures_per_minute:
                 return None
-            return ClientRefusal(f"{len(client.failures)} wrong admin keys from {address} in the last minute; the "
-                                 f"limit is {self.login_failures_per_minute} (gateway.login_failures_per_minute)",
-                                 _retry_after(client.failures[0], now))
+            return ClientRefusal(
+                f"{len(client.failures)} wrong admin keys from {address} in the last minute; the "
+                f"limit is {self.login_failures_per_minute} (gateway.login_failures_per_minute)",
+                _retry_after(client.failures[0], now),
+            )
 
     def note_failed_login(self, address: str) -> None:
         now = self._clock()

@@ -56,7 +56,8 @@ class TenantSpec(BaseModel):
     tpm: PositiveInt | None = Field(None, description="Tokens per minute; null = unlimited.")
     max_concurrency: PositiveInt | None = Field(None, description="In-flight requests; null = unlimited.")
     api_key_env: str | None = Field(
-        None, description="Environment variable holding this tenant's key (ps_<id>_<secret>).")
+        None, description="Environment variable holding this tenant's key (ps_<id>_<secret>)."
+    )
 
     @field_validator("name")
     @classmethod
@@ -103,6 +104,7 @@ def load_tenants_file(path: str | Path) -> TenantsFile:
 @dataclass
 class AppliedTenants:
     """What ``apply_tenants_file`` did, for the startup log."""
+
     # Tenants created here without a key in the environment: name -> new key,
     # which the caller must show once (it cannot be recovered later).
     new_keys: dict[str, str] = field(default_factory=dict)
@@ -116,9 +118,13 @@ class AppliedTenants:
     warnings: list[str] = field(default_factory=list)
 
 
-def apply_tenants_file(store: TenantStore, tenants_file: TenantsFile,
-                       environ: Mapping[str, str], actor: str = "config",
-                       reseed: bool = False) -> AppliedTenants:
+def apply_tenants_file(
+    store: TenantStore,
+    tenants_file: TenantsFile,
+    environ: Mapping[str, str],
+    actor: str = "config",
+    reseed: bool = False,
+) -> AppliedTenants:
     """Seed the declared tenants (see the module docstring); tenants not in the file are left alone.
 
     ``environ`` is passed in (usually os.environ, possibly with the resolved
@@ -130,13 +136,19 @@ def apply_tenants_file(store: TenantStore, tenants_file: TenantsFile,
     for spec in tenants_file.tenants:
         api_key = environ.get(spec.api_key_env) if spec.api_key_env else None
         try:
-            seed = store.seed_tenant(spec.name, api_key or None, models=spec.models, rpm=spec.rpm,
-                                     tpm=spec.tpm, max_concurrency=spec.max_concurrency,
-                                     actor=actor, reseed=reseed)
+            seed = store.seed_tenant(
+                spec.name,
+                api_key or None,
+                models=spec.models,
+                rpm=spec.rpm,
+                tpm=spec.tpm,
+                max_concurrency=spec.max_concurrency,
+                actor=actor,
+                reseed=reseed,
+            )
         except ValueError as error:
             # The message never includes the key; redact() shows which one was meant.
-            raise ValueError(f"tenant {spec.name!r}: ${spec.api_key_env} "
-                             f"({redact(api_key)}): {error}") from error
+            raise ValueError(f"tenant {spec.name!r}: ${spec.api_key_env} ({redact(api_key)}): {error}") from error
         _report(result, spec, seed, bool(api_key))
     return result
 
@@ -146,7 +158,8 @@ def _report(result: AppliedTenants, spec: TenantSpec, seed: SeedResult, key_give
         result.deleted.append(spec.name)
         result.warnings.append(
             f"tenant {spec.name!r} was deleted ({seed.deleted_at}); not re-creating it from the "
-            "tenants file (re-seed to restore it)")
+            "tenants file (re-seed to restore it)"
+        )
         return
     result.synced.append(spec.name)
     if seed.seeded:
@@ -157,7 +170,7 @@ def _report(result: AppliedTenants, spec: TenantSpec, seed: SeedResult, key_give
         result.warnings.append(
             f"tenant {spec.name!r}: key id {seed.key_id} from ${spec.api_key_env} was revoked; "
             "not re-adding it. Make a new key (python -m tenancy.keys) for "
-            f"${spec.api_key_env}, or create one with the admin API")
+            f"${spec.api_key_env}, or create one with the admin API"
+        )
     elif spec.api_key_env and not key_given and not seed.created:
-        result.warnings.append(f"tenant {spec.name!r}: ${spec.api_key_env} is not set; "
-                               "keeping its existing keys")
+        result.warnings.append(f"tenant {spec.name!r}: ${spec.api_key_env} is not set; keeping its existing keys")

@@ -14,8 +14,7 @@ DEMO_KEY_ENV = "POOLSERVE_DEMO_KEY"
 DEMO_KEY_FILENAME = "demo-api-key"
 
 
-def resolve_demo_key(state_dir: str | Path,
-                     environ: Mapping[str, str] | None = None) -> tuple[str, Path | None]:
+def resolve_demo_key(state_dir: str | Path, environ: Mapping[str, str] | None = None) -> tuple[str, Path | None]:
     """Return ``(key, path)``; ``path`` is set only when the key was generated now.
 
     The caller prints that path (not the key) so the operator knows where the

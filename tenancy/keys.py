@@ -93,8 +93,7 @@ def key_sha256(api_key: str) -> str:
 
 def sha256_matches(stored_digest: str, api_key: str) -> bool:
     """True if ``api_key`` hashes to ``stored_digest``; compares in constant time."""
-    return hmac.compare_digest(stored_digest.encode("ascii", "replace"),
-                               key_sha256(api_key).encode("ascii"))
+    return hmac.compare_digest(stored_digest.encode("ascii", "replace"), key_sha256(api_key).encode("ascii"))
 
 
 class ApiKeyHasher:
@@ -106,11 +105,14 @@ class ApiKeyHasher:
 
     DEFAULTS = {"time_cost": 1, "memory_cost": 8 * 1024, "parallelism": 1}
 
-    def __init__(self, time_cost: int | None = None, memory_cost: int | None = None,
-                 parallelism: int | None = None) -> None:
-        overrides = {name: value for name, value in
-                     (("time_cost", time_cost), ("memory_cost", memory_cost),
-                      ("parallelism", parallelism)) if value is not None}
+    def __init__(
+        self, time_cost: int | None = None, memory_cost: int | None = None, parallelism: int | None = None
+    ) -> None:
+        overrides = {
+            name: value
+            for name, value in (("time_cost", time_cost), ("memory_cost", memory_cost), ("parallelism", parallelism))
+            if value is not None
+        }
         self._hasher = PasswordHasher(**{**self.DEFAULTS, **overrides})
 
     def hash(self, api_key: str) -> str:

@@ -92,10 +92,23 @@ class LimitDecision:
         return cls(allowed=True, lease_id=lease_id)
 
     @classmethod
-    def reject(cls, reason: RejectReason, retry_after_seconds: float, *, limit: int | None = None,
-               requested: int | None = None, used: int | None = None) -> LimitDecision:
-        return cls(allowed=False, reason=reason, retry_after_seconds=max(1, math.ceil(retry_after_seconds)),
-                   limit=limit, requested=requested, used=used)
+    def reject(
+        cls,
+        reason: RejectReason,
+        retry_after_seconds: float,
+        *,
+        limit: int | None = None,
+        requested: int | None = None,
+        used: int | None = None,
+    ) -> LimitDecision:
+        return cls(
+            allowed=False,
+            reason=reason,
+            retry_after_seconds=max(1, math.ceil(retry_after_seconds)),
+            limit=limit,
+            requested=requested,
+            used=used,
+        )
 
     @classmethod
     def too_large(cls, limit: int, requested: int) -> LimitDecision:
@@ -106,6 +119,7 @@ class LimitDecision:
 @dataclass(frozen=True)
 class TokenReservation:
     """Tokens reserved by ``admit`` in one TPM minute; hand it back to ``settle``."""
+
     minute: int
     tokens: int
 
@@ -197,13 +211,14 @@ class TenantLimiter(LockedSQLite):
         with self._lock:
             self._conn.executescript(_SCHEMA)
 
-
     @staticmethod
     def _outstanding(conn: sqlite3.Connection, tenant: Tenant, minute: int) -> int:
         """Tokens charged to the tenant from `minute` on: the minute's own (at most the TPM) and the carry.
         Each minute since the last write took one TPM of what was charged then."""
-        row = conn.execute("SELECT minute, tokens FROM tpm_minutes WHERE tenant = ? AND minute <= ? "
-                           "ORDER BY minute DESC LIMIT 1", (tenant.name, minute)).fetchone()
+        row = conn.execute(
+            "SELECT minute, tokens FROM tpm_minutes WHERE tenant = ? AND minute <= ? ORDER BY minute DESC LIMIT 1",
+            (tenant.name, minute),
+        ).fetchone()
         if row is None:
             return 0
         written_at, tokens = row
@@ -214,12 +229,15 @@ class TenantLimiter(LockedSQLite):
         the minute cannot hold is carried, never charged to it."""
         outstanding = max(0, self._outstanding(conn, tenant, minute) + delta)
         conn.execute("DELETE FROM tpm_minutes WHERE tenant = ? AND minute < ?", (tenant.name, minute))
-        conn.execute("INSERT INTO tpm_minutes (tenant, minute, tokens) VALUES (?, ?, ?) "
-                     "ON CONFLICT (tenant, minute) DO UPDATE SET tokens = excluded.tokens",
-                     (tenant.name, minute, outstanding))
+        conn.execute(
+            "INSERT INTO tpm_minutes (tenant, minute, tokens) VALUES (?, ?, ?) "
+            "ON CONFLICT (tenant, minute) DO UPDATE SET tokens = excluded.tokens",
+            (tenant.name, minute, outstanding),
+        )
 
-    def _tpm_refusal(self, conn: sqlite3.Connection, tenant: Tenant, now: float, needed: int,
-                     estimate: int) -> LimitDecision | None:
+    def _tpm_refusal(
+        self, conn: sqlite3.Connection, tenant: Tenant, now: float, needed: int, estimate: int
+    ) -> LimitDecision | None:
         """Why `needed` more tokens cannot be charged in this minute (the request's whole `estimate` over the
         TPM, or the minute without room for them), or None. The wait counts the carried minutes too."""
         tpm = tenant.tpm
@@ -230,8 +248,9 @@ class TenantLimiter(LockedSQLite):
         if outstanding + needed <= tpm:
             return None
         minutes = math.ceil((outstanding + needed - tpm) / tpm)  # until enough of the charge has passed
-        return LimitDecision.reject("tpm", (minute + minutes) * WINDOW_SECONDS - now, limit=tpm,
-                                    requested=estimate, used=min(outstanding, tpm))
+        return LimitDecision.reject(
+            "tpm", (minute + minutes) * WINDOW_SECONDS - now, limit=tpm, requested=estimate, used=min(outstanding, tpm)
+        )
 
     # ---- rate limits ---------------------------------------------------------
 
@@ -252,8 +271,9 @@ class TenantLimiter(LockedSQLite):
         with self._transaction() as conn:
             return self._admit_in(conn, tenant, now, estimated_tokens, reserve)
 
-    def _admit_in(self, conn: sqlite3.Connection, tenant: Tenant, now: float, estimated_tokens: int,
-                  reserve: bool) -> Admission:
+    def _admit_in(
+        self, conn: sqlite3.Connection, tenant: Tenant, now: float, estimated_tokens: int, reserve: bool
+    ) -> Admission:
         """admit's tests and writes, inside the caller's transaction."""
         minute = math.floor(now / WINDOW_SECONDS)
         needed = 0 if tenant.tpm is None else max(estimated_tokens, 1)
@@ -264,8 +284,9 @@ class TenantLimiter(LockedSQLite):
                 return Admission(refused if reserve else replace(refused, requested=None))
         if tenant.rpm is not None:
             conn.execute("DELETE FROM rpm_hits WHERE tenant = ? AND ts <= ?", (tenant.name, now - WINDOW_SECONDS))
-            hits, oldest = conn.execute("SELECT count(*), min(ts) FROM rpm_hits WHERE tenant = ?",
-                                        (tenant.name,)).fetchone()
+            hits, oldest = conn.execute(
+                "SELECT count(*), min(ts) FROM rpm_hits WHERE tenant = ?", (tenant.name,)
+            ).fetchone()
             if hits >= tenant.rpm:
                 # The next slot frees when the oldest hit leaves the window.
                 return Admission(LimitDecision.reject("rpm", oldest + WINDOW_SECONDS - now))
@@ -274,8 +295,9 @@ class TenantLimiter(LockedSQLite):
             self._add_tokens(conn, tenant, minute, reserve)
         return Admission(LimitDecision.allow(), TokenReservation(minute, reserve))
 
-    def acquire_and_admit(self, tenant: Tenant, estimated_tokens: int = 1,
-                          reserve: bool = False) -> tuple[LimitDecision, TokenReservation | None]:
+    def acquire_and_admit(
+        self, tenant: Tenant, estimated_tokens: int = 1, reserve: bool = False
+    ) -> tuple[LimitDecision, TokenReservation | None]:
         """try_acquire and admit in one transaction (one write lock and one commit per request instead
         of two): the lease's decision and the reservation, or the first refusal (nothing written then)."""
         now = self._clock()
@@ -283,14 +305,18 @@ class TenantLimiter(LockedSQLite):
             refused = self._concurrency_refusal(conn, tenant)
             if refused is not None:
                 return refused, None
-            admission = (_free_admission(now) if _unlimited(tenant)
-                         else self._admit_in(conn, tenant, now, estimated_tokens, reserve))
+            admission = (
+                _free_admission(now)
+                if _unlimited(tenant)
+                else self._admit_in(conn, tenant, now, estimated_tokens, reserve)
+            )
             if not admission.allowed:
                 return admission.decision, None
             return LimitDecision.allow(self._insert_lease(conn, tenant)), admission.reservation
 
-    def settle_and_release(self, tenant: Tenant, reservation: TokenReservation | None, actual_tokens: int,
-                           lease_id: str | None) -> None:
+    def settle_and_release(
+        self, tenant: Tenant, reservation: TokenReservation | None, actual_tokens: int, lease_id: str | None
+    ) -> None:
         """settle and release in one transaction: a request's close."""
         delta, minute = self._settlement(tenant, reservation, actual_tokens)
         if not delta and lease_id is None:
@@ -301,8 +327,7 @@ class TenantLimiter(LockedSQLite):
             if lease_id is not None:
                 conn.execute("DELETE FROM leases WHERE tenant = ? AND lease_id = ?", (tenant.name, lease_id))
 
-    def reserve_more(self, tenant: Tenant, reservation: TokenReservation | None,
-                     estimated_tokens: int) -> Admission:
+    def reserve_more(self, tenant: Tenant, reservation: TokenReservation | None, estimated_tokens: int) -> Admission:
         """Raise an admitted request's reservation to its real estimate (prompt + max_tokens x n),
         known only once the body is read. Refused: the old reservation stands and nothing is written.
         An estimate above the whole TPM is refused as request_too_large: no minute could hold it."""
@@ -337,8 +362,7 @@ class TenantLimiter(LockedSQLite):
             with self._transaction() as conn:
                 self._add_tokens(conn, tenant, minute, delta)
 
-    def _settlement(self, tenant: Tenant, reservation: TokenReservation | None,
-                    actual_tokens: int) -> tuple[int, int]:
+    def _settlement(self, tenant: Tenant, reservation: TokenReservation | None, actual_tokens: int) -> tuple[int, int]:
         """(tokens to add, minute) that settle a reservation; (0, minute) when nothing is to be written."""
         minute = math.floor(self._clock() / WINDOW_SECONDS)
         if tenant.tpm is None or reservation is None:
@@ -387,8 +411,9 @@ class TenantLimiter(LockedSQLite):
     def _concurrency_refusal(self, conn: sqlite3.Connection, tenant: Tenant) -> LimitDecision | None:
         """Inside the caller's transaction: reclaim dead gateways' leases, then refuse if the tenant holds
         max_concurrency already."""
-        pids = [row[0] for row in conn.execute("SELECT DISTINCT holder_pid FROM leases WHERE tenant = ?",
-                                               (tenant.name,))]
+        pids = [
+            row[0] for row in conn.execute("SELECT DISTINCT holder_pid FROM leases WHERE tenant = ?", (tenant.name,))
+        ]
         for pid in pids:
             if not _pid_alive(pid):  # its gateway died without releasing
                 conn.execute("DELETE FROM leases WHERE tenant = ? AND holder_pid = ?", (tenant.name, pid))
@@ -400,8 +425,10 @@ class TenantLimiter(LockedSQLite):
 
     def _insert_lease(self, conn: sqlite3.Connection, tenant: Tenant) -> str:
         lease_id = uuid.uuid4().hex
-        conn.execute("INSERT INTO leases (lease_id, tenant, holder_pid, created_at) VALUES (?, ?, ?, ?)",
-                     (lease_id, tenant.name, os.getpid(), self._clock()))
+        conn.execute(
+            "INSERT INTO leases (lease_id, tenant, holder_pid, created_at) VALUES (?, ?, ?, ?)",
+            (lease_id, tenant.name, os.getpid(), self._clock()),
+        )
         return lease_id
 
     def release(self, tenant: Tenant, lease_id: str | None) -> None:
@@ -409,20 +436,19 @@ class TenantLimiter(LockedSQLite):
         if lease_id is None:
             return
         with self._transaction() as conn:
-            conn.execute("DELETE FROM leases WHERE tenant = ? AND lease_id = ?",
-                         (tenant.name, lease_id))
+            conn.execute("DELETE FROM leases WHERE tenant = ? AND lease_id = ?", (tenant.name, lease_id))
 
     def in_flight(self, tenant_name: str) -> int:
         with self._lock:
-            return self._conn.execute("SELECT count(*) FROM leases WHERE tenant = ?",
-                                      (tenant_name,)).fetchone()[0]
+            return self._conn.execute("SELECT count(*) FROM leases WHERE tenant = ?", (tenant_name,)).fetchone()[0]
 
     def is_heaviest(self, tenant_name: str, at_least: int) -> bool:
         """Whether this tenant holds the most leases (requests in flight, every gateway replica), at least
         `at_least` of them and more than any other tenant: the one whose work grows the pool most."""
         with self._lock:
-            top = self._conn.execute("SELECT tenant, count(*) AS n FROM leases GROUP BY tenant "
-                                     "ORDER BY n DESC LIMIT 2").fetchall()
+            top = self._conn.execute(
+                "SELECT tenant, count(*) AS n FROM leases GROUP BY tenant ORDER BY n DESC LIMIT 2"
+            ).fetchall()
         if not top or top[0][0] != tenant_name or top[0][1] < at_least:
             return False
         return len(top) == 1 or top[0][1] > top[1][1]

@@ -79,7 +79,8 @@ def validate_tenant_name(name: object) -> str:
     if not TENANT_NAME_PATTERN.fullmatch(name):
         raise ValueError(
             f"tenant name {name!r} is invalid: use lowercase letters, digits, '-' and '_', "
-            "starting with a letter or digit")
+            "starting with a letter or digit"
+        )
     return name
 
 
@@ -101,8 +102,9 @@ def normalize_models(models: object) -> tuple[str, ...] | None:
     return tuple(dict.fromkeys(models))
 
 
-def validated_limits(models: Sequence[str] | None, rpm: int | None, tpm: int | None,
-                     max_concurrency: int | None) -> dict[str, Any]:
+def validated_limits(
+    models: Sequence[str] | None, rpm: int | None, tpm: int | None, max_concurrency: int | None
+) -> dict[str, Any]:
     """The four limit fields, validated; keys match Tenant's fields."""
     return {
         "models": normalize_models(models),
@@ -171,9 +173,14 @@ class Tenant:
     def from_row(cls, row: Mapping[str, Any]) -> Tenant:
         """From a ``tenants`` table row (models stored as JSON text or NULL)."""
         models = json.loads(row["models"]) if row["models"] is not None else None
-        return cls(name=row["name"], models=tuple(models) if models is not None else None,
-                   rpm=row["rpm"], tpm=row["tpm"], max_concurrency=row["max_concurrency"],
-                   created_at=row["created_at"])
+        return cls(
+            name=row["name"],
+            models=tuple(models) if models is not None else None,
+            rpm=row["rpm"],
+            tpm=row["tpm"],
+            max_concurrency=row["max_concurrency"],
+            created_at=row["created_at"],
+        )
 
     def may_use_model(self, model_id: str) -> bool:
         return self.models is None or model_id in self.models
@@ -213,6 +220,7 @@ class AuditEntry:
 @dataclass(frozen=True)
 class ApiKeyInfo:
     """What an admin may see about a key: never the key, never the hash."""
+
     key_id: str
     tenant: str
     origin: str  # "generated" (by the store) or "config" (given through the environment)
@@ -230,6 +238,7 @@ KEY_REVOKED = "revoked"  # the key id was revoked earlier and stays revoked
 @dataclass(frozen=True)
 class SeedResult:
     """What ``TenantStore.seed_tenant`` did with one tenant of the tenants file."""
+
     tenant: Tenant | None  # None: seeded earlier, deleted since, and not re-created
     seeded: bool  # created now, or its limits were (re-)applied from the file
     created: bool  # the tenant row was created now

@@ -33,9 +33,11 @@ class RejectionLog(LockedSQLite):
 
     def record(self, tenant: str, reason: str, day: date | str | None = None) -> None:
         with self._transaction() as conn:
-            conn.execute("INSERT INTO rejections (tenant, day, reason, count) VALUES (?, ?, ?, 1) "
-                         "ON CONFLICT (tenant, day, reason) DO UPDATE SET count = count + 1",
-                         (tenant, day_string(day), reason))
+            conn.execute(
+                "INSERT INTO rejections (tenant, day, reason, count) VALUES (?, ?, ?, 1) "
+                "ON CONFLICT (tenant, day, reason) DO UPDATE SET count = count + 1",
+                (tenant, day_string(day), reason),
+            )
 
     def counts(self, tenant: str | None = None, day: date | str | None = None) -> dict[str, dict[str, int]]:
         """{tenant: {reason: count}} for one UTC day (today by default); every tenant's when tenant is None."""

@@ -97,16 +97,18 @@ class TenantStore(LockedSQLite):
             conn.execute(statement)
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
-
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
         with self._lock:
             return self._conn.execute(sql, params).fetchall()
 
     @staticmethod
-    def _audit(conn: sqlite3.Connection, actor: str, action: str, target: str,
-               detail: dict[str, Any] | None = None) -> None:
-        conn.execute("INSERT INTO audit (ts, actor, action, target, detail) VALUES (?, ?, ?, ?, ?)",
-                     (utc_now(), actor, action, target, json.dumps(detail or {}, sort_keys=True)))
+    def _audit(
+        conn: sqlite3.Connection, actor: str, action: str, target: str, detail: dict[str, Any] | None = None
+    ) -> None:
+        conn.execute(
+            "INSERT INTO audit (ts, actor, action, target, detail) VALUES (?, ?, ?, ?, ?)",
+            (utc_now(), actor, action, target, json.dumps(detail or {}, sort_keys=True)),
+        )
 
     @staticmethod
     def _select_tenant(conn: sqlite3.Connection, name: str) -> Tenant | None:
@@ -114,12 +116,11 @@ class TenantStore(LockedSQLite):
         return Tenant.from_row(row) if row is not None else None
 
     @staticmethod
-    def _insert_tenant(conn: sqlite3.Connection, name: str, limits: dict[str, Any],
-                       now: str) -> Tenant:
-        conn.execute("INSERT INTO tenants (name, models, rpm, tpm, max_concurrency, created_at) "
-                     "VALUES (?, ?, ?, ?, ?, ?)",
-                     (name, models_json(limits["models"]), limits["rpm"], limits["tpm"],
-                      limits["max_concurrency"], now))
+    def _insert_tenant(conn: sqlite3.Connection, name: str, limits: dict[str, Any], now: str) -> Tenant:
+        conn.execute(
+            "INSERT INTO tenants (name, models, rpm, tpm, max_concurrency, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+            (name, models_json(limits["models"]), limits["rpm"], limits["tpm"], limits["max_concurrency"], now),
+        )
         conn.execute("DELETE FROM deleted_tenants WHERE name = ?", (name,))
         return Tenant(name=name, created_at=now, **limits)
 
@@ -129,8 +130,11 @@ class TenantStore(LockedSQLite):
         if conn.execute("SELECT 1 FROM revoked_keys WHERE key_id = ?", (key_id,)).fetchone():
             raise ValueError(f"API key id {key_id} was revoked and cannot be used again")
         # key_hash '' explicitly: older databases declare it NOT NULL without a default.
-        conn.execute("INSERT INTO api_keys (key_id, tenant, key_hash, key_sha256, origin, created_at) "
-                     "VALUES (?, ?, '', ?, ?, ?)", (key_id, tenant, key_sha256(api_key), origin, utc_now()))
+        conn.execute(
+            "INSERT INTO api_keys (key_id, tenant, key_hash, key_sha256, origin, created_at) "
+            "VALUES (?, ?, '', ?, ?, ?)",
+            (key_id, tenant, key_sha256(api_key), origin, utc_now()),
+        )
         return key_id
 
     @staticmethod
@@ -138,17 +142,24 @@ class TenantStore(LockedSQLite):
         """Delete the matching api_keys rows, leaving a tombstone per key id."""
         rows = conn.execute(f"SELECT key_id, tenant FROM api_keys WHERE {where}", params).fetchall()
         now = utc_now()
-        conn.executemany("INSERT OR REPLACE INTO revoked_keys (key_id, tenant, revoked_at) "
-                         "VALUES (?, ?, ?)", [(r["key_id"], r["tenant"], now) for r in rows])
+        conn.executemany(
+            "INSERT OR REPLACE INTO revoked_keys (key_id, tenant, revoked_at) VALUES (?, ?, ?)",
+            [(r["key_id"], r["tenant"], now) for r in rows],
+        )
         conn.execute(f"DELETE FROM api_keys WHERE {where}", params)
         return [r["key_id"] for r in rows]
 
     # ---- tenants -------------------------------------------------------------
 
-    def create_tenant(self, name: str, models: Sequence[str] | None = None,
-                      rpm: int | None = None, tpm: int | None = None,
-                      max_concurrency: int | None = None,
-                      actor: str = "admin") -> tuple[Tenant, str]:
+    def create_tenant(
+        self,
+        name: str,
+        models: Sequence[str] | None = None,
+        rpm: int | None = None,
+        tpm: int | None = None,
+        max_concurrency: int | None = None,
+        actor: str = "admin",
+    ) -> tuple[Tenant, str]:
         """Create a tenant and its first key; the returned key is never retrievable again."""
         validate_tenant_name(name)
         limits = validated_limits(models, rpm, tpm, max_concurrency)
@@ -161,9 +172,15 @@ class TenantStore(LockedSQLite):
             self._audit(conn, actor, "tenant.create", name, {**limits_detail(limits), "key_id": key_id})
         return tenant, api_key
 
-    def update_tenant(self, name: str, models: Sequence[str] | None = None,
-                      rpm: int | None = None, tpm: int | None = None,
-                      max_concurrency: int | None = None, actor: str = "admin") -> Tenant:
+    def update_tenant(
+        self,
+        name: str,
+        models: Sequence[str] | None = None,
+        rpm: int | None = None,
+        tpm: int | None = None,
+        max_concurrency: int | None = None,
+        actor: str = "admin",
+    ) -> Tenant:
         """Replace all of a tenant's limits (None = unlimited / every model)."""
         limits = validated_limits(models, rpm, tpm, max_concurrency)
         with self._transaction() as conn:
@@ -172,22 +189,28 @@ class TenantStore(LockedSQLite):
                 raise TenantNotFound(name)
             return self._update_limits(conn, current, limits, actor)
 
-    def _update_limits(self, conn: sqlite3.Connection, current: Tenant,
-                       limits: dict[str, Any], actor: str) -> Tenant:
+    def _update_limits(self, conn: sqlite3.Connection, current: Tenant, limits: dict[str, Any], actor: str) -> Tenant:
         updated = Tenant(name=current.name, created_at=current.created_at, **limits)
         if updated == current:
             return current
-        conn.execute("UPDATE tenants SET models = ?, rpm = ?, tpm = ?, max_concurrency = ? "
-                     "WHERE name = ?",
-                     (models_json(updated.models), updated.rpm, updated.tpm,
-                      updated.max_concurrency, current.name))
+        conn.execute(
+            "UPDATE tenants SET models = ?, rpm = ?, tpm = ?, max_concurrency = ? WHERE name = ?",
+            (models_json(updated.models), updated.rpm, updated.tpm, updated.max_concurrency, current.name),
+        )
         self._audit(conn, actor, "tenant.update", current.name, limits_detail(limits))
         return updated
 
-    def seed_tenant(self, name: str, api_key: str | None = None,
-                    models: Sequence[str] | None = None, rpm: int | None = None,
-                    tpm: int | None = None, max_concurrency: int | None = None,
-                    actor: str = "config", reseed: bool = False) -> SeedResult:
+    def seed_tenant(
+        self,
+        name: str,
+        api_key: str | None = None,
+        models: Sequence[str] | None = None,
+        rpm: int | None = None,
+        tpm: int | None = None,
+        max_concurrency: int | None = None,
+        actor: str = "config",
+        reseed: bool = False,
+    ) -> SeedResult:
         """Apply one tenant of the tenants file, once; ``api_key`` comes from the environment.
 
         The first time (or with ``reseed``) the tenant is created, or its limits are set to
@@ -203,10 +226,16 @@ class TenantStore(LockedSQLite):
         limits = validated_limits(models, rpm, tpm, max_concurrency)
         key_id = parse_api_key(api_key).key_id if api_key else None  # MalformedKey: ValueError
         # A legacy argon2 row is verified here, outside the lock (milliseconds).
-        legacy = self._read("SELECT tenant, key_hash FROM api_keys WHERE key_id = ? "
-                            "AND key_sha256 IS NULL", (key_id,)) if key_id else []
-        verified_hash = legacy[0]["key_hash"] if legacy and legacy[0]["tenant"] == name and \
-            self._hasher.verify(legacy[0]["key_hash"], api_key or "") else None
+        legacy = (
+            self._read("SELECT tenant, key_hash FROM api_keys WHERE key_id = ? AND key_sha256 IS NULL", (key_id,))
+            if key_id
+            else []
+        )
+        verified_hash = (
+            legacy[0]["key_hash"]
+            if legacy and legacy[0]["tenant"] == name and self._hasher.verify(legacy[0]["key_hash"], api_key or "")
+            else None
+        )
         with self._transaction() as conn:
             key_row = conn.execute("SELECT * FROM api_keys WHERE key_id = ?", (key_id,)).fetchone()
             if key_row is not None and key_row["tenant"] != name:
@@ -215,10 +244,14 @@ class TenantStore(LockedSQLite):
             seeded = conn.execute("SELECT 1 FROM seeded_tenants WHERE name = ?", (name,)).fetchone()
             if seeded and not reseed:
                 if tenant is None:
-                    deleted = conn.execute("SELECT deleted_at FROM deleted_tenants WHERE name = ?",
-                                           (name,)).fetchone()
-                    return SeedResult(None, seeded=False, created=False, key_id=key_id,
-                                      deleted_at=deleted["deleted_at"] if deleted else "unknown")
+                    deleted = conn.execute("SELECT deleted_at FROM deleted_tenants WHERE name = ?", (name,)).fetchone()
+                    return SeedResult(
+                        None,
+                        seeded=False,
+                        created=False,
+                        key_id=key_id,
+                        deleted_at=deleted["deleted_at"] if deleted else "unknown",
+                    )
                 created = False
             else:
                 created = tenant is None
@@ -227,20 +260,31 @@ class TenantStore(LockedSQLite):
                     self._audit(conn, actor, "tenant.create", name, limits_detail(limits))
                 else:
                     tenant = self._update_limits(conn, tenant, limits, actor)
-                conn.execute("INSERT OR REPLACE INTO seeded_tenants (name, seeded_at) VALUES (?, ?)",
-                             (name, utc_now()))
+                conn.execute("INSERT OR REPLACE INTO seeded_tenants (name, seeded_at) VALUES (?, ?)", (name, utc_now()))
             new_key = None
             if created and api_key is None:
                 new_key = generate_api_key()
-                self._audit(conn, actor, "key.create", name,
-                            {"key_id": self._insert_key(conn, name, new_key, KEY_ORIGIN_GENERATED)})
-            status = self._sync_config_key(conn, name, api_key, key_row, verified_hash, actor) \
-                if api_key else KEY_NONE
-        return SeedResult(tenant, seeded=not seeded or reseed, created=created, key_status=status,
-                          key_id=key_id, new_key=new_key)
+                self._audit(
+                    conn,
+                    actor,
+                    "key.create",
+                    name,
+                    {"key_id": self._insert_key(conn, name, new_key, KEY_ORIGIN_GENERATED)},
+                )
+            status = self._sync_config_key(conn, name, api_key, key_row, verified_hash, actor) if api_key else KEY_NONE
+        return SeedResult(
+            tenant, seeded=not seeded or reseed, created=created, key_status=status, key_id=key_id, new_key=new_key
+        )
 
-    def _sync_config_key(self, conn: sqlite3.Connection, name: str, api_key: str,
-                         key_row: sqlite3.Row | None, verified_hash: str | None, actor: str) -> str:
+    def _sync_config_key(
+        self,
+        conn: sqlite3.Connection,
+        name: str,
+        api_key: str,
+        key_row: sqlite3.Row | None,
+        verified_hash: str | None,
+        actor: str,
+    ) -> str:
         key_id = parse_api_key(api_key).key_id
         if conn.execute("SELECT 1 FROM revoked_keys WHERE key_id = ?", (key_id,)).fetchone():
             return KEY_REVOKED
@@ -255,8 +299,10 @@ class TenantStore(LockedSQLite):
         if key_row["key_sha256"] is None and verified_hash == key_row["key_hash"]:
             conn.execute("UPDATE api_keys SET key_sha256 = ? WHERE key_id = ?", (digest, key_id))
             return KEY_UNCHANGED
-        conn.execute("UPDATE api_keys SET key_sha256 = ?, key_hash = '', origin = ? WHERE key_id = ?",
-                     (digest, KEY_ORIGIN_CONFIG, key_id))
+        conn.execute(
+            "UPDATE api_keys SET key_sha256 = ?, key_hash = '', origin = ? WHERE key_id = ?",
+            (digest, KEY_ORIGIN_CONFIG, key_id),
+        )
         self._audit(conn, actor, "key.set", name, {"key_id": key_id, "replaced_secret": True})
         return KEY_REPLACED
 
@@ -278,8 +324,7 @@ class TenantStore(LockedSQLite):
                 raise TenantNotFound(name)
             removed_keys = self._revoke_keys(conn, "tenant = ?", (name,))
             conn.execute("DELETE FROM tenants WHERE name = ?", (name,))
-            conn.execute("INSERT OR REPLACE INTO deleted_tenants (name, deleted_at) VALUES (?, ?)",
-                         (name, utc_now()))
+            conn.execute("INSERT OR REPLACE INTO deleted_tenants (name, deleted_at) VALUES (?, ?)", (name, utc_now()))
             self._audit(conn, actor, "tenant.delete", name, {"removed_keys": len(removed_keys)})
 
     # ---- keys ----------------------------------------------------------------
@@ -302,10 +347,14 @@ class TenantStore(LockedSQLite):
             self._audit(conn, actor, "key.revoke", tenant, {"key_id": key_id})
 
     def list_api_keys(self, tenant: str) -> list[ApiKeyInfo]:
-        rows = self._read("SELECT key_id, tenant, origin, created_at FROM api_keys "
-                          "WHERE tenant = ? ORDER BY created_at, key_id", (tenant,))
-        return [ApiKeyInfo(key_id=r["key_id"], tenant=r["tenant"], origin=r["origin"],
-                           created_at=r["created_at"]) for r in rows]
+        rows = self._read(
+            "SELECT key_id, tenant, origin, created_at FROM api_keys WHERE tenant = ? ORDER BY created_at, key_id",
+            (tenant,),
+        )
+        return [
+            ApiKeyInfo(key_id=r["key_id"], tenant=r["tenant"], origin=r["origin"], created_at=r["created_at"])
+            for r in rows
+        ]
 
     def is_key_revoked(self, key_id: str) -> bool:
         return bool(self._read("SELECT 1 FROM revoked_keys WHERE key_id = ?", (key_id,)))
@@ -323,8 +372,11 @@ class TenantStore(LockedSQLite):
             key_id = parse_api_key(api_key).key_id
         except MalformedKey:
             return None
-        rows = self._read("SELECT t.*, k.key_hash, k.key_sha256 FROM api_keys k "
-                          "JOIN tenants t ON t.name = k.tenant WHERE k.key_id = ?", (key_id,))
+        rows = self._read(
+            "SELECT t.*, k.key_hash, k.key_sha256 FROM api_keys k "
+            "JOIN tenants t ON t.name = k.tenant WHERE k.key_id = ?",
+            (key_id,),
+        )
         if not rows:
             return None
         row = rows[0]
@@ -333,14 +385,23 @@ class TenantStore(LockedSQLite):
         if not allow_hashing or not self._hasher.verify(row["key_hash"], api_key):
             return None
         with self._transaction() as conn:  # compare-and-set: the row may have changed meanwhile
-            conn.execute("UPDATE api_keys SET key_sha256 = ? WHERE key_id = ? AND key_hash = ? "
-                         "AND key_sha256 IS NULL", (key_sha256(api_key), key_id, row["key_hash"]))
+            conn.execute(
+                "UPDATE api_keys SET key_sha256 = ? WHERE key_id = ? AND key_hash = ? AND key_sha256 IS NULL",
+                (key_sha256(api_key), key_id, row["key_hash"]),
+            )
         return Tenant.from_row(row)
 
     # ---- usage and audit -----------------------------------------------------
 
-    def record_usage(self, tenant: str, model: str, prompt_tokens: int, completion_tokens: int,
-                     day: date | str | None = None, requests: int = 1) -> None:
+    def record_usage(
+        self,
+        tenant: str,
+        model: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        day: date | str | None = None,
+        requests: int = 1,
+    ) -> None:
         """Add one request's (or ``requests``') tokens to the tenant/model/day row."""
         if min(prompt_tokens, completion_tokens, requests) < 0:
             raise ValueError("usage counts must not be negative")
@@ -352,7 +413,8 @@ class TenantStore(LockedSQLite):
                 "requests = requests + excluded.requests, "
                 "prompt_tokens = prompt_tokens + excluded.prompt_tokens, "
                 "completion_tokens = completion_tokens + excluded.completion_tokens",
-                (tenant, model, day_string(day), requests, prompt_tokens, completion_tokens))
+                (tenant, model, day_string(day), requests, prompt_tokens, completion_tokens),
+            )
 
     def usage(self, tenant: str | None = None) -> list[UsageRow]:
         """Usage rows, newest day first; every tenant's when ``tenant`` is None."""
@@ -362,12 +424,29 @@ class TenantStore(LockedSQLite):
             sql += " WHERE tenant = ?"
             params = (tenant,)
         rows = self._read(sql + " ORDER BY day DESC, tenant, model", params)
-        return [UsageRow(tenant=r["tenant"], model=r["model"], day=r["day"],
-                         requests=r["requests"], prompt_tokens=r["prompt_tokens"],
-                         completion_tokens=r["completion_tokens"]) for r in rows]
+        return [
+            UsageRow(
+                tenant=r["tenant"],
+                model=r["model"],
+                day=r["day"],
+                requests=r["requests"],
+                prompt_tokens=r["prompt_tokens"],
+                completion_tokens=r["completion_tokens"],
+            )
+            for r in rows
+        ]
 
     def audit_log(self, limit: int = 100) -> list[AuditEntry]:
         """The most recent audit entries, newest first."""
         rows = self._read("SELECT * FROM audit ORDER BY id DESC LIMIT ?", (max(0, int(limit)),))
-        return [AuditEntry(id=r["id"], ts=r["ts"], actor=r["actor"], action=r["action"],
-                           target=r["target"], detail=json.loads(r["detail"])) for r in rows]
+        return [
+            AuditEntry(
+                id=r["id"],
+                ts=r["ts"],
+                actor=r["actor"],
+                action=r["action"],
+                target=r["target"],
+                detail=json.loads(r["detail"]),
+            )
+            for r in rows
+        ]

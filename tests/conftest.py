@@ -11,19 +11,23 @@ from __future__ import annotations
 import pytest
 
 STAGES = (
-    "fresh clone",          # a new clone's `make serve`, while the session's stack starts beside it (below)
-    "measures the stack",   # memory against the plan, before other tests' inputs shape the replicas' heaps
-    "shares the stack",     # the default: reads and writes through the session's stack
-    "kills replicas",       # the stack recovers, but its processes and timings are not the fresh ones
-    "loads the stack",      # stress: floods, kills and restarts under load
-    "stops the stack",      # its own stack variant, after stopping the session's (one engine pool at a time)
-    "swaps the embedder",   # another embedder's stack (configs/cpu-mpnet.yaml), after every other stack
+    "fresh clone",  # a new clone's `make serve`, while the session's stack starts beside it (below)
+    "measures the stack",  # memory against the plan, before other tests' inputs shape the replicas' heaps
+    "shares the stack",  # the default: reads and writes through the session's stack
+    "kills replicas",  # the stack recovers, but its processes and timings are not the fresh ones
+    "loads the stack",  # stress: floods, kills and restarts under load
+    "stops the stack",  # its own stack variant, after stopping the session's (one engine pool at a time)
+    "swaps the embedder",  # another embedder's stack (configs/cpu-mpnet.yaml), after every other stack
 )
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "late(stage): run after the tests of earlier stages; one of " + ", ".join(STAGES))
-    config.addinivalue_line("markers", "slow: minutes of its own (float32 speculation stacks, bench and stress smokes, fresh clone)")
+    config.addinivalue_line(
+        "markers", "late(stage): run after the tests of earlier stages; one of " + ", ".join(STAGES)
+    )
+    config.addinivalue_line(
+        "markers", "slow: minutes of its own (float32 speculation stacks, bench and stress smokes, fresh clone)"
+    )
 
 
 def stage_of(item) -> int:

@@ -93,7 +93,9 @@ def start_engine_client(engine, llm_config: LLMConfig, prepared: tuple):
     EngineCore has loaded the model, so a caller may run it in a thread (outside a running loop vLLM starts
     its output tasks on the first call, on the caller's loop)."""
     engine_args, _, vllm_config = prepared
-    return engine._start_async_llm_engine(engine_args, vllm_config, llm_config.get_or_create_callback().ctx.placement_group)
+    return engine._start_async_llm_engine(
+        engine_args, vllm_config, llm_config.get_or_create_callback().ctx.placement_group
+    )
 
 
 def use_started_client(engine, prepared: tuple, client):
@@ -117,7 +119,27 @@ def installed_pair() -> dict[str, str]:
     return found
 
 
-__all__ = ["Batcher", "ChatCompletionRequest", "CompletionRequest", "ENGINE_START_TIMEOUT_S", "EmbeddingRequest", "LLMConfig", "LLMServer",
-           "ModelCard", "ModelList", "OpenAIHTTPException", "OpenAiIngress", "StreamOptions", "VLLM_CLIENT_ERRORS",
-           "adapt_engine_env", "build_llm_deployment", "engine_client", "installed_pair", "make_fastapi_ingress",
-           "prepare_engine_config", "start_engine_client", "to_model_metadata", "use_started_client"]
+__all__ = [
+    "Batcher",
+    "ChatCompletionRequest",
+    "CompletionRequest",
+    "ENGINE_START_TIMEOUT_S",
+    "EmbeddingRequest",
+    "LLMConfig",
+    "LLMServer",
+    "ModelCard",
+    "ModelList",
+    "OpenAIHTTPException",
+    "OpenAiIngress",
+    "StreamOptions",
+    "VLLM_CLIENT_ERRORS",
+    "adapt_engine_env",
+    "build_llm_deployment",
+    "engine_client",
+    "installed_pair",
+    "make_fastapi_ingress",
+    "prepare_engine_config",
+    "start_engine_client",
+    "to_model_metadata",
+    "use_started_client",
+]

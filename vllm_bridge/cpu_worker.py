@@ -34,8 +34,10 @@ def limit_idle_spin(seconds: float) -> None:
     init = SpinCondition.__init__
     last = list(inspect.signature(init).parameters)[-1]
     if last != "busy_loop_s" or not init.__defaults__:
-        raise RuntimeError(f"vLLM's SpinCondition no longer ends with busy_loop_s (it ends with {last!r}): "
-                           f"vllm_bridge/cpu_worker.py cannot limit the Worker's busy-wait")
+        raise RuntimeError(
+            f"vLLM's SpinCondition no longer ends with busy_loop_s (it ends with {last!r}): "
+            f"vllm_bridge/cpu_worker.py cannot limit the Worker's busy-wait"
+        )
     init.__defaults__ = (*init.__defaults__[:-1], seconds)
 
 
@@ -60,8 +62,12 @@ class StepThreadsCPUWorker(CPUWorker):
         self._threads = self._wide_threads
 
     def execute_model(self, scheduler_output):
-        threads = step_threads(scheduler_output.total_num_scheduled_tokens, self._wide_threads,
-                               self._narrow_threads, self._wide_step_tokens)
+        threads = step_threads(
+            scheduler_output.total_num_scheduled_tokens,
+            self._wide_threads,
+            self._narrow_threads,
+            self._wide_step_tokens,
+        )
         if threads != self._threads:
             self._set_threads(threads)
             self._threads = threads
@@ -70,5 +76,7 @@ class StepThreadsCPUWorker(CPUWorker):
 
 # The planner names this class by string for vLLM (planner/step_worker.py): a rename must move both together.
 if f"{__name__}.{StepThreadsCPUWorker.__qualname__}" != STEP_THREADS_WORKER:
-    raise ImportError(f"planner.step_worker.STEP_THREADS_WORKER names {STEP_THREADS_WORKER!r}, not this class "
-                      f"({__name__}.{StepThreadsCPUWorker.__qualname__})")
+    raise ImportError(
+        f"planner.step_worker.STEP_THREADS_WORKER names {STEP_THREADS_WORKER!r}, not this class "
+        f"({__name__}.{StepThreadsCPUWorker.__qualname__})"
+    )

@@ -31,12 +31,15 @@ class EngineRankHost:
     """One node's headless vLLM, as a child process in a process group of its own."""
 
     def __init__(self, engine_kwargs: dict, env: dict[str, str]):
-        self.process = subprocess.Popen([sys.executable, "-m", "vllm_bridge.headless"], stdin=subprocess.PIPE,
-                                        env={**os.environ, **env}, start_new_session=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "vllm_bridge.headless"],
+            stdin=subprocess.PIPE,
+            env={**os.environ, **env},
+            start_new_session=True,
+        )
         self.process.stdin.write(json.dumps(engine_kwargs).encode())
         self.process.stdin.close()
-        logger.info("headless vLLM (node_rank %s) started as pid %d", engine_kwargs.get("node_rank"),
-                    self.process.pid)
+        logger.info("headless vLLM (node_rank %s) started as pid %d", engine_kwargs.get("node_rank"), self.process.pid)
 
     async def wait(self) -> int:
         """Returns the headless vLLM's exit code once it exits (it runs as long as the engine does)."""
@@ -102,8 +105,13 @@ def start_rank_hosts(ranks: list[EngineRank], engine_kwargs: dict) -> list:
     hosts = []
     for rank in ranks:
         strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank.bundle_index)
-        hosts.append(host_cls.options(
-            num_cpus=rank.num_cpus, resources=rank.resources, scheduling_strategy=strategy,
-            name=None, max_restarts=0,
-        ).remote({**engine_kwargs, "node_rank": rank.node_rank}, rank.env))
+        hosts.append(
+            host_cls.options(
+                num_cpus=rank.num_cpus,
+                resources=rank.resources,
+                scheduling_strategy=strategy,
+                name=None,
+                max_restarts=0,
+            ).remote({**engine_kwargs, "node_rank": rank.node_rank}, rank.env)
+        )
     return hosts

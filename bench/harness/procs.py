@@ -53,8 +53,9 @@ class ProcessGroup:
     @classmethod
     def start(cls, command: list[str], env: Mapping[str, str], log_path: Path, cwd: Path = ROOT) -> ProcessGroup:
         with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor
-            process = subprocess.Popen(command, cwd=cwd, env=dict(env), stdout=log, stderr=subprocess.STDOUT,
-                                       start_new_session=True)
+            process = subprocess.Popen(
+                command, cwd=cwd, env=dict(env), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         return cls(process, log_path)
 
     def running(self) -> bool:
@@ -95,8 +96,10 @@ def wait_healthy(url: str, group: ProcessGroup, timeout_s: float, headers: Mappi
     started = time.monotonic()
     while time.monotonic() - started < timeout_s:
         if not group.running():
-            raise ServerFailed(f"server exited ({group.process.returncode}) before {url} was healthy; "
-                               f"log {group.log_path}:\n{group.log_tail()}")
+            raise ServerFailed(
+                f"server exited ({group.process.returncode}) before {url} was healthy; "
+                f"log {group.log_path}:\n{group.log_tail()}"
+            )
         try:
             if httpx.get(url, timeout=5, headers=dict(headers or {})).status_code == 200:
                 return time.monotonic() - started
@@ -121,18 +124,23 @@ def raw_vllm_server(setup: EngineSetup, workdir: Path, timeout_s: float = 300) -
     from vllm_bridge.compat import adapt_engine_env  # the env as the installed vLLM accepts it
 
     port = free_port()
-    group = ProcessGroup.start(raw_vllm_command(setup, port), child_env(adapt_engine_env(setup.env)),
-                               workdir / "vllm.log")
+    group = ProcessGroup.start(
+        raw_vllm_command(setup, port), child_env(adapt_engine_env(setup.env)), workdir / "vllm.log"
+    )
     try:
         start_s = wait_healthy(f"http://127.0.0.1:{port}/health", group, timeout_s)
-        yield RunningServer(f"http://127.0.0.1:{port}", None, start_s, lambda: process_tree(group.process.pid),
-                            f"http://127.0.0.1:{port}/metrics")
+        yield RunningServer(
+            f"http://127.0.0.1:{port}",
+            None,
+            start_s,
+            lambda: process_tree(group.process.pid),
+            f"http://127.0.0.1:{port}/metrics",
+        )
     finally:
         group.stop()
 
 
-def run_result_worker(command: list[str], env: Mapping[str, str], log_path: Path, timeout_s: float,
-                      label: str) -> dict:
+def run_result_worker(command: list[str], env: Mapping[str, str], log_path: Path, timeout_s: float, label: str) -> dict:
     """Run a worker that prints its result as one `RESULT <json>` line (run_in_own_session); that result,
     or SystemExit with the log's tail when it printed none."""
     run_in_own_session(command, env, log_path, timeout_s)
@@ -140,7 +148,7 @@ def run_result_worker(command: list[str], env: Mapping[str, str], log_path: Path
     line = next((ln for ln in output.splitlines() if ln.startswith("RESULT ")), None)
     if line is None:
         raise SystemExit(f"{label} failed; log {log_path}:\n{output[-3000:]}")
-    return json.loads(line[len("RESULT "):])
+    return json.loads(line[len("RESULT ") :])
 
 
 def run_in_own_session(command: list[str], env: Mapping[str, str], log_path: Path, timeout_s: float) -> int | None:

@@ -73,7 +73,9 @@ def write_prompts(path: Path, dataset: str, n: int, seed: int = 0) -> Path:
     """`dataset`'s prompts (rag or chat) in vllm.benchmarks.serve's ShareGPT format (its `custom` format
     needs pandas): each a human turn sent as the user message as it is, and a placeholder answer the load
     generator ignores when --sharegpt-output-len is given."""
-    conversations = [{"conversations": [{"from": "human", "value": prompt}, {"from": "gpt", "value": "-"}]}
-                     for prompt in PROMPT_SETS[dataset](n, seed)]
+    conversations = [
+        {"conversations": [{"from": "human", "value": prompt}, {"from": "gpt", "value": "-"}]}
+        for prompt in PROMPT_SETS[dataset](n, seed)
+    ]
     path.write_text(json.dumps(conversations))
     return path

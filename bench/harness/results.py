@@ -57,10 +57,16 @@ class BenchResult:
 def git_commit(root: Path = ROOT) -> str:
     """HEAD's hash, with '-dirty' when tracked files differ from it; 'unknown' outside a checkout."""
     try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return head + ("-dirty" if dirty else "")
@@ -95,16 +101,31 @@ def _versions() -> dict[str, str]:
 
 
 def machine_info() -> dict[str, Any]:
-    return {"cpu": _cpu_model(), "logical_cpus": os.cpu_count(), "memory_bytes": _memory_bytes(),
-            "os": platform.platform(), "python": platform.python_version(), "packages": _versions()}
+    return {
+        "cpu": _cpu_model(),
+        "logical_cpus": os.cpu_count(),
+        "memory_bytes": _memory_bytes(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "packages": _versions(),
+    }
 
 
-def new_result(name: str, config: dict, metrics: dict, rows: list[dict], command: list[str] | None = None) -> BenchResult:
+def new_result(
+    name: str, config: dict, metrics: dict, rows: list[dict], command: list[str] | None = None
+) -> BenchResult:
     """A result stamped with this checkout's commit, this machine and now (UTC)."""
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return BenchResult(name=name, commit=git_commit(), machine=machine_info(), date=now,
-                       command=list(sys.argv if command is None else command), config=config, metrics=metrics,
-                       rows=rows)
+    return BenchResult(
+        name=name,
+        commit=git_commit(),
+        machine=machine_info(),
+        date=now,
+        command=list(sys.argv if command is None else command),
+        config=config,
+        metrics=metrics,
+        rows=rows,
+    )
 
 
 def _plain(value: Any) -> Any:
@@ -127,6 +148,14 @@ def read_result(path: Path) -> BenchResult:
     """A result file; the older speculative files (a bare list of runs) load as rows of an unstamped result."""
     data = json.loads(Path(path).read_text())
     if isinstance(data, list):
-        return BenchResult(name=Path(path).stem, commit="unknown", machine={}, date="unknown",
-                           command=[], config={"legacy": True}, metrics={}, rows=data)
+        return BenchResult(
+            name=Path(path).stem,
+            commit="unknown",
+            machine={},
+            date="unknown",
+            command=[],
+            config={"legacy": True},
+            metrics={},
+            rows=data,
+        )
     return BenchResult.from_dict(data)

@@ -43,26 +43,77 @@ class ServingLoad:
 
 def dataset_argv(load: ServingLoad, workdir: Path) -> list[str]:
     if load.dataset == "random":
-        return ["--dataset-name", "random", "--random-input-len", str(load.input_len),
-                "--random-output-len", str(load.output_len)]
+        return [
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            str(load.input_len),
+            "--random-output-len",
+            str(load.output_len),
+        ]
     if load.dataset in PROMPT_SETS:
-        path = write_prompts(workdir / f"{load.dataset}-prompts-{load.seed}-{load.num_prompts}.json",
-                             load.dataset, load.num_prompts, load.seed)
+        path = write_prompts(
+            workdir / f"{load.dataset}-prompts-{load.seed}-{load.num_prompts}.json",
+            load.dataset,
+            load.num_prompts,
+            load.seed,
+        )
         # The prompt goes as the user message, as it is; the server applies the chat template.
-        return ["--dataset-name", "sharegpt", "--dataset-path", str(path), "--disable-shuffle",
-                "--sharegpt-output-len", str(load.output_len)]
+        return [
+            "--dataset-name",
+            "sharegpt",
+            "--dataset-path",
+            str(path),
+            "--disable-shuffle",
+            "--sharegpt-output-len",
+            str(load.output_len),
+        ]
     raise ValueError(f"unknown dataset {load.dataset!r} (random, {', '.join(PROMPT_SETS)})")
 
 
-def serving_argv(base_url: str, served_model_name: str, tokenizer: str, load: ServingLoad,
-                 api_key: str | None = None, workdir: Path = Path(".")) -> list[str]:
+def serving_argv(
+    base_url: str,
+    served_model_name: str,
+    tokenizer: str,
+    load: ServingLoad,
+    api_key: str | None = None,
+    workdir: Path = Path("."),
+) -> list[str]:
     """vllm.benchmarks.serve's command line for one load against one OpenAI-compatible server."""
-    argv = ["--backend", "openai-chat", "--endpoint", "/v1/chat/completions", "--base-url", base_url,
-            "--model", tokenizer, "--served-model-name", served_model_name, "--tokenizer", tokenizer,
-            *dataset_argv(load, workdir), "--num-prompts", str(load.num_prompts),
-            "--max-concurrency", str(load.concurrency), "--request-rate", "inf", "--seed", str(load.seed),
-            "--temperature", "0", "--num-warmups", str(load.warmups), "--percentile-metrics", PERCENTILE_METRICS,
-            "--metric-percentiles", PERCENTILES, "--ready-check-timeout-sec", "60", "--disable-tqdm"]
+    argv = [
+        "--backend",
+        "openai-chat",
+        "--endpoint",
+        "/v1/chat/completions",
+        "--base-url",
+        base_url,
+        "--model",
+        tokenizer,
+        "--served-model-name",
+        served_model_name,
+        "--tokenizer",
+        tokenizer,
+        *dataset_argv(load, workdir),
+        "--num-prompts",
+        str(load.num_prompts),
+        "--max-concurrency",
+        str(load.concurrency),
+        "--request-rate",
+        "inf",
+        "--seed",
+        str(load.seed),
+        "--temperature",
+        "0",
+        "--num-warmups",
+        str(load.warmups),
+        "--percentile-metrics",
+        PERCENTILE_METRICS,
+        "--metric-percentiles",
+        PERCENTILES,
+        "--ready-check-timeout-sec",
+        "60",
+        "--disable-tqdm",
+    ]
     if api_key:
         argv += ["--header", f"Authorization=Bearer {api_key}"]
     return argv
@@ -88,8 +139,15 @@ def _connection_per_request():
         aiohttp.TCPConnector = original
 
 
-def run_serving_load(base_url: str, served_model_name: str, tokenizer: str, load: ServingLoad, log_path: Path,
-                     api_key: str | None = None, connection_per_request: bool = False) -> dict[str, Any]:
+def run_serving_load(
+    base_url: str,
+    served_model_name: str,
+    tokenizer: str,
+    load: ServingLoad,
+    log_path: Path,
+    api_key: str | None = None,
+    connection_per_request: bool = False,
+) -> dict[str, Any]:
     """One vllm.benchmarks.serve run; its scalar metrics (output_throughput, median_ttft_ms, p99_itl_ms, ...).
     Raises if any request failed: a partial run is not a measurement."""
     from vllm.benchmarks.serve import add_cli_args, main
@@ -103,6 +161,7 @@ def run_serving_load(base_url: str, served_model_name: str, tokenizer: str, load
         result = main(args)
     metrics = scalar_metrics(result)
     if metrics.get("failed") or metrics.get("completed") != load.num_prompts:
-        raise RuntimeError(f"{metrics.get('failed')} of {load.num_prompts} requests failed against {base_url}; "
-                           f"see {log_path}")
+        raise RuntimeError(
+            f"{metrics.get('failed')} of {load.num_prompts} requests failed against {base_url}; see {log_path}"
+        )
     return metrics

@@ -15,8 +15,10 @@ from dataclasses import dataclass
 
 import httpx
 
-COUNTER = re.compile(r"^(?:ray_)?vllm[:_]spec_decode_(?P<name>num_drafts|num_draft_tokens|num_accepted_tokens)"
-                     r"_total(?:\{[^}]*\})?\s+(?P<value>[0-9.eE+-]+)$")
+COUNTER = re.compile(
+    r"^(?:ray_)?vllm[:_]spec_decode_(?P<name>num_drafts|num_draft_tokens|num_accepted_tokens)"
+    r"_total(?:\{[^}]*\})?\s+(?P<value>[0-9.eE+-]+)$"
+)
 # Ray's agent exports every few seconds: wait this long, at most, for a load's last steps to show.
 SETTLE_TIMEOUT_S = 30.0
 SETTLE_POLL_S = 2.5
@@ -29,16 +31,21 @@ class SpecCounters:
     accepted: float = 0.0
 
     def minus(self, before: SpecCounters) -> SpecCounters:
-        return SpecCounters(self.drafts - before.drafts, self.draft_tokens - before.draft_tokens,
-                            self.accepted - before.accepted)
+        return SpecCounters(
+            self.drafts - before.drafts, self.draft_tokens - before.draft_tokens, self.accepted - before.accepted
+        )
 
     def stats(self) -> dict[str, float] | None:
         """acceptance_rate (%), acceptance_length (tokens per step) and the counts; None without drafts."""
         if self.draft_tokens <= 0 or self.drafts <= 0:
             return None
-        return {"acceptance_rate": 100 * self.accepted / self.draft_tokens,
-                "acceptance_length": 1 + self.accepted / self.drafts,
-                "num_drafts": self.drafts, "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted}
+        return {
+            "acceptance_rate": 100 * self.accepted / self.draft_tokens,
+            "acceptance_length": 1 + self.accepted / self.drafts,
+            "num_drafts": self.drafts,
+            "draft_tokens": self.draft_tokens,
+            "accepted_tokens": self.accepted,
+        }
 
 
 def parse_counters(text: str) -> SpecCounters | None:

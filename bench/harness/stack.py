@@ -59,9 +59,13 @@ def _absolute(path: str) -> str:
     return str(path if Path(path).is_absolute() else ROOT / path)
 
 
-def write_private_stack(workdir: Path, base_profile: Path, port: int,
-                        chat_overrides: Mapping[str, Any] | None = None,
-                        gateway_overrides: Mapping[str, Any] | None = None) -> PrivateStack:
+def write_private_stack(
+    workdir: Path,
+    base_profile: Path,
+    port: int,
+    chat_overrides: Mapping[str, Any] | None = None,
+    gateway_overrides: Mapping[str, Any] | None = None,
+) -> PrivateStack:
     """A copy of base_profile with its own state dir, gateway port and tenants file (the example tenants),
     absolute model paths, and a serve.yaml naming it; overrides replace fields of its chat/gateway sections."""
     profile = read_profile_data(base_profile)
@@ -112,14 +116,23 @@ def running_stack(serve_config: Path, api_key: str) -> tuple[RunningServer, Path
 
 
 @contextmanager
-def poolserve_stack(base_profile: Path, workdir: Path, timeout_s: float = 400,
-                    chat_overrides: Mapping[str, Any] | None = None,
-                    gateway_overrides: Mapping[str, Any] | None = None) -> Iterator[RunningServer]:
+def poolserve_stack(
+    base_profile: Path,
+    workdir: Path,
+    timeout_s: float = 400,
+    chat_overrides: Mapping[str, Any] | None = None,
+    gateway_overrides: Mapping[str, Any] | None = None,
+) -> Iterator[RunningServer]:
     """The whole stack from base_profile, healthy, with a fresh demo tenant key; stopped on exit."""
     stack = write_private_stack(workdir, base_profile, free_port(), chat_overrides, gateway_overrides)
     api_key = generate_api_key()
-    env = child_env({"POOLSERVE_DEMO_KEY": api_key, "POOLSERVE_ADMIN_KEY": os.environ.get("POOLSERVE_ADMIN_KEY") or secrets.token_urlsafe(24),
-                     "RAY_USAGE_STATS_ENABLED": "0"})
+    env = child_env(
+        {
+            "POOLSERVE_DEMO_KEY": api_key,
+            "POOLSERVE_ADMIN_KEY": os.environ.get("POOLSERVE_ADMIN_KEY") or secrets.token_urlsafe(24),
+            "RAY_USAGE_STATS_ENABLED": "0",
+        }
+    )
     env.pop("POOLSERVE_PROFILE", None)  # the --profile below decides, not the caller's shell
     poolserve = Path(sys.executable).parent / "poolserve"
     # Without an installed entry point (the GPU machine's offline bundle), the same command as a module.

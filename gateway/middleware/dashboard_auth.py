@@ -42,5 +42,8 @@ def dashboard_gate(guard, scope, path: str) -> Response | None:
     if path == DASHBOARD and scope["method"] == "GET":
         # Relative, so it works under any route prefix: /p/dashboard -> /p/dashboard/login.
         return RedirectResponse("dashboard/login", status_code=303)
-    return error_body(401, "sign in at /dashboard/login, or send the admin key as 'Authorization: Bearer <key>'",
-                      "authentication_error")
+    return error_body(
+        401,
+        "sign in at /dashboard/login, or send the admin key as 'Authorization: Bearer <key>'",
+        "authentication_error",
+    )

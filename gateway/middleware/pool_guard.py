@@ -43,8 +43,9 @@ def read_pool() -> PoolReading:
     """The pool this process lives in: its limited memory cgroup if any, else the host's memory."""
     cgroup = limited_cgroup()
     if cgroup is not None and effective_limit_bytes(cgroup):
-        return PoolReading(cgroup.in_use_bytes(), effective_limit_bytes(cgroup), f"cgroup {cgroup.path}",
-                           cgroup.peak_bytes())
+        return PoolReading(
+            cgroup.in_use_bytes(), effective_limit_bytes(cgroup), f"cgroup {cgroup.path}", cgroup.peak_bytes()
+        )
     return _host_reading()
 
 
@@ -62,10 +63,19 @@ def read_gpu_pool(index: int = 0) -> PoolReading:
 
 
 class PoolGuard:
-    def __init__(self, shed_ingest_at: float, shed_all_at: float, hysteresis: float = 0.03,
-                 sample_interval_s: float = 0.25, retry_after_s: int = 5,
-                 reader: Callable[[], PoolReading] = read_pool, clock: Callable[[], float] = time.monotonic,
-                 registry: CollectorRegistry | None = None, planned_bytes: int | None = None, basis: str = ""):
+    def __init__(
+        self,
+        shed_ingest_at: float,
+        shed_all_at: float,
+        hysteresis: float = 0.03,
+        sample_interval_s: float = 0.25,
+        retry_after_s: int = 5,
+        reader: Callable[[], PoolReading] = read_pool,
+        clock: Callable[[], float] = time.monotonic,
+        registry: CollectorRegistry | None = None,
+        planned_bytes: int | None = None,
+        basis: str = "",
+    ):
         if not 0 < shed_ingest_at <= shed_all_at < 1:
             raise ValueError("the guard needs 0 < shed_ingest_at <= shed_all_at < 1")
         self.shed_ingest_at, self.shed_all_at, self.hysteresis = shed_ingest_at, shed_all_at, hysteresis
@@ -80,8 +90,9 @@ class PoolGuard:
         registry = registry or CollectorRegistry()
         self._used = Gauge("poolserve_pool_used_bytes", "Pool memory in use (not reclaimable)", registry=registry)
         self._limit = Gauge("poolserve_pool_limit_bytes", "Pool size", registry=registry)
-        self._state_gauge = Gauge("poolserve_pool_guard_state", "0 ok, 1 shedding ingest, 2 shedding all",
-                                  registry=registry)
+        self._state_gauge = Gauge(
+            "poolserve_pool_guard_state", "0 ok, 1 shedding ingest, 2 shedding all", registry=registry
+        )
 
     def _next_state(self, fraction: float) -> GuardState:
         state = self._state
@@ -121,14 +132,25 @@ class PoolGuard:
             what = "ingestion" if state == "shedding_ingest" else "work"
         self.shed_total += 1
         mark = self.shed_ingest_at if state == "shedding_ingest" or kind == "ingest" else self.shed_all_at
-        return (f"the memory pool is {reading.fraction:.0%} in use ({reading.used_bytes / 2**30:.2f} of "
-                f"{reading.limit_bytes / 2**30:.2f} GiB, {reading.source}); new {what} is refused until it is "
-                f"below {mark - self.hysteresis:.0%}. Retry after {self.retry_after_s}s.")
+        return (
+            f"the memory pool is {reading.fraction:.0%} in use ({reading.used_bytes / 2**30:.2f} of "
+            f"{reading.limit_bytes / 2**30:.2f} GiB, {reading.source}); new {what} is refused until it is "
+            f"below {mark - self.hysteresis:.0%}. Retry after {self.retry_after_s}s."
+        )
 
     def describe(self) -> dict:
         state, reading = self.sample()
-        return {"state": state, "used_bytes": reading.used_bytes, "limit_bytes": reading.limit_bytes,
-                "fraction": round(reading.fraction, 4), "source": reading.source, "peak_bytes": reading.peak_bytes,
-                "shed_ingest_at": self.shed_ingest_at, "shed_all_at": self.shed_all_at,
-                "hysteresis": self.hysteresis, "shed_requests": self.shed_total,
-                "plan_holds_bytes": self.planned_bytes, "marks_from": self.basis}
+        return {
+            "state": state,
+            "used_bytes": reading.used_bytes,
+            "limit_bytes": reading.limit_bytes,
+            "fraction": round(reading.fraction, 4),
+            "source": reading.source,
+            "peak_bytes": reading.peak_bytes,
+            "shed_ingest_at": self.shed_ingest_at,
+            "shed_all_at": self.shed_all_at,
+            "hysteresis": self.hysteresis,
+            "shed_requests": self.shed_total,
+            "plan_holds_bytes": self.planned_bytes,
+            "marks_from": self.basis,
+        }

@@ -35,12 +35,21 @@ CALLBACK = "gateway.middleware.proxy_guard.middlewares"
 logger = logging.getLogger("ray.serve")
 
 
-def proxy_env(route_prefix: str, login_form_max_bytes: int, refusal_delay_s: float = 0.0,
-              refusal_delay_max: int = 0) -> dict[str, str]:
+def proxy_env(
+    route_prefix: str, login_form_max_bytes: int, refusal_delay_s: float = 0.0, refusal_delay_max: int = 0
+) -> dict[str, str]:
     """What the launcher adds to Ray's environment so that every proxy it starts refuses here."""
-    return {"RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": CALLBACK,
-            SETTINGS_ENV: json.dumps({"route_prefix": route_prefix, "login_form_max_bytes": login_form_max_bytes,
-                                      "refusal_delay_s": refusal_delay_s, "refusal_delay_max": refusal_delay_max})}
+    return {
+        "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": CALLBACK,
+        SETTINGS_ENV: json.dumps(
+            {
+                "route_prefix": route_prefix,
+                "login_form_max_bytes": login_form_max_bytes,
+                "refusal_delay_s": refusal_delay_s,
+                "refusal_delay_max": refusal_delay_max,
+            }
+        ),
+    }
 
 
 def path_in_app(path: str, route_prefix: str) -> str | None:
@@ -49,7 +58,7 @@ def path_in_app(path: str, route_prefix: str) -> str | None:
     if prefix == "/":
         return path
     if path == prefix or path.startswith(prefix + "/"):
-        return "/" + path[len(prefix):].lstrip("/")
+        return "/" + path[len(prefix) :].lstrip("/")
     return None
 
 
@@ -58,8 +67,14 @@ class PublicBodyRefusal:
     gateway's own refusal (400/411/413) here; the login form, whose POST carries a small body, and every
     other request go on to the gateway."""
 
-    def __init__(self, app, route_prefix: str = "/", login_form_max_bytes: int = 0, refusal_delay_s: float = 0.0,
-                 refusal_delay_max: int = 0):
+    def __init__(
+        self,
+        app,
+        route_prefix: str = "/",
+        login_form_max_bytes: int = 0,
+        refusal_delay_s: float = 0.0,
+        refusal_delay_max: int = 0,
+    ):
         self.app = app
         self.route_prefix = route_prefix
         self.login_form_max_bytes = login_form_max_bytes
@@ -78,7 +93,6 @@ class PublicBodyRefusal:
                     await self._delay()
                     return await refused(scope, receive, send)
         await self.app(scope, receive, send)
-
 
     async def _delay(self) -> None:
         if self.refusal_delay_s <= 0 or self.delayed >= self.refusal_delay_max:

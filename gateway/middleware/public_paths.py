@@ -43,15 +43,25 @@ def body_refusal(scope, path: str, limit: int) -> Response | None:
         return error_body(400, f"Content-Length header {declared[:40]!r} is not a byte count", "invalid_request_error")
     size = int(declared) if declared is not None else None
     if limit == 0 and (chunked or (size or 0) > 0):
-        return error_body(413, f"{where} takes no request body (this one is "
-                               f"{f'{size} bytes' if size is not None else 'chunked'}); it was not read",
-                          "invalid_request_error")
+        return error_body(
+            413,
+            f"{where} takes no request body (this one is "
+            f"{f'{size} bytes' if size is not None else 'chunked'}); it was not read",
+            "invalid_request_error",
+        )
     if limit > 0 and chunked and size is None:
-        return error_body(411, f"{where} needs a Content-Length (at most {limit} bytes: "
-                               "gateway.login_form_max_bytes)", "invalid_request_error")
+        return error_body(
+            411,
+            f"{where} needs a Content-Length (at most {limit} bytes: gateway.login_form_max_bytes)",
+            "invalid_request_error",
+        )
     if size is not None and size > limit:
-        return error_body(413, f"{where} takes at most {limit} bytes of body (gateway.login_form_max_bytes); "
-                               f"this one is {size}; it was not read", "invalid_request_error")
+        return error_body(
+            413,
+            f"{where} takes at most {limit} bytes of body (gateway.login_form_max_bytes); "
+            f"this one is {size}; it was not read",
+            "invalid_request_error",
+        )
     return None
 
 
@@ -67,8 +77,7 @@ def too_many(refusal: ClientRefusal) -> Response:
     return response
 
 
-async def serve_public(app, clients: ClientLimiter, login_form_max_bytes: int, path: str,
-                       scope, receive, send) -> None:
+async def serve_public(app, clients: ClientLimiter, login_form_max_bytes: int, path: str, scope, receive, send) -> None:
     """A public request: refused from its headers when it is one too many or carries a body it may
     not; else served, holding one of its client's in-flight slots until answered."""
     address = client_address(scope)

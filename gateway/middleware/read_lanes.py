@@ -102,16 +102,22 @@ class ReadLanes:
 
     async def _wait_for_turn(self, tenant: str) -> None:
         if self._waiting.get(tenant, 0) >= self.queue_max:
-            raise ReadsQueued(f"{self.queue_max} reads of this tenant are already waiting for their turn "
-                              "(gateway.reads_queue_max); send fewer at once", retry_after_s=1)
+            raise ReadsQueued(
+                f"{self.queue_max} reads of this tenant are already waiting for their turn "
+                "(gateway.reads_queue_max); send fewer at once",
+                retry_after_s=1,
+            )
         self._waiting[tenant] = self._waiting.get(tenant, 0) + 1
         changed = self._condition()
         try:
             async with changed:
                 await asyncio.wait_for(changed.wait_for(lambda: self._may_read(tenant)), self.wait_s)
         except TimeoutError:
-            raise ReadsQueued(f"this read waited {self.wait_s:g} s for the tenant's earlier reads "
-                              "(gateway.reads_wait_s); send fewer at once", retry_after_s=int(self.wait_s)) from None
+            raise ReadsQueued(
+                f"this read waited {self.wait_s:g} s for the tenant's earlier reads "
+                "(gateway.reads_wait_s); send fewer at once",
+                retry_after_s=int(self.wait_s),
+            ) from None
         finally:
             _decrement(self._waiting, tenant)
 

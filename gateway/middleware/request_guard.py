@@ -89,11 +89,14 @@ def _find_problem(doc, max_depth: int, check_text: bool) -> str | None:
         kids = node.values() if type(node) is dict else node
         kinds = set(map(type, kids))
         # Containers of plain scalars are cleared at C speed; only the rest is looked at one by one.
-        if not (kinds - _PLAIN or (check_text and (str in kinds or type(node) is dict))
-                or (float in kinds and (_INF in kids or -_INF in kids))):
+        if not (
+            kinds - _PLAIN
+            or (check_text and (str in kinds or type(node) is dict))
+            or (float in kinds and (_INF in kids or -_INF in kids))
+        ):
             continue
         children = []
-        for key, kid in (node.items() if type(node) is dict else enumerate(node)):
+        for key, kid in node.items() if type(node) is dict else enumerate(node):
             if check_text and type(key) is str and (problem := _text_problem(key)):
                 return f"{_path((None, 0, entry, key))}: {problem}"
             if type(kid) in (dict, list):
@@ -157,8 +160,12 @@ class RequestBodyGuard:
         self.max_json_depth = max_json_depth
 
     def _too_large(self, size: int, at_least: bool = False):
-        return error_body(413, f"request body is {'at least ' if at_least else ''}{size} bytes; "
-                               f"the limit is {self.max_body_bytes} (gateway.max_body_bytes)", "invalid_request_error")
+        return error_body(
+            413,
+            f"request body is {'at least ' if at_least else ''}{size} bytes; "
+            f"the limit is {self.max_body_bytes} (gateway.max_body_bytes)",
+            "invalid_request_error",
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -168,8 +175,9 @@ class RequestBodyGuard:
         declared = headers.get("content-length")
         if declared is not None:
             if not (declared.strip().isascii() and declared.strip().isdigit()):
-                await error_body(400, f"Content-Length header {declared[:40]!r} is not a byte count",
-                                 "invalid_request_error")(scope, receive, send)
+                await error_body(
+                    400, f"Content-Length header {declared[:40]!r} is not a byte count", "invalid_request_error"
+                )(scope, receive, send)
                 return
             if int(declared) > self.max_body_bytes:
                 await self._too_large(int(declared))(scope, receive, send)

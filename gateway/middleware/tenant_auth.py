@@ -46,7 +46,7 @@ def app_path(scope) -> str:
     scope["path"] and name it in scope["root_path"]; auth must not depend on where the app is mounted."""
     path, root = scope.get("path", ""), scope.get("root_path", "").rstrip("/")
     if root and (path == root or path.startswith(root + "/")):
-        path = path[len(root):]
+        path = path[len(root) :]
     return "/" + path.lstrip("/")
 
 
@@ -66,8 +66,16 @@ class TenantAuthMiddleware:
         self.guard = TenantGuard(edge.state_dir, edge.tenants_file, edge.guard, edge.gateway)
         self._closing: set[asyncio.Future] = set()  # strong references to in-progress lease releases
 
-    async def _reject(self, scope, receive, send, status: int, message: str, headers: dict | None = None,
-                      kind: str = "invalid_request_error") -> None:
+    async def _reject(
+        self,
+        scope,
+        receive,
+        send,
+        status: int,
+        message: str,
+        headers: dict | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
         response = error_body(status, message, kind)
         for key, value in (headers or {}).items():
             response.headers[key] = value
@@ -90,23 +98,41 @@ class TenantAuthMiddleware:
             return await serve_public(self.app, guard.clients, guard.login_form_max_bytes, path, scope, receive, send)
         if path.startswith("/admin") or path in OPERATOR_PATHS:
             if not guard.admin_key:
-                return await self._reject(scope, receive, send, 404,
-                                          f"the admin API is disabled: set {ADMIN_KEY_ENV} to enable it", kind="not_found_error")
+                return await self._reject(
+                    scope,
+                    receive,
+                    send,
+                    404,
+                    f"the admin API is disabled: set {ADMIN_KEY_ENV} to enable it",
+                    kind="not_found_error",
+                )
             if not guard.admin_allowed(_bearer(scope)):
-                return await refuse_unauthenticated(guard.clients, _unauthenticated("missing or invalid admin key"),
-                                                    scope, receive, send)
+                return await refuse_unauthenticated(
+                    guard.clients, _unauthenticated("missing or invalid admin key"), scope, receive, send
+                )
             return await self.app(scope, receive, send)
         tenant = await run_in_threadpool(guard.authenticate, _bearer(scope))
         if tenant is None:
             return await refuse_unauthenticated(
-                guard.clients, _unauthenticated("missing or invalid API key: send 'Authorization: Bearer <key>'"),
-                scope, receive, send)
+                guard.clients,
+                _unauthenticated("missing or invalid API key: send 'Authorization: Bearer <key>'"),
+                scope,
+                receive,
+                send,
+            )
         kind = _work_kind(scope["method"], path)
         shed = await self._shed(tenant, kind) if kind else None
         if shed:  # before admission: a shed request uses none of the tenant's limits
             guard.metrics.observe_shed(tenant.name, kind)
-            return await self._reject(scope, receive, send, 503, shed, {"Retry-After": str(guard.pool.retry_after_s)},
-                                      kind="service_unavailable")
+            return await self._reject(
+                scope,
+                receive,
+                send,
+                503,
+                shed,
+                {"Retry-After": str(guard.pool.retry_after_s)},
+                kind="service_unavailable",
+            )
         # Its own task: if the client hangs up meanwhile, the lease it takes is still given back.
         admitting = asyncio.ensure_future(run_in_threadpool(guard.admit, tenant))
         try:
@@ -143,8 +169,15 @@ class TenantAuthMiddleware:
                     return await self.app(scope, receive, send)
             except ReadsQueued as queued:
                 await run_in_threadpool(self.guard.observe_rejection, tenant.name, "reads_queued")
-                await self._reject(scope, receive, send, 429, str(queued), {"Retry-After": str(queued.retry_after_s)},
-                                   kind="rate_limit_error")
+                await self._reject(
+                    scope,
+                    receive,
+                    send,
+                    429,
+                    str(queued),
+                    {"Retry-After": str(queued.retry_after_s)},
+                    kind="rate_limit_error",
+                )
 
     async def _shed(self, tenant, kind: str) -> str | None:
         """The pool guard's refusal of this request, if any. Who is heaviest is a read of every replica's
@@ -152,8 +185,9 @@ class TenantAuthMiddleware:
         guard = self.guard
         if guard.pool.sample()[0] == "ok":
             return None
-        return await run_in_threadpool(guard.pool.refusal, kind,
-                                       lambda: guard.limiter.is_heaviest(tenant.name, guard.shed_heaviest_at_least))
+        return await run_in_threadpool(
+            guard.pool.refusal, kind, lambda: guard.limiter.is_heaviest(tenant.name, guard.shed_heaviest_at_least)
+        )
 
     def _closing_task(self, close, *args) -> asyncio.Future:
         # Its own task: a client that hangs up cancels the request's, and the lease must still go back.
@@ -176,22 +210,32 @@ class TenantAuthMiddleware:
 
     def _release_abandoned(self, tenant):
         """Done-callback for an admission whose request was cancelled: hand back what it took."""
+
         def release(task: asyncio.Future) -> None:
             self._closing.discard(task)
             if task.cancelled() or task.exception() is not None:
                 return
             decision, reservation = task.result()
             if decision.allowed:
-                closing = asyncio.ensure_future(run_in_threadpool(
-                    self._close_request, tenant, RequestTokens(reservation), decision.lease_id))
+                closing = asyncio.ensure_future(
+                    run_in_threadpool(self._close_request, tenant, RequestTokens(reservation), decision.lease_id)
+                )
                 self._closing.add(closing)
                 closing.add_done_callback(self._closing.discard)
+
         return release
 
     async def _reject_over_limit(self, scope, receive, send, tenant, decision) -> None:
         await run_in_threadpool(self.guard.observe_rejection, tenant.name, decision.reason)
-        await self._reject(scope, receive, send, 429, over_limit_message(tenant, decision),
-                           {"Retry-After": str(decision.retry_after_seconds)}, kind="rate_limit_error")
+        await self._reject(
+            scope,
+            receive,
+            send,
+            429,
+            over_limit_message(tenant, decision),
+            {"Retry-After": str(decision.retry_after_seconds)},
+            kind="rate_limit_error",
+        )
 
 
 def _unauthenticated(message: str) -> Response:

@@ -69,8 +69,13 @@ def guard_of(request: Request) -> "TenantGuard":
 class TenantGuard:
     """Everything tenant-related one gateway replica holds: store, limiter, metrics."""
 
-    def __init__(self, state_dir: str, tenants_file: str | None, marks: GuardPlan | None = None,
-                 gateway: GatewaySpec | None = None):
+    def __init__(
+        self,
+        state_dir: str,
+        tenants_file: str | None,
+        marks: GuardPlan | None = None,
+        gateway: GatewaySpec | None = None,
+    ):
         """`marks` is the plan's pool guard section (planner/guard.py): the marks follow what the plan holds.
         None (unit tests that build a guard alone): the profile schema's fixed marks."""
         marks = marks or unplanned_guard()
@@ -84,25 +89,41 @@ class TenantGuard:
         self.rejections = RejectionLog(self.state_dir / "rejections.sqlite3")  # 429s per tenant and day
         # Sheds new work with 503 before the memory pool runs out (the kernel's OOM killer never decides).
         # On a discrete GPU the pool is the device's memory (planner: unified false), read through NVML.
-        self.pool = PoolGuard(marks.shed_ingest_at, marks.shed_all_at, hysteresis=marks.hysteresis,
-                              sample_interval_s=marks.sample_interval_s, retry_after_s=marks.retry_after_s,
-                              registry=self.registry, reader=read_gpu_pool if marks.reader == "gpu" else read_pool,
-                              planned_bytes=marks.planned_bytes, basis=marks.basis)
+        self.pool = PoolGuard(
+            marks.shed_ingest_at,
+            marks.shed_all_at,
+            hysteresis=marks.hysteresis,
+            sample_interval_s=marks.sample_interval_s,
+            retry_after_s=marks.retry_after_s,
+            registry=self.registry,
+            reader=read_gpu_pool if marks.reader == "gpu" else read_pool,
+            planned_bytes=marks.planned_bytes,
+            basis=marks.basis,
+        )
         self.shed_heaviest_at_least = marks.heaviest_at_least
         self.admin_key = os.environ.get(ADMIN_KEY_ENV) or None
         # Traffic without a valid key, per client address (planner/profile.py GatewaySpec.client_*).
         spec = gateway or GatewaySpec()
-        self.clients = ClientLimiter(spec.client_max_concurrent, spec.client_requests_per_minute,
-                                     spec.login_failures_per_minute, spec.tracked_clients)
+        self.clients = ClientLimiter(
+            spec.client_max_concurrent,
+            spec.client_requests_per_minute,
+            spec.login_failures_per_minute,
+            spec.tracked_clients,
+        )
         self.login_form_max_bytes = spec.login_form_max_bytes
-        self.lanes = ReadLanes(spec.reads_at_once_alone, spec.reads_queue_max, spec.reads_wait_s, spec.reads_pause_ratio)
+        self.lanes = ReadLanes(
+            spec.reads_at_once_alone, spec.reads_queue_max, spec.reads_wait_s, spec.reads_pause_ratio
+        )
         demo_key, created_at = resolve_demo_key(self.state_dir)
         if created_at:
             logger.warning("demo tenant key written to %s (mode 0600)", created_at)
         if tenants_file:
-            applied = apply_tenants_file(self.store, load_tenants_file(tenants_file),
-                                         {**os.environ, DEMO_KEY_ENV: demo_key},
-                                         reseed=os.environ.get(RESEED_ENV) == "1")
+            applied = apply_tenants_file(
+                self.store,
+                load_tenants_file(tenants_file),
+                {**os.environ, DEMO_KEY_ENV: demo_key},
+                reseed=os.environ.get(RESEED_ENV) == "1",
+            )
             for name, key in applied.new_keys.items():
                 logger.warning("key for tenant %s written to %s (mode 0600)", name, self._write_key_file(name, key))
             logger.info("tenants file %s: synced %s", tenants_file, ", ".join(applied.synced) or "nothing")
@@ -115,8 +136,7 @@ class TenantGuard:
         return write_private(path, key + "\n", exclusive=False)  # a key written before is replaced
 
     def admin_allowed(self, presented: str | None) -> bool:
-        return bool(self.admin_key and presented
-                    and hmac.compare_digest(presented.encode(), self.admin_key.encode()))
+        return bool(self.admin_key and presented and hmac.compare_digest(presented.encode(), self.admin_key.encode()))
 
     def authenticate(self, presented: str | None):
         """The key's tenant, or None. Keys are checked by SHA-256 (microseconds), so a flood of
@@ -147,27 +167,37 @@ def over_limit_message(tenant, decision, what: str | None = None) -> str:
     OpenAI's words ("Request too large ... Limit 20000, Requested 47352"); `what` says how it was estimated."""
     how = f" ({what})" if what else ""
     if decision.reason == "request_too_large":
-        return (f"Request too large for tenant {tenant.name!r} on tokens per minute (TPM): Limit {decision.limit}, "
-                f"Requested {decision.requested}. This request is estimated at {decision.requested} tokens{how}, "
-                "more than the tenant may use in a minute, so it can never run: reduce the input or max_tokens, "
-                "or ask for a higher tpm. Nothing was charged.")
-    what_limit = {"rpm": f"{tenant.rpm} requests per minute", "tpm": f"{tenant.tpm} tokens per minute",
-                  "concurrency": f"{tenant.max_concurrency} concurrent requests"}[decision.reason]
+        return (
+            f"Request too large for tenant {tenant.name!r} on tokens per minute (TPM): Limit {decision.limit}, "
+            f"Requested {decision.requested}. This request is estimated at {decision.requested} tokens{how}, "
+            "more than the tenant may use in a minute, so it can never run: reduce the input or max_tokens, "
+            "or ask for a higher tpm. Nothing was charged."
+        )
+    what_limit = {
+        "rpm": f"{tenant.rpm} requests per minute",
+        "tpm": f"{tenant.tpm} tokens per minute",
+        "concurrency": f"{tenant.max_concurrency} concurrent requests",
+    }[decision.reason]
     numbers = ""
     if decision.reason == "tpm" and decision.limit is not None:
         numbers = f": Limit {decision.limit}, Used {decision.used}"
         if decision.requested is not None:
-            numbers += (f", Requested {decision.requested} (this request is estimated at {decision.requested} "
-                        f"tokens{': ' + what if what else ''})")
-    return (f"tenant {tenant.name!r} is over its limit of {what_limit}{numbers}; retry after "
-            f"{decision.retry_after_seconds}s")
+            numbers += (
+                f", Requested {decision.requested} (this request is estimated at {decision.requested} "
+                f"tokens{': ' + what if what else ''})"
+            )
+    return (
+        f"tenant {tenant.name!r} is over its limit of {what_limit}{numbers}; retry after "
+        f"{decision.retry_after_seconds}s"
+    )
 
 
 def _tpm_refusal(tenant, decision, what: str | None) -> HTTPException:
     if decision.reason == "request_too_large":
         return HTTPException(429, over_limit_message(tenant, decision, what), headers=dict(NO_RETRY))
-    return HTTPException(429, over_limit_message(tenant, decision, what),
-                         headers={"Retry-After": str(decision.retry_after_seconds)})
+    return HTTPException(
+        429, over_limit_message(tenant, decision, what), headers={"Retry-After": str(decision.retry_after_seconds)}
+    )
 
 
 async def reserve_tokens(request: Request, estimated_tokens: int, what: str = "prompt + max_tokens x n") -> None:

@@ -35,7 +35,8 @@ class TenantAdminRoutes:
         guard: TenantGuard = guard_of(request)
         try:
             tenant, key = await run_in_threadpool(
-                guard.store.create_tenant, body.name, body.models, body.rpm, body.tpm, body.max_concurrency, "admin-api")
+                guard.store.create_tenant, body.name, body.models, body.rpm, body.tpm, body.max_concurrency, "admin-api"
+            )
         except TenantExists:
             raise HTTPException(409, f"tenant {body.name!r} already exists")
         except ValueError as exc:

@@ -34,9 +34,13 @@ STATIC_DIR = Path(dashboard.__file__).parent / "static"
 STATIC_TYPES = {".js": "text/javascript", ".css": "text/css"}
 STATIC_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,80}")
 # No inline scripts, nothing from other origins, never framed (clickjacking), never cached.
-PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
-                                           "img-src 'self' data:; frame-ancestors 'none'; form-action 'self'",
-                "Cache-Control": "no-store", "Referrer-Policy": "no-referrer", "X-Content-Type-Options": "nosniff"}
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; frame-ancestors 'none'; form-action 'self'",
+    "Cache-Control": "no-store",
+    "Referrer-Policy": "no-referrer",
+    "X-Content-Type-Options": "nosniff",
+}
 
 
 class DashboardRoutes:
@@ -61,9 +65,12 @@ class DashboardRoutes:
     async def _measure_replicas(self) -> list[dict]:
         """Every replica's measured memory beside its plan; each measurement is also a history point."""
         calls = [self._default_serve_handles[model].memory.remote() for model in self._engines]
-        measured = await asyncio.wait_for(asyncio.gather(
-            *calls, self._embedder.memory.remote(), self._retriever.memory.remote(), return_exceptions=True),
-            self._settings.dashboard_measure_timeout_s)
+        measured = await asyncio.wait_for(
+            asyncio.gather(
+                *calls, self._embedder.memory.remote(), self._retriever.memory.remote(), return_exceptions=True
+            ),
+            self._settings.dashboard_measure_timeout_s,
+        )
         names = [engine.replica for engine in self._engines.values()] + ["embedder", "retriever"]
         replicas = [{"name": n, **(m if isinstance(m, dict) else {"error": str(m)})} for n, m in zip(names, measured)]
         # smaps reads take tens of ms per process: in a thread, not on the gateway's event loop
@@ -77,8 +84,9 @@ class DashboardRoutes:
         return replicas
 
     async def _status_body(self, request: Request) -> dict:
-        replicas, stats, states = await asyncio.gather(self._measure_replicas(), self._retriever.stats.remote(),
-                                                       self._on_demand.states())
+        replicas, stats, states = await asyncio.gather(
+            self._measure_replicas(), self._retriever.stats.remote(), self._on_demand.states()
+        )
         engine_states = {self._engines[model].replica: state for model, state in states.items()}
         for replica in replicas:  # on-demand engines only (issue 48): awake, asleep, waking or sleeping
             if replica["name"] in engine_states:
@@ -87,7 +95,8 @@ class DashboardRoutes:
             plan = self._settings.planned_contents.get(replica["name"])
             if plan is not None and replica.get("planned_at_rest_bytes") is not None:
                 replica["planned_for_contents_bytes"] = replica["planned_at_rest_bytes"] + plan.bytes_for(
-                    stats.get("vectors", 0), stats.get("database_bytes", 0))
+                    stats.get("vectors", 0), stats.get("database_bytes", 0)
+                )
         return {"replicas": replicas, "retriever": stats, "pool": guard_of(request).pool.describe()}
 
     async def status(self, request: Request) -> Response:
@@ -103,19 +112,28 @@ class DashboardRoutes:
         day = datetime.now(timezone.utc).date().isoformat()
         status, collections = await asyncio.gather(self._status_body(request), self._retriever.all_collections.remote())
         tenants, usage, rejected = await run_in_threadpool(
-            lambda: (guard.store.list_tenants(), guard.store.usage(), guard.rejections.counts(day=day)))
-        return {"taken_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "day": day, "status": status,
-                "tenants": tenants_today([t.to_dict() for t in tenants], usage, rejected, day),
-                "collections": collections}
+            lambda: (guard.store.list_tenants(), guard.store.usage(), guard.rejections.counts(day=day))
+        )
+        return {
+            "taken_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "day": day,
+            "status": status,
+            "tenants": tenants_today([t.to_dict() for t in tenants], usage, rejected, day),
+            "collections": collections,
+        }
 
     async def dashboard(self, request: Request) -> Response:
-        return HTMLResponse(page(await self._snapshot(request), self._settings.dashboard_refresh_s), headers=PAGE_HEADERS)
+        return HTMLResponse(
+            page(await self._snapshot(request), self._settings.dashboard_refresh_s), headers=PAGE_HEADERS
+        )
 
     async def dashboard_data(self, request: Request) -> Response:
         """The refresh: the snapshot, its sections as HTML (one renderer, the server's) and the history."""
         snapshot = await self._snapshot(request)
-        return JSONResponse({**snapshot, "html": render_sections(snapshot),
-                             "history": self._memory_history.series(time.time())}, headers={"Cache-Control": "no-store"})
+        return JSONResponse(
+            {**snapshot, "html": render_sections(snapshot), "history": self._memory_history.series(time.time())},
+            headers={"Cache-Control": "no-store"},
+        )
 
     async def dashboard_login_form(self, request: Request) -> Response:
         return HTMLResponse(login_page(), headers=PAGE_HEADERS)
@@ -125,8 +143,11 @@ class DashboardRoutes:
         guard, address = guard_of(request), client_address(request.scope)
         # Before the key is looked at: a client guessing keys learns nothing more once it is over.
         if (refusal := guard.clients.login_refusal(address)) is not None:
-            return HTMLResponse(login_page(f"Too many wrong keys: try again in {refusal.retry_after_seconds} s."),
-                                status_code=429, headers={**PAGE_HEADERS, "Retry-After": str(refusal.retry_after_seconds)})
+            return HTMLResponse(
+                login_page(f"Too many wrong keys: try again in {refusal.retry_after_seconds} s."),
+                status_code=429,
+                headers={**PAGE_HEADERS, "Retry-After": str(refusal.retry_after_seconds)},
+            )
         try:
             fields = parse_qs((await request.body()).decode("utf-8", "replace"), max_num_fields=4)
         except ValueError:  # more fields than the form has
@@ -136,25 +157,34 @@ class DashboardRoutes:
             return HTMLResponse(login_page("That is not the admin key."), status_code=401, headers=PAGE_HEADERS)
         response = RedirectResponse("../dashboard", status_code=303, headers=PAGE_HEADERS)
         response.headers["Set-Cookie"] = session.set_cookie_header(
-            session.issue(guard.admin_key), _cookie_path(request), secure=self._cookie_secure(request))
+            session.issue(guard.admin_key), _cookie_path(request), secure=self._cookie_secure(request)
+        )
         return response
 
     async def dashboard_logout(self, request: Request) -> Response:
         response = RedirectResponse("login", status_code=303, headers=PAGE_HEADERS)
-        response.headers["Set-Cookie"] = session.set_cookie_header("", _cookie_path(request),
-                                                                   secure=self._cookie_secure(request), max_age=0)
+        response.headers["Set-Cookie"] = session.set_cookie_header(
+            "", _cookie_path(request), secure=self._cookie_secure(request), max_age=0
+        )
         return response
 
     def _cookie_secure(self, request: Request) -> bool:
-        return session.cookie_secure(self._settings.cookie_secure, request.url.scheme,
-                                     request.headers.get("x-forwarded-proto"), self._settings.trust_forwarded_proto)
+        return session.cookie_secure(
+            self._settings.cookie_secure,
+            request.url.scheme,
+            request.headers.get("x-forwarded-proto"),
+            self._settings.trust_forwarded_proto,
+        )
 
     async def dashboard_static(self, name: str) -> Response:
         path = STATIC_DIR / name
         if not STATIC_NAME.fullmatch(name) or path.suffix not in STATIC_TYPES or not path.is_file():
             raise HTTPException(404, f"no dashboard file {name!r}")
-        return Response(await run_in_threadpool(path.read_bytes), media_type=STATIC_TYPES[path.suffix],
-                        headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"})
+        return Response(
+            await run_in_threadpool(path.read_bytes),
+            media_type=STATIC_TYPES[path.suffix],
+            headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"},
+        )
 
 
 def _cookie_path(request: Request) -> str:

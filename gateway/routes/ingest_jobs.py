@@ -44,28 +44,33 @@ class IngestJobRoutes:
             store = self._ingest_job_store = IngestJobStore(
                 f"{self._settings.state_dir}/ingest_jobs.sqlite3",
                 heartbeat_s=self._settings.ingest_job_heartbeat_s,
-                retention_s=self._settings.ingest_job_retention_s)
+                retention_s=self._settings.ingest_job_retention_s,
+            )
         return store
 
-    async def start_ingest_job(self, request: Request, tenant: str, collection: str,
-                               inputs: list[DocumentInput]) -> Response:
+    async def start_ingest_job(
+        self, request: Request, tenant: str, collection: str, inputs: list[DocumentInput]
+    ) -> Response:
         jobs = self._ingest_jobs()
         try:
-            job = await run_in_threadpool(jobs.create, tenant, collection, len(inputs),
-                                          self._settings.max_ingest_jobs_per_tenant)
+            job = await run_in_threadpool(
+                jobs.create, tenant, collection, len(inputs), self._settings.max_ingest_jobs_per_tenant
+            )
         except TooManyJobs as exc:
             raise HTTPException(429, str(exc), headers={"Retry-After": str(self._settings.ingest_job_heartbeat_s)})
         # A fresh context: Ray Serve cancels the replica calls of a request whose client has gone,
         # and this request's response is sent at once.
         task = asyncio.get_running_loop().create_task(
-            self._run_ingest_job(request, tenant, collection, inputs, job.id), context=contextvars.Context())
+            self._run_ingest_job(request, tenant, collection, inputs, job.id), context=contextvars.Context()
+        )
         detach(request, task)
         location = request.scope.get("root_path", "").rstrip("/") + f"{JOBS_PATH}/{job.id}"
         logger.info("ingest job %s for %s/%s: %d documents", job.id, tenant, collection, len(inputs))
         return JSONResponse(job.public(), status_code=202, headers={"Location": location})
 
-    async def _run_ingest_job(self, request: Request, tenant: str, collection: str, inputs: list[DocumentInput],
-                              job_id: str) -> None:
+    async def _run_ingest_job(
+        self, request: Request, tenant: str, collection: str, inputs: list[DocumentInput], job_id: str
+    ) -> None:
         jobs = self._ingest_jobs()
         beating = asyncio.ensure_future(_beat(jobs, job_id))
 
@@ -97,19 +102,32 @@ class IngestJobRoutes:
         return JSONResponse(job.public())
 
     async def list_ingest_jobs(
-        self, request: Request,
-        limit: int | None = Query(None, ge=1, description="Jobs per page (default rag.documents_page_default, at "
-                                                          "most rag.documents_page_max)."),
+        self,
+        request: Request,
+        limit: int | None = Query(
+            None,
+            ge=1,
+            description="Jobs per page (default rag.documents_page_default, at most rag.documents_page_max).",
+        ),
         before: str | None = Query(None, max_length=64, description="The last id of the previous page."),
     ) -> Response:
         if before is not None and not is_job_id(before):
-            raise HTTPException(400, f"before {before[:80]!r} is not a job id (ingest_ and 24 hex digits): "
-                                     "pass the last id of the previous page")
+            raise HTTPException(
+                400,
+                f"before {before[:80]!r} is not a job id (ingest_ and 24 hex digits): "
+                "pass the last id of the previous page",
+            )
         limit = page_limit(limit, self._settings)
         listed = await run_in_threadpool(self._ingest_jobs().list, self._tenant(request), limit + 1, before)
         page = listed[:limit]
-        return JSONResponse({"object": "list", "data": [job.public() for job in page],
-                             "has_more": len(listed) > limit, "last_id": page[-1].id if page else None})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [job.public() for job in page],
+                "has_more": len(listed) > limit,
+                "last_id": page[-1].id if page else None,
+            }
+        )
 
     async def cancel_ingest_job(self, job_id: str, request: Request) -> Response:
         if not is_job_id(job_id):

@@ -68,37 +68,60 @@ class IngestRoutes(IngestJobRoutes):
         tenant = self._tenant(request)
         self._check_ingest_limits(body)
         max_bytes = self._extraction_spec().max_document_bytes
-        inputs = [DocumentInput(id=doc.id, text=doc.text or "", metadata=doc.metadata, content_type=doc.content_type,
-                                data=None if doc.data_base64 is None else
-                                decoded_data(i, doc.id, doc.data_base64, max_bytes))
-                  for i, doc in enumerate(body.documents)]
+        inputs = [
+            DocumentInput(
+                id=doc.id,
+                text=doc.text or "",
+                metadata=doc.metadata,
+                content_type=doc.content_type,
+                data=None if doc.data_base64 is None else decoded_data(i, doc.id, doc.data_base64, max_bytes),
+            )
+            for i, doc in enumerate(body.documents)
+        ]
         if body.run_async:
             return await self.start_ingest_job(request, tenant, collection, inputs)
         if body.stream:
-            return StreamingResponse(self._ingest_events(request, tenant, collection, inputs), media_type=NDJSON,
-                                     background=release_heap_after_sending())
+            return StreamingResponse(
+                self._ingest_events(request, tenant, collection, inputs),
+                media_type=NDJSON,
+                background=release_heap_after_sending(),
+            )
         # The whole ingest finishes even if the client hangs up (it is atomic and it is paid for).
         timings = IngestTimings()
         result = await run_to_completion(self._ingest(request, tenant, collection, inputs, timings=timings))
-        return JSONResponse(result, headers={"Server-Timing": timings.server_timing()},
-                            background=release_heap_after_sending())
+        return JSONResponse(
+            result, headers={"Server-Timing": timings.server_timing()}, background=release_heap_after_sending()
+        )
 
     def _check_ingest_limits(self, body: AddDocumentsRequest) -> None:
         limit = self._settings.max_documents_per_request
         if len(body.documents) > limit:
-            raise HTTPException(413, f"documents has {len(body.documents)} items; the limit is {limit} per request "
-                                     "(rag.max_documents_per_request)")
+            raise HTTPException(
+                413,
+                f"documents has {len(body.documents)} items; the limit is {limit} per request "
+                "(rag.max_documents_per_request)",
+            )
         ids = [validate_document_id(doc.id) for doc in body.documents]
         if len(set(ids)) != len(ids):
             raise HTTPException(400, "documents[].id repeats within the request; each id may appear once")
         max_chars = self._settings.max_document_chars
         for i, doc in enumerate(body.documents):
             if doc.text is not None and len(doc.text) > max_chars:
-                raise HTTPException(413, f"documents[{i}].text (id {doc.id!r}) has {len(doc.text)} characters; the "
-                                         f"limit is {max_chars} (rag.max_document_chars)")
+                raise HTTPException(
+                    413,
+                    f"documents[{i}].text (id {doc.id!r}) has {len(doc.text)} characters; the "
+                    f"limit is {max_chars} (rag.max_document_chars)",
+                )
 
-    async def _ingest(self, request: Request, tenant: str, collection: str, inputs: list[DocumentInput],
-                      on_progress: ProgressCallback | None = None, timings: IngestTimings | None = None) -> dict:
+    async def _ingest(
+        self,
+        request: Request,
+        tenant: str,
+        collection: str,
+        inputs: list[DocumentInput],
+        on_progress: ProgressCallback | None = None,
+        timings: IngestTimings | None = None,
+    ) -> dict:
         """Extract, chunk and embed everything, then store all documents in one transaction: all or none."""
         embedded = {"tokens": 0}
         timings = timings if timings is not None else IngestTimings()
@@ -112,35 +135,56 @@ class IngestRoutes(IngestJobRoutes):
 
         async def extract_and_charge(doc: DocumentInput) -> Extracted:
             try:
-                result = await self._extraction_pool().extract(doc.data if doc.data is not None else doc.text,
-                                                               doc.content_type)
+                result = await self._extraction_pool().extract(
+                    doc.data if doc.data is not None else doc.text, doc.content_type
+                )
             except ExtractionFailed as exc:
                 await self._charge_extraction(request, exc.cpu_seconds, extraction)
                 raise HTTPException(exc.status, f"document {doc.id!r} ({doc.content_type}): {exc}") from None
             await self._charge_extraction(request, result.cpu_seconds, extraction)
             return result.extracted
 
-        pipeline = RagPipeline(RayEmbedder(self._embedder, embed_and_count, tenant), RayIndex(self._retriever),
-                               pipeline_settings(self), extractor=extract_and_charge)
+        pipeline = RagPipeline(
+            RayEmbedder(self._embedder, embed_and_count, tenant),
+            RayIndex(self._retriever),
+            pipeline_settings(self),
+            extractor=extract_and_charge,
+        )
         started = time.perf_counter()
-        counts = await pipeline.ingest(tenant, collection, inputs, on_progress,
-                                       lambda texts: self._reserve_chunks(request, texts), timings)
+        counts = await pipeline.ingest(
+            tenant, collection, inputs, on_progress, lambda texts: self._reserve_chunks(request, texts), timings
+        )
         seconds = time.perf_counter() - started
         chunks = sum(counts)
-        logger.info("ingest %s/%s: %d documents, %d chunks, %d tokens, %.2f s extraction CPU in %.1f s (%.1f chunks/s; "
-                    "ms %s)", tenant, collection, len(inputs), chunks, embedded["tokens"], extraction["cpu_seconds"],
-                    seconds, chunks / seconds if seconds else 0.0, timings.server_timing())
-        return {"collection": collection, "documents": [{"id": doc.id, "chunks": n} for doc, n in zip(inputs, counts)],
-                "chunks": chunks, "tokens": embedded["tokens"],
-                "extraction_cpu_seconds": round(extraction["cpu_seconds"], 3)}
+        logger.info(
+            "ingest %s/%s: %d documents, %d chunks, %d tokens, %.2f s extraction CPU in %.1f s (%.1f chunks/s; ms %s)",
+            tenant,
+            collection,
+            len(inputs),
+            chunks,
+            embedded["tokens"],
+            extraction["cpu_seconds"],
+            seconds,
+            chunks / seconds if seconds else 0.0,
+            timings.server_timing(),
+        )
+        return {
+            "collection": collection,
+            "documents": [{"id": doc.id, "chunks": n} for doc, n in zip(inputs, counts)],
+            "chunks": chunks,
+            "tokens": embedded["tokens"],
+            "extraction_cpu_seconds": round(extraction["cpu_seconds"], 3),
+        }
 
     async def _reserve_chunks(self, request: Request, texts: list[str]) -> None:
         """Once chunked, before anything is embedded: the chunks' tokens, as the embedder will read them, are
         the ingest's estimate (raised from the one made from its documents' text, or made here for files,
         which had none). Over the whole TPM it is a 429 "Request too large" and nothing is embedded."""
-        await reserve_tokens(request, estimate_text_tokens(texts, self._settings.embed_max_seq_tokens),
-                             "characters / 4 of each chunk to embed, with its title, at most embed_max_seq_tokens "
-                             "each")
+        await reserve_tokens(
+            request,
+            estimate_text_tokens(texts, self._settings.embed_max_seq_tokens),
+            "characters / 4 of each chunk to embed, with its title, at most embed_max_seq_tokens each",
+        )
 
     def _extraction_spec(self) -> ExtractionSpec:
         return self._settings.extraction
@@ -150,36 +194,46 @@ class IngestRoutes(IngestJobRoutes):
         pool = getattr(self, "_extraction_workers", None)
         if pool is None:
             spec = self._extraction_spec()
-            pool = self._extraction_workers = ExtractionPool(ExtractionLimits(
-                workers=spec.workers, cpu_seconds=spec.cpu_seconds, memory_bytes=spec.memory_bytes,
-                wall_seconds=spec.wall_seconds, max_locations=spec.max_locations,
-                cpu_nice=spec.cpu_nice))
+            pool = self._extraction_workers = ExtractionPool(
+                ExtractionLimits(
+                    workers=spec.workers,
+                    cpu_seconds=spec.cpu_seconds,
+                    memory_bytes=spec.memory_bytes,
+                    wall_seconds=spec.wall_seconds,
+                    max_locations=spec.max_locations,
+                    cpu_nice=spec.cpu_nice,
+                )
+            )
         return pool
 
     async def _charge_extraction(self, request: Request, cpu_seconds: float, total: dict) -> None:
         total["cpu_seconds"] += cpu_seconds
         milliseconds = round(cpu_seconds * 1000)
-        await record_usage(request, EXTRACTION_USAGE_MODEL, {"prompt_tokens": milliseconds,
-                                                             "total_tokens": milliseconds})
+        await record_usage(
+            request, EXTRACTION_USAGE_MODEL, {"prompt_tokens": milliseconds, "total_tokens": milliseconds}
+        )
 
     async def _embed_and_charge(self, request: Request, texts: list[str], timings: IngestTimings | None = None) -> dict:
         result = await self._embedder.embed.remote(texts, self._tenant(request))
         charging = time.perf_counter()
-        await record_usage(request, self._embed_model_id, {"prompt_tokens": result["tokens"],
-                                                           "total_tokens": result["tokens"]})
+        await record_usage(
+            request, self._embed_model_id, {"prompt_tokens": result["tokens"], "total_tokens": result["tokens"]}
+        )
         if timings is not None:
             timings.charge += time.perf_counter() - charging
             timings.embedder_busy += result.get("busy_s", 0.0)
         return result
 
-    async def _ingest_events(self, request: Request, tenant: str, collection: str,
-                             inputs: list[DocumentInput]) -> AsyncIterator[bytes]:
+    async def _ingest_events(
+        self, request: Request, tenant: str, collection: str, inputs: list[DocumentInput]
+    ) -> AsyncIterator[bytes]:
         """NDJSON events of one ingest. The ingest runs in its own task (a fresh context, so Ray Serve
         does not cancel its replica calls with the request); if the client leaves, this waits for it
         before letting go, so the tenant's concurrency slot is held until the work is done."""
         events: asyncio.Queue[IngestProgress | None] = asyncio.Queue()
         work = asyncio.get_running_loop().create_task(
-            self._ingest(request, tenant, collection, inputs, events.put_nowait), context=contextvars.Context())
+            self._ingest(request, tenant, collection, inputs, events.put_nowait), context=contextvars.Context()
+        )
         work.add_done_callback(lambda _: events.put_nowait(None))
         try:
             while (progress := await events.get()) is not None:

@@ -44,8 +44,9 @@ class KnowledgeRoutes(IngestRoutes):
         """The pipeline for one request: its embedder charges this request's tenant; with a chat model
         (`model` asks it, `prompt_model` only prompts it) the context budget counts that model's tokens."""
         chat = GatewayChat(self, request, model) if model else None
-        embedder = RayEmbedder(self._embedder, lambda texts: self._embed_and_charge(request, texts),
-                               self._tenant(request))
+        embedder = RayEmbedder(
+            self._embedder, lambda texts: self._embed_and_charge(request, texts), self._tenant(request)
+        )
         counted = {}
         if model or prompt_model:
             tokenizer = self._engines[model or prompt_model].tokenizer
@@ -67,8 +68,9 @@ class KnowledgeRoutes(IngestRoutes):
         reservation is held until the ingest ends, covering its embedder calls (record_usage), and settled to
         what they read. Files (PDF, DOCX, PPTX) have no text before extraction: their chunks are reserved
         once extracted and chunked, before the first is embedded (IngestRoutes._reserve_chunks)."""
-        estimate = estimate_ingest_tokens([doc.text or "" for doc in body.documents], self._settings.chunk_tokens,
-                                          self._settings.chunk_overlap)
+        estimate = estimate_ingest_tokens(
+            [doc.text or "" for doc in body.documents], self._settings.chunk_tokens, self._settings.chunk_overlap
+        )
         await reserve_tokens(request, estimate, "characters / 4 of the documents, with the chunks' overlap")
         return await super().ingest_body(collection, body, request)
 
@@ -82,11 +84,17 @@ class KnowledgeRoutes(IngestRoutes):
         return JSONResponse(await self._retriever.collection_info.remote(self._tenant(request), collection))
 
     async def list_documents(
-        self, collection: str, request: Request,
-        limit: int | None = Query(None, ge=1, description="Documents in the page (default "
-                                  "rag.documents_page_default, at most rag.documents_page_max)."),
-        after: str | None = Query(None, description="A document id: the page starts after it (the previous "
-                                  "page's last_id)."),
+        self,
+        collection: str,
+        request: Request,
+        limit: int | None = Query(
+            None,
+            ge=1,
+            description="Documents in the page (default rag.documents_page_default, at most rag.documents_page_max).",
+        ),
+        after: str | None = Query(
+            None, description="A document id: the page starts after it (the previous page's last_id)."
+        ),
     ) -> Response:
         """One page of the collection's documents in id order, with has_more and first_id/last_id."""
         validate_collection(collection)
@@ -109,13 +117,19 @@ class KnowledgeRoutes(IngestRoutes):
 
     # ---- search and RAG ---------------------------------------------------------------------
     async def search_collection(
-        self, collection: str, request: Request,
+        self,
+        collection: str,
+        request: Request,
         q: str = Query(..., min_length=1, description="The question or search text."),
-        top_k: int | None = Query(None, ge=1, description="Passages to return (default rag.default_top_k, "
-                                  "at most rag.max_top_k)."),
-        filters: str | None = Query(None, max_length=FILTERS_PARAM_MAX_CHARS,
-                                    description='Metadata filters as JSON, e.g. {"source": "hr", "year": {"in": '
-                                                '[2024, 2025]}}; POST the same route for a JSON body instead.'),
+        top_k: int | None = Query(
+            None, ge=1, description="Passages to return (default rag.default_top_k, at most rag.max_top_k)."
+        ),
+        filters: str | None = Query(
+            None,
+            max_length=FILTERS_PARAM_MAX_CHARS,
+            description='Metadata filters as JSON, e.g. {"source": "hr", "year": {"in": '
+            "[2024, 2025]}}; POST the same route for a JSON body instead.",
+        ),
     ) -> Response:
         """Passages without generation: text, score, document and chunk ids, offsets, metadata."""
         return await self._search(request, collection, q, top_k, _filters_param(filters))
@@ -123,31 +137,48 @@ class KnowledgeRoutes(IngestRoutes):
     async def search_collection_post(self, collection: str, body: SearchRequest, request: Request) -> Response:
         return await self._search(request, collection, body.q, body.top_k, body.filters)
 
-    async def _search(self, request: Request, collection: str, text: str, top_k: int | None,
-                      filters: dict | None) -> Response:
+    async def _search(
+        self, request: Request, collection: str, text: str, top_k: int | None, filters: dict | None
+    ) -> Response:
         validate_collection(collection)
         try:
-            result = await self._pipeline(request).search(self._tenant(request), collection, text, top_k,
-                                                          filters=filters)
+            result = await self._pipeline(request).search(
+                self._tenant(request), collection, text, top_k, filters=filters
+            )
         except InvalidQuery as exc:
             raise HTTPException(exc.status, str(exc)) from None
-        return JSONResponse({"object": "list", "collection": collection, "query": text,
-                             "retrieval": self._settings.retrieval, "best_similarity": result.best_similarity,
-                             "data": citations(result.hits)})
+        return JSONResponse(
+            {
+                "object": "list",
+                "collection": collection,
+                "query": text,
+                "retrieval": self._settings.retrieval,
+                "best_similarity": result.best_similarity,
+                "data": citations(result.hits),
+            }
+        )
 
-    async def _augment_chat(self, request: Request, options: RagOptions, messages: list[dict],
-                            model: str | None = None) -> tuple[list[dict], Grounding]:
+    async def _augment_chat(
+        self, request: Request, options: RagOptions, messages: list[dict], model: str | None = None
+    ) -> tuple[list[dict], Grounding]:
         """Chat-with-RAG: the messages with the retrieved context prepended, and the grounding."""
         validate_collection(options.collection)
         try:
             return await self._pipeline(request, prompt_model=model).augment_chat(
-                self._tenant(request), options.collection, messages, options.top_k, options.filters,
-                options.min_score, options.context_tokens)
+                self._tenant(request),
+                options.collection,
+                messages,
+                options.top_k,
+                options.filters,
+                options.min_score,
+                options.context_tokens,
+            )
         except InvalidQuery as exc:
             raise HTTPException(exc.status, str(exc)) from None
 
-    async def _no_answer(self, request: Request, model: str, messages: list[dict], max_tokens: int | None,
-                         stream: bool, choices: int = 1) -> Response:
+    async def _no_answer(
+        self, request: Request, model: str, messages: list[dict], max_tokens: int | None, stream: bool, choices: int = 1
+    ) -> Response:
         """The fixed reply for a question the knowledge base has nothing on; no generation, no tokens charged.
         A prompt that could never fit the model is still a 400, as it would be if answered."""
         await self._check_prompt_length(ChatCompletionRequest(model=model, messages=messages, max_tokens=max_tokens))
@@ -165,25 +196,46 @@ class KnowledgeRoutes(IngestRoutes):
     async def _rag_answer(self, body: RagQueryRequest, request: Request, model: str) -> Response:
         try:
             result = await self._pipeline(request, model).answer(
-                self._tenant(request), body.collection, body.question, body.top_k, max_tokens=body.max_tokens,
-                temperature=body.temperature, stream=body.stream, filters=body.filters, min_score=body.min_score,
-                context_tokens=body.context_tokens)
+                self._tenant(request),
+                body.collection,
+                body.question,
+                body.top_k,
+                max_tokens=body.max_tokens,
+                temperature=body.temperature,
+                stream=body.stream,
+                filters=body.filters,
+                min_score=body.min_score,
+                context_tokens=body.context_tokens,
+            )
         except InvalidQuery as exc:
             raise HTTPException(exc.status, str(exc)) from None
         response, cited, grounding = result.reply, result.citations, result.grounding
         if response is None:
-            response = await self._no_answer(request, model, rag_messages(body.question, []),
-                                             body.max_tokens or self._settings.answer_max_tokens, body.stream)
+            response = await self._no_answer(
+                request,
+                model,
+                rag_messages(body.question, []),
+                body.max_tokens or self._settings.answer_max_tokens,
+                body.stream,
+            )
         retrieval = {"refused": not grounding.answerable, "best_similarity": grounding.best_similarity}
         if isinstance(response, StreamingResponse):
-            tracked = tracked_stream(response.body_iterator, request, model, None, True, False,
-                                     on_broken=self._recheck_health,
-                                     trim_at_cap=self._settings.trim_capped_answers)
+            tracked = tracked_stream(
+                response.body_iterator,
+                request,
+                model,
+                None,
+                True,
+                False,
+                on_broken=self._recheck_health,
+                trim_at_cap=self._settings.trim_capped_answers,
+            )
             return StreamingResponse(rag_stream(tracked, cited, retrieval), media_type="text/event-stream")
         if response.status_code >= 500:
             self._healthy_until = 0.0
-            return unavailable("chat", bytes(response.body).decode(errors="replace")[:300],
-                               self._settings.unavailable_retry_after_s)
+            return unavailable(
+                "chat", bytes(response.body).decode(errors="replace")[:300], self._settings.unavailable_retry_after_s
+            )
         payload = json.loads(response.body)
         await record_usage(request, model, payload.get("usage"))
         if response.status_code >= 400 or not payload.get("choices"):
@@ -192,16 +244,27 @@ class KnowledgeRoutes(IngestRoutes):
         answer, finish_reason = choice["message"].get("content") or "", choice.get("finish_reason")
         if self._settings.trim_capped_answers:  # at the token cap: up to its last complete sentence
             answer = finish_answer(answer, finish_reason)
-        return JSONResponse({"answer": answer, "finish_reason": finish_reason, "citations": cited, **retrieval,
-                             "usage": payload.get("usage", {}), "model": payload.get("model"), "id": payload.get("id")})
-
+        return JSONResponse(
+            {
+                "answer": answer,
+                "finish_reason": finish_reason,
+                "citations": cited,
+                **retrieval,
+                "usage": payload.get("usage", {}),
+                "model": payload.get("model"),
+                "id": payload.get("id"),
+            }
+        )
 
     @staticmethod
     async def _refuse_rag_too_large(request: Request, question: str, max_tokens: int) -> None:
         """Before the question is embedded and searched: the "Request too large" 429 when the question and the
         answer's max_tokens alone are over the tenant's whole TPM (the prompt's context only adds to them)."""
-        await refuse_if_too_large(request, estimate_text_tokens([question]) + max_tokens,
-                                  "the question at characters / 4 + max_tokens, before any context is added")
+        await refuse_if_too_large(
+            request,
+            estimate_text_tokens([question]) + max_tokens,
+            "the question at characters / 4 + max_tokens, before any context is added",
+        )
 
 
 def _filters_param(raw: str | None) -> dict | None:

@@ -46,16 +46,26 @@ class OpenAIRoutes:
     # ---- health and models -------------------------------------------------------------
     async def healthz(self, request: Request) -> Response:
         if time.monotonic() > self._healthy_until:
-            calls = {"embedder": self._embedder.ready.remote(), "retriever": self._retriever.ready.remote(),
-                     **{engine.replica: self._default_serve_handles[model].check_health.remote()
-                        for model, engine in self._engines.items()}}
+            calls = {
+                "embedder": self._embedder.ready.remote(),
+                "retriever": self._retriever.ready.remote(),
+                **{
+                    engine.replica: self._default_serve_handles[model].check_health.remote()
+                    for model, engine in self._engines.items()
+                },
+            }
             checks = [asyncio.ensure_future(self._ready_check(call)) for call in calls.values()]
             done, pending = await asyncio.wait(checks, timeout=self._settings.health_timeout_s)
             for task in pending:
                 task.cancel()
-            replicas = {name: ("ok" if task in done and task.result() is None else
-                               f"down: {task.result() if task in done else 'no answer in %gs' % self._settings.health_timeout_s}")
-                        for name, task in zip(calls, checks)}
+            replicas = {
+                name: (
+                    "ok"
+                    if task in done and task.result() is None
+                    else f"down: {task.result() if task in done else 'no answer in %gs' % self._settings.health_timeout_s}"
+                )
+                for name, task in zip(calls, checks)
+            }
             replicas["gateway"] = "ok"
             down = sorted(name for name, state in replicas.items() if state != "ok")
             if down:
@@ -63,8 +73,9 @@ class OpenAIRoutes:
                 body = json.loads(response.body)
                 body["replicas"] = replicas
                 body["pool"] = _public_pool_state(request)
-                return JSONResponse(body, status_code=503,
-                                    headers={"Retry-After": str(self._settings.unavailable_retry_after_s)})
+                return JSONResponse(
+                    body, status_code=503, headers={"Retry-After": str(self._settings.unavailable_retry_after_s)}
+                )
             self._healthy_until = time.monotonic() + self._settings.healthy_ttl_s
         names = [engine.replica for engine in self._engines.values()] + ["embedder", "retriever", "gateway"]
         return JSONResponse({"status": "ok", "replicas": {n: "ok" for n in names}, "pool": _public_pool_state(request)})
@@ -83,8 +94,9 @@ class OpenAIRoutes:
                     return task.result()
                 if await self._engine_running(model) is False:
                     task.cancel()
-                    raise EngineNotRunning(f"chat engine {model!r} has no running replica (its node is lost or "
-                                           "it is being replaced)")
+                    raise EngineNotRunning(
+                        f"chat engine {model!r} has no running replica (its node is lost or it is being replaced)"
+                    )
         except Exception:
             self._recheck_health()
             raise
@@ -111,8 +123,13 @@ class OpenAIRoutes:
             return type(exc).__name__
 
     def _embed_card(self) -> ModelCard:
-        return ModelCard(id=self._embed_model_id, object="model", owned_by="poolserve", permission=[],
-                         metadata={"model_id": self._embed_model_id, "task": "embedding"})
+        return ModelCard(
+            id=self._embed_model_id,
+            object="model",
+            owned_by="poolserve",
+            permission=[],
+            metadata={"model_id": self._embed_model_id, "task": "embedding"},
+        )
 
     async def models(self, request: Request) -> ServedModelList:
         """The served models; with on-demand engines, each card has a `status`: awake, asleep, waking or
@@ -120,8 +137,10 @@ class OpenAIRoutes:
         listing = await super().models()
         cards = [*listing.data, self._embed_card()]
         states = await self._on_demand.states()
-        cards = [ServedModelCard(**card.model_dump(), status=states.get(card.id, "awake") if states else None)
-                 for card in cards]
+        cards = [
+            ServedModelCard(**card.model_dump(), status=states.get(card.id, "awake") if states else None)
+            for card in cards
+        ]
         return ServedModelList(data=[card for card in cards if self._may_use(request, card.id)])
 
     async def model_data(self, model: str, request: Request) -> ModelCard:
@@ -149,12 +168,14 @@ class OpenAIRoutes:
     def _tenant(self, request: Request) -> str:
         return tenant_of(request).name
 
-    async def _generate(self, request: Request, model: str, call, body, cited: list[dict] | None,
-                        usage_wanted: tuple[bool, bool]) -> Response:
+    async def _generate(
+        self, request: Request, model: str, call, body, cited: list[dict] | None, usage_wanted: tuple[bool, bool]
+    ) -> Response:
         """The engine's answer to a checked and reserved request, with its usage recorded. A streamed
         answer is charged what it used when it ends or the client leaves (tracked_stream). A non-streamed
         one runs to the end even if the client hangs up, as an embedding or an ingest does: nothing is
         sent before it is whole, and without its final usage the tenant would be charged nothing."""
+
         async def engine_answer() -> Response:
             response = await self._engine(call, model)
             return await self._finish(request, model, response, cited, usage_wanted, getattr(body, "n", None) or 1)
@@ -164,21 +185,36 @@ class OpenAIRoutes:
 
         return await answer() if getattr(body, "stream", False) else await run_to_completion(answer())
 
-    async def _finish(self, request: Request, model: str, response: Response, cited: list[dict] | None,
-                      usage_wanted: tuple[bool, bool], choices_per_prompt: int = 1) -> Response:
+    async def _finish(
+        self,
+        request: Request,
+        model: str,
+        response: Response,
+        cited: list[dict] | None,
+        usage_wanted: tuple[bool, bool],
+        choices_per_prompt: int = 1,
+    ) -> Response:
         """Record usage (streams: when they end) and attach citations for chat-with-RAG, whose choices that
         hit the token cap end at their last complete sentence (rag.trim_capped_answers)."""
         trim = cited is not None and self._settings.trim_capped_answers
         if isinstance(response, StreamingResponse):
-            stream = tracked_stream(response.body_iterator, request, model, cited, *usage_wanted,
-                                    on_broken=self._recheck_health, choices_per_prompt=choices_per_prompt,
-                                    trim_at_cap=trim)
+            stream = tracked_stream(
+                response.body_iterator,
+                request,
+                model,
+                cited,
+                *usage_wanted,
+                on_broken=self._recheck_health,
+                choices_per_prompt=choices_per_prompt,
+                trim_at_cap=trim,
+            )
             return StreamingResponse(stream, media_type="text/event-stream")
         if response.status_code >= 500:  # the engine failed or is restarting: the client may retry
             logger.warning("chat replica answered %s: %s", response.status_code, bytes(response.body)[:300])
             self._healthy_until = 0.0  # /healthz checks again instead of trusting its last answer
-            return unavailable("chat", bytes(response.body).decode(errors="replace")[:300],
-                               self._settings.unavailable_retry_after_s)
+            return unavailable(
+                "chat", bytes(response.body).decode(errors="replace")[:300], self._settings.unavailable_retry_after_s
+            )
         payload = json.loads(response.body)
         await record_usage(request, model, payload.get("usage"), response.status_code)
         if cited is None:
@@ -215,8 +251,9 @@ class OpenAIRoutes:
         choices = max(getattr(body, "n", None) or 1, getattr(body, "best_of", None) or 1)
         if choices > limit:
             field = "n" if (getattr(body, "n", None) or 1) >= (getattr(body, "best_of", None) or 1) else "best_of"
-            raise HTTPException(400, f"{field} is {choices}; the limit is {limit} choices per request "
-                                     "(gateway.max_choices)")
+            raise HTTPException(
+                400, f"{field} is {choices}; the limit is {limit} choices per request (gateway.max_choices)"
+            )
         return choices
 
     def _completion_budget(self, body, prompt_tokens: int, default: int | None) -> int:
@@ -245,8 +282,9 @@ class OpenAIRoutes:
         (429 when the minute cannot hold it, "Request too large" when no minute could)."""
         choices = self._check_choices(body)
         tokens = await self._check_prompt_length(body)
-        budget, what = self._fit_default_budget(body, request, tokens, self._completion_budget(body, tokens, None),
-                                                choices)
+        budget, what = self._fit_default_budget(
+            body, request, tokens, self._completion_budget(body, tokens, None), choices
+        )
         await reserve_tokens(request, tokens + budget * choices, what)
         self._salt(body, request)
 
@@ -263,8 +301,11 @@ class OpenAIRoutes:
         if prompts and all(isinstance(p, int) for p in prompts):
             prompts = [prompts]  # one prompt given as token ids
         if len(prompts) > self._settings.max_prompts:  # more than one request may carry: it can never fit
-            raise HTTPException(413, f"prompt is a list of {len(prompts)} prompts; the limit is "
-                                     f"{self._settings.max_prompts} (gateway.max_prompts)")
+            raise HTTPException(
+                413,
+                f"prompt is a list of {len(prompts)} prompts; the limit is "
+                f"{self._settings.max_prompts} (gateway.max_prompts)",
+            )
         estimate = 0
         for prompt in prompts:
             if isinstance(prompt, str):
@@ -301,45 +342,62 @@ class OpenAIRoutes:
             options = RagOptions.model_validate(rag)
             if not (getattr(body, "max_completion_tokens", None) or body.max_tokens):
                 body.max_tokens = self._settings.answer_max_tokens  # a RAG answer's default, as /v1/rag/query's
-            body.messages, grounding = await self._augment_chat(request, options, [dict(m) for m in body.messages],
-                                                                model)
+            body.messages, grounding = await self._augment_chat(
+                request, options, [dict(m) for m in body.messages], model
+            )
             cited = grounding.citations
             if not grounding.answerable:  # nothing related in the knowledge base: the fixed reply, no generation
-                response = await self._no_answer(request, model, body.messages, body.max_completion_tokens or
-                                                 body.max_tokens, body.stream, self._check_choices(body))
+                response = await self._no_answer(
+                    request,
+                    model,
+                    body.messages,
+                    body.max_completion_tokens or body.max_tokens,
+                    body.stream,
+                    self._check_choices(body),
+                )
                 return await self._finish(request, model, response, cited, usage_wanted)
         await self._check_prompt_fits(body, request)
-        return await self._generate(request, model, super().chat(body, without_credentials(request)), body, cited,
-                                    usage_wanted)
+        return await self._generate(
+            request, model, super().chat(body, without_credentials(request)), body, cited, usage_wanted
+        )
 
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
         model = await self._require_model(request, body.model)
         body.model = model
         usage_wanted = force_stream_usage(body)
         await self._check_completion_fits(body, request)
-        return await self._generate(request, model, super().completions(body, without_credentials(request)), body,
-                                    None, usage_wanted)
+        return await self._generate(
+            request, model, super().completions(body, without_credentials(request)), body, None, usage_wanted
+        )
 
     # ---- embeddings ----------------------------------------------------------------------
     async def embeddings(self, body: EmbeddingRequest, request: Request) -> Response:
         model = body.model or self._embed_model_id
         await self._require_model(request, model)
         if model != self._embed_model_id:
-            raise HTTPException(400, f"model {body.model!r} is a chat model; embeddings come from {self._embed_model_id!r}")
+            raise HTTPException(
+                400, f"model {body.model!r} is a chat model; embeddings come from {self._embed_model_id!r}"
+            )
         texts = getattr(body, "input", None)
         if isinstance(texts, str):
             texts = [texts]
         if not texts or not all(isinstance(t, str) for t in texts):
             raise HTTPException(400, "input must be a non-empty string or list of strings (token ids are not accepted)")
         if len(texts) > self._settings.max_embedding_inputs:  # more than one request may carry: it can never fit
-            raise HTTPException(413, f"input has {len(texts)} items; the limit is {self._settings.max_embedding_inputs} "
-                                     "(gateway.max_embedding_inputs)")
+            raise HTTPException(
+                413,
+                f"input has {len(texts)} items; the limit is {self._settings.max_embedding_inputs} "
+                "(gateway.max_embedding_inputs)",
+            )
         if getattr(body, "dimensions", None):
             raise HTTPException(400, f"dimensions is not supported: {self._embed_model_id} has one output size")
         # Reserved before it runs (a 429 when the tenant's minute cannot hold it, "Request too large" when no
         # minute could), settled to the real count.
-        await reserve_tokens(request, estimate_text_tokens(texts, self._settings.embed_max_seq_tokens),
-                             "characters / 4 of each input, at most embed_max_seq_tokens each")
+        await reserve_tokens(
+            request,
+            estimate_text_tokens(texts, self._settings.embed_max_seq_tokens),
+            "characters / 4 of each input, at most embed_max_seq_tokens each",
+        )
         # Runs to the end even if the client hangs up: the work is paid for, and the tenant's
         # concurrency slot stays held until the embedder is done with it.
         result = await run_to_completion(self._embed_and_charge(request, texts))
@@ -351,7 +409,6 @@ class OpenAIRoutes:
         return Response(content, media_type="application/json", background=release_heap_after_sending())
 
 
-
 def _public_pool_state(request: Request) -> dict:
     """Whether the pool guard sheds: all /healthz tells anyone. Its bytes and the cgroup's path are on
     /status (admin key)."""
@@ -360,8 +417,11 @@ def _public_pool_state(request: Request) -> dict:
 
 def _embeddings_body(vectors: np.ndarray, as_base64: bool, model: str, usage: dict) -> bytes:
     data = [
-        {"object": "embedding", "index": i,
-         "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if as_base64 else v.tolist()}
+        {
+            "object": "embedding",
+            "index": i,
+            "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if as_base64 else v.tolist(),
+        }
         for i, v in enumerate(vectors)
     ]
     return json.dumps({"object": "list", "data": data, "model": model, "usage": usage}).encode()

@@ -23,9 +23,17 @@ from rag.documents.binary_files import DOCX, PDF, PPTX
 
 MULTIPART = "multipart/form-data"
 # A part sent as application/octet-stream (curl -F file=@x.pdf does) is typed by its name.
-SUFFIX_TYPES = {".pdf": PDF, ".docx": DOCX, ".pptx": PPTX, ".html": "text/html", ".htm": "text/html",
-                ".xhtml": "application/xhtml+xml", ".md": "text/markdown", ".markdown": "text/markdown",
-                ".txt": "text/plain"}
+SUFFIX_TYPES = {
+    ".pdf": PDF,
+    ".docx": DOCX,
+    ".pptx": PPTX,
+    ".html": "text/html",
+    ".htm": "text/html",
+    ".xhtml": "application/xhtml+xml",
+    ".md": "text/markdown",
+    ".markdown": "text/markdown",
+    ".txt": "text/plain",
+}
 # Bytes of content type values that name no format of their own.
 GENERIC_TYPES = ("application/octet-stream", "")
 DOCUMENT_ID_CHARS = "".join(chr(c) for c in range(128) if chr(c).isalnum()) + "_.:@-"
@@ -49,8 +57,11 @@ async def read_ingest_body(request: Request, max_documents: int) -> AddDocuments
 def decoded_data(index: int, doc_id: str, data_base64: str, max_bytes: int) -> bytes:
     """A document's data_base64 as bytes: 422 if it is not base64, 413 over the file size limit."""
     if len(data_base64) * 3 // 4 > max_bytes + 2:
-        raise HTTPException(413, f"documents[{index}].data_base64 (id {doc_id!r}) is over the {max_bytes} byte "
-                                 "file limit (rag.extraction.max_document_bytes)")
+        raise HTTPException(
+            413,
+            f"documents[{index}].data_base64 (id {doc_id!r}) is over the {max_bytes} byte "
+            "file limit (rag.extraction.max_document_bytes)",
+        )
     try:
         return base64.b64decode(data_base64, validate=True)
     except ValueError:
@@ -77,12 +88,23 @@ async def _multipart(request: Request, max_documents: int) -> dict:
         name = PurePosixPath(part.filename or f"file-{i}").name
         content_type = (part.content_type or "").split(";", 1)[0].strip().lower()
         if content_type in GENERIC_TYPES:
-            content_type = SUFFIX_TYPES.get(PurePosixPath(name).suffix.lower(), content_type or "application/octet-stream")
+            content_type = SUFFIX_TYPES.get(
+                PurePosixPath(name).suffix.lower(), content_type or "application/octet-stream"
+            )
         data = await part.read()
-        documents.append({"id": ids[i] if ids else _id_from_name(name), "content_type": content_type,
-                          "data_base64": base64.b64encode(data).decode("ascii"), "metadata": metadata})
-    return {"documents": documents, "stream": str(form.get("stream") or "").lower() == "true",
-            "async": str(form.get("async") or "").lower() == "true"}
+        documents.append(
+            {
+                "id": ids[i] if ids else _id_from_name(name),
+                "content_type": content_type,
+                "data_base64": base64.b64encode(data).decode("ascii"),
+                "metadata": metadata,
+            }
+        )
+    return {
+        "documents": documents,
+        "stream": str(form.get("stream") or "").lower() == "true",
+        "async": str(form.get("async") or "").lower() == "true",
+    }
 
 
 def _id_from_name(name: str) -> str:
@@ -91,11 +113,26 @@ def _id_from_name(name: str) -> str:
 
 
 # The route reads its body itself (two shapes), so its OpenAPI entry describes both.
-INGEST_OPENAPI = {"requestBody": {"required": True, "content": {
-    "application/json": {"schema": AddDocumentsRequest.model_json_schema(ref_template="#/components/schemas/{model}")},
-    MULTIPART: {"schema": {"type": "object", "required": ["file"], "properties": {
-        "file": {"type": "array", "items": {"type": "string", "format": "binary"}},
-        "id": {"type": "array", "items": {"type": "string"}},
-        "metadata": {"type": "string", "description": "A JSON object given to every file."},
-        "stream": {"type": "string", "enum": ["true", "false"]},
-        "async": {"type": "string", "enum": ["true", "false"]}}}}}}}
+INGEST_OPENAPI = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": AddDocumentsRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+            },
+            MULTIPART: {
+                "schema": {
+                    "type": "object",
+                    "required": ["file"],
+                    "properties": {
+                        "file": {"type": "array", "items": {"type": "string", "format": "binary"}},
+                        "id": {"type": "array", "items": {"type": "string"}},
+                        "metadata": {"type": "string", "description": "A JSON object given to every file."},
+                        "stream": {"type": "string", "enum": ["true", "false"]},
+                        "async": {"type": "string", "enum": ["true", "false"]},
+                    },
+                }
+            },
+        },
+    }
+}

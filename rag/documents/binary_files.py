@@ -20,7 +20,9 @@ PDF = "application/pdf"
 DOCX = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
 PPTX = "application/vnd.openxmlformats-officedocument.presentationml.presentation"
 BINARY_TYPES = (PDF, DOCX, PPTX)
-TITLE_MAX_CHARS = 120  # the longest title kept for a document (rag/documents/extract.py and rag/documents/chunking.py use it too)
+TITLE_MAX_CHARS = (
+    120  # the longest title kept for a document (rag/documents/extract.py and rag/documents/chunking.py use it too)
+)
 # A PDF's running header and footer: the outermost two lines of a page's top or bottom that repeat there,
 # numbers aside, on at least three pages and half the pages of their span (without_running_lines).
 RUNNING_EDGE_LINES = 2
@@ -46,9 +48,14 @@ def extract_binary(data: bytes, media_type: str, max_parts: int):
     except Exception as exc:  # a corrupt or mislabelled file: each library raises its own types
         raise UnreadableDocument(f"cannot read it as {name}: {type(exc).__name__}: {str(exc)[:200]}") from None
     if not text.strip():
-        raise UnreadableDocument(f"the {name} file has no text to extract" + (
-            " (no page has a text layer: a scanned PDF needs OCR, which this server does not run)"
-            if media_type == PDF else ""))
+        raise UnreadableDocument(
+            f"the {name} file has no text to extract"
+            + (
+                " (no page has a text layer: a scanned PDF needs OCR, which this server does not run)"
+                if media_type == PDF
+                else ""
+            )
+        )
     return text, _clean_title(title), locations
 
 
@@ -93,8 +100,14 @@ def without_running_lines(pages: list[list[str]]) -> list[list[str]]:
         for side in (0, 1):
             for key in {_running_key(line) for _, line in _outermost(lines, side)}:
                 seen[side].setdefault(key, []).append(number)
-    running = [{key for key, at in side.items() if _may_run(key) and len(at) >= RUNNING_MIN_PAGES
-                and len(at) >= RUNNING_MIN_DENSITY * (at[-1] - at[0] + 1)} for side in seen]
+    running = [
+        {
+            key
+            for key, at in side.items()
+            if _may_run(key) and len(at) >= RUNNING_MIN_PAGES and len(at) >= RUNNING_MIN_DENSITY * (at[-1] - at[0] + 1)
+        }
+        for side in seen
+    ]
     kept = [pages[0]]
     for lines in pages[1:]:
         drop: set[int] = set()
@@ -103,8 +116,11 @@ def without_running_lines(pages: list[list[str]]) -> list[list[str]]:
                 if _running_key(line) not in running[side]:
                     break  # only the outermost lines go: a running line inside the page is content
                 drop.add(index)
-        kept.append(lines if len(drop) >= sum(1 for line in lines if line.strip())
-                    else [line for index, line in enumerate(lines) if index not in drop])
+        kept.append(
+            lines
+            if len(drop) >= sum(1 for line in lines if line.strip())
+            else [line for index, line in enumerate(lines) if index not in drop]
+        )
     return kept
 
 

@@ -58,8 +58,10 @@ class FastTokenizerSpans:
         self._own = copy.deepcopy(backend)
         self._own.no_truncation()
         self._own.no_padding()
-        self._splits_on_whitespace = (type(self._own.pre_tokenizer).__name__ in _WHITESPACE_PRE_TOKENIZERS
-                                      and type(self._own.normalizer).__name__ in _PER_CHARACTER_NORMALIZERS)
+        self._splits_on_whitespace = (
+            type(self._own.pre_tokenizer).__name__ in _WHITESPACE_PRE_TOKENIZERS
+            and type(self._own.normalizer).__name__ in _PER_CHARACTER_NORMALIZERS
+        )
 
     def __call__(self, text: str) -> np.ndarray:
         return self.many([text])[0]
@@ -72,11 +74,13 @@ class FastTokenizerSpans:
                 owner.append((doc, start))
         spans: list[list[np.ndarray]] = [[] for _ in texts]
         for i in range(0, len(pieces), _PIECES_PER_CALL):
-            encoded = self._own.encode_batch(pieces[i:i + _PIECES_PER_CALL], add_special_tokens=False)
-            for (doc, start), encoding in zip(owner[i:i + _PIECES_PER_CALL], encoded):
+            encoded = self._own.encode_batch(pieces[i : i + _PIECES_PER_CALL], add_special_tokens=False)
+            for (doc, start), encoding in zip(owner[i : i + _PIECES_PER_CALL], encoded):
                 spans[doc].append(np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2) + start)
-        return [np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else np.zeros((0, 2), np.int64)
-                for parts in spans]
+        return [
+            np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else np.zeros((0, 2), np.int64)
+            for parts in spans
+        ]
 
     def _pieces(self, text: str) -> list[tuple[int, int]]:
         """Where a document is cut for tokenizing in parallel: at a space or line end (both whitespace to BERT's
@@ -105,8 +109,9 @@ PIECE_CHARS = 8192
 # strings and Python offsets: some 6 MiB for 16 pieces), enough to keep several threads busy.
 _PIECES_PER_CALL = 16
 _WHITESPACE_PRE_TOKENIZERS = frozenset({"BertPreTokenizer", "Whitespace", "WhitespaceSplit"})
-_PER_CHARACTER_NORMALIZERS = frozenset({"BertNormalizer", "NoneType", "Lowercase", "NFC", "NFD", "NFKC", "NFKD",
-                                        "StripAccents"})
+_PER_CHARACTER_NORMALIZERS = frozenset(
+    {"BertNormalizer", "NoneType", "Lowercase", "NFC", "NFD", "NFKC", "NFKD", "StripAccents"}
+)
 
 
 def fast_tokenizer_spans(tokenizer) -> TokenSpans:
@@ -117,9 +122,16 @@ def fast_tokenizer_spans(tokenizer) -> TokenSpans:
         return FastTokenizerSpans(backend)
 
     def spans_slow(text: str) -> np.ndarray:
-        encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True,
-                            return_attention_mask=False, return_token_type_ids=False, verbose=False)
+        encoded = tokenizer(
+            text,
+            add_special_tokens=False,
+            return_offsets_mapping=True,
+            return_attention_mask=False,
+            return_token_type_ids=False,
+            verbose=False,
+        )
         return np.asarray(encoded["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+
     return spans_slow
 
 
@@ -174,8 +186,9 @@ def break_levels(text: str, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     has_space = spaces[next_start] - spaces[previous_end] > 0
     newline_count = np.where(has_space, newlines[next_start] - newlines[previous_end], 0)
     last = codes[previous_end - 1]  # as text[previous_end - 1], a token ending at 0 reads the text's last
-    levels = np.where(np.isin(last, _SENTENCE_CODES), SENTENCE,
-                      np.where(np.isin(last, _CLAUSE_CODES), CLAUSE, WORD)).astype(np.int8)
+    levels = np.where(
+        np.isin(last, _SENTENCE_CODES), SENTENCE, np.where(np.isin(last, _CLAUSE_CODES), CLAUSE, WORD)
+    ).astype(np.int8)
     levels[newline_count > 0] = LINE
     for i in np.flatnonzero(newline_count > 1).tolist():  # two line ends: a blank line between them?
         if _BLANK_LINE.search(text, int(previous_end[i]), int(next_start[i])):
@@ -234,7 +247,7 @@ class Chunker:
         highest = first + self.chunk_tokens
         if lowest > highest:
             return highest, INSIDE_WORD + 1
-        window = levels[lowest - 1:highest]
+        window = levels[lowest - 1 : highest]
         best = int(window.min())
         return lowest + int(np.flatnonzero(window == best)[-1]), best
 
@@ -242,7 +255,7 @@ class Chunker:
         """Where the next chunk begins: up to `overlap_tokens` back from the cut, at a break at least
         as good as the cut's (a cut between paragraphs overlaps by whole paragraphs or not at all)."""
         lowest = max(first + 1, stop - self.overlap_tokens)
-        good = np.flatnonzero(levels[lowest - 1:stop - 1] <= level)
+        good = np.flatnonzero(levels[lowest - 1 : stop - 1] <= level)
         return lowest + int(good[0]) if len(good) else stop
 
 
@@ -253,7 +266,9 @@ def word_windows(text: str, words: int, overlap: int = 0) -> list[str]:
         raise ValueError(f"overlap ({overlap}) must be at least 0 and smaller than the window ({words})")
     tokens = text.split()
     step = words - overlap
-    return [" ".join(tokens[i:i + words]) for i in range(0, max(1, len(tokens) - overlap), step) if tokens[i:i + words]]
+    return [
+        " ".join(tokens[i : i + words]) for i in range(0, max(1, len(tokens) - overlap), step) if tokens[i : i + words]
+    ]
 
 
 def document_title(text: str, metadata: dict | None = None) -> str | None:

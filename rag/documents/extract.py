@@ -54,7 +54,9 @@ class UnsupportedContentType(ValueError):
 class Extracted:
     text: str
     title: str | None = None  # the document's own name for itself (<title>, else the first <h1>; file metadata)
-    locations: dict | None = None  # where each page/slide/section (HTML: heading) starts in text (rag/documents/locations.py)
+    locations: dict | None = (
+        None  # where each page/slide/section (HTML: heading) starts in text (rag/documents/locations.py)
+    )
 
 
 def normalize_content_type(content_type: str | None) -> str:
@@ -64,8 +66,9 @@ def normalize_content_type(content_type: str | None) -> str:
     media_type = content_type.split(";", 1)[0].strip().lower()
     media_type = ALIASES.get(media_type, media_type)
     if media_type not in CONTENT_TYPES:
-        raise UnsupportedContentType(f"content_type {content_type!r} is not supported; use one of "
-                                     f"{', '.join(CONTENT_TYPES)}")
+        raise UnsupportedContentType(
+            f"content_type {content_type!r} is not supported; use one of {', '.join(CONTENT_TYPES)}"
+        )
     return media_type
 
 
@@ -78,8 +81,7 @@ def default_max_locations() -> int:
     return ExtractionSpec.model_fields["max_locations"].default
 
 
-def extract(content: str | bytes, content_type: str | None = PLAIN,
-            max_locations: int | None = None) -> Extracted:
+def extract(content: str | bytes, content_type: str | None = PLAIN, max_locations: int | None = None) -> Extracted:
     """The readable text of `content` (and its title when the format names one). PDF, DOCX and PPTX
     need bytes; text formats take either (bytes: HTML as declared, the others UTF-8). Raises
     UnreadableDocument naming the reason when there is no text to be had."""
@@ -88,8 +90,9 @@ def extract(content: str | bytes, content_type: str | None = PLAIN,
         max_locations = default_max_locations()
     if media_type in BINARY_TYPES:
         if isinstance(content, str):
-            raise UnreadableDocument(f"a {content_type} document must be sent as bytes (data_base64 or a "
-                                     "multipart file), not as text")
+            raise UnreadableDocument(
+                f"a {content_type} document must be sent as bytes (data_base64 or a multipart file), not as text"
+            )
         return Extracted(*extract_binary(content, media_type, max_locations))
     if isinstance(content, bytes):
         content = decode_html(content) if media_type == HTML else _utf8(content, media_type)
@@ -175,6 +178,7 @@ def section_locations(text: str, headings: list[tuple[int, str]], max_locations:
     stays a few scans of the text. A section's label is its path below the page's <h1> ("Configuring CGI >
     ScriptAlias"), since an <h1> names the page, as its title does. Text before the first heading is the
     section "". None when no heading is found."""
+
     def line(heading: str, start: int):
         return re.compile(f"^{re.escape(heading)}$", re.MULTILINE).search(text, start)
 
@@ -183,7 +187,7 @@ def section_locations(text: str, headings: list[tuple[int, str]], max_locations:
         if len(starts) >= max_locations or misses >= MAX_HEADING_MISSES:
             break
         found = line(heading, cursor)
-        after = next((words for _, words in headings[number + 1:number + 9] if words != heading), None)
+        after = next((words for _, words in headings[number + 1 : number + 9] if words != heading), None)
         following = line(after, cursor) if found and after else None
         if found is None or (following is not None and following.start() < found.start()):
             misses += 1  # not a line of its own, or only a later section's heading of the same words ("Note")
@@ -211,8 +215,7 @@ def _parser_config():
     css = dict(CSS_PROFILES["strict"])
     for tag in INLINE_TAGS:
         css[tag] = HtmlElement(display=Display.inline, whitespace=None)
-    return ParserConfig(css=css, display_images=True, display_links=False,
-                        display_anchors=False)
+    return ParserConfig(css=css, display_images=True, display_links=False, display_anchors=False)
 
 
 def _title(tree) -> str | None:

@@ -72,8 +72,12 @@ def run_one(job: dict, content: bytes) -> dict:
         reply = json.loads(data) if data else None
     except ValueError:
         reply = None
-    return {"reply": reply, "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
-            "cpu_seconds": usage.ru_utime + usage.ru_stime, "overran": overran}
+    return {
+        "reply": reply,
+        "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+        "cpu_seconds": usage.ru_utime + usage.ru_stime,
+        "overran": overran,
+    }
 
 
 def _read_all(fd: int, wall_seconds: float) -> tuple[bytes, bool]:
@@ -101,9 +105,13 @@ def _child(job: dict, content: bytes, write_end: int) -> None:
         # its answer, its exit status or its signal, which the worker reports.
         os.dup2(devnull, 2)
         # Made before the cap: once the address space is at it, even this small answer might not be.
-        over_the_cap = json.dumps({"status": 413, "error": f"extracting it needs more than the "
-                                   f"{job['memory_bytes'] // 2**20} MiB memory cap (rag.extraction.memory_bytes)"}
-                                  ).encode()
+        over_the_cap = json.dumps(
+            {
+                "status": 413,
+                "error": f"extracting it needs more than the "
+                f"{job['memory_bytes'] // 2**20} MiB memory cap (rag.extraction.memory_bytes)",
+            }
+        ).encode()
         reply = _extract_capped(job, content)
         try:
             payload = over_the_cap if reply is None else json.dumps(reply).encode()
@@ -139,7 +147,7 @@ def _write_all(fd: int, payload: bytes) -> None:
     if written < len(payload):
         view = memoryview(payload)[written:]
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
 
 
 def _cap(job: dict) -> None:

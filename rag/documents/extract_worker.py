@@ -55,8 +55,13 @@ class _Worker:
 
     def __init__(self):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self.process = subprocess.Popen([sys.executable, "-m", "rag.documents.extract_child"], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, env=env, close_fds=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "rag.documents.extract_child"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            close_fds=True,
+        )
 
     def exchange(self, job: dict, content: bytes) -> dict | None:
         try:
@@ -106,10 +111,15 @@ class ExtractionPool:
         return await asyncio.to_thread(self.extract_blocking, content, content_type)
 
     def extract_blocking(self, content: str | bytes, content_type: str) -> ExtractionResult:
-        job = {"content_type": normalize_content_type(content_type), "binary": isinstance(content, bytes),
-               "cpu_seconds": self.limits.cpu_seconds, "memory_bytes": self.limits.memory_bytes,
-               "wall_seconds": self.limits.wall_seconds, "max_locations": self.limits.max_locations,
-               "cpu_nice": self.limits.cpu_nice}
+        job = {
+            "content_type": normalize_content_type(content_type),
+            "binary": isinstance(content, bytes),
+            "cpu_seconds": self.limits.cpu_seconds,
+            "memory_bytes": self.limits.memory_bytes,
+            "wall_seconds": self.limits.wall_seconds,
+            "max_locations": self.limits.max_locations,
+            "cpu_nice": self.limits.cpu_nice,
+        }
         data = content if isinstance(content, bytes) else content.encode("utf-8", "surrogatepass")
         with self._slots:
             with self._lock:
@@ -130,11 +140,21 @@ class ExtractionPool:
         if reply:
             raise ExtractionFailed(reply["status"], reply["error"], cpu)
         if answer["overran"]:
-            raise ExtractionFailed(422, f"extracting it took more than {limits.wall_seconds:g} s of wall time "
-                                   "(rag.extraction.wall_seconds)", cpu)
+            raise ExtractionFailed(
+                422,
+                f"extracting it took more than {limits.wall_seconds:g} s of wall time (rag.extraction.wall_seconds)",
+                cpu,
+            )
         if answer["signal"] in (signal.SIGXCPU, signal.SIGKILL) and cpu >= limits.cpu_seconds - 0.05:
-            raise ExtractionFailed(422, f"extracting it needs more than the {limits.cpu_seconds} s CPU-time cap "
-                                   "(rag.extraction.cpu_seconds)", cpu)
+            raise ExtractionFailed(
+                422,
+                f"extracting it needs more than the {limits.cpu_seconds} s CPU-time cap (rag.extraction.cpu_seconds)",
+                cpu,
+            )
         ended = f"; the child ended with signal {answer['signal']}" if answer["signal"] is not None else ""
-        raise ExtractionFailed(413, f"extracting it needs more than the {limits.memory_bytes // 2**20} MiB memory "
-                               f"cap (rag.extraction.memory_bytes){ended}", cpu)
+        raise ExtractionFailed(
+            413,
+            f"extracting it needs more than the {limits.memory_bytes // 2**20} MiB memory "
+            f"cap (rag.extraction.memory_bytes){ended}",
+            cpu,
+        )

@@ -30,13 +30,16 @@ RUNNING = ("in_progress", "cancelling")
 FINISHED = ("completed", "failed", "cancelled")
 # A job whose heartbeat is older than this many heartbeat intervals lost its replica.
 LOST_AFTER_HEARTBEATS = 6
-LOST_ERROR = {"message": "lost: the gateway replica running this job stopped before it finished; nothing was stored",
-              "type": "job_lost"}
+LOST_ERROR = {
+    "message": "lost: the gateway replica running this job stopped before it finished; nothing was stored",
+    "type": "job_lost",
+}
 JOB_ID = re.compile(r"ingest_[0-9a-f]{24}")  # what create() makes: anything else names no job
 
 
 def is_job_id(text: str) -> bool:
     return JOB_ID.fullmatch(text) is not None
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS ingest_jobs (
@@ -57,8 +60,21 @@ CREATE TABLE IF NOT EXISTS ingest_jobs (
 );
 CREATE INDEX IF NOT EXISTS ingest_jobs_by_tenant ON ingest_jobs (tenant, created_at);
 """
-_COLUMNS = ("id", "tenant", "collection", "status", "stage", "documents", "chunks", "chunks_embedded",
-            "created_at", "heartbeat_at", "finished_at", "result", "error")
+_COLUMNS = (
+    "id",
+    "tenant",
+    "collection",
+    "status",
+    "stage",
+    "documents",
+    "chunks",
+    "chunks_embedded",
+    "created_at",
+    "heartbeat_at",
+    "finished_at",
+    "result",
+    "error",
+)
 
 
 class JobCancelled(Exception):
@@ -67,8 +83,10 @@ class JobCancelled(Exception):
 
 class TooManyJobs(Exception):
     def __init__(self, running: int, limit: int):
-        super().__init__(f"{running} ingest jobs are running for this tenant; the limit is {limit} "
-                         "(rag.max_ingest_jobs_per_tenant): wait for one to finish or cancel one")
+        super().__init__(
+            f"{running} ingest jobs are running for this tenant; the limit is {limit} "
+            "(rag.max_ingest_jobs_per_tenant): wait for one to finish or cancel one"
+        )
 
 
 class NotCancellable(Exception):
@@ -93,11 +111,18 @@ class Job:
 
     def public(self) -> dict:
         """The job as the API shows it (its tenant is the caller: not repeated)."""
-        return {"id": self.id, "object": "ingest.job", "collection": self.collection, "status": self.status,
-                "stage": self.stage, "created_at": int(self.created_at),
-                "finished_at": None if self.finished_at is None else int(self.finished_at),
-                "counts": {"documents": self.documents, "chunks": self.chunks, "chunks_embedded": self.chunks_embedded},
-                "result": self.result, "error": self.error}
+        return {
+            "id": self.id,
+            "object": "ingest.job",
+            "collection": self.collection,
+            "status": self.status,
+            "stage": self.stage,
+            "created_at": int(self.created_at),
+            "finished_at": None if self.finished_at is None else int(self.finished_at),
+            "counts": {"documents": self.documents, "chunks": self.chunks, "chunks_embedded": self.chunks_embedded},
+            "result": self.result,
+            "error": self.error,
+        }
 
 
 class IngestJobStore:
@@ -115,37 +140,47 @@ class IngestJobStore:
         now = time.time() if now is None else now
         job_id = "ingest_" + secrets.token_hex(12)  # JOB_ID
         with self._lock, transaction(self._db):
-            self._db.execute("DELETE FROM ingest_jobs WHERE finished_at IS NOT NULL AND finished_at < ?",
-                             (now - self.retention_s,))
+            self._db.execute(
+                "DELETE FROM ingest_jobs WHERE finished_at IS NOT NULL AND finished_at < ?", (now - self.retention_s,)
+            )
             self._mark_lost(now, tenant)
             running = self._db.execute(
-                f"SELECT COUNT(*) FROM ingest_jobs WHERE tenant = ? AND status IN {RUNNING}", (tenant,)).fetchone()[0]
+                f"SELECT COUNT(*) FROM ingest_jobs WHERE tenant = ? AND status IN {RUNNING}", (tenant,)
+            ).fetchone()[0]
             if running >= limit:
                 raise TooManyJobs(running, limit)
             self._db.execute(
                 "INSERT INTO ingest_jobs (id, tenant, collection, status, stage, documents, created_at, heartbeat_at)"
-                " VALUES (?, ?, ?, 'in_progress', 'queued', ?, ?, ?)", (job_id, tenant, collection, documents, now, now))
+                " VALUES (?, ?, ?, 'in_progress', 'queued', ?, ?, ?)",
+                (job_id, tenant, collection, documents, now, now),
+            )
         return self.get(tenant, job_id, now)
 
     def get(self, tenant: str, job_id: str, now: float | None = None) -> Job | None:
         """The tenant's job, or None (another tenant's job is not found either). A read writes nothing:
         a lost job is shown failed here and marked so by the tenant's next create()."""
         with self._lock:
-            row = self._db.execute(f"SELECT {', '.join(_COLUMNS)} FROM ingest_jobs WHERE id = ? AND tenant = ?",
-                                   (job_id, tenant)).fetchone()
+            row = self._db.execute(
+                f"SELECT {', '.join(_COLUMNS)} FROM ingest_jobs WHERE id = ? AND tenant = ?", (job_id, tenant)
+            ).fetchone()
         return self._job(row, now) if row else None
 
     def list(self, tenant: str, limit: int, before: str | None = None, now: float | None = None) -> list[Job]:
         """The tenant's jobs, newest first; `before` is the id that ended the previous page."""
         with self._lock:
             if before is None:
-                rows = self._db.execute(f"SELECT {', '.join(_COLUMNS)} FROM ingest_jobs WHERE tenant = ? "
-                                        "ORDER BY created_at DESC, id DESC LIMIT ?", (tenant, limit)).fetchall()
+                rows = self._db.execute(
+                    f"SELECT {', '.join(_COLUMNS)} FROM ingest_jobs WHERE tenant = ? "
+                    "ORDER BY created_at DESC, id DESC LIMIT ?",
+                    (tenant, limit),
+                ).fetchall()
             else:
                 rows = self._db.execute(
                     f"SELECT {', '.join(_COLUMNS)} FROM ingest_jobs WHERE tenant = ? AND (created_at, id) < "
                     "(SELECT created_at, id FROM ingest_jobs WHERE id = ? AND tenant = ?) "
-                    "ORDER BY created_at DESC, id DESC LIMIT ?", (tenant, before, tenant, limit)).fetchall()
+                    "ORDER BY created_at DESC, id DESC LIMIT ?",
+                    (tenant, before, tenant, limit),
+                ).fetchall()
         return [self._job(row, now) for row in rows]
 
     def request_cancel(self, tenant: str, job_id: str) -> Job | None:
@@ -154,13 +189,17 @@ class IngestJobStore:
         with self._lock, transaction(self._db):
             changed = self._db.execute(
                 "UPDATE ingest_jobs SET cancel_requested = 1, status = 'cancelling' WHERE id = ? AND tenant = ? "
-                "AND status = 'in_progress' AND stage != 'storing'", (job_id, tenant)).rowcount
+                "AND status = 'in_progress' AND stage != 'storing'",
+                (job_id, tenant),
+            ).rowcount
         job = self.get(tenant, job_id)
         if job is None or changed or job.status == "cancelling":
             return job
         if job.stage == "storing" and job.status == "in_progress":
-            raise NotCancellable(f"job {job_id} is storing its documents and can no longer be cancelled; "
-                                 "delete the documents once it has completed")
+            raise NotCancellable(
+                f"job {job_id} is storing its documents and can no longer be cancelled; "
+                "delete the documents once it has completed"
+            )
         raise NotCancellable(f"job {job_id} is {job.status}; there is nothing to cancel")
 
     # ---- the running job's side ------------------------------------------------------------
@@ -170,7 +209,9 @@ class IngestJobStore:
         with self._lock, transaction(self._db):
             changed = self._db.execute(
                 "UPDATE ingest_jobs SET stage = ?, chunks = ?, chunks_embedded = ?, heartbeat_at = ? "
-                "WHERE id = ? AND cancel_requested = 0", (stage, chunks, chunks_embedded, time.time(), job_id)).rowcount
+                "WHERE id = ? AND cancel_requested = 0",
+                (stage, chunks, chunks_embedded, time.time(), job_id),
+            ).rowcount
         if not changed:
             raise JobCancelled(job_id)
 
@@ -184,8 +225,15 @@ class IngestJobStore:
         with self._lock, transaction(self._db):
             self._db.execute(
                 "UPDATE ingest_jobs SET status = ?, stage = ?, finished_at = ?, result = ?, error = ? WHERE id = ?",
-                (status, "done" if status == "completed" else status, time.time(),
-                 None if result is None else json.dumps(result), None if error is None else json.dumps(error), job_id))
+                (
+                    status,
+                    "done" if status == "completed" else status,
+                    time.time(),
+                    None if result is None else json.dumps(result),
+                    None if error is None else json.dumps(error),
+                    job_id,
+                ),
+            )
 
     def close(self) -> None:
         with self._lock:
@@ -202,7 +250,8 @@ class IngestJobStore:
         self._db.execute(
             f"UPDATE ingest_jobs SET status = 'failed', stage = 'failed', finished_at = heartbeat_at + ?, error = ? "
             f"WHERE tenant = ? AND status IN {RUNNING} AND heartbeat_at < ?",
-            (self._lost_after_s, json.dumps(LOST_ERROR), tenant, now - self._lost_after_s))
+            (self._lost_after_s, json.dumps(LOST_ERROR), tenant, now - self._lost_after_s),
+        )
 
     def _job(self, row, now: float | None) -> Job:
         """A row as a Job; a running one whose heartbeat stopped reads as what _mark_lost will make it."""
@@ -211,6 +260,10 @@ class IngestJobStore:
             values[key] = None if values[key] is None else json.loads(values[key])
         now = time.time() if now is None else now
         if values["status"] in RUNNING and values["heartbeat_at"] < now - self._lost_after_s:
-            values.update(status="failed", stage="failed", finished_at=values["heartbeat_at"] + self._lost_after_s,
-                          error=LOST_ERROR)
+            values.update(
+                status="failed",
+                stage="failed",
+                finished_at=values["heartbeat_at"] + self._lost_after_s,
+                error=LOST_ERROR,
+            )
         return Job(**values)

@@ -109,12 +109,12 @@ class SentenceHoldback:
             end = len(self.text)  # the first sentence is kept whatever happens: nothing to hold
         if end is None or end <= self.sent:
             return ""
-        released, self.sent = self.text[self.sent:end], end
+        released, self.sent = self.text[self.sent : end], end
         return released
 
     def finish(self, finish_reason: str | None) -> str:
         """The held text to send as the stream ends: none of the partial sentence when capped."""
         final = finish_answer(self.text, finish_reason)
-        rest = final[self.sent:] if len(final) > self.sent else ""
+        rest = final[self.sent :] if len(final) > self.sent else ""
         self.sent = max(self.sent, len(final))
         return rest

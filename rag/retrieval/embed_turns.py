@@ -79,7 +79,7 @@ class BatchTurns:
             self._busy = True
             self._last_served[tenant] = next(self._served)
             if len(self._last_served) > MAX_TENANTS_REMEMBERED:  # the oldest memories matter least
-                for old in sorted(self._last_served, key=self._last_served.get)[:len(self._last_served) // 2]:
+                for old in sorted(self._last_served, key=self._last_served.get)[: len(self._last_served) // 2]:
                     del self._last_served[old]
         try:
             yield
@@ -106,6 +106,7 @@ class OneForwardThread:
     def runner(self, threads: int) -> Callable[[Callable[[], Any]], Any]:
         def run(forward: Callable[[], Any]) -> Any:
             return self._executor.submit(self._run, threads, forward).result()
+
         return run
 
     def _run(self, threads: int, forward: Callable[[], Any]) -> Any:
@@ -134,9 +135,13 @@ class IdleCores:
     """Cores left idle by everything but this process since the previous call (this process's own use
     counts as idle: its threads are the ones being decided)."""
 
-    def __init__(self, cpus: int, clock: Callable[[], float] = time.monotonic,
-                 machine_busy: Callable[[], float] = _machine_busy_seconds,
-                 own_busy: Callable[[], float] = _own_busy_seconds):
+    def __init__(
+        self,
+        cpus: int,
+        clock: Callable[[], float] = time.monotonic,
+        machine_busy: Callable[[], float] = _machine_busy_seconds,
+        own_busy: Callable[[], float] = _own_busy_seconds,
+    ):
         self._cpus, self._clock, self._machine, self._own = cpus, clock, machine_busy, own_busy
         self._last = self._sample()
         self._idle = float(cpus)

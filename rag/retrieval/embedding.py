@@ -27,8 +27,15 @@ def no_guard(_texts: int) -> Iterator[ForwardRunner]:
 
 
 class SentenceTransformerEmbedder:
-    def __init__(self, model_path: str, batch_size: int = 32, chunk_tokens: int = 200, chunk_overlap: int = 30,
-                 device: str = "cpu", query_prefix: str = ""):
+    def __init__(
+        self,
+        model_path: str,
+        batch_size: int = 32,
+        chunk_tokens: int = 200,
+        chunk_overlap: int = 30,
+        device: str = "cpu",
+        query_prefix: str = "",
+    ):
         from sentence_transformers import SentenceTransformer
 
         self.batch_size = batch_size
@@ -58,6 +65,7 @@ class SentenceTransformerEmbedder:
             if mask is not None:
                 self._tokens_in_batches += int(mask.sum())
             return features
+
         self.model.preprocess = counting
 
     def release_device_cache(self) -> None:
@@ -74,8 +82,9 @@ class SentenceTransformerEmbedder:
         limit = max(16, self.max_seq_length - 2)
         return Chunker(self.token_spans, min(chunk_tokens, limit), min(chunk_overlap, limit // 4))
 
-    def embed(self, texts: list[str], guard: BatchGuard = no_guard,
-              batch_size: Callable[[], int] | None = None) -> dict:
+    def embed(
+        self, texts: list[str], guard: BatchGuard = no_guard, batch_size: Callable[[], int] | None = None
+    ) -> dict:
         """Unit-length float32 vectors and the tokens the model actually read.
 
         Longest first, batch_size at a time (the model's, or less where the caller's `batch_size()` says so
@@ -87,7 +96,7 @@ class SentenceTransformerEmbedder:
         start, tokens = 0, 0
         while start < len(order):
             size = max(1, min(batch_size(), self.batch_size)) if batch_size else self.batch_size
-            rows = order[start:start + size]
+            rows = order[start : start + size]
             start += len(rows)
             batch = [texts[i] for i in rows]
             with guard(len(rows)) as run:  # one batch in the model at a time: the count is this batch's
@@ -97,8 +106,9 @@ class SentenceTransformerEmbedder:
 
     def _encode_counting(self, batch: list[str], size: int) -> tuple[np.ndarray, int]:
         before = self._tokens_in_batches
-        vectors = self.model.encode(batch, batch_size=size, normalize_embeddings=True, convert_to_numpy=True,
-                                    show_progress_bar=False)
+        vectors = self.model.encode(
+            batch, batch_size=size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+        )
         return vectors, self._tokens_in_batches - before
 
     def tokens_read(self, texts: list[str]) -> int:
@@ -106,9 +116,16 @@ class SentenceTransformerEmbedder:
         them again (embed counts them from its own batches; benches and tests use this)."""
         if not texts:
             return 0
-        return sum(len(ids) for ids in self.model.tokenizer(
-            texts, truncation=True, max_length=self.max_seq_length,
-            return_attention_mask=False, return_token_type_ids=False)["input_ids"])
+        return sum(
+            len(ids)
+            for ids in self.model.tokenizer(
+                texts,
+                truncation=True,
+                max_length=self.max_seq_length,
+                return_attention_mask=False,
+                return_token_type_ids=False,
+            )["input_ids"]
+        )
 
     def embed_query(self, text: str, guard: BatchGuard = no_guard) -> np.ndarray:
         """A question's vector: with the model's query instruction in front (bge-*-v1.5 wants one;

@@ -49,8 +49,9 @@ def _scalar(field: str, value: Any) -> Scalar:
         return value
     if isinstance(value, str):
         if len(value) > MAX_VALUE_CHARS:
-            raise InvalidFilter(f"{field}: the string is {len(value)} characters; "
-                                f"at most {MAX_VALUE_CHARS} are allowed")
+            raise InvalidFilter(
+                f"{field}: the string is {len(value)} characters; at most {MAX_VALUE_CHARS} are allowed"
+            )
         return value
     if isinstance(value, list):
         raise InvalidFilter(f'{field}: a list is not a filter value; for any of several values use {{"in": [...]}}')
@@ -60,8 +61,9 @@ def _scalar(field: str, value: Any) -> Scalar:
 
 def _key(key: Any) -> str:
     if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_CHARS or not _KEY.fullmatch(key):
-        raise InvalidFilter(f"filters: the key {str(key)[:40]!r} is invalid: 1-{MAX_KEY_CHARS} characters, "
-                            "no control characters")
+        raise InvalidFilter(
+            f"filters: the key {str(key)[:40]!r} is invalid: 1-{MAX_KEY_CHARS} characters, no control characters"
+        )
     return key
 
 
@@ -81,8 +83,9 @@ def normalize_filters(raw: Any) -> dict[str, dict[str, list[Scalar]]]:
             continue
         unknown = sorted(set(condition) - {"in"})
         if unknown:
-            raise InvalidFilter(f"{field}: unknown operator {unknown[0]!r}; use a value (equality) or "
-                                '{"in": [values]}')
+            raise InvalidFilter(
+                f'{field}: unknown operator {unknown[0]!r}; use a value (equality) or {{"in": [values]}}'
+            )
         values = condition.get("in")
         if not isinstance(values, list) or not values:
             raise InvalidFilter(f"{field}.in must be a non-empty list of values")
@@ -127,7 +130,9 @@ def metadata_condition(filters: Any, column: str) -> tuple[str, list]:
         item, item_params = _value_match("i", condition["in"])
         # Top-level keys through json_each (it decodes escaped keys, which a JSON path would not match);
         # a list value matches through its items; an object value never matches.
-        clauses.append(f"EXISTS (SELECT 1 FROM json_each({column}) AS k WHERE k.key = ? AND ({scalar} OR "
-                       f"(k.type = 'array' AND EXISTS (SELECT 1 FROM json_each(k.value) AS i WHERE {item}))))")
+        clauses.append(
+            f"EXISTS (SELECT 1 FROM json_each({column}) AS k WHERE k.key = ? AND ({scalar} OR "
+            f"(k.type = 'array' AND EXISTS (SELECT 1 FROM json_each(k.value) AS i WHERE {item}))))"
+        )
         params += [key, *scalar_params, *item_params]
     return (" AND ".join(clauses) or "1"), params

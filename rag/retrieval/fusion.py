@@ -30,8 +30,9 @@ def _ordered(scores: dict, first_seen: dict) -> list[tuple]:
     return sorted(scores.items(), key=lambda item: (-item[1], first_seen[item[0]]))
 
 
-def reciprocal_rank_fusion(rankings: Sequence[Sequence[Key]], k: float = 60.0,
-                           weights: Sequence[float] | None = None) -> list[tuple[Key, float]]:
+def reciprocal_rank_fusion(
+    rankings: Sequence[Sequence[Key]], k: float = 60.0, weights: Sequence[float] | None = None
+) -> list[tuple[Key, float]]:
     """(key, fused score) best first. `rankings` are lists of keys, best first."""
     if k < 0:
         raise ValueError("the RRF constant k must not be negative")
@@ -45,8 +46,9 @@ def reciprocal_rank_fusion(rankings: Sequence[Sequence[Key]], k: float = 60.0,
     return _ordered(scores, first_seen)
 
 
-def weighted_score_fusion(scored: Sequence[Sequence[tuple[Key, float]]],
-                          weights: Sequence[float] | None = None) -> list[tuple[Key, float]]:
+def weighted_score_fusion(
+    scored: Sequence[Sequence[tuple[Key, float]]], weights: Sequence[float] | None = None
+) -> list[tuple[Key, float]]:
     """(key, fused score) best first. `scored` are lists of (key, score), higher scores better."""
     weights = _check_weights(scored, weights)
     scores: dict = {}

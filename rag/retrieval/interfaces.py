@@ -38,6 +38,5 @@ class KnowledgeIndex(Protocol):
 
 
 class ChatEngine(Protocol[Reply]):
-    async def complete(self, messages: list[dict], max_tokens: int, temperature: float | None,
-                       stream: bool) -> Reply:
+    async def complete(self, messages: list[dict], max_tokens: int, temperature: float | None, stream: bool) -> Reply:
         """The model's reply to the messages, in whatever form the caller's transport needs."""

@@ -23,14 +23,16 @@ MAX_TERMS = 48
 
 # Question words and glue that match most chunks: dropped as single terms (bm25 would give them
 # almost no weight anyway, but each one widens the candidate scan). Kept inside phrases.
-STOPWORDS = frozenset("""
+STOPWORDS = frozenset(
+    """
 a about above after again against all am an and any are as at be because been before being below between both
 but by can could did do does doing down during each few for from further had has have having he her here hers
 him his how i if in into is it its itself just me more most my no nor not of off on once only or other our ours
 out over own same she should so some such than that the their theirs them then there these they this those
 through to too under until up very was we were what when where which while who whom why will with would you your
 yours
-""".split())
+""".split()
+)
 
 
 def quote(phrase: str) -> str:

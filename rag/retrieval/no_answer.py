@@ -32,20 +32,49 @@ def is_answerable(result: SearchResult, min_score: float) -> bool:
 def no_answer_completion(model: str, choices: int = 1) -> dict:
     """An OpenAI chat completion whose every choice is NO_ANSWER."""
     return {
-        "id": f"chatcmpl-noanswer-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-        "model": model, "refused": True,
-        "choices": [{"index": i, "message": {"role": "assistant", "content": NO_ANSWER}, "logprobs": None,
-                     "finish_reason": "stop"} for i in range(choices)],
+        "id": f"chatcmpl-noanswer-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "refused": True,
+        "choices": [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": NO_ANSWER},
+                "logprobs": None,
+                "finish_reason": "stop",
+            }
+            for i in range(choices)
+        ],
         "usage": dict(NO_USAGE),
     }
 
 
 def no_answer_chunks(model: str, choices: int = 1) -> list[dict]:
     """The same as a stream: the text, each choice's finish, then the usage-only chunk."""
-    head = {"id": f"chatcmpl-noanswer-{uuid.uuid4().hex}", "object": "chat.completion.chunk",
-            "created": int(time.time()), "model": model}
-    text = [{**head, "refused": True, "choices": [{"index": i, "delta": {"role": "assistant", "content": NO_ANSWER},
-                                                   "logprobs": None, "finish_reason": None}]} for i in range(choices)]
-    finish = [{**head, "choices": [{"index": i, "delta": {}, "logprobs": None, "finish_reason": "stop"}]}
-              for i in range(choices)]
+    head = {
+        "id": f"chatcmpl-noanswer-{uuid.uuid4().hex}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+    }
+    text = [
+        {
+            **head,
+            "refused": True,
+            "choices": [
+                {
+                    "index": i,
+                    "delta": {"role": "assistant", "content": NO_ANSWER},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ],
+        }
+        for i in range(choices)
+    ]
+    finish = [
+        {**head, "choices": [{"index": i, "delta": {}, "logprobs": None, "finish_reason": "stop"}]}
+        for i in range(choices)
+    ]
     return [*text, *finish, {**head, "choices": [], "usage": dict(NO_USAGE)}]

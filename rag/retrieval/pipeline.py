@@ -22,7 +22,15 @@ from rag.documents.locations import LOCATIONS_KEY, section_of
 from rag.retrieval.filters import InvalidFilter, normalize_filters
 from rag.retrieval.interfaces import ChatEngine, Embedder, KnowledgeIndex, Reply
 from rag.retrieval.no_answer import is_answerable
-from rag.retrieval.prompt import RetrievedChunk, augment_chat, citations, estimate_tokens, fit_context, last_user_text, rag_messages
+from rag.retrieval.prompt import (
+    RetrievedChunk,
+    augment_chat,
+    citations,
+    estimate_tokens,
+    fit_context,
+    last_user_text,
+    rag_messages,
+)
 from rag.retrieval.search import RetrievalMode, SearchQuery, SearchResult
 
 
@@ -155,9 +163,15 @@ def as_plain_text(doc: DocumentInput, extracted: Extracted) -> DocumentInput:
 
 
 class RagPipeline:
-    def __init__(self, embedder: Embedder, index: KnowledgeIndex, settings: PipelineSettings,
-                 chat: ChatEngine | None = None, extractor: Extractor = extract_here,
-                 count_tokens: Callable[[str], int] = estimate_tokens):
+    def __init__(
+        self,
+        embedder: Embedder,
+        index: KnowledgeIndex,
+        settings: PipelineSettings,
+        chat: ChatEngine | None = None,
+        extractor: Extractor = extract_here,
+        count_tokens: Callable[[str], int] = estimate_tokens,
+    ):
         self.extractor = extractor
         self.count_tokens = count_tokens  # the chat model's tokenizer, for the context budget
         self.embedder = embedder
@@ -166,10 +180,15 @@ class RagPipeline:
         self.chat = chat
 
     # ---- ingest ----------------------------------------------------------------------------
-    async def ingest(self, tenant: str, collection: str, documents: list[DocumentInput],
-                     on_progress: ProgressCallback | None = None,
-                     before_embedding: BeforeEmbedding | None = None,
-                     timings: IngestTimings | None = None) -> list[int]:
+    async def ingest(
+        self,
+        tenant: str,
+        collection: str,
+        documents: list[DocumentInput],
+        on_progress: ProgressCallback | None = None,
+        before_embedding: BeforeEmbedding | None = None,
+        timings: IngestTimings | None = None,
+    ) -> list[int]:
         """Extract, chunk and embed every document, then store them all in one transaction (all or
         none). Returns each document's chunk count; `on_progress` hears how far it got,
         `before_embedding` gets every text to embed before the first is (it may refuse by raising), and
@@ -188,7 +207,7 @@ class RagPipeline:
             vectors = await self._embed(texts, progress, on_progress)
         batch, start = [], 0
         for doc, chunks in zip(documents, chunked):
-            batch.append((doc.id, chunks, vectors[start:start + len(chunks)], doc.metadata, len(doc.text)))
+            batch.append((doc.id, chunks, vectors[start : start + len(chunks)], doc.metadata, len(doc.text)))
             start += len(chunks)
         await _report(on_progress, progress.model_copy(update={"stage": "storing", "chunks_embedded": len(texts)}))
         with timings.part("store"):
@@ -207,14 +226,15 @@ class RagPipeline:
         locations = doc.metadata.get(LOCATIONS_KEY) if self.settings.embed_section else None
         return [with_title(title, with_title(section_of(locations, chunk.start), chunk.text)) for chunk in chunks]
 
-    async def _embed(self, texts: list[str], progress: IngestProgress,
-                     on_progress: ProgressCallback | None) -> np.ndarray:
+    async def _embed(
+        self, texts: list[str], progress: IngestProgress, on_progress: ProgressCallback | None
+    ) -> np.ndarray:
         """Embedded in bounded calls, so one large ingest is not one huge message to the embedder and
         its progress can be reported between them."""
         step = self.settings.embed_batch_chunks
         parts = []
         for i in range(0, len(texts), step):
-            parts.append(np.asarray(await self.embedder.embed_documents(texts[i:i + step]), dtype=np.float32))
+            parts.append(np.asarray(await self.embedder.embed_documents(texts[i : i + step]), dtype=np.float32))
             progress = progress.model_copy(update={"stage": "embedding", "chunks_embedded": i + len(parts[-1])})
             await _report(on_progress, progress)
         return np.concatenate(parts) if parts else np.zeros((0, 0), dtype=np.float32)
@@ -226,15 +246,24 @@ class RagPipeline:
             raise InvalidQuery(f"top_k {top_k} is above the limit of {self.settings.max_top_k}")
         return top_k
 
-    async def search(self, tenant: str, collection: str, question: str, top_k: int | None = None,
-                     mode: RetrievalMode | None = None, filters: dict | None = None) -> SearchResult:
+    async def search(
+        self,
+        tenant: str,
+        collection: str,
+        question: str,
+        top_k: int | None = None,
+        mode: RetrievalMode | None = None,
+        filters: dict | None = None,
+    ) -> SearchResult:
         """The question's top_k chunks among those of documents matching `filters`, best first."""
         top_k = self._top_k(top_k)
         if not question.strip():
             raise InvalidQuery("no question: the question (in chat, the last user message) is empty")
         if len(question) > self.settings.max_question_chars:  # lexical search and the embedder read all of it
-            raise QuestionTooLong(f"the question (in chat, the last user message) is {len(question)} characters; "
-                                  f"the limit is {self.settings.max_question_chars} (rag.max_question_chars)")
+            raise QuestionTooLong(
+                f"the question (in chat, the last user message) is {len(question)} characters; "
+                f"the limit is {self.settings.max_question_chars} (rag.max_question_chars)"
+            )
         try:
             filters = normalize_filters(filters) or None
         except InvalidFilter as exc:
@@ -244,13 +273,27 @@ class RagPipeline:
         query = SearchQuery(text=question, top_k=top_k, mode=mode, vector=vector, filters=filters)
         return await self.index.search(tenant, collection, query)
 
-    async def retrieve(self, tenant: str, collection: str, question: str, top_k: int | None = None,
-                       mode: RetrievalMode | None = None, filters: dict | None = None) -> list[RetrievedChunk]:
+    async def retrieve(
+        self,
+        tenant: str,
+        collection: str,
+        question: str,
+        top_k: int | None = None,
+        mode: RetrievalMode | None = None,
+        filters: dict | None = None,
+    ) -> list[RetrievedChunk]:
         return (await self.search(tenant, collection, question, top_k, mode, filters)).hits
 
-    async def ground(self, tenant: str, collection: str, question: str, top_k: int | None = None,
-                     filters: dict | None = None, min_score: float | None = None,
-                     context_tokens: int | None = None) -> Grounding:
+    async def ground(
+        self,
+        tenant: str,
+        collection: str,
+        question: str,
+        top_k: int | None = None,
+        filters: dict | None = None,
+        min_score: float | None = None,
+        context_tokens: int | None = None,
+    ) -> Grounding:
         """Retrieve, then decide whether the passages are related enough to answer from; the passages
         kept are those that fit the context budget (rag.context_tokens, or the request's smaller one)."""
         threshold = self.settings.min_score if min_score is None else min_score
@@ -258,8 +301,7 @@ class RagPipeline:
         result = await self.search(tenant, collection, question, top_k, filters=filters)
         answerable = is_answerable(result, threshold)
         hits = fit_context(result.hits, budget, self.count_tokens) if answerable else []
-        return Grounding(hits=hits, best_similarity=result.best_similarity, min_score=threshold,
-                         answerable=answerable)
+        return Grounding(hits=hits, best_similarity=result.best_similarity, min_score=threshold, answerable=answerable)
 
     def _context_tokens(self, asked: int | None) -> int | None:
         limit = self.settings.context_tokens
@@ -269,10 +311,19 @@ class RagPipeline:
             raise InvalidQuery(f"context_tokens {asked} is above the limit of {limit} (rag.context_tokens)")
         return asked
 
-    async def answer(self, tenant: str, collection: str, question: str, top_k: int | None = None,
-                     max_tokens: int | None = None, temperature: float | None = 0.0,
-                     stream: bool = False, filters: dict | None = None, min_score: float | None = None,
-                     context_tokens: int | None = None) -> RagAnswer:
+    async def answer(
+        self,
+        tenant: str,
+        collection: str,
+        question: str,
+        top_k: int | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = 0.0,
+        stream: bool = False,
+        filters: dict | None = None,
+        min_score: float | None = None,
+        context_tokens: int | None = None,
+    ) -> RagAnswer:
         """Retrieve, build the numbered-context prompt, and ask the chat engine; when nothing related
         was found, return without asking it (reply None)."""
         if self.chat is None:
@@ -280,15 +331,24 @@ class RagPipeline:
         grounding = await self.ground(tenant, collection, question, top_k, filters, min_score, context_tokens)
         if not grounding.answerable:
             return RagAnswer(grounding=grounding, reply=None)
-        reply = await self.chat.complete(rag_messages(question, grounding.hits),
-                                         max_tokens or self.settings.answer_max_tokens, temperature, stream)
+        reply = await self.chat.complete(
+            rag_messages(question, grounding.hits), max_tokens or self.settings.answer_max_tokens, temperature, stream
+        )
         return RagAnswer(grounding=grounding, reply=reply)
 
-    async def augment_chat(self, tenant: str, collection: str, messages: list[dict], top_k: int | None = None,
-                           filters: dict | None = None, min_score: float | None = None,
-                           context_tokens: int | None = None) -> tuple[list[dict], Grounding]:
+    async def augment_chat(
+        self,
+        tenant: str,
+        collection: str,
+        messages: list[dict],
+        top_k: int | None = None,
+        filters: dict | None = None,
+        min_score: float | None = None,
+        context_tokens: int | None = None,
+    ) -> tuple[list[dict], Grounding]:
         """Chat-with-RAG: the client's messages with the context for its last user turn prepended
         (unchanged when the grounding is not answerable), and the grounding."""
-        grounding = await self.ground(tenant, collection, last_user_text(messages), top_k, filters, min_score,
-                                      context_tokens)
+        grounding = await self.ground(
+            tenant, collection, last_user_text(messages), top_k, filters, min_score, context_tokens
+        )
         return (augment_chat(messages, grounding.hits) if grounding.answerable else messages), grounding

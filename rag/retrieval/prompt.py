@@ -48,8 +48,9 @@ def estimate_tokens(text: str) -> int:
     return (len(text) + 3) // 4
 
 
-def fit_context(chunks: list[RetrievedChunk], budget: int | None,
-                count_tokens: Callable[[str], int] = estimate_tokens) -> list[RetrievedChunk]:
+def fit_context(
+    chunks: list[RetrievedChunk], budget: int | None, count_tokens: Callable[[str], int] = estimate_tokens
+) -> list[RetrievedChunk]:
     """The best-ranked passages whose text fits `budget` tokens together, in rank order.
 
     The prompt's prefill is most of a CPU RAG answer's time (about 2.7-4.8 ms a token for SmolLM2 on
@@ -81,7 +82,7 @@ def _cut(chunk: RetrievedChunk, budget: int, tokens: int, count_tokens: Callable
         keep = max(1, len(text) * budget // max(tokens, 1) - 1)
         text = text[:keep]
         if " " in text.strip():
-            text = text[:text.rstrip().rindex(" ")]
+            text = text[: text.rstrip().rindex(" ")]
         text = text.rstrip()
         tokens = count_tokens(text)
     end = chunk.start + len(text) if chunk.start is not None else chunk.end

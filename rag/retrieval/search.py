@@ -58,15 +58,18 @@ class SearchResult:
 class SearchableStore(Protocol):
     """The two searches a store offers (rag.store.knowledge_store.KnowledgeStore)."""
 
-    def search(self, tenant: str, collection: str, vector, top_k: int,
-               filters: dict | None = None) -> list[RetrievedChunk]: ...
+    def search(
+        self, tenant: str, collection: str, vector, top_k: int, filters: dict | None = None
+    ) -> list[RetrievedChunk]: ...
 
-    def search_lexical(self, tenant: str, collection: str, text: str, top_k: int,
-                       filters: dict | None = None) -> list[RetrievedChunk]: ...
+    def search_lexical(
+        self, tenant: str, collection: str, text: str, top_k: int, filters: dict | None = None
+    ) -> list[RetrievedChunk]: ...
 
 
-def retrieve(store: SearchableStore, tenant: str, collection: str, query: SearchQuery,
-             fusion: FusionSettings = FusionSettings()) -> SearchResult:
+def retrieve(
+    store: SearchableStore, tenant: str, collection: str, query: SearchQuery, fusion: FusionSettings = FusionSettings()
+) -> SearchResult:
     """The query's top_k chunks, best first; in hybrid mode each chunk's score is its fused score."""
     if query.mode not in RETRIEVAL_MODES:
         raise ValueError(f"retrieval mode {query.mode!r} is not one of {', '.join(RETRIEVAL_MODES)}")
@@ -78,29 +81,33 @@ def retrieve(store: SearchableStore, tenant: str, collection: str, query: Search
     depth = max(query.top_k, fusion.candidates) if query.mode == "hybrid" or spread else query.top_k
     if query.mode == "lexical":
         lexical = store.search_lexical(tenant, collection, query.text, depth, filters)
-        return SearchResult(spread_over_documents(lexical, fusion.chunks_per_document)[:query.top_k])
+        return SearchResult(spread_over_documents(lexical, fusion.chunks_per_document)[: query.top_k])
     dense = store.search(tenant, collection, query.vector, depth, filters)
     best = dense[0].score if dense else None
     if query.mode == "dense":
-        return SearchResult(spread_over_documents(dense, fusion.chunks_per_document)[:query.top_k], best)
+        return SearchResult(spread_over_documents(dense, fusion.chunks_per_document)[: query.top_k], best)
     lexical = store.search_lexical(tenant, collection, query.text, depth, filters)
     return SearchResult(fuse(dense, lexical, query.top_k, fusion), best)
 
 
-def fuse(dense: list[RetrievedChunk], lexical: list[RetrievedChunk], top_k: int,
-         fusion: FusionSettings = FusionSettings()) -> list[RetrievedChunk]:
+def fuse(
+    dense: list[RetrievedChunk], lexical: list[RetrievedChunk], top_k: int, fusion: FusionSettings = FusionSettings()
+) -> list[RetrievedChunk]:
     """The top_k of two rankings merged; each chunk keeps its row, with the fused score."""
     by_id = {chunk.chunk_id: chunk for chunk in [*lexical, *dense]}
     weights = (fusion.dense_weight, fusion.lexical_weight)
     if fusion.method == "rrf":
-        fused = reciprocal_rank_fusion([[c.chunk_id for c in dense], [c.chunk_id for c in lexical]],
-                                       k=fusion.rrf_k, weights=weights)
+        fused = reciprocal_rank_fusion(
+            [[c.chunk_id for c in dense], [c.chunk_id for c in lexical]], k=fusion.rrf_k, weights=weights
+        )
     else:
-        fused = weighted_score_fusion([[(c.chunk_id, c.score) for c in dense], [(c.chunk_id, c.score) for c in lexical]],
-                                      weights=weights)
+        fused = weighted_score_fusion(
+            [[(c.chunk_id, c.score) for c in dense], [(c.chunk_id, c.score) for c in lexical]], weights=weights
+        )
     if fusion.document_support:
-        fused = with_document_support(fused, {c.chunk_id: c.document_id for c in by_id.values()},
-                                      fusion.document_support)
+        fused = with_document_support(
+            fused, {c.chunk_id: c.document_id for c in by_id.values()}, fusion.document_support
+        )
     ranked = [replace(by_id[chunk_id], score=score) for chunk_id, score in fused]
     return spread_over_documents(ranked, fusion.chunks_per_document)[:top_k]
 
@@ -118,8 +125,9 @@ def spread_over_documents(hits: list[RetrievedChunk], most: int) -> list[Retriev
     return ahead + behind
 
 
-def with_document_support(fused: list[tuple[str, float]], document_of: dict[str, str],
-                          weight: float) -> list[tuple[str, float]]:
+def with_document_support(
+    fused: list[tuple[str, float]], document_of: dict[str, str], weight: float
+) -> list[tuple[str, float]]:
     """Each chunk's score plus `weight` times the best score of another chunk of its document, best first
     (ties keep the fused order)."""
     best_two: dict[str, list[tuple[str, float]]] = {}

@@ -34,6 +34,7 @@ from system.sqlite import connect, transaction
 
 __all__ = ["CapacityExceeded", "CollectionNotFound", "DocumentNotFound", "KnowledgeStore"]
 
+
 class CollectionNotFound(LookupError):
     pass
 
@@ -43,12 +44,21 @@ class DocumentNotFound(LookupError):
 
 
 class KnowledgeStore:
-    def __init__(self, db_path: str | Path, dim: int, index_kind: str = "flat", hnsw_m: int = 32,
-                 hnsw_ef_search: int = 256, capacity_chunks: int | None = None,
-                 sqlite_cache_bytes: int | None = None,
-                 lexical_tokenizer: str = DEFAULT_TOKENIZER, quotas: Quotas | None = None,
-                 rebuild_deleted_fraction: float = 0.2, index_save_interval_s: float | None = None,
-                 embedder: str | None = None):
+    def __init__(
+        self,
+        db_path: str | Path,
+        dim: int,
+        index_kind: str = "flat",
+        hnsw_m: int = 32,
+        hnsw_ef_search: int = 256,
+        capacity_chunks: int | None = None,
+        sqlite_cache_bytes: int | None = None,
+        lexical_tokenizer: str = DEFAULT_TOKENIZER,
+        quotas: Quotas | None = None,
+        rebuild_deleted_fraction: float = 0.2,
+        index_save_interval_s: float | None = None,
+        embedder: str | None = None,
+    ):
         """embedder: the profile's embedder.model_id, recorded in the store and checked on every open
         (rag/store/store_schema.py check_embedder); None checks only the vectors' dimension."""
         self.dim = dim
@@ -83,8 +93,9 @@ class KnowledgeStore:
         self._closing = threading.Event()
         self._saver = None
         if index_save_interval_s:
-            self._saver = threading.Thread(target=self._save_periodically, args=(index_save_interval_s,),
-                                           name="faiss-index-saver", daemon=True)
+            self._saver = threading.Thread(
+                target=self._save_periodically, args=(index_save_interval_s,), name="faiss-index-saver", daemon=True
+            )
             self._saver.start()
 
     # ---- index maintenance -------------------------------------------------------------
@@ -105,26 +116,42 @@ class KnowledgeStore:
 
     def _rebuild(self, tenant: str, collection: str) -> None:
         index = self._new_index()
-        self._add_rows(index, self._db.execute(
-            "SELECT id, vector FROM chunks WHERE tenant=? AND collection=? ORDER BY id", (tenant, collection)))
+        self._add_rows(
+            index,
+            self._db.execute(
+                "SELECT id, vector FROM chunks WHERE tenant=? AND collection=? ORDER BY id", (tenant, collection)
+            ),
+        )
         self._indexes[(tenant, collection)] = index
         self._unsaved.add((tenant, collection))
 
     def _open(self, tenant: str, collection: str) -> dict:
         """Load the collection's saved index and catch it up with SQLite, or rebuild it from SQLite."""
-        index = CollectionIndex.load(self._index_path(tenant, collection), self.dim, self.index_kind,
-                                     self.hnsw_m, self.hnsw_ef_search)
+        index = CollectionIndex.load(
+            self._index_path(tenant, collection), self.dim, self.index_kind, self.hnsw_m, self.hnsw_ef_search
+        )
         if index is None:
             self._rebuild(tenant, collection)
             return {"rebuilt": True, "added": 0}
-        stored = np.array([r[0] for r in self._db.execute(
-            "SELECT id FROM chunks WHERE tenant=? AND collection=? ORDER BY id", (tenant, collection))], dtype=np.int64)
+        stored = np.array(
+            [
+                r[0]
+                for r in self._db.execute(
+                    "SELECT id FROM chunks WHERE tenant=? AND collection=? ORDER BY id", (tenant, collection)
+                )
+            ],
+            dtype=np.int64,
+        )
         missing = index.reconcile(stored)
         added = 0
         for start in range(0, len(missing), 500):
-            page = [int(i) for i in missing[start:start + 500]]
-            added += self._add_rows(index, self._db.execute(
-                f"SELECT id, vector FROM chunks WHERE id IN ({','.join('?' * len(page))}) ORDER BY id", page))
+            page = [int(i) for i in missing[start : start + 500]]
+            added += self._add_rows(
+                index,
+                self._db.execute(
+                    f"SELECT id, vector FROM chunks WHERE id IN ({','.join('?' * len(page))}) ORDER BY id", page
+                ),
+            )
         self._indexes[(tenant, collection)] = index
         if added or index.deleted:
             self._unsaved.add((tenant, collection))
@@ -174,7 +201,13 @@ class KnowledgeStore:
 
     # ---- writes ------------------------------------------------------------------------
     def upsert_document(
-        self, tenant: str, collection: str, doc_id: str, chunks: list[str], vectors, metadata: dict | None = None,
+        self,
+        tenant: str,
+        collection: str,
+        doc_id: str,
+        chunks: list[str],
+        vectors,
+        metadata: dict | None = None,
         chars: int = 0,
     ) -> int:
         """Store (or replace) a document's chunks; returns the chunk count."""
@@ -193,19 +226,32 @@ class KnowledgeStore:
             arrays.append(array)
         now = time.time()
         with self._lock:
-            check_capacity(self._db, tenant, collection, documents, self.quotas.of(tenant),
-                           sum(index.live for index in self._indexes.values()), self.capacity_chunks)
+            check_capacity(
+                self._db,
+                tenant,
+                collection,
+                documents,
+                self.quotas.of(tenant),
+                sum(index.live for index in self._indexes.values()),
+                self.capacity_chunks,
+            )
             changes = []
             with transaction(self._db):
                 cur = self._db.cursor()
                 cur.execute("INSERT OR IGNORE INTO collections VALUES (?, ?, ?)", (tenant, collection, now))
                 self.lexical.create(cur, tenant, collection)
                 for (doc_id, chunks, _, metadata, chars), array in zip(documents, arrays):
-                    old_ids = [r[0] for r in cur.execute(
-                        "SELECT id FROM chunks WHERE tenant=? AND collection=? AND doc_id=?", (tenant, collection, doc_id))]
+                    old_ids = [
+                        r[0]
+                        for r in cur.execute(
+                            "SELECT id FROM chunks WHERE tenant=? AND collection=? AND doc_id=?",
+                            (tenant, collection, doc_id),
+                        )
+                    ]
                     self.lexical.remove(cur, tenant, collection, old_ids)
-                    cur.execute("DELETE FROM chunks WHERE tenant=? AND collection=? AND doc_id=?",
-                                (tenant, collection, doc_id))
+                    cur.execute(
+                        "DELETE FROM chunks WHERE tenant=? AND collection=? AND doc_id=?", (tenant, collection, doc_id)
+                    )
                     new_ids, texts = [], []
                     for i, (chunk, vector) in enumerate(zip(chunks, array)):
                         text, start, end = _text_and_offsets(chunk)
@@ -218,8 +264,10 @@ class KnowledgeStore:
                         texts.append(text)
                     self.lexical.add(cur, tenant, collection, list(zip(new_ids, texts)))
                     stored = json.dumps(metadata or {}, allow_nan=False)
-                    cur.execute("INSERT OR REPLACE INTO documents VALUES (?,?,?,?,?,?,?)",
-                                (tenant, collection, doc_id, stored, chars, len(chunks), now))
+                    cur.execute(
+                        "INSERT OR REPLACE INTO documents VALUES (?,?,?,?,?,?,?)",
+                        (tenant, collection, doc_id, stored, chars, len(chunks), now),
+                    )
                     # From the JSON as stored (keys made strings, tuples lists), as json_each would read it.
                     write_metadata(cur, tenant, collection, doc_id, json.loads(stored))
                     changes.append((old_ids, np.array(new_ids, dtype=np.int64), array))
@@ -259,14 +307,18 @@ class KnowledgeStore:
         key = (tenant, collection, doc_id)
         with self._lock:
             self._require_collection(tenant, collection)
-            ids = [r[0] for r in self._db.execute(
-                "SELECT id FROM chunks WHERE tenant=? AND collection=? AND doc_id=?", key)]
-            deleted, *_ = self._in_transaction([
-                ("DELETE FROM documents WHERE tenant=? AND collection=? AND doc_id=?", key),
-                (self.lexical.remove_document_sql(tenant, collection), key),  # while the chunk rows still say which
-                ("DELETE FROM chunks WHERE tenant=? AND collection=? AND doc_id=?", key),
-                ("DELETE FROM document_metadata WHERE tenant=? AND collection=? AND doc_id=?", key),
-            ])
+            ids = [
+                r[0]
+                for r in self._db.execute("SELECT id FROM chunks WHERE tenant=? AND collection=? AND doc_id=?", key)
+            ]
+            deleted, *_ = self._in_transaction(
+                [
+                    ("DELETE FROM documents WHERE tenant=? AND collection=? AND doc_id=?", key),
+                    (self.lexical.remove_document_sql(tenant, collection), key),  # while the chunk rows still say which
+                    ("DELETE FROM chunks WHERE tenant=? AND collection=? AND doc_id=?", key),
+                    ("DELETE FROM document_metadata WHERE tenant=? AND collection=? AND doc_id=?", key),
+                ]
+            )
             if not deleted:
                 raise DocumentNotFound(f"document {doc_id!r} not found in collection {collection!r}")
             self._apply((tenant, collection), ids, np.zeros(0, dtype=np.int64), np.zeros((0, self.dim), np.float32))
@@ -275,29 +327,38 @@ class KnowledgeStore:
     def delete_collection(self, tenant: str, collection: str) -> None:
         with self._lock:
             self._require_collection(tenant, collection)
-            self._in_transaction([
-                (f"DELETE FROM {table} WHERE tenant=? AND {column}=?", (tenant, collection))
-                for table, column in (("chunks", "collection"), ("documents", "collection"),
-                                      ("document_metadata", "collection"), ("collections", "name"))
-            ], then=lambda cur: self.lexical.drop(cur, tenant, collection))
+            self._in_transaction(
+                [
+                    (f"DELETE FROM {table} WHERE tenant=? AND {column}=?", (tenant, collection))
+                    for table, column in (
+                        ("chunks", "collection"),
+                        ("documents", "collection"),
+                        ("document_metadata", "collection"),
+                        ("collections", "name"),
+                    )
+                ],
+                then=lambda cur: self.lexical.drop(cur, tenant, collection),
+            )
             self._forget(tenant, collection)
 
     def delete_tenant(self, tenant: str) -> int:
         """Remove every collection of a tenant (the tenant was deleted); returns how many."""
         with self._lock:
             names = [r[0] for r in self._db.execute("SELECT name FROM collections WHERE tenant=?", (tenant,))]
-            self._in_transaction([(f"DELETE FROM {table} WHERE tenant=?", (tenant,))
-                                  for table in ("chunks", "documents", "document_metadata", "collections")],
-                                 then=lambda cur: [self.lexical.drop(cur, tenant, name) for name in names])
+            self._in_transaction(
+                [
+                    (f"DELETE FROM {table} WHERE tenant=?", (tenant,))
+                    for table in ("chunks", "documents", "document_metadata", "collections")
+                ],
+                then=lambda cur: [self.lexical.drop(cur, tenant, name) for name in names],
+            )
             for name in names:
                 self._forget(tenant, name)
         return len(names)
 
     # ---- reads -------------------------------------------------------------------------
     def _require_collection(self, tenant: str, collection: str) -> None:
-        if not self._db.execute(
-            "SELECT 1 FROM collections WHERE tenant=? AND name=?", (tenant, collection)
-        ).fetchone():
+        if not self._db.execute("SELECT 1 FROM collections WHERE tenant=? AND name=?", (tenant, collection)).fetchone():
             raise CollectionNotFound(f"collection {collection!r} not found")
 
     def list_collections(self, tenant: str) -> list[dict]:
@@ -309,7 +370,8 @@ class KnowledgeStore:
         return self._db.execute(
             "SELECT c.name, c.created_at, COUNT(d.doc_id), COALESCE(SUM(d.chunk_count), 0) FROM collections c "
             "LEFT JOIN documents d ON d.tenant=c.tenant AND d.collection=c.name WHERE c.tenant=? "
-            "GROUP BY c.name ORDER BY c.name", (tenant,)
+            "GROUP BY c.name ORDER BY c.name",
+            (tenant,),
         ).fetchall()
 
     def list_all_collections(self) -> list[dict]:
@@ -318,7 +380,8 @@ class KnowledgeStore:
             rows = self._db.execute(
                 "SELECT c.tenant, c.name, COUNT(d.doc_id), COALESCE(SUM(d.chunk_count), 0) FROM collections c "
                 "LEFT JOIN documents d ON d.tenant=c.tenant AND d.collection=c.name "
-                "GROUP BY c.tenant, c.name ORDER BY c.tenant, c.name").fetchall()
+                "GROUP BY c.tenant, c.name ORDER BY c.tenant, c.name"
+            ).fetchall()
         return [{"tenant": t, "name": n, "documents": d, "chunks": c} for t, n, d, c in rows]
 
     def collection_info(self, tenant: str, collection: str) -> dict:
@@ -327,10 +390,16 @@ class KnowledgeStore:
             self._require_collection(tenant, collection)
             documents, chunks = self._db.execute(
                 "SELECT count(*), COALESCE(SUM(chunk_count), 0) FROM documents WHERE tenant=? AND collection=?",
-                (tenant, collection)).fetchone()
+                (tenant, collection),
+            ).fetchone()
             indexed = self._indexes[(tenant, collection)].live
-        return {"name": collection, "document_count": documents, "chunk_count": chunks,
-                "indexed_vectors": indexed, "index": self.index_kind}
+        return {
+            "name": collection,
+            "document_count": documents,
+            "chunk_count": chunks,
+            "indexed_vectors": indexed,
+            "index": self.index_kind,
+        }
 
     def list_documents(self, tenant: str, collection: str, limit: int, after: str | None = None) -> dict:
         """One page of the collection's documents in id order: at most `limit`, those after the id `after`
@@ -342,14 +411,23 @@ class KnowledgeStore:
             rows = self._db.execute(
                 f"SELECT doc_id, chunk_count, chars, json_remove(metadata, '$.{LOCATIONS_KEY}'), updated_at FROM documents "
                 "WHERE tenant=? AND collection=? AND doc_id > ? ORDER BY doc_id LIMIT ?",
-                (tenant, collection, after or "", limit + 1)).fetchall()
-        page = [{"id": d, "chunks": c, "chars": ch, "metadata": json.loads(m), "updated_at": u}
-                for d, c, ch, m, u in rows[:limit]]
-        return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-                "last_id": page[-1]["id"] if page else None, "has_more": len(rows) > limit}
+                (tenant, collection, after or "", limit + 1),
+            ).fetchall()
+        page = [
+            {"id": d, "chunks": c, "chars": ch, "metadata": json.loads(m), "updated_at": u}
+            for d, c, ch, m, u in rows[:limit]
+        ]
+        return {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": len(rows) > limit,
+        }
 
-    def search(self, tenant: str, collection: str, vector, top_k: int,
-               filters: dict | None = None) -> list[RetrievedChunk]:
+    def search(
+        self, tenant: str, collection: str, vector, top_k: int, filters: dict | None = None
+    ) -> list[RetrievedChunk]:
         """Dense search: cosine similarity of the query vector with every chunk's, best first. With
         filters, only chunks of documents whose metadata matches are searched (top_k of those)."""
         query = self._vectors([vector])
@@ -367,8 +445,9 @@ class KnowledgeStore:
         sql, params = matching_chunks_sql(tenant, collection, filters)
         return np.array([r[0] for r in self._db.execute(sql, params)], dtype=np.int64)
 
-    def search_lexical(self, tenant: str, collection: str, text: str, top_k: int,
-                       filters: dict | None = None) -> list[RetrievedChunk]:
+    def search_lexical(
+        self, tenant: str, collection: str, text: str, top_k: int, filters: dict | None = None
+    ) -> list[RetrievedChunk]:
         """Lexical search: FTS5 bm25 over the chunk texts (score = -bm25, higher is better), best first;
         with filters, over the chunks of matching documents only (inside the FTS5 query)."""
         with self._lock:
@@ -397,16 +476,28 @@ class KnowledgeStore:
         for i, score in hits:
             if i in rows:  # a hit whose row a concurrent delete removed is skipped
                 doc_id, index, text, metadata, start, end = rows[i]
-                found.append(RetrievedChunk(document_id=doc_id, chunk_id=f"{doc_id}#{index}", score=score, text=text,
-                                            metadata=json.loads(metadata), start=start, end=end))
+                found.append(
+                    RetrievedChunk(
+                        document_id=doc_id,
+                        chunk_id=f"{doc_id}#{index}",
+                        score=score,
+                        text=text,
+                        metadata=json.loads(metadata),
+                        start=start,
+                        end=end,
+                    )
+                )
         return found
 
     def stats(self) -> dict:
         with self._lock:
             vectors = sum(index.live for index in self._indexes.values())
-            return {"collections": len(self._indexes), "vectors": vectors,
-                    "index_bytes_estimate": sum(index.index.ntotal for index in self._indexes.values()) * self.dim * 4,
-                    "database_bytes": self._database_bytes()}
+            return {
+                "collections": len(self._indexes),
+                "vectors": vectors,
+                "index_bytes_estimate": sum(index.index.ntotal for index in self._indexes.values()) * self.dim * 4,
+                "database_bytes": self._database_bytes(),
+            }
 
     def _database_bytes(self) -> int:
         """The database file and its WAL: what SQLite's page cache can fill with."""

@@ -40,16 +40,20 @@ class LexicalIndex:
 
     # ---- writes: all take the cursor of the caller's open transaction ---------------------
     def create(self, cur: sqlite3.Cursor, tenant: str, collection: str) -> None:
-        cur.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS {self.table(tenant, collection)} "
-                    f"USING fts5(text, tokenize='{self.tokenizer}')")
+        cur.execute(
+            f"CREATE VIRTUAL TABLE IF NOT EXISTS {self.table(tenant, collection)} "
+            f"USING fts5(text, tokenize='{self.tokenizer}')"
+        )
 
     def add(self, cur: sqlite3.Cursor, tenant: str, collection: str, rows: list[tuple[int, str]]) -> None:
         cur.executemany(f"INSERT INTO {self.table(tenant, collection)} (rowid, text) VALUES (?, ?)", rows)
 
     def remove_document_sql(self, tenant: str, collection: str) -> str:
         """SQL taking (tenant, collection, doc_id) that deletes a document's rows; run it before its chunks go."""
-        return (f"DELETE FROM {self.table(tenant, collection)} WHERE rowid IN "
-                "(SELECT id FROM chunks WHERE tenant=? AND collection=? AND doc_id=?)")
+        return (
+            f"DELETE FROM {self.table(tenant, collection)} WHERE rowid IN "
+            "(SELECT id FROM chunks WHERE tenant=? AND collection=? AND doc_id=?)"
+        )
 
     def remove(self, cur: sqlite3.Cursor, tenant: str, collection: str, ids: list[int]) -> None:
         cur.executemany(f"DELETE FROM {self.table(tenant, collection)} WHERE rowid=?", [(i,) for i in ids])
@@ -58,8 +62,15 @@ class LexicalIndex:
         cur.execute(f"DROP TABLE IF EXISTS {self.table(tenant, collection)}")
 
     # ---- reads -------------------------------------------------------------------------------
-    def search(self, db: sqlite3.Connection, tenant: str, collection: str, text: str, limit: int,
-               only: tuple[str, list] | None = None) -> list[tuple[int, float]]:
+    def search(
+        self,
+        db: sqlite3.Connection,
+        tenant: str,
+        collection: str,
+        text: str,
+        limit: int,
+        only: tuple[str, list] | None = None,
+    ) -> list[tuple[int, float]]:
         """(chunk rowid, score) best first; the score is -bm25, so higher is better as for dense.
         `only` is the caller's SQL condition on `rowid` and its parameters (metadata filters): it is
         part of the FTS5 query, so the limit counts matching rows only."""
@@ -68,8 +79,11 @@ class LexicalIndex:
             return []
         table = self.table(tenant, collection)
         condition, params = only or ("1", [])
-        rows = db.execute(f"SELECT rowid, bm25({table}) FROM {table} WHERE {table} MATCH ? AND {condition} "
-                          f"ORDER BY bm25({table}) LIMIT ?", (match, *params, limit)).fetchall()
+        rows = db.execute(
+            f"SELECT rowid, bm25({table}) FROM {table} WHERE {table} MATCH ? AND {condition} "
+            f"ORDER BY bm25({table}) LIMIT ?",
+            (match, *params, limit),
+        ).fetchall()
         return [(int(rowid), -float(score)) for rowid, score in rows]
 
     def count(self, db: sqlite3.Connection, tenant: str, collection: str) -> int:
@@ -79,9 +93,13 @@ class LexicalIndex:
     def migrate(self, db: sqlite3.Connection, collections: list[tuple[str, str]]) -> list[tuple[str, str]]:
         """Build the table of every collection that has none (from its chunk rows) and drop the
         tables no collection uses any more (another tokenizer's). Returns the collections built."""
-        existing = {name for (name,) in db.execute(
-            "SELECT name FROM sqlite_master WHERE type='table' AND name LIKE ? AND sql LIKE 'CREATE VIRTUAL TABLE%'",
-            (f"{_PREFIX}%",))}
+        existing = {
+            name
+            for (name,) in db.execute(
+                "SELECT name FROM sqlite_master WHERE type='table' AND name LIKE ? AND sql LIKE 'CREATE VIRTUAL TABLE%'",
+                (f"{_PREFIX}%",),
+            )
+        }
         wanted = {self.table(t, c): (t, c) for t, c in collections}
         built = [key for name, key in wanted.items() if name not in existing]
         stale = sorted(existing - set(wanted))
@@ -91,8 +109,11 @@ class LexicalIndex:
             cur = db.cursor()
             for tenant, collection in built:
                 self.create(cur, tenant, collection)
-                cur.execute(f"INSERT INTO {self.table(tenant, collection)} (rowid, text) "
-                            "SELECT id, text FROM chunks WHERE tenant=? AND collection=?", (tenant, collection))
+                cur.execute(
+                    f"INSERT INTO {self.table(tenant, collection)} (rowid, text) "
+                    "SELECT id, text FROM chunks WHERE tenant=? AND collection=?",
+                    (tenant, collection),
+                )
             for name in stale:
                 cur.execute(f"DROP TABLE IF EXISTS {name}")
         return built

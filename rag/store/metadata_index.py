@@ -47,10 +47,13 @@ def metadata_rows(metadata: dict) -> list[tuple[str, str, Scalar | None]]:
 
 def write_metadata(cur: sqlite3.Cursor, tenant: str, collection: str, doc_id: str, metadata: dict) -> None:
     """Replace a document's rows; call inside the transaction that writes its documents row."""
-    cur.execute("DELETE FROM document_metadata WHERE tenant=? AND collection=? AND doc_id=?",
-                (tenant, collection, doc_id))
-    cur.executemany("INSERT INTO document_metadata VALUES (?,?,?,?,?,?)",
-                    [(tenant, collection, doc_id, *row) for row in metadata_rows(metadata)])
+    cur.execute(
+        "DELETE FROM document_metadata WHERE tenant=? AND collection=? AND doc_id=?", (tenant, collection, doc_id)
+    )
+    cur.executemany(
+        "INSERT INTO document_metadata VALUES (?,?,?,?,?,?)",
+        [(tenant, collection, doc_id, *row) for row in metadata_rows(metadata)],
+    )
 
 
 def fill_from_documents(cur: sqlite3.Cursor) -> int:
@@ -58,8 +61,11 @@ def fill_from_documents(cur: sqlite3.Cursor) -> int:
     documents. Reads the documents in pages so a large store is not loaded at once."""
     last, done = ("", "", ""), 0
     while True:
-        page = cur.execute("SELECT tenant, collection, doc_id, metadata FROM documents WHERE (tenant, collection, "
-                           "doc_id) > (?,?,?) ORDER BY tenant, collection, doc_id LIMIT 500", last).fetchall()
+        page = cur.execute(
+            "SELECT tenant, collection, doc_id, metadata FROM documents WHERE (tenant, collection, "
+            "doc_id) > (?,?,?) ORDER BY tenant, collection, doc_id LIMIT 500",
+            last,
+        ).fetchall()
         if not page:
             return done
         for tenant, collection, doc_id, metadata in page:
@@ -90,8 +96,9 @@ def matching_chunks_sql(tenant: str, collection: str, filters: Any) -> tuple[str
     clauses, params = [], [tenant, collection]
     for key, condition in normalize_filters(filters).items():
         match, match_params = _kind_match(condition["in"])
-        clauses.append("c.doc_id IN (SELECT doc_id FROM document_metadata WHERE tenant=? AND collection=? AND "
-                       f"key=? AND {match})")
+        clauses.append(
+            f"c.doc_id IN (SELECT doc_id FROM document_metadata WHERE tenant=? AND collection=? AND key=? AND {match})"
+        )
         params += [tenant, collection, key, *match_params]
     where = " AND ".join(clauses) or "1"
     return f"SELECT c.id FROM chunks c WHERE c.tenant=? AND c.collection=? AND {where}", params

@@ -44,6 +44,7 @@ def raise_refused(answer):
 def refusing(log: logging.Logger):
     """Decorator for a replica's methods: a client's mistake (CLIENT_ERRORS) is returned as a `Refused` and logged
     in one INFO line (the replica's logger adds the request id), never raised; any other error is raised."""
+
     def decorate(method):
         @functools.wraps(method)
         def answer(*args, **kwargs):
@@ -51,8 +52,13 @@ def refusing(log: logging.Logger):
                 return method(*args, **kwargs)
             except CLIENT_ERRORS as exc:
                 refused = Refused(exc)
-                log.info("%s refused (the client's mistake, answered as a 4xx): %s", method.__name__,
-                         refused.describe().replace("\n", " "))
+                log.info(
+                    "%s refused (the client's mistake, answered as a 4xx): %s",
+                    method.__name__,
+                    refused.describe().replace("\n", " "),
+                )
                 return refused
+
         return answer
+
     return decorate

@@ -52,8 +52,10 @@ def create_or_migrate(db: sqlite3.Connection) -> list[str]:
     Returns the columns added. A database from a newer version is refused: this code would not know it."""
     found = db.execute("PRAGMA user_version").fetchone()[0]
     if found > SCHEMA_VERSION:
-        raise RuntimeError(f"the knowledge store is at schema {found}, newer than this code's {SCHEMA_VERSION}; "
-                           "run the newer poolserve (or restore a backup)")
+        raise RuntimeError(
+            f"the knowledge store is at schema {found}, newer than this code's {SCHEMA_VERSION}; "
+            "run the newer poolserve (or restore a backup)"
+        )
     db.executescript(SCHEMA)
     added = []
     for table, columns in ADDED_COLUMNS.items():
@@ -89,7 +91,8 @@ def check_embedder(db: sqlite3.Connection, dim: int, embedder: str | None, where
         raise EmbedderMismatch(
             f"the knowledge store {where} holds vectors of dimension {row[0] // 4}, but the profile's embedder "
             f"makes {dim}: another embedder filled it. Give this profile its own state_dir, or go back to the "
-            "embedder that filled it.")
+            "embedder that filled it."
+        )
     if embedder is None:
         return
     recorded = db.execute("SELECT value FROM store_info WHERE key = 'embedder'").fetchone()
@@ -102,9 +105,11 @@ def check_embedder(db: sqlite3.Connection, dim: int, embedder: str | None, where
 
 def embedder_mismatch(where: str, recorded: str, embedder: str) -> str:
     """What to tell the operator whose profile names another embedder than the store's."""
-    return (f"the knowledge store {where} was filled by the embedder {recorded!r}, and the profile's is "
-            f"{embedder!r}: its vectors cannot be searched with this one's. Give this profile its own state_dir "
-            f"(or move the old one away and ingest again), or go back to {recorded!r}.")
+    return (
+        f"the knowledge store {where} was filled by the embedder {recorded!r}, and the profile's is "
+        f"{embedder!r}: its vectors cannot be searched with this one's. Give this profile its own state_dir "
+        f"(or move the old one away and ingest again), or go back to {recorded!r}."
+    )
 
 
 def recorded_embedder(db_path) -> str | None:

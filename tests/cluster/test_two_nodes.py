@@ -32,8 +32,13 @@ START_TIMEOUT_S = 1200
 OUTAGE_TIMEOUT_S = 180
 CHAT = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "Say OK."}], "max_tokens": 2}
 # Ray's process titles of the replicas (ray::ServeReplica:<app>:<deployment>).
-REPLICA_TITLES = {"chat": "PoolserveLLMServer:chat", "chat_ranks": "EngineRankHost", "embedder": "poolserve:embedder",
-                  "retriever": "poolserve:retriever", "gateway": "poolserve:gateway"}
+REPLICA_TITLES = {
+    "chat": "PoolserveLLMServer:chat",
+    "chat_ranks": "EngineRankHost",
+    "embedder": "poolserve:embedder",
+    "retriever": "poolserve:retriever",
+    "gateway": "poolserve:gateway",
+}
 # Each variant's placement: the chat engine whole on node-b, or split with its first rank on node-a (in the
 # replica) and its second on node-b (a headless vLLM under an EngineRankHost actor).
 PROFILES = {
@@ -61,8 +66,14 @@ class Node:
         return stack_pids(self.stack_id)
 
     def start(self) -> None:
-        self.process = subprocess.Popen(self.command, cwd=ROOT, env=self.env, start_new_session=True,
-                                        stdout=open(self.log_path, "ab"), stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(
+            self.command,
+            cwd=ROOT,
+            env=self.env,
+            start_new_session=True,
+            stdout=open(self.log_path, "ab"),
+            stderr=subprocess.STDOUT,
+        )
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -129,24 +140,60 @@ def cluster(request, tmp_path_factory):
 
     base = 40000 + (os.getpid() % 50) * 400
     # single ports outside the two nodes' ranges below (Ray refuses a port two of its components name)
-    singles = iter([p for p in free_ports(40) if not base <= p < base + 400][:9 + 6])
+    singles = iter([p for p in free_ports(40) if not base <= p < base + 400][: 9 + 6])
     for i, pool in enumerate(profile["pools"]):
-        fields = ["dashboard_agent_listen", "dashboard_agent_grpc", "metrics_export", "runtime_env_agent",
-                  "node_manager", "object_manager"] + (["gcs", "ray_client_server", "dashboard"] if i == 0 else [])
+        fields = [
+            "dashboard_agent_listen",
+            "dashboard_agent_grpc",
+            "metrics_export",
+            "runtime_env_agent",
+            "node_manager",
+            "object_manager",
+        ] + (["gcs", "ray_client_server", "dashboard"] if i == 0 else [])
         pool["ray_ports"] = {field: next(singles) for field in fields}
-        pool["ray_ports"].update(min_worker=base + 200 * i, max_worker=base + 200 * i + 159,
-                                 vllm_ports=base + 200 * i + 170, vllm_master=base + 200 * i + 190)
+        pool["ray_ports"].update(
+            min_worker=base + 200 * i,
+            max_worker=base + 200 * i + 159,
+            vllm_ports=base + 200 * i + 170,
+            vllm_master=base + 200 * i + 190,
+        )
     profile_path.write_text(yaml.safe_dump(profile))
-    env = {**os.environ, "POOLSERVE_ADMIN_KEY": ADMIN_KEY, "POOLSERVE_DEMO_KEY": DEMO_KEY,
-           "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {
+        **os.environ,
+        "POOLSERVE_ADMIN_KEY": ADMIN_KEY,
+        "POOLSERVE_DEMO_KEY": DEMO_KEY,
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
     head_state = workdir / "state"
-    head = Node("node-a", [POOLSERVE, "up", str(config), "--profile", str(profile_path)], head_state,
-                workdir / "node-a.log", env)
+    head = Node(
+        "node-a",
+        [POOLSERVE, "up", str(config), "--profile", str(profile_path)],
+        head_state,
+        workdir / "node-a.log",
+        env,
+    )
     gcs = f"{profile['pools'][0]['address']}:{profile['pools'][0]['ray_ports']['gcs']}"
-    node_b = Node("node-b", [POOLSERVE, "up", str(config), "--profile", str(profile_path), "--join", gcs, "--node",
-                             "node-b", "--state-dir", str(workdir / "state-b"),
-                             "--token-file", str(head_state / "ray-auth-token")],
-                  workdir / "state-b", workdir / "node-b.log", env)
+    node_b = Node(
+        "node-b",
+        [
+            POOLSERVE,
+            "up",
+            str(config),
+            "--profile",
+            str(profile_path),
+            "--join",
+            gcs,
+            "--node",
+            "node-b",
+            "--state-dir",
+            str(workdir / "state-b"),
+            "--token-file",
+            str(head_state / "ray-auth-token"),
+        ],
+        workdir / "state-b",
+        workdir / "node-b.log",
+        env,
+    )
     try:
         head.start()
         deadline = time.monotonic() + 300
@@ -159,9 +206,14 @@ def cluster(request, tmp_path_factory):
         from planner.plan import build_plan
         from planner.profile import load_profile
 
-        yield {"url": url, "head": head, "node_b": node_b, "plan": build_plan(load_profile(profile_path)),
-               "placement": PROFILES[request.param],
-               "headers": {"Authorization": f"Bearer {DEMO_KEY}"}}
+        yield {
+            "url": url,
+            "head": head,
+            "node_b": node_b,
+            "plan": build_plan(load_profile(profile_path)),
+            "placement": PROFILES[request.param],
+            "headers": {"Authorization": f"Bearer {DEMO_KEY}"},
+        }
     finally:
         node_b.stop()
         head.stop()
@@ -179,12 +231,25 @@ def test_chat_and_rag_answer_through_the_openai_client(cluster):
     reply = client.chat.completions.create(**CHAT)
     assert reply.choices[0].message.content and reply.usage.completion_tokens >= 1
     with httpx.Client(base_url=cluster["url"], headers=cluster["headers"], timeout=120) as http:
-        stored = http.post("/v1/collections/two-nodes/documents", json={"documents": [
-            {"id": "leave", "text": "Employees of Hollow Pine get 27 vacation days per year."},
-            {"id": "parking", "text": "Visitor parking is behind building C."}]})
+        stored = http.post(
+            "/v1/collections/two-nodes/documents",
+            json={
+                "documents": [
+                    {"id": "leave", "text": "Employees of Hollow Pine get 27 vacation days per year."},
+                    {"id": "parking", "text": "Visitor parking is behind building C."},
+                ]
+            },
+        )
         assert stored.status_code == 200, stored.text
-        answer = http.post("/v1/rag/query", json={"collection": "two-nodes", "top_k": 2, "max_tokens": 8,
-                                                  "question": "How many vacation days do Hollow Pine employees get?"})
+        answer = http.post(
+            "/v1/rag/query",
+            json={
+                "collection": "two-nodes",
+                "top_k": 2,
+                "max_tokens": 8,
+                "question": "How many vacation days do Hollow Pine employees get?",
+            },
+        )
         assert answer.status_code == 200, answer.text
         assert answer.json()["citations"][0]["document_id"] == "leave"
 
@@ -200,8 +265,10 @@ def test_each_node_measures_within_its_plan(cluster):
         assert pool.limit_bytes() == planned.total_bytes
         ceiling = planned.planned_bytes + planned.ray_bytes + planned.page_cache_bytes
         used = pool.in_use_bytes()
-        print(f"{node.name}: {used / 2**30:.2f} GiB in use, plan {ceiling / 2**30:.2f} GiB, pool "
-              f"{planned.total_bytes / 2**30:.2f} GiB")
+        print(
+            f"{node.name}: {used / 2**30:.2f} GiB in use, plan {ceiling / 2**30:.2f} GiB, pool "
+            f"{planned.total_bytes / 2**30:.2f} GiB"
+        )
         assert used <= ceiling, f"{node.name} uses {used} B, its plan {ceiling} B"
 
 
@@ -254,7 +321,11 @@ def test_down_on_node_b_ends_only_its_processes(cluster):
         head_before -= _split_engine_part(head_before)
     node_b = cluster["node_b"]
     config = Path(cluster["head"].command[2])
-    subprocess.run([POOLSERVE, "down", str(config), "--profile", cluster["head"].command[4], "--state-dir",
-                    str(node_b.state_dir)], check=True, timeout=180, env=node_b.env)
+    subprocess.run(
+        [POOLSERVE, "down", str(config), "--profile", cluster["head"].command[4], "--state-dir", str(node_b.state_dir)],
+        check=True,
+        timeout=180,
+        env=node_b.env,
+    )
     assert node_b.pids() == []
     assert head_before <= set(cluster["head"].pids()), "poolserve down on node-b ended processes of node-a"

@@ -59,8 +59,9 @@ def test_make_serve_on_a_fresh_clone_answers_rag(tmp_path, request):
         pytest.fail(f"{clone} has served before (var/demo-api-key exists): not a fresh clone")
     log = open(tmp_path / "make-serve.log", "wb")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("POOLSERVE_", "VIRTUAL_ENV"))}
-    process = subprocess.Popen(["make", "serve"], cwd=clone, stdout=log, stderr=subprocess.STDOUT,
-                               start_new_session=True, env=env)
+    process = subprocess.Popen(
+        ["make", "serve"], cwd=clone, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+    )
     try:
         deadline = time.monotonic() + SETUP_AND_START_TIMEOUT_S
         healthy = False
@@ -77,12 +78,24 @@ def test_make_serve_on_a_fresh_clone_answers_rag(tmp_path, request):
         assert oct(key_file.stat().st_mode & 0o777) == "0o600"
         headers = {"Authorization": f"Bearer {key_file.read_text().strip()}"}
         with httpx.Client(base_url="http://127.0.0.1:8000", headers=headers, timeout=120) as http:
-            posted = http.post("/v1/collections/handbook/documents", json={"documents": [
-                {"id": "vacation", "text": "Employees of Hollow Pine Ltd get 27 vacation days per year."},
-                {"id": "parking", "text": "Visitor parking is behind building C."}]})
+            posted = http.post(
+                "/v1/collections/handbook/documents",
+                json={
+                    "documents": [
+                        {"id": "vacation", "text": "Employees of Hollow Pine Ltd get 27 vacation days per year."},
+                        {"id": "parking", "text": "Visitor parking is behind building C."},
+                    ]
+                },
+            )
             assert posted.status_code == 200, posted.text
-            answer = http.post("/v1/rag/query", json={"collection": "handbook", "top_k": 2, "question":
-                                                      "How many vacation days do Hollow Pine employees get?"}).json()
+            answer = http.post(
+                "/v1/rag/query",
+                json={
+                    "collection": "handbook",
+                    "top_k": 2,
+                    "question": "How many vacation days do Hollow Pine employees get?",
+                },
+            ).json()
         assert answer["citations"][0]["document_id"] == "vacation"
         assert "27" in answer["answer"]
     finally:

@@ -31,9 +31,15 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def write_stack_config(workdir: Path, port: int, chat_overrides: dict | None = None,
-                       gateway_overrides: dict | None = None, route_prefix: str = "/",
-                       base_profile: str = "cpu-tiny.yaml", state_dir: Path | None = None) -> Path:
+def write_stack_config(
+    workdir: Path,
+    port: int,
+    chat_overrides: dict | None = None,
+    gateway_overrides: dict | None = None,
+    route_prefix: str = "/",
+    base_profile: str = "cpu-tiny.yaml",
+    state_dir: Path | None = None,
+) -> Path:
     """A profile like the embedded default (or another of configs/), with its own port and state dir (or
     `state_dir`: another stack's, to restart on its data), and a serve.yaml naming it."""
     profile = read_profile_data(ROOT / "configs" / base_profile)
@@ -111,7 +117,11 @@ class Stack:
         # Inside a real memory pool (a cgroup) sized from the plan, as `make serve POOL=...` runs it.
         self.process = subprocess.Popen(
             ["bash", str(ROOT / "scripts" / "serve.sh"), str(self.config_path), "--pool", str(self.pool_bytes)],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
     def wait_healthy(self) -> float:
@@ -227,7 +237,9 @@ def create_tenant(stack: "Stack", admin_headers: dict, **fields) -> tuple[str, s
     import uuid
 
     name = fields.pop("name", f"t-{uuid.uuid4().hex[:8]}")
-    response = httpx.post(f"{stack.url}/admin/tenants", json={"name": name, **fields}, headers=admin_headers, timeout=30)
+    response = httpx.post(
+        f"{stack.url}/admin/tenants", json={"name": name, **fields}, headers=admin_headers, timeout=30
+    )
     assert response.status_code == 201, response.text
     return name, response.json()["api_key"]
 
@@ -236,8 +248,11 @@ def all_documents(http: httpx.Client, collection: str, headers: dict | None = No
     """Every document of a collection, through the paged listing (bounded: 10,000 pages)."""
     documents, after = [], None
     for _ in range(10_000):
-        page = http.get(f"/v1/collections/{collection}/documents", headers=headers,
-                        params={"limit": 100, **({"after": after} if after else {})}).json()
+        page = http.get(
+            f"/v1/collections/{collection}/documents",
+            headers=headers,
+            params={"limit": 100, **({"after": after} if after else {})},
+        ).json()
         documents += page["data"]
         if not page["has_more"]:
             return documents

@@ -26,8 +26,9 @@ SMOKE_TIMEOUT_S = 900  # raw vLLM's start (1-2 minutes on 2 cores), 2 x 5 reques
 @pytest.fixture()
 def bench_tenant(stack, admin_headers):
     """A tenant of its own, so that other tests' use of the demo tenant's minute cannot 429 the load."""
-    name, key = create_tenant(stack, admin_headers, name=f"bench-{uuid.uuid4().hex[:8]}", rpm=600, tpm=1_000_000,
-                              max_concurrency=4)
+    name, key = create_tenant(
+        stack, admin_headers, name=f"bench-{uuid.uuid4().hex[:8]}", rpm=600, tpm=1_000_000, max_concurrency=4
+    )
     yield key
     assert httpx.delete(f"{stack.url}/admin/tenants/{name}", headers=admin_headers, timeout=30).status_code == 200
 
@@ -35,9 +36,22 @@ def bench_tenant(stack, admin_headers):
 @pytest.mark.timeout(SMOKE_TIMEOUT_S + 120)
 def test_bench_smoke_measures_the_stack_raw_vllm_retrieval_and_the_limiter(stack, bench_tenant, tmp_path):
     env = {**os.environ, "POOLSERVE_BENCH_API_KEY": bench_tenant, "PYTHONPATH": str(ROOT)}
-    run = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "smoke", "--stack", str(stack.config_path),
-                          "--out-dir", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=SMOKE_TIMEOUT_S)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "run.py"),
+            "smoke",
+            "--stack",
+            str(stack.config_path),
+            "--out-dir",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=SMOKE_TIMEOUT_S,
+    )
     assert run.returncode == 0, (run.stdout[-3000:], run.stderr[-3000:])
 
     serving = json.loads((tmp_path / "serving.json").read_text())

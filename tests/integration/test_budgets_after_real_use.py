@@ -25,11 +25,15 @@ from system.process_memory import process_tree_memory
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
 CORPORA = ("sqlite-doc", "apache-doc", "git-doc", "rsyslog-doc", "stdlib-pydoc", "texlive-pdf")
-FILES = {"shared-mime-info-spec.pdf": "application/pdf",
-         "handbook.docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
-         "review.pptx": "application/vnd.openxmlformats-officedocument.presentationml.presentation",
-         "libxslt-general.html": "text/html", "exslt-intro.html": "text/html",
-         "libxslt-tutorial-latin1.html": "text/html", "rsyslog-omusrmsg.html": "text/html"}
+FILES = {
+    "shared-mime-info-spec.pdf": "application/pdf",
+    "handbook.docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+    "review.pptx": "application/vnd.openxmlformats-officedocument.presentationml.presentation",
+    "libxslt-general.html": "text/html",
+    "exslt-intro.html": "text/html",
+    "libxslt-tutorial-latin1.html": "text/html",
+    "rsyslog-omusrmsg.html": "text/html",
+}
 # Pages per corpus, spread over its sizes (the shortest, the longest and between), each cut to this many
 # characters: about 1,100 chunks in all, about a minute of the embedder on two cores.
 PAGES_PER_CORPUS = 5
@@ -46,7 +50,9 @@ def longest_pages() -> list[dict]:
     for corpus in LONGEST_OF:
         with gzip.open(ROOT / "bench" / "data" / f"{corpus}.jsonl.gz", "rt") as lines:
             doc = max((json.loads(line) for line in lines), key=lambda d: len(d["text"]))
-        pages.append({"id": f"{corpus}.longest", "text": doc["text"], "metadata": {"title": doc.get("title") or doc["id"]}})
+        pages.append(
+            {"id": f"{corpus}.longest", "text": doc["text"], "metadata": {"title": doc.get("title") or doc["id"]}}
+        )
     return pages
 
 
@@ -81,8 +87,13 @@ def outside_pages() -> list[dict]:
         step = (len(docs) - 1) / (PAGES_PER_CORPUS - 1)
         for n in range(PAGES_PER_CORPUS):
             doc = docs[round(n * step)]
-            pages.append({"id": f"{corpus}.{doc['id'].replace('/', '_')}", "text": doc["text"][:MAX_CHARS],
-                          "metadata": {"title": doc.get("title") or doc["id"]}})
+            pages.append(
+                {
+                    "id": f"{corpus}.{doc['id'].replace('/', '_')}",
+                    "text": doc["text"][:MAX_CHARS],
+                    "metadata": {"title": doc.get("title") or doc["id"]},
+                }
+            )
     return pages
 
 
@@ -95,11 +106,16 @@ def test_outside_pages_are_varied():
 
 def ingest_real_documents(client: httpx.Client, collection: str) -> list[dict]:
     """Every file of tests/data, the outside pages in requests of PER_REQUEST, then the longest whole pages."""
-    files = [{"id": name, "content_type": kind, "data_base64": base64.b64encode((DATA / name).read_bytes()).decode()}
-             for name, kind in FILES.items()]
+    files = [
+        {"id": name, "content_type": kind, "data_base64": base64.b64encode((DATA / name).read_bytes()).decode()}
+        for name, kind in FILES.items()
+    ]
     pages = outside_pages()
-    requests = [files, *(pages[start:start + PER_REQUEST] for start in range(0, len(pages), PER_REQUEST)),
-                longest_pages()]
+    requests = [
+        files,
+        *(pages[start : start + PER_REQUEST] for start in range(0, len(pages), PER_REQUEST)),
+        longest_pages(),
+    ]
     for documents in requests:
         response = client.post(f"/v1/collections/{collection}/documents", json={"documents": documents}, timeout=600)
         assert response.status_code == 200, response.text
@@ -117,16 +133,23 @@ def test_every_replica_is_under_its_budget_after_varied_real_documents(stack, cl
         # Inputs of every length the model reads, one to a few hundred tokens, in requests of several sizes.
         words = " ".join(p["text"] for p in pages[:3]).split()
         for size in (1, 3, 7, 16, 33):
-            inputs = [" ".join(words[i * 11:i * 11 + 1 + (i * 37) % 300]) for i in range(size)]
+            inputs = [" ".join(words[i * 11 : i * 11 + 1 + (i * 37) % 300]) for i in range(size)]
             assert client.post("/v1/embeddings", json={"input": inputs}).status_code == 200
 
         status = httpx.get(f"{stack.url}/status", headers=admin_headers, timeout=60).json()
-        print(f"\n{chunks.get('chunk_count')} chunks in {chunks.get('document_count')} documents; MiB measured / "
-              "budget:", {r["name"]: f"{r['measured_bytes'] / 2**20:.0f} / {r['planned_bytes'] / 2**20:.0f}"
-                          for r in status["replicas"]})
+        print(
+            f"\n{chunks.get('chunk_count')} chunks in {chunks.get('document_count')} documents; MiB measured / budget:",
+            {
+                r["name"]: f"{r['measured_bytes'] / 2**20:.0f} / {r['planned_bytes'] / 2**20:.0f}"
+                for r in status["replicas"]
+            },
+        )
         print(f"embedder peak while ingesting: {sampler.peak / 2**20:.0f} MiB in {sampler.samples} samples")
-        over = {r["name"]: (r["measured_bytes"], r["planned_bytes"]) for r in status["replicas"]
-                if r["measured_bytes"] > r["planned_bytes"]}
+        over = {
+            r["name"]: (r["measured_bytes"], r["planned_bytes"])
+            for r in status["replicas"]
+            if r["measured_bytes"] > r["planned_bytes"]
+        }
         assert not over, over
         assert sampler.samples > 10 and sampler.peak <= embedder["planned_bytes"], (sampler.peak, embedder)
     finally:

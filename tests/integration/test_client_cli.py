@@ -27,6 +27,7 @@ def cli(stack):
         if check is not None:
             assert result.exit_code == check, result.output
         return result
+
     return run
 
 
@@ -47,7 +48,8 @@ def _folder(root):
     (docs / "leave.md").write_text("# Leave\n\nAnnual leave is 25 days a year. Up to 5 days carry over.\n")
     (docs / "policies" / "travel.html").write_text(
         "<html><head><title>Travel</title></head><body><h1>Travel</h1><p>Trains for trips under 600 km; "
-        "flights need a manager's approval.</p><script>ignored()</script></body></html>")
+        "flights need a manager's approval.</p><script>ignored()</script></body></html>"
+    )
     (docs / "policies" / "laptops.txt").write_text("Laptops are replaced every four years.\n")
     (docs / "logo.png").write_bytes(b"\x89PNG not text")  # not a supported type: not walked
     broken = root / "broken.txt"
@@ -71,8 +73,9 @@ def test_ingest_a_folder_skip_unchanged_query_and_remove(cli, tenant, tmp_path, 
     changed = cli("ingest", str(docs), "--collection", "policies", *key)
     assert "1 files ingested" in changed.output and "2 unchanged and skipped" in changed.output
 
-    with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {key_file.read_text().strip()}"},
-                      timeout=60) as http:
+    with httpx.Client(
+        base_url=stack.url, headers={"Authorization": f"Bearer {key_file.read_text().strip()}"}, timeout=60
+    ) as http:
         stored = {d["id"]: d for d in http.get("/v1/collections/policies/documents").json()["data"]}
     assert set(stored) == {"docs:leave.md", "docs:policies:travel.html", "docs:policies:laptops.txt"}
     assert stored["docs:policies:travel.html"]["metadata"]["source"] == "docs/policies/travel.html"
@@ -105,9 +108,11 @@ def test_sync_makes_the_collection_equal_to_the_folder_and_watch_follows_it(cli,
     assert "2 ingested" in done.output and "1 deleted" in done.output and "0 failed" in done.output
 
     def stored() -> dict:
-        with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {key_file.read_text().strip()}"},
-                          timeout=60) as http:
+        with httpx.Client(
+            base_url=stack.url, headers={"Authorization": f"Bearer {key_file.read_text().strip()}"}, timeout=60
+        ) as http:
             return {d["id"]: d["metadata"] for d in http.get("/v1/collections/synced/documents").json()["data"]}
+
     assert set(stored()) == {"docs:leave.md", "docs:parking.md", "docs:policies:travel.html"}
     again = cli("ingest", str(docs), "--collection", "synced", "--sync", "--yes", *key)
     assert "0 to add, 0 to replace, 0 to delete, 3 unchanged" in again.output

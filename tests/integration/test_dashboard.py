@@ -44,16 +44,28 @@ return {
 @pytest.fixture()
 def browser(tmp_path):
     if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
-        pytest.fail("chromium and chromedriver are missing: `apt-get install -y chromium chromium-driver` "
-                    "(make setup-browser, which .ci/run runs as root)")
+        pytest.fail(
+            "chromium and chromedriver are missing: `apt-get install -y chromium chromium-driver` "
+            "(make setup-browser, which .ci/run runs as root)"
+        )
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--window-size=1280,1500", f"--user-data-dir={tmp_path / 'profile'}"):
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,1500",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     try:
@@ -73,11 +85,20 @@ def busy_tenant(stack, admin_headers):
         assert created.status_code == 201, created.text
         key = {"Authorization": f"Bearer {created.json()['api_key']}"}
         try:
-            ingest = http.post("/v1/collections/handbook/documents", headers=key, json={"documents": [
-                {"id": "leave", "text": "Annual leave is 25 days. Carry-over is capped at 5 days."},
-                {"id": "travel", "text": "Book trains for trips under 600 km. Flights need approval."}]})
+            ingest = http.post(
+                "/v1/collections/handbook/documents",
+                headers=key,
+                json={
+                    "documents": [
+                        {"id": "leave", "text": "Annual leave is 25 days. Carry-over is capped at 5 days."},
+                        {"id": "travel", "text": "Book trains for trips under 600 km. Flights need approval."},
+                    ]
+                },
+            )
             assert ingest.status_code == 200, ingest.text
-            assert http.post("/v1/embeddings", headers=key, json={"model": EMBED_MODEL, "input": "hi"}).status_code == 200
+            assert (
+                http.post("/v1/embeddings", headers=key, json={"model": EMBED_MODEL, "input": "hi"}).status_code == 200
+            )
             refused = http.post("/v1/embeddings", headers=key, json={"model": EMBED_MODEL, "input": "hi"})
             assert refused.status_code == 429, refused.text  # rpm 2: the ingest, one embedding, then this
             yield name
@@ -104,8 +125,11 @@ def test_dashboard_needs_the_admin_key_and_its_cookie_is_httponly_and_strict(sta
         assert http.get("/dashboard/static/uPlot.iife.min.js").status_code == 200
         for bad in ("..%2Fsession.py", "x%00.js", "uPlot.LICENSE", "nope.js"):
             assert http.get(f"/dashboard/static/{bad}").status_code == 404
-        crowded = http.post("/dashboard/login", content=b"a=1&b=2&c=3&d=4&e=5&key=x",
-                            headers={"content-type": "application/x-www-form-urlencoded"})
+        crowded = http.post(
+            "/dashboard/login",
+            content=b"a=1&b=2&c=3&d=4&e=5&key=x",
+            headers={"content-type": "application/x-www-form-urlencoded"},
+        )
         assert crowded.status_code == 401
 
 
@@ -119,8 +143,11 @@ def test_dashboard_in_chromium_shows_what_status_and_admin_say(stack, admin_head
     browser.find_element(By.ID, "sign-in").click()
     # Signed in, and the page's own refresh has run: the sections were swapped in and the chart drawn.
     WebDriverWait(browser, WAIT_S).until(
-        lambda d: d.current_url.endswith("/dashboard")
-        and d.execute_script("return document.querySelectorAll('#memory-chart canvas').length") > 0)
+        lambda d: (
+            d.current_url.endswith("/dashboard")
+            and d.execute_script("return document.querySelectorAll('#memory-chart canvas').length") > 0
+        )
+    )
     shown = browser.execute_script(READ_PAGE)
     with httpx.Client(base_url=stack.url, headers=admin_headers, timeout=120) as http:
         status = http.get("/status").json()
@@ -133,7 +160,9 @@ def test_dashboard_in_chromium_shows_what_status_and_admin_say(stack, admin_head
     assert int(shown["pool"]["pool-limit-bytes"]) == pool["limit_bytes"]
     assert float(shown["pool"]["shed-ingest-at"]) == pool["shed_ingest_at"]
     assert float(shown["pool"]["shed-all-at"]) == pool["shed_all_at"]
-    assert abs(int(shown["pool"]["pool-used-bytes"]) - pool["used_bytes"]) <= POOL_TOLERANCE_OF_LIMIT * pool["limit_bytes"]
+    assert (
+        abs(int(shown["pool"]["pool-used-bytes"]) - pool["used_bytes"]) <= POOL_TOLERANCE_OF_LIMIT * pool["limit_bytes"]
+    )
     planned = {r["name"]: r["planned_bytes"] for r in status["replicas"]}
     assert int(shown["pool"]["planned-bytes"]) == sum(p or 0 for p in planned.values())
     measured = {r["name"]: r["measured_bytes"] for r in status["replicas"]}

@@ -24,15 +24,24 @@ pytestmark = [pytest.mark.late("swaps the embedder"), pytest.mark.slow]
 
 PROFILE = "cpu-mpnet.yaml"
 # Six short pages and a held-out paraphrase question for each (bench/data/git-doc-questions.json).
-QUESTIONS = {"g050": "git-credential-cache", "g059": "gitmailmap", "g062": "git-cherry", "g043": "git-reflog",
-             "g064": "git-archive", "g074": "git-instaweb"}
+QUESTIONS = {
+    "g050": "git-credential-cache",
+    "g059": "gitmailmap",
+    "g062": "git-cherry",
+    "g043": "git-reflog",
+    "g064": "git-archive",
+    "g074": "git-instaweb",
+}
 
 
 def _pages() -> list[dict]:
     with gzip.open(ROOT / "bench" / "data" / "git-doc.jsonl.gz", "rt", encoding="utf-8") as lines:
         wanted = set(QUESTIONS.values())
-        return [{"id": d["id"], "text": d["text"], "metadata": {"title": d["title"]}}
-                for d in map(json.loads, lines) if d["id"] in wanted]
+        return [
+            {"id": d["id"], "text": d["text"], "metadata": {"title": d["title"]}}
+            for d in map(json.loads, lines)
+            if d["id"] in wanted
+        ]
 
 
 def _questions() -> dict[str, str]:
@@ -46,8 +55,13 @@ def test_the_launcher_refuses_this_embedder_on_a_store_minilm_filled(stack, tmp_
     workdir = tmp_path_factory.mktemp("mpnet-refused")
     config = write_stack_config(workdir, _free_port(), base_profile=PROFILE, state_dir=stack.state_dir)
     started = time.monotonic()
-    refused = subprocess.run(["bash", str(ROOT / "scripts" / "serve.sh"), str(config), "--pool", "12GiB"],
-                             cwd=ROOT, capture_output=True, text=True, timeout=180)
+    refused = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "serve.sh"), str(config), "--pool", "12GiB"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert refused.returncode == 2, refused.stdout + refused.stderr
     said = refused.stdout + refused.stderr
     assert "'all-minilm-l6-v2'" in said and "'all-mpnet-base-v2'" in said and "own state_dir" in said, said
@@ -107,6 +121,8 @@ def test_the_embedder_stays_under_its_planned_budget(mpnet, mpnet_stack, admin_h
     status = httpx.get(f"{mpnet_stack.url}/status", headers=admin_headers, timeout=60).json()
     embedder = next(r for r in status["replicas"] if r["name"] == "embedder")
     planned = plan.replica("embedder")
-    print(f"embedder measured {embedder['measured_bytes'] / 2**20:.0f} MiB, at-rest plan "
-          f"{(planned.planned_bytes - planned.growth_bytes) / 2**20:.0f} MiB, budget {planned.planned_bytes / 2**20:.0f} MiB")
+    print(
+        f"embedder measured {embedder['measured_bytes'] / 2**20:.0f} MiB, at-rest plan "
+        f"{(planned.planned_bytes - planned.growth_bytes) / 2**20:.0f} MiB, budget {planned.planned_bytes / 2**20:.0f} MiB"
+    )
     assert embedder["measured_bytes"] <= planned.planned_bytes, embedder

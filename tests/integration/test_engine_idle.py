@@ -18,9 +18,11 @@ MOST_CPU_IN_AN_IDLE_SECOND = 0.25
 def test_the_engine_worker_sleeps_between_requests(stack, demo_headers):
     worker = stack_worker(stack.stack_id)
     with httpx.Client(base_url=stack.url, headers=demo_headers, timeout=120) as http:
+
         def say_ok():
-            reply = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Say OK."}],
-                                                            "max_tokens": 4})
+            reply = http.post(
+                "/v1/chat/completions", json={"messages": [{"role": "user", "content": "Say OK."}], "max_tokens": 4}
+            )
             assert reply.status_code == 200, reply.text
 
         used = cpu_in_idle_seconds(say_ok, worker, rounds=3)

@@ -47,20 +47,29 @@ FACT = "The Quorvex lighthouse on Brisa Island was built by Admiral Tovin Selk i
 QUESTION = {"collection": "durable", "question": "Who built the Quorvex lighthouse?", "top_k": 2, "max_tokens": 40}
 
 MODEL = "smollm2-135m-instruct"
-CONTEXT = ("[1] The Velmora bridge spans the Istra river and was opened in 1962 by mayor Ana Kovač. "
-           "[2] It is 412 metres long and carries two tram lines and four lanes of traffic. "
-           "[3] The bridge was repainted green in 2019 after a public vote.")
+CONTEXT = (
+    "[1] The Velmora bridge spans the Istra river and was opened in 1962 by mayor Ana Kovač. "
+    "[2] It is 412 metres long and carries two tram lines and four lanes of traffic. "
+    "[3] The bridge was repainted green in 2019 after a public vote."
+)
 PROMPTS = [
-    [{"role": "system", "content": f"Answer from the context only.\n{CONTEXT}"},
-     {"role": "user", "content": "How long is the Velmora bridge and what does it carry?"}],
-    [{"role": "system", "content": f"Answer from the context only.\n{CONTEXT}"},
-     {"role": "user", "content": "Who opened the Velmora bridge, and when?"}],
+    [
+        {"role": "system", "content": f"Answer from the context only.\n{CONTEXT}"},
+        {"role": "user", "content": "How long is the Velmora bridge and what does it carry?"},
+    ],
+    [
+        {"role": "system", "content": f"Answer from the context only.\n{CONTEXT}"},
+        {"role": "user", "content": "Who opened the Velmora bridge, and when?"},
+    ],
     [{"role": "user", "content": "List three uses of copper."}],
 ]
 SPECULATIVE = {
     "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4},
-    "draft_model": {"method": "draft_model", "model": str(ROOT / "models" / "SmolLM2-135M-Instruct-draft6"),
-                    "num_speculative_tokens": 3},
+    "draft_model": {
+        "method": "draft_model",
+        "model": str(ROOT / "models" / "SmolLM2-135M-Instruct-draft6"),
+        "num_speculative_tokens": 3,
+    },
 }
 # The engine (model_id) of each method; `none` is the default chat.
 MODEL_IDS = {"none": MODEL, "ngram": "smollm2-135m-ngram", "draft_model": "smollm2-135m-draft"}
@@ -76,8 +85,12 @@ SHORT_CONTEXT = {"ngram": 2048}  # max_model_len per method where it differs fro
 def _answers(url: str, headers: dict, model: str) -> list[str]:
     answers = []
     for messages in PROMPTS:
-        response = httpx.post(f"{url}/v1/chat/completions", headers=headers, timeout=300, json={
-            "model": model, "messages": messages, "temperature": 0, "max_tokens": 48})
+        response = httpx.post(
+            f"{url}/v1/chat/completions",
+            headers=headers,
+            timeout=300,
+            json={"model": model, "messages": messages, "temperature": 0, "max_tokens": 48},
+        )
         assert response.status_code == 200, response.text
         assert response.json()["model"] == model, response.text
         answers.append(response.json()["choices"][0]["message"]["content"])
@@ -88,13 +101,25 @@ def _three_engine_config(workdir, state_dir) -> tuple:
     """The embedded default with chat in float32 without speculation, plus an ngram and a draft_model
     engine of the same folder and settings, on `state_dir`."""
     port = _free_port()
-    config = write_stack_config(workdir, port, {**ENGINE, "speculative": {"method": "none"}},
-                                gateway_overrides={"replicas": 2}, route_prefix=PREFIX, state_dir=state_dir)
+    config = write_stack_config(
+        workdir,
+        port,
+        {**ENGINE, "speculative": {"method": "none"}},
+        gateway_overrides={"replicas": 2},
+        route_prefix=PREFIX,
+        state_dir=state_dir,
+    )
     profile_path = workdir / "profile.yaml"
     profile = yaml.safe_load(profile_path.read_text())
-    profile["engines"] = [{**profile["chat"], "model_id": MODEL_IDS[method], "speculative": SPECULATIVE[method],
-                           "max_model_len": SHORT_CONTEXT.get(method, profile["chat"]["max_model_len"])}
-                          for method in ("ngram", "draft_model")]
+    profile["engines"] = [
+        {
+            **profile["chat"],
+            "model_id": MODEL_IDS[method],
+            "speculative": SPECULATIVE[method],
+            "max_model_len": SHORT_CONTEXT.get(method, profile["chat"]["max_model_len"]),
+        }
+        for method in ("ngram", "draft_model")
+    ]
     profile_path.write_text(yaml.safe_dump(profile))
     return config, port
 
@@ -115,8 +140,18 @@ def before_restart(stack, demo_headers, admin_headers) -> dict:
     """On the session's stack, before it stops: a collection and its RAG answer, a second key of the demo
     tenant; then the demo key revoked and the file-seeded tenant deleted."""
     with httpx.Client(base_url=stack.url, headers=demo_headers, timeout=120) as http:
-        assert http.post("/v1/collections/durable/documents", json={"documents": [
-            {"id": "lighthouse", "text": FACT}, {"id": "noise", "text": "Bananas are rich in potassium."}]}).status_code == 200
+        assert (
+            http.post(
+                "/v1/collections/durable/documents",
+                json={
+                    "documents": [
+                        {"id": "lighthouse", "text": FACT},
+                        {"id": "noise", "text": "Bananas are rich in potassium."},
+                    ]
+                },
+            ).status_code
+            == 200
+        )
         answer = http.post("/v1/rag/query", json=QUESTION).json()
         documents = all_documents(http, "durable")
     with httpx.Client(base_url=stack.url, headers=admin_headers, timeout=60) as admin:
@@ -147,8 +182,10 @@ def spec_stack(stack, before_restart, tmp_path_factory):
     running = Stack(config, port, workdir / "serve.log", route_prefix=PREFIX)
     try:
         # The same environment (POOLSERVE_DEMO_KEY still set) and tenants file as the session's stack.
-        print(f"float32 stack (none, ngram, draft_model engines; 2 gateways under {PREFIX}) on the session's "
-              f"state healthy in {running.start(demo_key=True):.0f}s")
+        print(
+            f"float32 stack (none, ngram, draft_model engines; 2 gateways under {PREFIX}) on the session's "
+            f"state healthy in {running.start(demo_key=True):.0f}s"
+        )
         yield running
     finally:
         running.stop()
@@ -160,8 +197,9 @@ def baseline(spec_stack, demo):
 
 
 # ---- the restart -------------------------------------------------------------------------------
-def test_data_revocations_and_deletions_survive_a_restart(spec_stack, before_restart, demo, demo_headers,
-                                                         admin_headers):
+def test_data_revocations_and_deletions_survive_a_restart(
+    spec_stack, before_restart, demo, demo_headers, admin_headers
+):
     assert httpx.get(f"{spec_stack.url}/v1/models", headers=demo_headers, timeout=30).status_code == 401
     with httpx.Client(base_url=spec_stack.url, headers=admin_headers, timeout=60) as admin:
         names = [t["name"] for t in admin.get("/admin/tenants").json()["data"]]
@@ -191,7 +229,12 @@ def test_keys_are_required_under_the_prefix(spec_stack, demo):
     with httpx.Client(base_url=spec_stack.url, timeout=60) as http:
         assert http.get("/healthz").status_code == 200
         assert http.get("/v1/models").status_code == 401
-        assert http.get("/v1/collections", headers={"Authorization": "Bearer ps_000000000000_wrongwrongwrongwrong"}).status_code == 401
+        assert (
+            http.get(
+                "/v1/collections", headers={"Authorization": "Bearer ps_000000000000_wrongwrongwrongwrong"}
+            ).status_code
+            == 401
+        )
         assert http.get("/admin/tenants").status_code == 401
         assert http.get("/admin/tenants", headers=demo).status_code == 401
         assert http.get("/status", headers=demo).status_code == 401
@@ -205,8 +248,9 @@ def test_the_openai_client_works_under_the_prefix(spec_stack, demo_key):
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{spec_stack.url}/v1", api_key=demo_key, timeout=120, max_retries=0)
-    answer = client.chat.completions.create(model=MODEL, max_tokens=8, temperature=0,
-                                            messages=[{"role": "user", "content": "Say OK."}])
+    answer = client.chat.completions.create(
+        model=MODEL, max_tokens=8, temperature=0, messages=[{"role": "user", "content": "Say OK."}]
+    )
     assert answer.choices[0].message.content
 
 
@@ -238,7 +282,9 @@ def test_the_engines_share_the_pool_and_started_together(spec_stack, demo):
         short = MODEL_IDS["ngram"]
         too_long = http.post("/v1/completions", json={"model": short, "prompt": "word " * 2100, "max_tokens": 4})
         assert too_long.status_code == 400 and "2048" in too_long.json()["error"]["message"], too_long.text
-        fits_the_default = http.post("/v1/completions", json={"model": MODEL, "prompt": "word " * 2100, "max_tokens": 4})
+        fits_the_default = http.post(
+            "/v1/completions", json={"model": MODEL, "prompt": "word " * 2100, "max_tokens": 4}
+        )
         assert fits_the_default.status_code == 200, fits_the_default.text  # each engine its own limit
     status = httpx.get(f"{spec_stack.url}/status", headers=ADMIN, timeout=60).json()
     engines = {r["name"]: r for r in status["replicas"] if r["name"].startswith("chat")}
@@ -248,8 +294,10 @@ def test_the_engines_share_the_pool_and_started_together(spec_stack, demo):
         assert abs(replica["measured_bytes"] - at_rest) <= 0.10 * at_rest, replica
     log = spec_stack.log_path.read_text(errors="replace")
     # On a CPU the three engines start together (PoolSpec.engines_start), and the rest after all three.
-    assert "PoolserveLLMServer:chat + PoolserveLLMServer:chat-smollm2-135m-ngram + " \
-           "PoolserveLLMServer:chat-smollm2-135m-draft, then embedder" in log
+    assert (
+        "PoolserveLLMServer:chat + PoolserveLLMServer:chat-smollm2-135m-ngram + "
+        "PoolserveLLMServer:chat-smollm2-135m-draft, then embedder" in log
+    )
     for model in MODEL_IDS.values():
         assert f"start order: {model} starts, nothing to wait for" in log
         assert f"start order: {model} waits" not in log

@@ -52,10 +52,13 @@ def test_openai_client_sees_bad_request_for_long_prompt(openai_client):
         openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "word " * 6000}])
 
 
-@pytest.mark.parametrize("method,path", [
-    ("get", "/v1/collections/no-such-collection"),
-    ("delete", "/v1/collections/no-such-collection/documents/x"),
-])
+@pytest.mark.parametrize(
+    "method,path",
+    [
+        ("get", "/v1/collections/no-such-collection"),
+        ("delete", "/v1/collections/no-such-collection/documents/x"),
+    ],
+)
 def test_unknown_collection_is_404(client, method, path):
     response = getattr(client, method)(path)
     assert response.status_code == 404 and "no-such-collection" in _message(response)
@@ -67,8 +70,11 @@ def test_unknown_collection_in_rag_is_404(client, openai_client):
     response = client.post("/v1/rag/query", json={"collection": "no-such-collection", "question": "hi"})
     assert response.status_code == 404
     with pytest.raises(openai.NotFoundError):
-        openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
-                                              extra_body={"rag": {"collection": "no-such-collection"}})
+        openai_client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "hi"}],
+            extra_body={"rag": {"collection": "no-such-collection"}},
+        )
 
 
 def test_unknown_document_delete_is_404(client):
@@ -102,8 +108,9 @@ def test_top_k_over_limit_is_400(client):
 
 
 def test_body_over_limit_is_413(client):
-    response = client.post("/v1/collections/errs/documents", content=b"x" * (9 * 2**20),
-                           headers={"content-type": "application/json"})
+    response = client.post(
+        "/v1/collections/errs/documents", content=b"x" * (9 * 2**20), headers={"content-type": "application/json"}
+    )
     assert response.status_code == 413
 
 
@@ -118,8 +125,14 @@ def test_empty_documents_list_is_rejected(client):
 
 
 def test_unknown_rag_field_is_rejected(client):
-    response = client.post(CHAT, json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
-                                       "rag": {"collection": "errs", "bogus": 1}})
+    response = client.post(
+        CHAT,
+        json={
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "hi"}],
+            "rag": {"collection": "errs", "bogus": 1},
+        },
+    )
     assert response.status_code in (400, 422) and "bogus" in _message(response)
 
 
@@ -129,6 +142,12 @@ def test_over_long_completion_prompt_is_400(client):
 
 
 def test_content_parts_are_accepted(client):
-    response = client.post(CHAT, json={"model": MODEL, "max_tokens": 4, "messages": [
-        {"role": "user", "content": [{"type": "text", "text": "Say hi."}]}]})
+    response = client.post(
+        CHAT,
+        json={
+            "model": MODEL,
+            "max_tokens": 4,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "Say hi."}]}],
+        },
+    )
     assert response.status_code == 200, response.text

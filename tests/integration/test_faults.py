@@ -24,8 +24,12 @@ pytestmark = pytest.mark.late("kills replicas")
 
 MODEL = "smollm2-135m-instruct"
 RECOVERY_TIMEOUT_S = 300
-CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long story about a lighthouse keeper."}],
-        "max_tokens": 400, "temperature": 0.7}
+CHAT = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "Write a long story about a lighthouse keeper."}],
+    "max_tokens": 400,
+    "temperature": 0.7,
+}
 
 
 def _stack_process(stack, fragment: str) -> psutil.Process:
@@ -70,7 +74,7 @@ def test_engine_death_mid_stream_is_an_error_then_503_then_recovery(stack, demo_
             assert response.status_code == 200
             for line in response.iter_lines():
                 if line.startswith("data: "):
-                    events.append(line[len("data: "):])
+                    events.append(line[len("data: ") :])
                 if len(events) == 5 and killed_at is None:
                     killed_at = time.monotonic()
                     engine.kill()
@@ -108,8 +112,10 @@ def test_killing_the_retriever_during_ingest_loses_no_acknowledged_document(stac
                 if stop.is_set():
                     return
                 try:
-                    response = http.post("/v1/collections/faults/documents", json={"documents": [
-                        {"id": f"doc-{i}", "text": f"Fault tolerance note number {i}."}]})
+                    response = http.post(
+                        "/v1/collections/faults/documents",
+                        json={"documents": [{"id": f"doc-{i}", "text": f"Fault tolerance note number {i}."}]},
+                    )
                 except httpx.HTTPError:
                     continue
                 if response.status_code >= 500 and response.status_code != 503:
@@ -137,10 +143,13 @@ def test_killing_the_retriever_during_ingest_loses_no_acknowledged_document(stac
     print(f"retriever kill: {len(acknowledged)} ingests acknowledged, all stored")
 
 
-@pytest.mark.parametrize("replica, probe", [
-    ("embedder", ("POST", "/v1/embeddings", {"model": "all-minilm-l6-v2", "input": "probe"})),
-    ("gateway", ("GET", "/v1/models", None)),
-])
+@pytest.mark.parametrize(
+    "replica, probe",
+    [
+        ("embedder", ("POST", "/v1/embeddings", {"model": "all-minilm-l6-v2", "input": "probe"})),
+        ("gateway", ("GET", "/v1/models", None)),
+    ],
+)
 def test_a_killed_replica_answers_503_or_recovers(stack, demo_headers, replica, probe):
     method, path, body = probe
     killed_at = time.monotonic()

@@ -21,8 +21,9 @@ GENERATION_CAP = 8
 @pytest.fixture(scope="module")
 def fuzz_headers(stack, admin_headers) -> dict:
     name = f"fuzz-{uuid.uuid4().hex[:8]}"
-    response = httpx.post(f"{stack.url}/admin/tenants", headers=admin_headers, timeout=30,
-                          json={"name": name, "tpm": 50_000})
+    response = httpx.post(
+        f"{stack.url}/admin/tenants", headers=admin_headers, timeout=30, json={"name": name, "tpm": 50_000}
+    )
     assert response.status_code == 201, response.text
     return {"Authorization": f"Bearer {response.json()['api_key']}"}
 
@@ -42,18 +43,28 @@ def test_no_input_gets_a_server_error(stack, fuzz_headers):
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 15, [op.label for op in operations]
     for operation in operations:
+
         @given(case=operation.as_strategy())
-        @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, suppress_health_check=list(HealthCheck),
-                  derandomize=True, database=None)
+        @settings(
+            max_examples=EXAMPLES_PER_OPERATION,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            derandomize=True,
+            database=None,
+        )
         def fuzz(case):
             _bounded(case)
             response = case.call(base_url=stack.url, headers=fuzz_headers, timeout=120)
             calls.append(response.status_code)
             if response.status_code >= 500:
-                server_errors.append(f"{case.method} {case.path} -> {response.status_code}: "
-                                     f"{response.text[:300]} | body: {str(case.body)[:300]}")
+                server_errors.append(
+                    f"{case.method} {case.path} -> {response.status_code}: "
+                    f"{response.text[:300]} | body: {str(case.body)[:300]}"
+                )
 
         fuzz()
-    print(f"fuzz: {len(calls)} requests over {len(operations)} operations; status counts "
-          f"{ {code: calls.count(code) for code in sorted(set(calls))} }")
+    print(
+        f"fuzz: {len(calls)} requests over {len(operations)} operations; status counts "
+        f"{ {code: calls.count(code) for code in sorted(set(calls))} }"
+    )
     assert not server_errors, "\n".join(server_errors[:10])

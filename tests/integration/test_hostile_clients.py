@@ -44,8 +44,12 @@ def _p95(samples: list[float]) -> float:
 
 
 def _latencies(quiet: list[float], loud: list[float]) -> dict:
-    return {"p95_quiet": _p95(quiet), "p95_attack": _p95(loud),
-            "median_quiet": statistics.median(quiet), "median_attack": statistics.median(loud)}
+    return {
+        "p95_quiet": _p95(quiet),
+        "p95_attack": _p95(loud),
+        "median_quiet": statistics.median(quiet),
+        "median_attack": statistics.median(loud),
+    }
 
 
 def assert_within_2x(figures: dict, context) -> None:
@@ -60,8 +64,17 @@ def victim(stack, demo_headers):
     """The demo tenant with a small knowledge base, as the one who must not be hurt."""
     with httpx.Client(base_url=stack.url, headers=demo_headers, timeout=120) as http:
         http.delete("/v1/collections/hostile-kb")
-        stored = http.post("/v1/collections/hostile-kb/documents", json={"documents": [
-            {"id": "leave", "text": "Employees get 25 days of paid leave a year. Unused days carry over to March."}]})
+        stored = http.post(
+            "/v1/collections/hostile-kb/documents",
+            json={
+                "documents": [
+                    {
+                        "id": "leave",
+                        "text": "Employees get 25 days of paid leave a year. Unused days carry over to March.",
+                    }
+                ]
+            },
+        )
         assert stored.status_code == 200, stored.text
         yield http
         http.delete("/v1/collections/hostile-kb")
@@ -90,12 +103,19 @@ def _victim_round(http: httpx.Client) -> tuple[list[float], list[float], list[in
     chat, rag, statuses = [], [], []
     for _ in range(ROUNDS):
         started = time.perf_counter()
-        reply = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Say OK."}],
-                                                        "max_tokens": 1})
+        reply = http.post(
+            "/v1/chat/completions", json={"messages": [{"role": "user", "content": "Say OK."}], "max_tokens": 1}
+        )
         chat.append(time.perf_counter() - started)
         started = time.perf_counter()
-        answer = http.post("/v1/rag/query", json={"collection": "hostile-kb", "max_tokens": 1,
-                                                  "question": "How many days of paid leave do employees get?"})
+        answer = http.post(
+            "/v1/rag/query",
+            json={
+                "collection": "hostile-kb",
+                "max_tokens": 1,
+                "question": "How many days of paid leave do employees get?",
+            },
+        )
         rag.append(time.perf_counter() - started)
         statuses += [reply.status_code, answer.status_code]
     return chat, rag, statuses
@@ -140,6 +160,7 @@ def test_parallel_embeddings_cannot_overrun_the_tenants_tpm(stack, admin_headers
     admin = httpx.Client(base_url=stack.url, headers=admin_headers, timeout=120)
     inputs = [f"passage {i}: " + "the quick brown fox jumps over the lazy dog " * 22 for i in range(200)]
     try:
+
         def embed(_):
             with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {key}"}, timeout=300) as http:
                 return http.post("/v1/embeddings", json={"input": inputs})
@@ -198,8 +219,11 @@ def _attacking_tenant(stack, admin_headers, kind: str):
     `jobs` are cancelled and the tenant deleted at the end, whatever happened (never left running for the
     tests after it)."""
     name, key = create_tenant(stack, admin_headers, name=f"hostile-{kind}-{uuid.uuid4().hex[:6]}")
-    attacker = SimpleNamespace(name=name, jobs=[], http=httpx.Client(
-        base_url=stack.url, headers={"Authorization": f"Bearer {key}"}, timeout=120))
+    attacker = SimpleNamespace(
+        name=name,
+        jobs=[],
+        http=httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {key}"}, timeout=120),
+    )
     admin = httpx.Client(base_url=stack.url, headers=admin_headers, timeout=120)
     try:
         yield attacker, admin
@@ -222,15 +246,19 @@ def bulk_ingest(stack, admin_headers, victim, quiet) -> dict:
     with _attacking_tenant(stack, admin_headers, "bulk") as (attacker, admin):
         jobs = attacker.jobs
         for part in range(2):
-            documents = [{"id": doc["id"], "text": doc["text"]}
-                         for doc in manual[part * BULK_DOCUMENTS_PER_JOB:(part + 1) * BULK_DOCUMENTS_PER_JOB]]
-            answer = attacker.http.post(f"/v1/collections/bulk-{part}/documents",
-                                        json={"documents": documents, "async": True})
+            documents = [
+                {"id": doc["id"], "text": doc["text"]}
+                for doc in manual[part * BULK_DOCUMENTS_PER_JOB : (part + 1) * BULK_DOCUMENTS_PER_JOB]
+            ]
+            answer = attacker.http.post(
+                f"/v1/collections/bulk-{part}/documents", json={"documents": documents, "async": True}
+            )
             assert answer.status_code == 202, answer.text
             jobs.append(answer.json()["id"])
         deadline = time.monotonic() + 120  # both are embedding before the victim starts: a condition, not a sleep
         while time.monotonic() < deadline and not all(
-                attacker.http.get(f"/v1/ingest/jobs/{job}").json()["counts"]["chunks_embedded"] > 0 for job in jobs):
+            attacker.http.get(f"/v1/ingest/jobs/{job}").json()["counts"]["chunks_embedded"] > 0 for job in jobs
+        ):
             time.sleep(0.25)
         loud_chat, loud_rag, loud_statuses = _victim_round(victim)
         loud_embeddings, embedding_statuses = _victim_embeddings(victim)
@@ -239,15 +267,27 @@ def bulk_ingest(stack, admin_headers, victim, quiet) -> dict:
             attacker.http.delete(f"/v1/ingest/jobs/{job}")
         after = [_job_settled(attacker.http, job) for job in jobs]
         usage = admin.get(f"/admin/tenants/{attacker.name}/usage").json()
-    figures = {kind: _latencies(quiet[kind], loud) for kind, loud in (
-        ("chat", loud_chat), ("rag", loud_rag), ("embeddings", loud_embeddings))}
-    figures.update({"loud_statuses": loud_statuses + embedding_statuses,
-                    "jobs_during": [(job["status"], job["counts"]) for job in during],
-                    "jobs_after": [job["status"] for job in after],
-                    "attacker_tokens": sum(row["prompt_tokens"] for row in usage["usage"]),
-                    "seconds": {name: sorted(round(v, 2) for v in samples) for name, samples in (
-                        ("chat_attack", loud_chat), ("rag_attack", loud_rag), ("embeddings_attack", loud_embeddings),
-                        ("embeddings_quiet", quiet["embeddings"]))}})
+    figures = {
+        kind: _latencies(quiet[kind], loud)
+        for kind, loud in (("chat", loud_chat), ("rag", loud_rag), ("embeddings", loud_embeddings))
+    }
+    figures.update(
+        {
+            "loud_statuses": loud_statuses + embedding_statuses,
+            "jobs_during": [(job["status"], job["counts"]) for job in during],
+            "jobs_after": [job["status"] for job in after],
+            "attacker_tokens": sum(row["prompt_tokens"] for row in usage["usage"]),
+            "seconds": {
+                name: sorted(round(v, 2) for v in samples)
+                for name, samples in (
+                    ("chat_attack", loud_chat),
+                    ("rag_attack", loud_rag),
+                    ("embeddings_attack", loud_embeddings),
+                    ("embeddings_quiet", quiet["embeddings"]),
+                )
+            },
+        }
+    )
     print(f"\nbulk ingest: {figures}")
     return figures
 
@@ -322,10 +362,19 @@ def heavy_extraction(stack, admin_headers, victim, quiet) -> dict:
         after = _job_settled(attacker.http, job, seconds=180)
         usage = admin.get(f"/admin/tenants/{attacker.name}/usage").json()
     figures = {kind: _latencies(quiet[kind], loud) for kind, loud in (("chat", loud_chat), ("rag", loud_rag))}
-    figures.update({"loud_statuses": loud_statuses, "job_during": (during["status"], during["stage"]),
-                    "job_after": after["status"], "job_error": after.get("error"), "charged": {row["model"]: row["prompt_tokens"] for row in usage["usage"]},
-                    "seconds": {"chat_attack": sorted(round(v, 2) for v in loud_chat),
-                                "rag_attack": sorted(round(v, 2) for v in loud_rag)}})
+    figures.update(
+        {
+            "loud_statuses": loud_statuses,
+            "job_during": (during["status"], during["stage"]),
+            "job_after": after["status"],
+            "job_error": after.get("error"),
+            "charged": {row["model"]: row["prompt_tokens"] for row in usage["usage"]},
+            "seconds": {
+                "chat_attack": sorted(round(v, 2) for v in loud_chat),
+                "rag_attack": sorted(round(v, 2) for v in loud_rag),
+            },
+        }
+    )
     print(f"\nheavy extraction: {figures}")
     # The children dying at their memory cap share the gateway's stderr (issue 46: "Exception ignored ...
     # MemoryError" was found there): their outcome is their answer, and the log is left alone.
@@ -358,8 +407,9 @@ def attacking_process(script: str, args: list[str], log: Path, started_after: in
     """`script` in a process of its own at nice 19 (another machine in real life), running until its stdin
     closes; entered once `started_after` outcomes are in its log (under way before the victim starts: a
     condition, not a sleep), and ended, however the body ended, within bounds."""
-    attacker = subprocess.Popen([sys.executable, "-c", script, *args], stdin=subprocess.PIPE, text=True,
-                                preexec_fn=lambda: os.nice(19))
+    attacker = subprocess.Popen(
+        [sys.executable, "-c", script, *args], stdin=subprocess.PIPE, text=True, preexec_fn=lambda: os.nice(19)
+    )
     try:
         deadline = time.monotonic() + 120
         while len(_outcomes(log)) < started_after and time.monotonic() < deadline and attacker.poll() is None:
@@ -387,15 +437,29 @@ def healthz_flood(stack, victim, quiet, tmp_path_factory) -> dict:
     with attacking_process(ATTACKER, [stack.url, str(ATTACKERS), str(log), attacker_address], log, ATTACKERS // 4):
         loud_chat, loud_rag, loud_statuses = _victim_round(victim)
     outcomes = _outcomes(log)
-    figures = {"chat_p95_quiet": _p95(quiet_chat), "chat_p95_attack": _p95(loud_chat),
-               "rag_p95_quiet": _p95(quiet_rag), "rag_p95_attack": _p95(loud_rag),
-               "chat": _latencies(quiet_chat, loud_chat), "rag": _latencies(quiet_rag, loud_rag),
-               "attack_requests": len(outcomes), "attack_outcomes": {str(o): outcomes.count(o) for o in set(outcomes)},
-               "quiet_statuses": quiet_statuses, "loud_statuses": loud_statuses, "outcomes": outcomes,
-               # every sample, slowest last: a failure shows whether one stall or the whole series moved
-               "seconds": {name: sorted(round(s, 2) for s in samples) for name, samples in (
-                   ("chat_quiet", quiet_chat), ("chat_attack", loud_chat), ("rag_quiet", quiet_rag),
-                   ("rag_attack", loud_rag))}}
+    figures = {
+        "chat_p95_quiet": _p95(quiet_chat),
+        "chat_p95_attack": _p95(loud_chat),
+        "rag_p95_quiet": _p95(quiet_rag),
+        "rag_p95_attack": _p95(loud_rag),
+        "chat": _latencies(quiet_chat, loud_chat),
+        "rag": _latencies(quiet_rag, loud_rag),
+        "attack_requests": len(outcomes),
+        "attack_outcomes": {str(o): outcomes.count(o) for o in set(outcomes)},
+        "quiet_statuses": quiet_statuses,
+        "loud_statuses": loud_statuses,
+        "outcomes": outcomes,
+        # every sample, slowest last: a failure shows whether one stall or the whole series moved
+        "seconds": {
+            name: sorted(round(s, 2) for s in samples)
+            for name, samples in (
+                ("chat_quiet", quiet_chat),
+                ("chat_attack", loud_chat),
+                ("rag_quiet", quiet_rag),
+                ("rag_attack", loud_rag),
+            )
+        },
+    }
     print(f"\nhealthz flood: { {k: v for k, v in figures.items() if k != 'outcomes'} }")
     figures["healthz_after"] = httpx.get(f"{stack.url}/healthz", timeout=30).status_code
     figures["alarming_log_lines"] = _alarming_lines_since(stack, logs_before)
@@ -413,7 +477,8 @@ def test_a_keyless_flood_is_refused_unread_and_refuses_the_other_tenant_nothing(
 
 # Keyless 8 MiB bodies on the gateway's own paths (the proxy refuses only public paths' bodies, so these reach
 # the gateway replica): each is refused from its headers, unread, and nothing alarming is logged.
-KEYLESS_ON_THE_GATEWAY = """
+KEYLESS_ON_THE_GATEWAY = (
+    """
 import json, sys, threading, httpx
 url, count, log, address = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 body = b"[" + b"[]," * (8 * 2**20 // 3) + b"[]]"
@@ -434,7 +499,9 @@ def attack(i):
             except Exception as exc:
                 record(type(exc).__name__)
 threads = [threading.Thread(target=attack, args=(i,), daemon=True) for i in range(count)]
-""" + UNTIL_STDIN_CLOSES
+"""
+    + UNTIL_STDIN_CLOSES
+)
 
 
 def test_a_keyless_flood_on_the_gateways_paths_is_refused_and_leaves_no_error_in_the_logs(stack, tmp_path):
@@ -445,8 +512,10 @@ def test_a_keyless_flood_on_the_gateways_paths_is_refused_and_leaves_no_error_in
         time.sleep(15)
     outcomes = _outcomes(log)
     answered = [o for o in outcomes if isinstance(o, int)]
-    print(f"\nkeyless flood on the gateway's paths: {len(outcomes)} requests, "
-          f"{ {str(o): outcomes.count(o) for o in set(outcomes)} }")
+    print(
+        f"\nkeyless flood on the gateway's paths: {len(outcomes)} requests, "
+        f"{ {str(o): outcomes.count(o) for o in set(outcomes)} }"
+    )
     assert answered and set(answered) <= {401, 429}, set(outcomes)  # refused from the headers, never read
     assert httpx.get(f"{stack.url}/healthz", timeout=30).status_code == 200
     assert _alarming_lines_since(stack, before) == []

@@ -12,8 +12,16 @@ import json
 import pytest
 
 from tests.integration.test_hostile_clients import (  # noqa: F401  (module fixtures, measured again here)
-    UNTIL_STDIN_CLOSES, _attacking_tenant, _latencies, _outcomes, _victim_round, assert_within_2x, attacking_process,
-    quiet, victim)
+    UNTIL_STDIN_CLOSES,
+    _attacking_tenant,
+    _latencies,
+    _outcomes,
+    _victim_round,
+    assert_within_2x,
+    attacking_process,
+    quiet,
+    victim,
+)
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -25,7 +33,8 @@ METADATA = {f"field{k:02d}": "v" * 100 for k in range(64)}
 # document's, so the filter must check them all.
 FILTERS = {f"field{k:02d}": {"in": [f"value-{k}-{v}" for v in range(63)] + ["v" * 100]} for k in range(16)}
 
-READER = """
+READER = (
+    """
 import json, sys, threading, httpx
 url, key, readers, log, filters = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], json.loads(sys.argv[5])
 stop, lock = threading.Event(), threading.Lock()
@@ -48,7 +57,9 @@ def read():
             found = http.post("/v1/collections/bulky/search", json={"q": "document", "top_k": 20, "filters": filters})
             record("search", found, len(found.json().get("data", [])) if found.status_code == 200 else 0)
 threads = [threading.Thread(target=read, daemon=True) for _ in range(readers)]
-""" + UNTIL_STDIN_CLOSES
+"""
+    + UNTIL_STDIN_CLOSES
+)
 
 
 @pytest.fixture(scope="module")
@@ -57,23 +68,44 @@ def heavy_reads(stack, admin_headers, victim, quiet, tmp_path_factory) -> dict:
     with _attacking_tenant(stack, admin_headers, "reads") as (attacker, admin):  # no rpm: its reads reach the store
         key = attacker.http.headers["Authorization"].removeprefix("Bearer ")
         for start in range(0, DOCUMENTS, 100):
-            stored = attacker.http.post("/v1/collections/bulky/documents", json={"documents": [
-                {"id": f"doc-{n:04d}", "text": f"Document {n} of a tenant that reads a lot.", "metadata": METADATA}
-                for n in range(start, start + 100)]})
+            stored = attacker.http.post(
+                "/v1/collections/bulky/documents",
+                json={
+                    "documents": [
+                        {
+                            "id": f"doc-{n:04d}",
+                            "text": f"Document {n} of a tenant that reads a lot.",
+                            "metadata": METADATA,
+                        }
+                        for n in range(start, start + 100)
+                    ]
+                },
+            )
             assert stored.status_code == 200, stored.text
-        with attacking_process(READER, [stack.url, key, str(READERS), str(log), json.dumps(FILTERS)], log,
-                               2 * READERS):
+        with attacking_process(READER, [stack.url, key, str(READERS), str(log), json.dumps(FILTERS)], log, 2 * READERS):
             loud_chat, loud_rag, loud_statuses = _victim_round(victim)
         over_page = attacker.http.get("/v1/collections/bulky/documents", params={"limit": 1000})
     outcomes = _outcomes(log)
-    figures = {"chat": _latencies(quiet["chat"], loud_chat), "rag": _latencies(quiet["rag"], loud_rag),
-               "loud_statuses": loud_statuses, "over_page": (over_page.status_code, over_page.text[:300]),
-               "reads": {kind: {str(status): sum(1 for k, s, _ in outcomes if k == kind and s == status)
-                                for status in {s for k, s, _ in outcomes if k == kind}} for kind in ("page", "info", "search")},
-               "largest": {kind: max((size for k, _, size in outcomes if k == kind), default=0)
-                           for kind in ("page", "info", "search")},
-               "seconds": {"chat_attack": sorted(round(v, 2) for v in loud_chat),
-                           "rag_attack": sorted(round(v, 2) for v in loud_rag)}}
+    figures = {
+        "chat": _latencies(quiet["chat"], loud_chat),
+        "rag": _latencies(quiet["rag"], loud_rag),
+        "loud_statuses": loud_statuses,
+        "over_page": (over_page.status_code, over_page.text[:300]),
+        "reads": {
+            kind: {
+                str(status): sum(1 for k, s, _ in outcomes if k == kind and s == status)
+                for status in {s for k, s, _ in outcomes if k == kind}
+            }
+            for kind in ("page", "info", "search")
+        },
+        "largest": {
+            kind: max((size for k, _, size in outcomes if k == kind), default=0) for kind in ("page", "info", "search")
+        },
+        "seconds": {
+            "chat_attack": sorted(round(v, 2) for v in loud_chat),
+            "rag_attack": sorted(round(v, 2) for v in loud_rag),
+        },
+    }
     print(f"\nheavy reads: {figures}")
     return figures
 

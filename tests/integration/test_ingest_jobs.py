@@ -16,8 +16,9 @@ JOB_WAIT_S = 300.0
 
 
 def _new_tenant(stack, admin_headers) -> dict:
-    response = httpx.post(f"{stack.url}/admin/tenants", headers=admin_headers, timeout=30,
-                          json={"name": f"jobs-{uuid.uuid4().hex[:8]}"})
+    response = httpx.post(
+        f"{stack.url}/admin/tenants", headers=admin_headers, timeout=30, json={"name": f"jobs-{uuid.uuid4().hex[:8]}"}
+    )
     assert response.status_code == 201, response.text
     return {"Authorization": f"Bearer {response.json()['api_key']}"}
 
@@ -35,15 +36,19 @@ def _until_finished(http: httpx.Client, job_id: str) -> tuple[dict, list[dict]]:
 
 
 def _manual(paragraphs: int) -> str:
-    return "\n\n".join(f"Section {i}. The Quillmark press model {i} prints {i * 7} pages per minute on "
-                       f"recycled paper and needs toner cartridge QK-{i:04d}." for i in range(paragraphs))
+    return "\n\n".join(
+        f"Section {i}. The Quillmark press model {i} prints {i * 7} pages per minute on "
+        f"recycled paper and needs toner cartridge QK-{i:04d}."
+        for i in range(paragraphs)
+    )
 
 
 def test_an_async_ingest_answers_202_and_completes_then_rag_cites_it(stack, client):
     text = "The Quillmark Q9 press ships with a 12-year warranty.\n\n" + _manual(40)
     started = time.monotonic()
-    response = client.post("/v1/collections/jobs-kb/documents", json={
-        "async": True, "documents": [{"id": "q9", "text": text}]})
+    response = client.post(
+        "/v1/collections/jobs-kb/documents", json={"async": True, "documents": [{"id": "q9", "text": text}]}
+    )
     assert response.status_code == 202, response.text
     assert time.monotonic() - started < 30
     job = response.json()
@@ -55,15 +60,19 @@ def test_an_async_ingest_answers_202_and_completes_then_rag_cites_it(stack, clie
     assert done["counts"]["chunks_embedded"] == done["counts"]["chunks"] > 1 and done["result"]["tokens"] > 0
     listed = client.get("/v1/ingest/jobs", params={"limit": 100}).json()
     assert job["id"] in [j["id"] for j in listed["data"]]
-    answer = client.post("/v1/rag/query", json={"collection": "jobs-kb", "top_k": 2,
-                                                "question": "How long is the Quillmark Q9 warranty?"}).json()
+    answer = client.post(
+        "/v1/rag/query",
+        json={"collection": "jobs-kb", "top_k": 2, "question": "How long is the Quillmark Q9 warranty?"},
+    ).json()
     assert answer["citations"][0]["document_id"] == "q9"
 
 
 def test_a_job_cancelled_by_delete_stores_nothing_and_other_tenants_cannot_touch_it(stack, client, admin_headers):
     # ~2.6 MB in 8 documents: thousands of chunks, tens of seconds of embedding; the DELETE comes at once
-    response = client.post("/v1/collections/jobs-cancel/documents", json={
-        "async": True, "documents": [{"id": f"big-{i}", "text": _manual(3000)} for i in range(8)]})
+    response = client.post(
+        "/v1/collections/jobs-cancel/documents",
+        json={"async": True, "documents": [{"id": f"big-{i}", "text": _manual(3000)} for i in range(8)]},
+    )
     assert response.status_code == 202, response.text
     job_id = response.json()["id"]
     cancelling = client.delete(f"/v1/ingest/jobs/{job_id}")
@@ -91,17 +100,27 @@ def test_the_cli_follows_large_files_as_jobs(stack, tmp_path):
     # Real documents (a freedesktop.org PDF spec, libxslt's HTML pages) with the job threshold at 4 KiB,
     # so all but the smallest go as jobs; the default threshold (1 MiB) is minutes of embedding here.
     data = Path(__file__).resolve().parents[1] / "data"
-    real = [data / "shared-mime-info-spec.pdf", data / "libxslt-tutorial-latin1.html", data / "exslt-intro.html",
-            data / "libxslt-general.html"]
+    real = [
+        data / "shared-mime-info-spec.pdf",
+        data / "libxslt-tutorial-latin1.html",
+        data / "exslt-intro.html",
+        data / "libxslt-general.html",
+    ]
     files, missing = walk(real)
     assert not missing and JOB_MIN_BYTES == 1 << 20
     with StackClient(stack.url, DEMO_KEY) as http:
-        report = ingest_files(http, "jobs-cli", files, Console(file=open(tmp_path / "out.txt", "w")),
-                              job_min_bytes=4096)
+        report = ingest_files(
+            http, "jobs-cli", files, Console(file=open(tmp_path / "out.txt", "w")), job_min_bytes=4096
+        )
         jobs = http.request("GET", "/v1/ingest/jobs", params={"limit": 100})["data"]
-        answer = http.request("POST", "/v1/rag/query", json={"collection": "jobs-cli", "top_k": 3,
-                                                              "question": "What is the shared MIME-info database?"})
+        answer = http.request(
+            "POST",
+            "/v1/rag/query",
+            json={"collection": "jobs-cli", "top_k": 3, "question": "What is the shared MIME-info database?"},
+        )
     assert report.failed == [] and report.sent == 4 and report.chunks > 20
-    assert sum(j["collection"] == "jobs-cli" and j["status"] == "completed" for j in jobs) == 3  # the 3.4 KB one streamed
+    assert (
+        sum(j["collection"] == "jobs-cli" and j["status"] == "completed" for j in jobs) == 3
+    )  # the 3.4 KB one streamed
     # a file named directly is stored under its own name (cli/files.py walk)
     assert any(c["document_id"] == "shared-mime-info-spec.pdf" for c in answer["citations"]), answer

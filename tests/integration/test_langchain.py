@@ -18,8 +18,15 @@ EMBED_MODEL = "all-minilm-l6-v2"
 def test_langchain_chat_invoke_and_stream(stack):
     from langchain_openai import ChatOpenAI
 
-    chat = ChatOpenAI(base_url=f"{stack.url}/v1", api_key=DEMO_KEY, model=CHAT_MODEL, temperature=0,
-                      max_tokens=16, timeout=120, max_retries=0)
+    chat = ChatOpenAI(
+        base_url=f"{stack.url}/v1",
+        api_key=DEMO_KEY,
+        model=CHAT_MODEL,
+        temperature=0,
+        max_tokens=16,
+        timeout=120,
+        max_retries=0,
+    )
     answer = chat.invoke("Reply with one word: what colour is grass?")
     assert answer.content.strip()
     assert answer.usage_metadata and answer.usage_metadata["output_tokens"] <= 16
@@ -30,8 +37,14 @@ def test_langchain_chat_invoke_and_stream(stack):
 def test_langchain_embeddings_are_unit_vectors_of_the_models_size(stack):
     from langchain_openai import OpenAIEmbeddings
 
-    embeddings = OpenAIEmbeddings(base_url=f"{stack.url}/v1", api_key=DEMO_KEY, model=EMBED_MODEL,
-                                  check_embedding_ctx_length=False, timeout=120, max_retries=0)
+    embeddings = OpenAIEmbeddings(
+        base_url=f"{stack.url}/v1",
+        api_key=DEMO_KEY,
+        model=EMBED_MODEL,
+        check_embedding_ctx_length=False,
+        timeout=120,
+        max_retries=0,
+    )
     documents = embeddings.embed_documents(["The sky is blue.", "Grass is green."])
     query = embeddings.embed_query("What colour is the sky?")
     assert len(documents) == 2 and all(len(vector) == 384 for vector in [*documents, query])

@@ -52,8 +52,13 @@ def _engine_replica(stack: Stack, model: str) -> dict:
 
 def _ask(stack: Stack, model: str, stream: bool = False) -> tuple[str, float]:
     started = time.monotonic()
-    body = {"model": model, "messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 8,
-            "temperature": 0, "stream": stream}
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Name a colour."}],
+        "max_tokens": 8,
+        "temperature": 0,
+        "stream": stream,
+    }
     with httpx.stream("POST", f"{stack.url}/v1/chat/completions", headers=DEMO, json=body, timeout=600) as response:
         text = response.read().decode()
         assert response.status_code == 200, text
@@ -88,8 +93,10 @@ def test_a_request_wakes_the_asleep_engine_after_putting_the_awake_one_to_sleep(
     engine_pids = [pid for pid in big_awake["pids"] if pid not in big_asleep["pids"]]
     assert engine_pids and _gone(engine_pids), (big_awake["pids"], big_asleep["pids"])
     freed = big_awake["measured_bytes"] - big_asleep["measured_bytes"]
-    print(f"{BIG} asleep: {len(engine_pids)} engine processes gone, measured {big_awake['measured_bytes'] / 2**20:.0f} "
-          f"-> {big_asleep['measured_bytes'] / 2**20:.0f} MiB")
+    print(
+        f"{BIG} asleep: {len(engine_pids)} engine processes gone, measured {big_awake['measured_bytes'] / 2**20:.0f} "
+        f"-> {big_asleep['measured_bytes'] / 2**20:.0f} MiB"
+    )
     assert freed > 200 * 2**20, (big_awake, big_asleep)  # weights, KV pool and the engine's processes
     assert big_asleep.get("engine_state") == "asleep" and _engine_replica(stack, SMALL).get("engine_state") == "awake"
 

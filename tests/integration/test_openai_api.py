@@ -15,7 +15,9 @@ def test_models_lists_chat_and_embedding_models(openai_client):
 
 def test_chat_non_stream_answers_and_reports_usage(openai_client):
     response = openai_client.chat.completions.create(
-        model=CHAT_MODEL, temperature=0, max_tokens=24,
+        model=CHAT_MODEL,
+        temperature=0,
+        max_tokens=24,
         messages=[{"role": "user", "content": "Reply with one word: what colour is the sky on a clear day?"}],
     )
     assert response.choices[0].message.content.strip()
@@ -28,7 +30,11 @@ def test_chat_stream_yields_deltas_that_match_non_stream(openai_client):
     messages = [{"role": "user", "content": "Count from one to five in words."}]
     full = openai_client.chat.completions.create(model=CHAT_MODEL, temperature=0, max_tokens=20, messages=messages)
     stream = openai_client.chat.completions.create(
-        model=CHAT_MODEL, temperature=0, max_tokens=20, messages=messages, stream=True,
+        model=CHAT_MODEL,
+        temperature=0,
+        max_tokens=20,
+        messages=messages,
+        stream=True,
         stream_options={"include_usage": True},
     )
     pieces, usage = [], None
@@ -43,7 +49,10 @@ def test_chat_stream_yields_deltas_that_match_non_stream(openai_client):
 
 def test_chat_stream_without_usage_option_has_no_usage_chunk(openai_client):
     stream = openai_client.chat.completions.create(
-        model=CHAT_MODEL, temperature=0, max_tokens=8, stream=True,
+        model=CHAT_MODEL,
+        temperature=0,
+        max_tokens=8,
+        stream=True,
         messages=[{"role": "user", "content": "Say hello."}],
     )
     chunks = list(stream)
@@ -52,7 +61,8 @@ def test_chat_stream_without_usage_option_has_no_usage_chunk(openai_client):
 
 def test_embeddings_are_unit_vectors_and_semantic(openai_client):
     response = openai_client.embeddings.create(
-        model=EMBED_MODEL, input=["A cat sits on the mat.", "A kitten rests on a rug.", "Stock markets fell sharply."],
+        model=EMBED_MODEL,
+        input=["A cat sits on the mat.", "A kitten rests on a rug.", "Stock markets fell sharply."],
     )
     vectors = np.array([item.embedding for item in response.data])
     assert vectors.shape == (3, 384)
@@ -72,8 +82,9 @@ def test_embeddings_float_format_matches_base64(client):
 
 
 def test_completions_endpoint_works(openai_client):
-    response = openai_client.completions.create(model=CHAT_MODEL, prompt="The capital of France is", max_tokens=5,
-                                                temperature=0)
+    response = openai_client.completions.create(
+        model=CHAT_MODEL, prompt="The capital of France is", max_tokens=5, temperature=0
+    )
     assert response.choices[0].text
     assert response.usage.completion_tokens > 0
 

@@ -32,7 +32,7 @@ def base(stack):
 
 def _events(response: httpx.Response) -> list:
     """SSE data lines as Open WebUI's stream reader takes them ('data: ' prefix, [DONE] last)."""
-    lines = [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]
+    lines = [line[len("data: ") :] for line in response.iter_lines() if line.startswith("data: ")]
     assert lines and lines[-1] == "[DONE]"
     return [json.loads(line) for line in lines[:-1]]
 
@@ -46,15 +46,26 @@ def test_connection_check_lists_the_models(base):
     assert wrong_key.status_code == 401 and "error" in wrong_key.json()  # it shows error bodies as they are
 
 
-@pytest.mark.parametrize("content", [
-    [{"type": "text", "text": "Say hello in three words.", "cache_control": {"type": "ephemeral"}}],
-    "Say hello in three words.",
-], ids=["text-part-with-cache-control", "plain-string"])
+@pytest.mark.parametrize(
+    "content",
+    [
+        [{"type": "text", "text": "Say hello in three words.", "cache_control": {"type": "ephemeral"}}],
+        "Say hello in three words.",
+    ],
+    ids=["text-part-with-cache-control", "plain-string"],
+)
 def test_streamed_chat_turn(base, content):
-    body = {"model": CHAT_MODEL, "stream": True, "stream_options": {"include_usage": True}, "max_tokens": 24,
-            "temperature": 0.8,
-            "messages": [{"role": "system", "content": "You are a helpful assistant."},
-                         {"role": "user", "content": content}]}
+    body = {
+        "model": CHAT_MODEL,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": 24,
+        "temperature": 0.8,
+        "messages": [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": content},
+        ],
+    }
     with httpx.stream("POST", f"{base}/chat/completions", headers=HEADERS, json=body, timeout=120) as response:
         assert response.status_code == 200 and "text/event-stream" in response.headers["content-type"]
         events = _events(response)
@@ -65,9 +76,23 @@ def test_streamed_chat_turn(base, content):
 
 
 def test_title_generation_is_a_plain_completion(base):
-    body = {"model": CHAT_MODEL, "stream": False, "max_tokens": 16,
-            "messages": [{"role": "user", "content": [{"type": "text", "cache_control": {"type": "ephemeral"},
-                                                       "text": "Give a 3-word title for: 'Say hello'."}]}]}
+    body = {
+        "model": CHAT_MODEL,
+        "stream": False,
+        "max_tokens": 16,
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "text",
+                        "cache_control": {"type": "ephemeral"},
+                        "text": "Give a 3-word title for: 'Say hello'.",
+                    }
+                ],
+            }
+        ],
+    }
     response = httpx.post(f"{base}/chat/completions", headers=HEADERS, json=body, timeout=120)
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["message"]["content"].strip()

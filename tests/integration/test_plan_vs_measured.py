@@ -27,14 +27,28 @@ def test_every_replica_measures_within_10_percent_of_plan_and_under_its_budget(s
     # Put every replica in service first (allocator pools, tokenizer caches, SQLite pages), so the
     # footprint measured is the one the plan is for, not a just-started process.
     text = " ".join(f"Sentence {n} describes part {n} of the measuring procedure in some detail." for n in range(400))
-    assert client.post("/v1/collections/measure/documents", json={"documents": [{"id": "m", "text": text}]}).status_code == 200
+    assert (
+        client.post("/v1/collections/measure/documents", json={"documents": [{"id": "m", "text": text}]}).status_code
+        == 200
+    )
     assert client.post("/v1/embeddings", json={"input": [f"text number {n}" for n in range(64)]}).status_code == 200
     for n in range(3):
-        assert client.post("/v1/rag/query", json={"collection": "measure", "question": f"What is part {n}?",
-                                                  "max_tokens": 16}).status_code == 200
-    with client.stream("POST", "/v1/chat/completions", json={
-            "model": "smollm2-135m-instruct", "max_tokens": 32, "stream": True,
-            "messages": [{"role": "user", "content": "Say something."}]}) as stream:
+        assert (
+            client.post(
+                "/v1/rag/query", json={"collection": "measure", "question": f"What is part {n}?", "max_tokens": 16}
+            ).status_code
+            == 200
+        )
+    with client.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={
+            "model": "smollm2-135m-instruct",
+            "max_tokens": 32,
+            "stream": True,
+            "messages": [{"role": "user", "content": "Say something."}],
+        },
+    ) as stream:
         assert stream.status_code == 200 and sum(1 for _ in stream.iter_lines()) > 0
     plan = _plan(stack)
     status = httpx.get(f"{stack.url}/status", headers=admin_headers, timeout=60).json()
@@ -47,8 +61,13 @@ def test_every_replica_measures_within_10_percent_of_plan_and_under_its_budget(s
         # The budget is a ceiling: the plan's full bytes, growth included, hold what the replica uses.
         assert replica["measured_bytes"] <= planned.planned_bytes, replica
     print("plan error per replica:", {k: f"{v:+.1%}" for k, v in errors.items()})
-    print("measured MiB (anon, file, shmem):", {r["name"]: tuple(round(r.get(k, 0) / 2**20) for k in
-                                                 ("anon_bytes", "file_bytes", "shmem_bytes")) for r in status["replicas"]})
+    print(
+        "measured MiB (anon, file, shmem):",
+        {
+            r["name"]: tuple(round(r.get(k, 0) / 2**20) for k in ("anon_bytes", "file_bytes", "shmem_bytes"))
+            for r in status["replicas"]
+        },
+    )
     assert all(abs(error) <= TOLERANCE for error in errors.values()), errors
 
 
@@ -58,10 +77,16 @@ def test_start_peak_stayed_inside_the_planned_pool(stack, admin_headers):
     plan = _plan(stack)
     pool = httpx.get(f"{stack.url}/status", headers=admin_headers, timeout=60).json()["pool"]
     assert pool["source"].startswith("cgroup") and pool["peak_bytes"], pool
-    planned_peak = (plan.pool.planned_bytes + plan.pool.ray_bytes + plan.pool.page_cache_bytes
-                    + max(a.start_peak_bytes for a in plan.admission))
-    print(f"pool peak {pool['peak_bytes'] / 2**30:.2f} GiB; planned {planned_peak / 2**30:.2f} GiB + reserve; "
-          f"limit {pool['limit_bytes'] / 2**30:.2f} GiB")
+    planned_peak = (
+        plan.pool.planned_bytes
+        + plan.pool.ray_bytes
+        + plan.pool.page_cache_bytes
+        + max(a.start_peak_bytes for a in plan.admission)
+    )
+    print(
+        f"pool peak {pool['peak_bytes'] / 2**30:.2f} GiB; planned {planned_peak / 2**30:.2f} GiB + reserve; "
+        f"limit {pool['limit_bytes'] / 2**30:.2f} GiB"
+    )
     assert pool["peak_bytes"] < pool["limit_bytes"]
 
 
@@ -74,8 +99,13 @@ def test_poolserve_status_cli_prints_planned_and_measured(stack):
     from tests.integration.conftest import ADMIN_KEY
 
     cli = Path(sys.executable).parent / "poolserve"
-    out = subprocess.run([str(cli), "status", "--url", stack.url, "--json"], capture_output=True, text=True,
-                         timeout=120, env={"POOLSERVE_ADMIN_KEY": ADMIN_KEY, "PATH": "/usr/bin:/bin"})
+    out = subprocess.run(
+        [str(cli), "status", "--url", stack.url, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"POOLSERVE_ADMIN_KEY": ADMIN_KEY, "PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 0, out.stderr
     replicas = {r["name"]: r for r in json.loads(out.stdout)["replicas"]}
     assert set(replicas) == {"chat", "embedder", "retriever", "gateway"}

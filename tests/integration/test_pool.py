@@ -59,8 +59,9 @@ def _guard_state(stack) -> str:
 def test_the_guard_sheds_load_before_the_pool_runs_out_and_recovers(stack, client):
     pool = _pool_of(stack)
     before, kills_before = set(stack.pids()), _oom_kills(pool)
-    helper = subprocess.Popen([sys.executable, "-c", ALLOCATOR], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True)
+    helper = subprocess.Popen(
+        [sys.executable, "-c", ALLOCATOR], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         pool.add(helper.pid)
         states, ingest_refused, chat_refused = [], None, None
@@ -71,11 +72,19 @@ def test_the_guard_sheds_load_before_the_pool_runs_out_and_recovers(stack, clien
             time.sleep(0.3)  # past the guard's sampling interval
             states.append(_guard_state(stack))
             if states[-1] != "ok" and ingest_refused is None:
-                ingest_refused = client.post("/v1/collections/squeeze/documents",
-                                             json={"documents": [{"id": "d", "text": "refused while squeezed"}]})
+                ingest_refused = client.post(
+                    "/v1/collections/squeeze/documents",
+                    json={"documents": [{"id": "d", "text": "refused while squeezed"}]},
+                )
             if states[-1] == "shedding_all":
-                chat_refused = client.post("/v1/chat/completions", json={
-                    "model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+                chat_refused = client.post(
+                    "/v1/chat/completions",
+                    json={
+                        "model": "smollm2-135m-instruct",
+                        "messages": [{"role": "user", "content": "hi"}],
+                        "max_tokens": 2,
+                    },
+                )
                 break
         else:
             pytest.fail(f"the guard never shed all work; states {states}")
@@ -83,8 +92,9 @@ def test_the_guard_sheds_load_before_the_pool_runs_out_and_recovers(stack, clien
             assert refused.status_code == 503 and int(refused.headers["Retry-After"]) >= 1, refused.text
             assert "memory pool" in refused.json()["error"]["message"]
         assert client.get("/v1/collections").status_code == 200, "reads still work while shedding"
-        metrics = httpx.get(f"{stack.url}/metrics", headers={"Authorization": "Bearer test-admin-key-0123456789"},
-                            timeout=30).text
+        metrics = httpx.get(
+            f"{stack.url}/metrics", headers={"Authorization": "Bearer test-admin-key-0123456789"}, timeout=30
+        ).text
         assert "poolserve_pool_guard_state 2.0" in metrics
     finally:
         helper.kill()
@@ -95,14 +105,21 @@ def test_the_guard_sheds_load_before_the_pool_runs_out_and_recovers(stack, clien
     while time.monotonic() < deadline and _guard_state(stack) != "ok":
         time.sleep(1)
     assert _guard_state(stack) == "ok"
-    assert client.post("/v1/collections/squeeze/documents",
-                       json={"documents": [{"id": "d", "text": "stored once the pool recovered"}]}).status_code == 200
+    assert (
+        client.post(
+            "/v1/collections/squeeze/documents",
+            json={"documents": [{"id": "d", "text": "stored once the pool recovered"}]},
+        ).status_code
+        == 200
+    )
     print(f"squeeze: guard states {states}")
 
 
 def test_status_plans_the_retriever_for_what_it_holds(stack, client, admin_headers):
-    posted = client.post("/v1/collections/contents-plan/documents", json={"documents": [
-        {"id": f"c{i}", "text": f"Contents plan passage {i}. " * 40} for i in range(20)]})
+    posted = client.post(
+        "/v1/collections/contents-plan/documents",
+        json={"documents": [{"id": f"c{i}", "text": f"Contents plan passage {i}. " * 40} for i in range(20)]},
+    )
     assert posted.status_code == 200, posted.text
     status = httpx.get(f"{stack.url}/status", headers=admin_headers, timeout=60).json()
     retriever = next(r for r in status["replicas"] if r["name"] == "retriever")

@@ -6,8 +6,10 @@ import json
 
 import httpx
 
-ZORB = ("The Zorblax reactor was invented by Dr. Mira Quell in 2031 at the Tallin Institute. "
-        "It runs on liquid helium and produces 40 megawatts of power.")
+ZORB = (
+    "The Zorblax reactor was invented by Dr. Mira Quell in 2031 at the Tallin Institute. "
+    "It runs on liquid helium and produces 40 megawatts of power."
+)
 FILLER = [
     ("cats", "Cats are small domesticated carnivores. They sleep around fifteen hours per day."),
     ("bread", "Sourdough bread is leavened with a culture of wild yeast and lactic acid bacteria."),
@@ -16,8 +18,10 @@ FILLER = [
 
 
 def _ingest(client, collection: str, docs: list[tuple[str, str]]):
-    response = client.post(f"/v1/collections/{collection}/documents",
-                           json={"documents": [{"id": i, "text": t, "metadata": {"src": i}} for i, t in docs]})
+    response = client.post(
+        f"/v1/collections/{collection}/documents",
+        json={"documents": [{"id": i, "text": t, "metadata": {"src": i}} for i, t in docs]},
+    )
     assert response.status_code == 200, response.text
     return response.json()
 
@@ -33,8 +37,10 @@ def test_ingest_reports_chunks_per_document(client):
 
 def test_rag_query_cites_the_right_document_first_and_states_the_fact(client):
     _ingest(client, "facts", [("zorblax", ZORB), *FILLER])
-    response = client.post("/v1/rag/query", json={"collection": "facts", "question": "Who invented the Zorblax reactor?",
-                                                  "top_k": 3, "temperature": 0})
+    response = client.post(
+        "/v1/rag/query",
+        json={"collection": "facts", "question": "Who invented the Zorblax reactor?", "top_k": 3, "temperature": 0},
+    )
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["citations"][0]["document_id"] == "zorblax"
@@ -47,13 +53,21 @@ def test_rag_query_cites_the_right_document_first_and_states_the_fact(client):
 def test_rag_query_stream_sends_citations_and_answer(client):
     _ingest(client, "facts", [("zorblax", ZORB), *FILLER])
     events = []
-    with client.stream("POST", "/v1/rag/query", json={"collection": "facts", "question": "How much power does the Zorblax reactor produce?",
-                                                      "top_k": 2, "stream": True}) as response:
+    with client.stream(
+        "POST",
+        "/v1/rag/query",
+        json={
+            "collection": "facts",
+            "question": "How much power does the Zorblax reactor produce?",
+            "top_k": 2,
+            "stream": True,
+        },
+    ) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         for line in response.iter_lines():
             if line.startswith("data: "):
-                events.append(line[len("data: "):])
+                events.append(line[len("data: ") :])
     assert events[-1] == "[DONE]"
     parsed = [json.loads(e) for e in events[:-1]]
     assert parsed[0]["object"] == "rag.citations" and parsed[0]["citations"][0]["document_id"] == "zorblax"
@@ -85,13 +99,18 @@ def test_a_capped_rag_answer_ends_at_its_last_sentence_streamed_or_not(client, o
     with client.stream("POST", "/v1/rag/query", json={**ask, "stream": True}) as response:
         for line in response.iter_lines():  # bounded by the client's timeout
             if line.startswith("data: ") and line != "data: [DONE]":
-                events.append(json.loads(line[len("data: "):]))
+                events.append(json.loads(line[len("data: ") :]))
     assert "".join(e["delta"] for e in events if e["object"] == "rag.delta") == body["answer"]
     assert [e["finish_reason"] for e in events if e["object"] == "rag.finish"] == ["length"]
     assert [e["usage"]["completion_tokens"] for e in events if e["object"] == "rag.usage"] == [CAP]
 
-    chat = dict(model="smollm2-135m-instruct", temperature=0, max_tokens=CAP,
-                messages=[{"role": "user", "content": CAPPED}], extra_body={"rag": {"collection": "facts", "top_k": 2}})
+    chat = dict(
+        model="smollm2-135m-instruct",
+        temperature=0,
+        max_tokens=CAP,
+        messages=[{"role": "user", "content": CAPPED}],
+        extra_body={"rag": {"collection": "facts", "top_k": 2}},
+    )
     response = openai_client.chat.completions.create(**chat)
     content = response.choices[0].message.content
     assert response.choices[0].finish_reason == "length" and response.usage.completion_tokens == CAP
@@ -103,8 +122,13 @@ def test_a_capped_rag_answer_ends_at_its_last_sentence_streamed_or_not(client, o
 
 def test_context_tokens_keep_the_best_passages_that_fit_and_shorten_the_prompt(openai_client, client):
     _ingest(client, "budget", [("zorblax", ZORB), *FILLER])
-    ask = {"collection": "budget", "question": "Who invented the Zorblax reactor?", "top_k": 4, "max_tokens": 4,
-           "min_score": -1}
+    ask = {
+        "collection": "budget",
+        "question": "Who invented the Zorblax reactor?",
+        "top_k": 4,
+        "max_tokens": 4,
+        "min_score": -1,
+    }
     whole = client.post("/v1/rag/query", json=ask).json()
     # ZORB is about 40 of SmolLM2's tokens and each filler about 20: 45 holds the best passage alone.
     budgeted = client.post("/v1/rag/query", json={**ask, "context_tokens": 45}).json()
@@ -117,9 +141,12 @@ def test_context_tokens_keep_the_best_passages_that_fit_and_shorten_the_prompt(o
     assert len(cut) == 1 and ZORB.startswith(cut[0]["text"]) and len(cut[0]["text"]) < len(ZORB)
     assert cut[0]["end"] - cut[0]["start"] == len(cut[0]["text"])
     response = openai_client.chat.completions.create(
-        model="smollm2-135m-instruct", temperature=0, max_tokens=4,
+        model="smollm2-135m-instruct",
+        temperature=0,
+        max_tokens=4,
         messages=[{"role": "user", "content": "Who invented the Zorblax reactor?"}],
-        extra_body={"rag": {"collection": "budget", "top_k": 4, "context_tokens": 45}})
+        extra_body={"rag": {"collection": "budget", "top_k": 4, "context_tokens": 45}},
+    )
     assert [c["document_id"] for c in response.model_extra["citations"]] == ["zorblax"]
     bad = client.post("/v1/rag/query", json={**ask, "context_tokens": 0})
     assert bad.status_code in (400, 422) and "context_tokens" in bad.text
@@ -128,7 +155,9 @@ def test_context_tokens_keep_the_best_passages_that_fit_and_shorten_the_prompt(o
 def test_chat_completions_with_rag_extra_body(openai_client, client):
     _ingest(client, "facts", [("zorblax", ZORB), *FILLER])
     response = openai_client.chat.completions.create(
-        model="smollm2-135m-instruct", temperature=0, max_tokens=40,
+        model="smollm2-135m-instruct",
+        temperature=0,
+        max_tokens=40,
         messages=[{"role": "user", "content": "Who invented the Zorblax reactor?"}],
         extra_body={"rag": {"collection": "facts", "top_k": 2}},
     )
@@ -140,7 +169,10 @@ def test_chat_completions_with_rag_extra_body(openai_client, client):
 def test_chat_completions_with_rag_stream_puts_citations_on_first_chunk(openai_client, client):
     _ingest(client, "facts", [("zorblax", ZORB), *FILLER])
     stream = openai_client.chat.completions.create(
-        model="smollm2-135m-instruct", temperature=0, max_tokens=20, stream=True,
+        model="smollm2-135m-instruct",
+        temperature=0,
+        max_tokens=20,
+        stream=True,
         messages=[{"role": "user", "content": "Who invented the Zorblax reactor?"}],
         extra_body={"rag": {"collection": "facts", "top_k": 2}},
     )
@@ -154,8 +186,9 @@ def test_reposting_a_document_replaces_it(client):
     _ingest(client, "replace", [("doc", "The secret code word is walrus.")])
     info = client.get("/v1/collections/replace").json()
     assert info["document_count"] == 1 and info["indexed_vectors"] == info["chunk_count"] == 1
-    hits = client.post("/v1/rag/query", json={"collection": "replace", "question": "What is the secret code word?",
-                                              "top_k": 5}).json()["citations"]
+    hits = client.post(
+        "/v1/rag/query", json={"collection": "replace", "question": "What is the secret code word?", "top_k": 5}
+    ).json()["citations"]
     assert len(hits) == 1 and "walrus" in hits[0]["text"]
 
 
@@ -186,12 +219,17 @@ def test_an_unrelated_question_gets_the_no_answer_reply_without_generating(clien
     assert body["answer"] == NO_ANSWER and body["citations"] == [] and body["refused"] is True, body
     assert body["best_similarity"] < 0.3 and body["usage"]["completion_tokens"] == 0
     # The request may lower the threshold: then it is answered from the closest passages, as before.
-    lowered = client.post("/v1/rag/query", json={"collection": "facts", "question": question, "top_k": 1,
-                                                 "max_tokens": 8, "min_score": -1}).json()
+    lowered = client.post(
+        "/v1/rag/query",
+        json={"collection": "facts", "question": question, "top_k": 1, "max_tokens": 8, "min_score": -1},
+    ).json()
     assert lowered["refused"] is False and len(lowered["citations"]) == 1 and lowered["usage"]["completion_tokens"] > 0
     chat = openai_client.chat.completions.create(
-        model="smollm2-135m-instruct", max_tokens=8, messages=[{"role": "user", "content": question}],
-        extra_body={"rag": {"collection": "facts"}})
+        model="smollm2-135m-instruct",
+        max_tokens=8,
+        messages=[{"role": "user", "content": question}],
+        extra_body={"rag": {"collection": "facts"}},
+    )
     assert chat.choices[0].message.content == NO_ANSWER and chat.model_extra["citations"] == []
     assert chat.model_extra["refused"] is True and chat.usage.total_tokens == 0
 
@@ -208,8 +246,14 @@ FLIGHTS = "What class may employees book for flights?"
 
 
 def _ingest_policies(client):
-    response = client.post("/v1/collections/policies/documents", json={"documents": [
-        {"id": i, "text": t, "metadata": {"source": source, "year": year}} for i, t, source, year in POLICIES]})
+    response = client.post(
+        "/v1/collections/policies/documents",
+        json={
+            "documents": [
+                {"id": i, "text": t, "metadata": {"source": source, "year": year}} for i, t, source, year in POLICIES
+            ]
+        },
+    )
     assert response.status_code == 200, response.text
 
 
@@ -231,32 +275,51 @@ def test_chat_rag_field_filters_with_the_openai_client(openai_client, client):
 
     _ingest_policies(client)
     response = openai_client.chat.completions.create(
-        model="smollm2-135m-instruct", temperature=0, max_tokens=8, messages=[{"role": "user", "content": FLIGHTS}],
-        extra_body={"rag": {"collection": "policies", "top_k": 4, "min_score": -1, "filters": {"year": 2023}}})
+        model="smollm2-135m-instruct",
+        temperature=0,
+        max_tokens=8,
+        messages=[{"role": "user", "content": FLIGHTS}],
+        extra_body={"rag": {"collection": "policies", "top_k": 4, "min_score": -1, "filters": {"year": 2023}}},
+    )
     assert [c["document_id"] for c in response.model_extra["citations"]] == ["hr-2023"]
     with pytest.raises(openai.UnprocessableEntityError, match="filters.year"):
         openai_client.chat.completions.create(
-            model="smollm2-135m-instruct", max_tokens=8, messages=[{"role": "user", "content": FLIGHTS}],
-            extra_body={"rag": {"collection": "policies", "filters": {"year": [2023, 2024]}}})
+            model="smollm2-135m-instruct",
+            max_tokens=8,
+            messages=[{"role": "user", "content": FLIGHTS}],
+            extra_body={"rag": {"collection": "policies", "filters": {"year": [2023, 2024]}}},
+        )
 
 
-MANUAL = ("Pumps\n\nThe Zorblax reactor's primary coolant pump runs at 2,400 rpm.  Its seals are replaced "
-          "every 9 months; a café-grade grease (naïve choice!) voids the warranty.\n\n"
-          + " ".join(f"Valve {n} is inspected on day {n} of every quarter by the duty engineer." for n in range(60))
-          + "\n\nShutdown\n\nIn an emergency the reactor is flooded with helium within 30 seconds.")
+MANUAL = (
+    "Pumps\n\nThe Zorblax reactor's primary coolant pump runs at 2,400 rpm.  Its seals are replaced "
+    "every 9 months; a café-grade grease (naïve choice!) voids the warranty.\n\n"
+    + " ".join(f"Valve {n} is inspected on day {n} of every quarter by the duty engineer." for n in range(60))
+    + "\n\nShutdown\n\nIn an emergency the reactor is flooded with helium within 30 seconds."
+)
 
 
 def test_citation_offsets_point_into_the_ingested_text(client):
     assert _ingest(client, "manual", [("manual", MANUAL)])["documents"][0]["chunks"] >= 3
-    for question in ("How often are the pump seals replaced?", "What happens in an emergency shutdown?",
-                     "When is valve 42 inspected?"):
+    for question in (
+        "How often are the pump seals replaced?",
+        "What happens in an emergency shutdown?",
+        "When is valve 42 inspected?",
+    ):
         passages = client.get("/v1/collections/manual/search", params={"q": question, "top_k": 3}).json()["data"]
         assert passages
         for passage in passages:
-            assert MANUAL[passage["start"]:passage["end"]] == passage["text"], passage
-    cited = client.post("/v1/rag/query", json={"collection": "manual", "question": "How often are the pump seals "
-                                               "replaced?", "top_k": 2, "max_tokens": 8}).json()["citations"]
-    assert cited and all(MANUAL[c["start"]:c["end"]] == c["text"] for c in cited)
+            assert MANUAL[passage["start"] : passage["end"]] == passage["text"], passage
+    cited = client.post(
+        "/v1/rag/query",
+        json={
+            "collection": "manual",
+            "question": "How often are the pump seals replaced?",
+            "top_k": 2,
+            "max_tokens": 8,
+        },
+    ).json()["citations"]
+    assert cited and all(MANUAL[c["start"] : c["end"]] == c["text"] for c in cited)
     assert cited[0]["metadata"] == {"src": "manual"}
 
 
@@ -270,15 +333,19 @@ def test_search_route_returns_passages_without_generating(client, stack):
     first = body["data"][0]
     assert first["document_id"] == "zorblax" and first["chunk_id"] == "zorblax#0"
     assert (first["start"], first["end"], first["text"], first["metadata"]) == (0, len(ZORB), ZORB, {"src": "zorblax"})
-    filtered = client.get("/v1/collections/policies/search", params={
-        "q": FLIGHTS, "top_k": 4, "filters": json.dumps({"year": {"in": [2023, 2025]}, "source": "hr"})}).json()
+    filtered = client.get(
+        "/v1/collections/policies/search",
+        params={"q": FLIGHTS, "top_k": 4, "filters": json.dumps({"year": {"in": [2023, 2025]}, "source": "hr"})},
+    ).json()
     assert {p["document_id"] for p in filtered["data"]} == {"hr-2023", "hr-2025"}
     posted = client.post("/v1/collections/policies/search", json={"q": FLIGHTS, "filters": {"source": "it"}}).json()
     assert [p["document_id"] for p in posted["data"]] == ["it-2025"]
-    for path, params, status in [("/v1/collections/no-such-collection/search", {"q": "x"}, 404),
-                                 ("/v1/collections/..%2Fetc/search", {"q": "x"}, 400),
-                                 ("/v1/collections/facts/search", {"q": "x", "top_k": 10_000}, 400),
-                                 ("/v1/collections/facts/search", {"q": "x", "filters": "{"}, 400)]:
+    for path, params, status in [
+        ("/v1/collections/no-such-collection/search", {"q": "x"}, 404),
+        ("/v1/collections/..%2Fetc/search", {"q": "x"}, 400),
+        ("/v1/collections/facts/search", {"q": "x", "top_k": 10_000}, 400),
+        ("/v1/collections/facts/search", {"q": "x", "filters": "{"}, 400),
+    ]:
         assert client.get(path, params=params).status_code == status, (path, params)
     assert httpx.get(f"{stack.url}/v1/collections/facts/search", params={"q": "x"}, timeout=30).status_code == 401
 

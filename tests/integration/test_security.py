@@ -22,7 +22,9 @@ EMBED = "all-minilm-l6-v2"
 
 def _new_tenant(stack, admin_headers, **limits) -> tuple[str, dict]:
     name = f"sec-{uuid.uuid4().hex[:8]}"
-    response = httpx.post(f"{stack.url}/admin/tenants", headers=admin_headers, timeout=30, json={"name": name, **limits})
+    response = httpx.post(
+        f"{stack.url}/admin/tenants", headers=admin_headers, timeout=30, json={"name": name, **limits}
+    )
     assert response.status_code == 201, response.text
     return name, {"Authorization": f"Bearer {response.json()['api_key']}"}
 
@@ -30,8 +32,9 @@ def _new_tenant(stack, admin_headers, **limits) -> tuple[str, dict]:
 def _unauthenticated_grpc_call(port: int) -> grpc.StatusCode:
     """Ray Serve's inter-replica gRPC method, called without Ray's token."""
     with grpc.insecure_channel(f"{_machine_address()}:{port}") as channel:
-        call = channel.unary_unary("/ray.serve.ASGIService/HandleRequest",
-                                   request_serializer=lambda x: x, response_deserializer=lambda x: x)
+        call = channel.unary_unary(
+            "/ray.serve.ASGIService/HandleRequest", request_serializer=lambda x: x, response_deserializer=lambda x: x
+        )
         try:
             call(b"", timeout=10)
         except grpc.RpcError as error:
@@ -74,19 +77,32 @@ def test_state_is_private(stack, client):
     assert not loose
 
 
-@pytest.mark.parametrize("body, status, names", [
-    (b'{"documents":[{"id":"a","text":"x","metadata":{"score":NaN}}]}', 400, "documents[0].metadata.score"),
-    (b'{"documents":[{"id":"a","text":"x","metadata":{"v":Infinity}}]}', 400, "documents[0].metadata.v"),
-    (b'{"documents":[{"id":"a","text":"bad \\ud800 text"}]}', 400, "documents[0].text"),
-    (b'{"documents":[{"id":"a","text":"\xff\xfe broken"}]}', 400, "UTF-8"),
-    (json.dumps({"documents": [{"id": "a", "text": "x", "metadata": {"k": "v" * 9000}}]}).encode(), 422, "metadata"),
-    (json.dumps({"documents": [{"id": "a", "text": "x", "metadata": {"a": {"b": {"c": {"d": {"e": 1}}}}}}]}).encode(),
-     422, "metadata"),
-])
+@pytest.mark.parametrize(
+    "body, status, names",
+    [
+        (b'{"documents":[{"id":"a","text":"x","metadata":{"score":NaN}}]}', 400, "documents[0].metadata.score"),
+        (b'{"documents":[{"id":"a","text":"x","metadata":{"v":Infinity}}]}', 400, "documents[0].metadata.v"),
+        (b'{"documents":[{"id":"a","text":"bad \\ud800 text"}]}', 400, "documents[0].text"),
+        (b'{"documents":[{"id":"a","text":"\xff\xfe broken"}]}', 400, "UTF-8"),
+        (
+            json.dumps({"documents": [{"id": "a", "text": "x", "metadata": {"k": "v" * 9000}}]}).encode(),
+            422,
+            "metadata",
+        ),
+        (
+            json.dumps(
+                {"documents": [{"id": "a", "text": "x", "metadata": {"a": {"b": {"c": {"d": {"e": 1}}}}}}]}
+            ).encode(),
+            422,
+            "metadata",
+        ),
+    ],
+)
 def test_bad_documents_are_refused_and_nothing_is_stored(client, body, status, names):
     collection = f"bad-{uuid.uuid4().hex[:6]}"
-    response = client.post(f"/v1/collections/{collection}/documents", content=body,
-                           headers={"content-type": "application/json"})
+    response = client.post(
+        f"/v1/collections/{collection}/documents", content=body, headers={"content-type": "application/json"}
+    )
     assert response.status_code == status, response.text
     assert names in response.json()["error"]["message"]
     assert client.get(f"/v1/collections/{collection}").status_code == 404
@@ -104,15 +120,22 @@ def test_an_ingest_is_atomic(client):
     assert client.get(f"/v1/collections/{collection}").status_code == 404
 
 
-@pytest.mark.parametrize("path, payload, names", [
-    ("/v1/embeddings", {"model": EMBED, "input": "lone \ud800 surrogate"}, "input"),
-    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "n": 32}, "n is 32"),
-    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi \udfff"}]}, "messages[0].content"),
-    ("/v1/completions", {"model": MODEL, "prompt": ["p"] * 17, "max_tokens": 1}, "17 prompts"),
-    ("/v1/completions", {"model": MODEL, "prompt": "p", "n": 5, "max_tokens": 1}, "n is 5"),
-    ("/v1/rag/query", {"collection": "any", "question": "q", "top_k": 999}, "top_k"),
-    ("/v1/embeddings", {"model": EMBED, "input": ["x"] * 2049}, "2049"),
-])
+@pytest.mark.parametrize(
+    "path, payload, names",
+    [
+        ("/v1/embeddings", {"model": EMBED, "input": "lone \ud800 surrogate"}, "input"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "n": 32}, "n is 32"),
+        (
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": [{"role": "user", "content": "hi \udfff"}]},
+            "messages[0].content",
+        ),
+        ("/v1/completions", {"model": MODEL, "prompt": ["p"] * 17, "max_tokens": 1}, "17 prompts"),
+        ("/v1/completions", {"model": MODEL, "prompt": "p", "n": 5, "max_tokens": 1}, "n is 5"),
+        ("/v1/rag/query", {"collection": "any", "question": "q", "top_k": 999}, "top_k"),
+        ("/v1/embeddings", {"model": EMBED, "input": ["x"] * 2049}, "2049"),
+    ],
+)
 def test_bad_requests_name_the_field(client, path, payload, names):
     body = json.dumps(payload, ensure_ascii=True).encode()  # lone surrogates travel as \\ud800 escapes
     response = client.post(path, content=body, headers={"content-type": "application/json"})
@@ -121,8 +144,11 @@ def test_bad_requests_name_the_field(client, path, payload, names):
 
 
 def test_an_oversized_body_is_an_openai_shaped_413(client):
-    response = client.post("/v1/embeddings", content=b'{"input": "' + b"a" * (9 * 2**20) + b'"}',
-                           headers={"content-type": "application/json"})
+    response = client.post(
+        "/v1/embeddings",
+        content=b'{"input": "' + b"a" * (9 * 2**20) + b'"}',
+        headers={"content-type": "application/json"},
+    )
     assert response.status_code == 413
     assert response.headers["content-type"].startswith("application/json")
     assert "max_body_bytes" in response.json()["error"]["message"]
@@ -189,8 +215,13 @@ def _until_charged(stack, admin_headers, name: str, completion_at_least: int) ->
 
 def test_a_non_streamed_chat_whose_client_hangs_up_runs_on_and_is_charged(stack, admin_headers):
     name, headers = _new_tenant(stack, admin_headers)
-    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Count from one to one hundred."}],
-            "max_tokens": 48, "temperature": 0, "ignore_eos": True}
+    chat = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Count from one to one hundred."}],
+        "max_tokens": 48,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
     with httpx.Client(base_url=stack.url, headers=headers) as http:
         with pytest.raises(httpx.TimeoutException):
             http.post("/v1/chat/completions", json=chat, timeout=0.5)
@@ -200,8 +231,15 @@ def test_a_non_streamed_chat_whose_client_hangs_up_runs_on_and_is_charged(stack,
 
 def test_a_cut_stream_of_n_choices_is_charged_every_choice(stack, admin_headers):
     name, headers = _new_tenant(stack, admin_headers)
-    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Tell a long story."}], "n": 3,
-            "max_tokens": 64, "temperature": 0.8, "ignore_eos": True, "stream": True}
+    chat = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Tell a long story."}],
+        "n": 3,
+        "max_tokens": 64,
+        "temperature": 0.8,
+        "ignore_eos": True,
+        "stream": True,
+    }
     received = {}
     with httpx.Client(base_url=stack.url, headers=headers, timeout=60) as http:
         with http.stream("POST", "/v1/chat/completions", json=chat) as response:

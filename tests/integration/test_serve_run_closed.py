@@ -39,8 +39,9 @@ def _session_of(log: str) -> str | None:
 def test_plain_serve_run_refuses_to_deploy_on_an_open_ray_and_leaves_nothing_running(tmp_path):
     port = _free_port()
     profile = tmp_path / "profile.yaml"
-    profile.write_text(yaml.safe_dump({"extends": str(ROOT / "configs" / "cpu-tiny.yaml"),
-                                       "state_dir": str(tmp_path / "state")}))
+    profile.write_text(
+        yaml.safe_dump({"extends": str(ROOT / "configs" / "cpu-tiny.yaml"), "state_dir": str(tmp_path / "state")})
+    )
     config = yaml.safe_load((ROOT / "serve.yaml").read_text())
     config["http_options"]["port"] = port
     config["applications"][0]["args"]["profile"] = str(profile)
@@ -50,8 +51,14 @@ def test_plain_serve_run_refuses_to_deploy_on_an_open_ray_and_leaves_nothing_run
     log_path = tmp_path / "serve-run.log"
     serve = str(Path(sys.executable).parent / "serve")
     with log_path.open("w") as log:
-        process = subprocess.Popen([serve, "run", str(tmp_path / "serve.yaml")], cwd=ROOT, env=env, stdout=log,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            [serve, "run", str(tmp_path / "serve.yaml")],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     answered = []
     try:
         deadline = time.monotonic() + REFUSAL_WITHIN_S
@@ -76,8 +83,13 @@ def test_plain_serve_run_refuses_to_deploy_on_an_open_ray_and_leaves_nothing_run
     deadline = time.monotonic() + 60
     left = ["?"]
     while time.monotonic() < deadline and left:
-        left = [p.pid for p in psutil.process_iter(["cmdline"]) if session and session in " ".join(p.info["cmdline"] or [])]
+        left = [
+            p.pid for p in psutil.process_iter(["cmdline"]) if session and session in " ".join(p.info["cmdline"] or [])
+        ]
         time.sleep(1)
     assert session and not left, f"processes of Ray session {session} are still running: {left}"
-    assert not [c for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.laddr
-                and c.laddr.port == port], f"something still listens on the gateway's port {port}"
+    assert not [
+        c
+        for c in psutil.net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+    ], f"something still listens on the gateway's port {port}"

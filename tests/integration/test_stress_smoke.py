@@ -30,15 +30,36 @@ def test_stress_smoke_passes_every_layer_against_the_real_stack(stack, admin_hea
     env = {**os.environ, "POOLSERVE_ADMIN_KEY": ADMIN_KEY, "PYTHONPATH": str(ROOT)}
     env.pop("POOLSERVE_PROFILE", None)
     started = time.monotonic()
-    run = subprocess.run([sys.executable, "-m", "cli.main", "stress", "--serve-config", str(stack.config_path),
-                          "--pool", str(stack.pool_bytes), "--quick", "--layers", SMOKE_LAYERS, "--out", str(out)],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=SMOKE_BUDGET_S)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cli.main",
+            "stress",
+            "--serve-config",
+            str(stack.config_path),
+            "--pool",
+            str(stack.pool_bytes),
+            "--quick",
+            "--layers",
+            SMOKE_LAYERS,
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=SMOKE_BUDGET_S,
+    )
     seconds = time.monotonic() - started
     print(f"stress smoke: {seconds:.0f} s\n{(out / 'stress.md').read_text() if (out / 'stress.md').exists() else ''}")
     assert (out / "stress.json").exists(), run.stderr[-3000:]
     report = json.loads((out / "stress.json").read_text())
     layers = {layer["layer"]: layer for layer in report["layers"]}
-    failed = {n: [c for c in layer["checks"] if not c["ok"]] for n, layer in layers.items() if layer["verdict"] == "fail"}
+    failed = {
+        n: [c for c in layer["checks"] if not c["ok"]] for n, layer in layers.items() if layer["verdict"] == "fail"
+    }
     reader, why = find_reader()
     expected = {1: "pass", 2: "pass", 3: "pass", 4: "pass", 5: "pass", 6: "pass" if reader else "not measurable"}
     assert {n: layer["verdict"] for n, layer in layers.items()} == expected, failed

@@ -23,5 +23,9 @@ def unplanned_edge(state_dir, gateway: dict | None = None):
     from planner.outputs import GatewayEdge
     from planner.profile import GatewaySpec
 
-    return GatewayEdge(state_dir=str(state_dir), tenants_file=None, guard=unplanned_guard(),
-                       gateway=GatewaySpec.model_validate(gateway or {}))
+    return GatewayEdge(
+        state_dir=str(state_dir),
+        tenants_file=None,
+        guard=unplanned_guard(),
+        gateway=GatewaySpec.model_validate(gateway or {}),
+    )

@@ -8,7 +8,15 @@ from planner.profile import GatewaySpec, RagSpec
 
 
 def gateway_settings(**fields) -> GatewaySettings:
-    defaults = {**RagSpec().model_dump(), **GatewaySpec().model_dump(include=set(FROM_GATEWAY_SPEC)),
-                "chat_model_id": "chat-model", "chat_models": {}, "embed_model_id": "embedder",
-                "planned_bytes": {}, "planned_at_rest_bytes": {}, "embed_max_seq_tokens": 256, "state_dir": "var"}
+    defaults = {
+        **RagSpec().model_dump(),
+        **GatewaySpec().model_dump(include=set(FROM_GATEWAY_SPEC)),
+        "chat_model_id": "chat-model",
+        "chat_models": {},
+        "embed_model_id": "embedder",
+        "planned_bytes": {},
+        "planned_at_rest_bytes": {},
+        "embed_max_seq_tokens": 256,
+        "state_dir": "var",
+    }
     return GatewaySettings.model_validate({**defaults, **fields})

@@ -50,8 +50,9 @@ class FakeChat:
         self.calls = []
 
     async def complete(self, messages, max_tokens, temperature, stream):
-        self.calls.append({"messages": messages, "max_tokens": max_tokens, "temperature": temperature,
-                           "stream": stream})
+        self.calls.append(
+            {"messages": messages, "max_tokens": max_tokens, "temperature": temperature, "stream": stream}
+        )
         return "the answer"
 
 
@@ -66,7 +67,7 @@ class RecordingIndex:
 
     async def search(self, tenant, collection, query):
         self.queries.append((tenant, collection, query))
-        return SearchResult(self.hits[:query.top_k], self.best_similarity if self.hits else None)
+        return SearchResult(self.hits[: query.top_k], self.best_similarity if self.hits else None)
 
 
 class ChunkDeleteFails:

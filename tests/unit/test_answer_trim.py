@@ -4,31 +4,49 @@ from __future__ import annotations
 
 import pytest
 
-from rag.retrieval.answer_trim import SentenceHoldback, finish_answer, last_sentence_end, sentence_ends, trim_to_sentence
+from rag.retrieval.answer_trim import (
+    SentenceHoldback,
+    finish_answer,
+    last_sentence_end,
+    sentence_ends,
+    trim_to_sentence,
+)
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("It checks the remote ref [1]. Then it overwr", "It checks the remote ref [1]."),
-    ("It checks the remote ref. [1] Then it overwr", "It checks the remote ref. [1]"),
-    ("Use --force-with-lease.[1][2] It refuses when", "Use --force-with-lease.[1][2]"),
-    ("Is it safe? No! A background fetch upd", "Is it safe? No!"),
-    ('He said "stop." Then the', 'He said "stop."'),
-    ("Set rerere.enabled (see git-config). The cache liv", "Set rerere.enabled (see git-config)."),
-    ("Version 2.39.5 is shipped. It sets core.autocrlf to", "Version 2.39.5 is shipped."),
-    ("Some tools, e.g. git gc, prune it. Others, i.e. fsck, do", "Some tools, e.g. git gc, prune it."),
-    ("Steps:\n1. Run git bisect start.\n2. Mark the bad", "Steps:\n1. Run git bisect start."),
-    ("Wait... then retry. And", "Wait... then retry."),
-    ("First line.\nSecond line without", "First line."),
-    ("The whole answer ends here.", "The whole answer ends here."),
-    ("The whole answer ends here. ", "The whole answer ends here."),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("It checks the remote ref [1]. Then it overwr", "It checks the remote ref [1]."),
+        ("It checks the remote ref. [1] Then it overwr", "It checks the remote ref. [1]"),
+        ("Use --force-with-lease.[1][2] It refuses when", "Use --force-with-lease.[1][2]"),
+        ("Is it safe? No! A background fetch upd", "Is it safe? No!"),
+        ('He said "stop." Then the', 'He said "stop."'),
+        ("Set rerere.enabled (see git-config). The cache liv", "Set rerere.enabled (see git-config)."),
+        ("Version 2.39.5 is shipped. It sets core.autocrlf to", "Version 2.39.5 is shipped."),
+        ("Some tools, e.g. git gc, prune it. Others, i.e. fsck, do", "Some tools, e.g. git gc, prune it."),
+        ("Steps:\n1. Run git bisect start.\n2. Mark the bad", "Steps:\n1. Run git bisect start."),
+        ("Wait... then retry. And", "Wait... then retry."),
+        ("First line.\nSecond line without", "First line."),
+        ("The whole answer ends here.", "The whole answer ends here."),
+        ("The whole answer ends here. ", "The whole answer ends here."),
+    ],
+)
 def test_a_capped_answer_ends_at_its_last_sentence(text, expected):
     assert trim_to_sentence(text) == expected
     assert finish_answer(text, "length") == expected
 
 
-@pytest.mark.parametrize("text", ["no sentence end in this one", "1. a list item without", "see e.g. the", "",
-                                  "version 3.5 of the", "the file a.txt and"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "no sentence end in this one",
+        "1. a list item without",
+        "see e.g. the",
+        "",
+        "version 3.5 of the",
+        "the file a.txt and",
+    ],
+)
 def test_an_answer_without_a_sentence_end_is_kept_as_it_is(text):
     assert trim_to_sentence(text) == text
 
@@ -90,15 +108,37 @@ def test_a_stopped_stream_gets_its_held_tail():
 def test_holdback_work_stays_bounded_on_a_long_stream():
     holdback = SentenceHoldback()
     out = [holdback.feed("word. " if i % 7 == 0 else "word ") for i in range(5000)]
-    assert "".join(out) + holdback.finish("length") == trim_to_sentence("".join(
-        "word. " if i % 7 == 0 else "word " for i in range(5000)))
+    assert "".join(out) + holdback.finish("length") == trim_to_sentence(
+        "".join("word. " if i % 7 == 0 else "word " for i in range(5000))
+    )
 
 
 def test_any_split_of_an_answer_streams_what_the_whole_answer_would_be():
     import random
 
-    pieces = ["It", " checks", ".", " ", "[1]", "[2", "]", "3", ".5", " e.g", ".", "\n2", "?", "!", '"', ")",
-              " word", "...", " i.e.", "。", "x"]
+    pieces = [
+        "It",
+        " checks",
+        ".",
+        " ",
+        "[1]",
+        "[2",
+        "]",
+        "3",
+        ".5",
+        " e.g",
+        ".",
+        "\n2",
+        "?",
+        "!",
+        '"',
+        ")",
+        " word",
+        "...",
+        " i.e.",
+        "。",
+        "x",
+    ]
     rng = random.Random(46)
     for _ in range(300):
         text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 30)))

@@ -19,10 +19,23 @@ DETAIL = ROOT / "docs" / "archive" / "BENCHMARKS-detail-2026-12.md"  # each sect
 # The files whose links into DOC and ARCHIVE are checked.
 SOURCES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "docs" / "archive").glob("*.md"))]
 # Every marked table, by file; one that disappears is no longer regenerated, so its removal must be deliberate.
-MARKED = {DOC: {"retrieval-scale-100k-quiet", "rag-latency", "cold-start"},
-          DETAIL: {"engine-fidelity", "speculative-eager", "speculative", "retrieval-scale",
-                   "retrieval-scale-100k-quiet", "rag-latency", "serving", "speculative-stack", "cold-start",
-                   "smoke/serving", "smoke/retrieval", "smoke/limits"}}
+MARKED = {
+    DOC: {"retrieval-scale-100k-quiet", "rag-latency", "cold-start"},
+    DETAIL: {
+        "engine-fidelity",
+        "speculative-eager",
+        "speculative",
+        "retrieval-scale",
+        "retrieval-scale-100k-quiet",
+        "rag-latency",
+        "serving",
+        "speculative-stack",
+        "cold-start",
+        "smoke/serving",
+        "smoke/retrieval",
+        "smoke/limits",
+    },
+}
 MAX_LINES = 330  # issue 47: the current figures only, about 300 lines
 
 HEADING = re.compile(r"(#{1,6}) +(.+?) *#* *$")
@@ -55,8 +68,10 @@ def github_anchor(title: str) -> str:
 
 def test_github_anchor():
     assert github_anchor("2.6 Threads per step: every core (2026-12-05)") == "26-threads-per-step-every-core-2026-12-05"
-    assert github_anchor("1.2 `dtype: auto` on a CPU (`bench/bench_cpu_dtype.py`)") == \
-        "12-dtype-auto-on-a-cpu-benchbench_cpu_dtypepy"
+    assert (
+        github_anchor("1.2 `dtype: auto` on a CPU (`bench/bench_cpu_dtype.py`)")
+        == "12-dtype-auto-on-a-cpu-benchbench_cpu_dtypepy"
+    )
     assert [h[2] for h in headings("## What\n```\n# not a heading\n```\n### What\n")] == ["what", "what-1"]
 
 
@@ -82,7 +97,7 @@ def test_report_check_exits_nonzero_on_a_stale_table(tmp_path):
     text = DOC.read_text()
     body = next(m for m in report.MARKER.finditer(text) if m["key"] == "cold-start")
     stale = tmp_path / "BENCHMARKS.md"
-    stale.write_text(text[:body.start("body")] + body["body"].replace("|", "| ", 1) + text[body.end("body"):])
+    stale.write_text(text[: body.start("body")] + body["body"].replace("|", "| ", 1) + text[body.end("body") :])
     fresh = tmp_path / "fresh.md"
     fresh.write_text(text)
     runner = CliRunner()
@@ -107,7 +122,7 @@ def test_stale_tables_names_the_stale_one():
     text = DOC.read_text()
     results = report.load_results(report.RESULTS_DIR)
     body = next(m for m in report.MARKER.finditer(text) if m["key"] == "cold-start")
-    changed = text[:body.start("body")] + body["body"].replace("|", "| ", 1) + text[body.end("body"):]
+    changed = text[: body.start("body")] + body["body"].replace("|", "| ", 1) + text[body.end("body") :]
     assert report.stale_tables(changed, results) == ["cold-start"]
 
 
@@ -133,8 +148,9 @@ def test_sections_are_numbered_in_order():
         else:
             match = re.fullmatch(r"(\d+)\.(\d+) \S.*", title)
             assert match, f"a sub-section's heading is 'N.M Title' (no letters or primes): {title!r}"
-            assert (int(match.group(1)), int(match.group(2))) == (top, subs + 1), \
+            assert (int(match.group(1)), int(match.group(2))) == (top, subs + 1), (
                 f"sub-section {match.group(1)}.{match.group(2)} after {top}.{subs}: {title!r}"
+            )
             subs += 1
             numbers.append(f"{top}.{subs}")
     assert top >= 10 and len(numbers) == len(set(numbers))
@@ -163,8 +179,10 @@ def test_links_into_the_benchmarks_resolve(source):
     assert not broken, f"{source.relative_to(ROOT)}: links to no heading: {broken}"
 
 
-SECTION_REF = re.compile(r"BENCHMARKS(?:\.md)?,?\s+(?:sections?\s+|§\s?)?"
-                         r"((?:\d+(?:\.\d+)?[a-z]?'*)(?:(?:,\s*|\s+and\s+)\d+(?:\.\d+)?[a-z]?'*)*)")
+SECTION_REF = re.compile(
+    r"BENCHMARKS(?:\.md)?,?\s+(?:sections?\s+|§\s?)?"
+    r"((?:\d+(?:\.\d+)?[a-z]?'*)(?:(?:,\s*|\s+and\s+)\d+(?:\.\d+)?[a-z]?'*)*)"
+)
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
@@ -172,8 +190,11 @@ def test_section_numbers_cited_exist(source):
     """'docs/BENCHMARKS.md section 2.6' and the like name a section that exists (letter-and-prime numbers such as
     '7c' are the old scheme: the 'Old section numbers' table of the page's record maps them)."""
     heads = headings(DOC.read_text())
-    numbers = {re.match(r"(\d+(?:\.\d+)?)", title).group(1) for level, title, _ in heads
-               if level in (2, 3) and title[0].isdigit()}
+    numbers = {
+        re.match(r"(\d+(?:\.\d+)?)", title).group(1)
+        for level, title, _ in heads
+        if level in (2, 3) and title[0].isdigit()
+    }
     cited = []
     for match in SECTION_REF.finditer(source.read_text()):
         cited += [ref for ref in re.split(r",\s*|\s+and\s+", match.group(1)) if re.fullmatch(r"\d+(?:\.\d+)?", ref)]

@@ -60,16 +60,22 @@ def test_best_of_returns_the_fastest_and_the_last_result():
 
 # ---- results -----------------------------------------------------------------------------------
 def test_result_round_trips_through_its_file(tmp_path):
-    result = new_result("retrieval", {"sizes": [2000]}, {"p50": np.float64(0.5)},
-                        [{"n": np.int64(2000), "path": "store", "p50": 0.25}], command=["bench/x.py"])
+    result = new_result(
+        "retrieval",
+        {"sizes": [2000]},
+        {"p50": np.float64(0.5)},
+        [{"n": np.int64(2000), "path": "store", "p50": 0.25}],
+        command=["bench/x.py"],
+    )
     path = write_result(result, tmp_path)
     assert path == tmp_path / "retrieval.json"
     data = json.loads(path.read_text())
     assert data["format"] == FORMAT_VERSION
     assert set(data) == {"format", "name", "commit", "machine", "date", "command", "config", "metrics", "rows"}
     loaded = read_result(path)
-    assert loaded == BenchResult(**{**result.__dict__, "metrics": {"p50": 0.5}, "rows": [{"n": 2000, "path": "store",
-                                                                                          "p50": 0.25}]})
+    assert loaded == BenchResult(
+        **{**result.__dict__, "metrics": {"p50": 0.5}, "rows": [{"n": 2000, "path": "store", "p50": 0.25}]}
+    )
     assert loaded.command == ["bench/x.py"] and loaded.date.endswith("Z") and loaded.machine["logical_cpus"] >= 1
 
 
@@ -106,8 +112,12 @@ def test_engine_setup_is_the_plans_chat_replica():
 
 def test_overrides_replace_only_the_named_arguments():
     plan = build_plan(load_profile(PROFILE), 24 * GiB).replica("chat").vllm
-    setup = engine_setup(PROFILE, {"enforce_eager": False, "speculative_config": SPECULATION["draft_model"]},
-                         env_overrides={"OMP_NUM_THREADS": "2"}, pool_total_bytes=24 * GiB)
+    setup = engine_setup(
+        PROFILE,
+        {"enforce_eager": False, "speculative_config": SPECULATION["draft_model"]},
+        env_overrides={"OMP_NUM_THREADS": "2"},
+        pool_total_bytes=24 * GiB,
+    )
     assert setup.args.enforce_eager is False
     assert setup.args.speculative_config["method"] == "draft_model"
     untouched = {k: v for k, v in plan.as_dict().items() if k not in ("enforce_eager", "speculative_config")}
@@ -125,10 +135,22 @@ def test_none_unsets_an_argument_and_a_typo_is_an_error():
 
 
 def test_cli_flags_spell_booleans_and_dicts_as_vllm_reads_them():
-    flags = cli_flags({"enforce_eager": True, "enable_prefix_caching": False, "max_model_len": 4096,
-                       "speculative_config": {"method": "ngram"}})
-    assert flags == ["--enforce-eager", "--no-enable-prefix-caching", "--max-model-len", "4096",
-                     "--speculative-config", '{"method": "ngram"}']
+    flags = cli_flags(
+        {
+            "enforce_eager": True,
+            "enable_prefix_caching": False,
+            "max_model_len": 4096,
+            "speculative_config": {"method": "ngram"},
+        }
+    )
+    assert flags == [
+        "--enforce-eager",
+        "--no-enable-prefix-caching",
+        "--max-model-len",
+        "4096",
+        "--speculative-config",
+        '{"method": "ngram"}',
+    ]
 
 
 def test_raw_vllm_command_uses_the_module_not_the_cli():
@@ -152,21 +174,36 @@ def test_serving_argv_is_a_greedy_capped_chat_load():
 
 
 def test_scalar_metrics_drop_per_request_lists():
-    assert scalar_metrics({"output_throughput": 20.5, "completed": 4, "ttfts": [0.1], "goodput": None}) == \
-        {"output_throughput": 20.5, "completed": 4, "goodput": None}
+    assert scalar_metrics({"output_throughput": 20.5, "completed": 4, "ttfts": [0.1], "goodput": None}) == {
+        "output_throughput": 20.5,
+        "completed": 4,
+        "goodput": None,
+    }
 
 
 # ---- report ------------------------------------------------------------------------------------
 def test_report_replaces_only_marked_tables_with_results():
-    limits = new_result("limits", {"rounds": 10}, {"median_ratio_shared_vs_old": 20.0},
-                        [{"path": "shared SQLite limiter", "rounds": 10, "median_us": 80.0, "p99_us": 900.0},
-                         {"path": "in-process limits (old)", "rounds": 10, "median_us": 4.0, "p99_us": 9.0}])
-    text = ("# x\nkept\n<!-- bench-report:smoke/limits -->\nold\n<!-- /bench-report:smoke/limits -->\n"
-            "<!-- bench-report:serving -->\nstale\n<!-- /bench-report:serving -->\ntail\n")
+    limits = new_result(
+        "limits",
+        {"rounds": 10},
+        {"median_ratio_shared_vs_old": 20.0},
+        [
+            {"path": "shared SQLite limiter", "rounds": 10, "median_us": 80.0, "p99_us": 900.0},
+            {"path": "in-process limits (old)", "rounds": 10, "median_us": 4.0, "p99_us": 9.0},
+        ],
+    )
+    text = (
+        "# x\nkept\n<!-- bench-report:smoke/limits -->\nold\n<!-- /bench-report:smoke/limits -->\n"
+        "<!-- bench-report:serving -->\nstale\n<!-- /bench-report:serving -->\ntail\n"
+    )
     updated, missing = render_docs(text, {"smoke/limits": (limits, Path("limits.json"))})
     assert missing == ["serving"]
-    assert "\nold\n" not in updated and "| 10 | median 80.0 µs, p99 900.0 µs | n/a | median 4.0 µs, p99 9.0 µs | " \
-        "nanx | 20.0x |\n<!-- /bench-report:smoke/limits -->" in updated  # a result from before the 4-step row
+    assert (
+        "\nold\n" not in updated
+        and "| 10 | median 80.0 µs, p99 900.0 µs | n/a | median 4.0 µs, p99 9.0 µs | "
+        "nanx | 20.0x |\n<!-- /bench-report:smoke/limits -->"
+        in updated
+    )  # a result from before the 4-step row
     assert updated.startswith("# x\nkept\n") and "stale" in updated and updated.endswith("tail\n")
     assert render_docs(updated, {"smoke/limits": (limits, Path("limits.json"))})[0] == updated
 
@@ -174,16 +211,20 @@ def test_report_replaces_only_marked_tables_with_results():
 def test_spec_counters_sum_label_sets_of_raw_vllm_and_ray():
     from bench.harness.spec_metrics import SpecCounters, parse_counters
 
-    raw = ("# HELP vllm:spec_decode_num_drafts_total Number of drafts.\n"
-           'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10.0\n'
-           'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 40.0\n'
-           'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 26.0\n'
-           'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",position="0"} 9.0\n')
+    raw = (
+        "# HELP vllm:spec_decode_num_drafts_total Number of drafts.\n"
+        'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10.0\n'
+        'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 40.0\n'
+        'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 26.0\n'
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",position="0"} 9.0\n'
+    )
     assert parse_counters(raw) == SpecCounters(10, 40, 26)
-    ray = ('ray_vllm_spec_decode_num_drafts_total{ReplicaId="a",engine="0"} 4.0\n'
-           'ray_vllm_spec_decode_num_drafts_total{ReplicaId="b",engine="0"} 6.0\n'
-           'ray_vllm_spec_decode_num_draft_tokens_total{ReplicaId="a"} 40.0\n'
-           'ray_vllm_spec_decode_num_accepted_tokens_total{ReplicaId="a"} 20.0\n')
+    ray = (
+        'ray_vllm_spec_decode_num_drafts_total{ReplicaId="a",engine="0"} 4.0\n'
+        'ray_vllm_spec_decode_num_drafts_total{ReplicaId="b",engine="0"} 6.0\n'
+        'ray_vllm_spec_decode_num_draft_tokens_total{ReplicaId="a"} 40.0\n'
+        'ray_vllm_spec_decode_num_accepted_tokens_total{ReplicaId="a"} 20.0\n'
+    )
     counters = parse_counters(ray)
     assert counters == SpecCounters(10, 40, 20)
     stats = counters.minus(SpecCounters(5, 20, 5)).stats()
@@ -201,8 +242,14 @@ def test_cpu_roles_name_the_stack_and_vllm_processes():
     assert role_of("VLLM::EngineCore", "python") == "vLLM EngineCore"
     assert role_of("python -m vllm.entrypoints.openai.api_server --model m", "python") == "vLLM API server"
     # The plan's CPU engine names its worker class on the server's command line.
-    assert role_of("python -m vllm.entrypoints.openai.api_server --model m --worker-cls "
-                   "vllm_bridge.cpu_worker.StepThreadsCPUWorker", "python") == "vLLM API server"
+    assert (
+        role_of(
+            "python -m vllm.entrypoints.openai.api_server --model m --worker-cls "
+            "vllm_bridge.cpu_worker.StepThreadsCPUWorker",
+            "python",
+        )
+        == "vLLM API server"
+    )
     assert role_of("VLLM::Worker", "python") == "vLLM worker"
     assert role_of("something-else", "proc") == "proc"
 
@@ -255,8 +302,9 @@ def test_a_result_worker_returns_its_result_line_or_stops_with_its_log(tmp_path)
 
     from bench.harness.procs import run_result_worker
 
-    ok = run_result_worker([sys.executable, "-c", "print('noise'); print('RESULT {\"tok_s\": 1.5}')"], {},
-                           tmp_path / "ok.log", 60, "ok")
+    ok = run_result_worker(
+        [sys.executable, "-c", "print('noise'); print('RESULT {\"tok_s\": 1.5}')"], {}, tmp_path / "ok.log", 60, "ok"
+    )
     assert ok == {"tok_s": 1.5}
     with pytest.raises(SystemExit, match="broken failed; log .*broken.log:\n.*no result here"):
         run_result_worker([sys.executable, "-c", "print('no result here')"], {}, tmp_path / "broken.log", 60, "broken")
@@ -268,6 +316,12 @@ def test_server_timing_header_parts_are_read_in_milliseconds():
 
     timings = IngestTimings(chunk=0.25, embed=1.5, embedder_busy=1.25)
     parts = server_timing(timings.server_timing())
-    assert parts == {"extract": 0.0, "chunk": 250.0, "embed": 1500.0, "embedder_busy": 1250.0, "charge": 0.0,
-                     "store": 0.0}
+    assert parts == {
+        "extract": 0.0,
+        "chunk": 250.0,
+        "embed": 1500.0,
+        "embedder_busy": 1250.0,
+        "charge": 0.0,
+        "store": 0.0,
+    }
     assert server_timing("") == {} and server_timing("db;desc=x, app;dur=2.5") == {"app": 2.5}

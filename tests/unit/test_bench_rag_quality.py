@@ -16,23 +16,47 @@ from bench.rag_baselines import page_index
 
 MODEL = Path(__file__).resolve().parents[2] / "models" / "all-MiniLM-L6-v2"
 DOCUMENTS = [
-    {"id": "kettle", "title": "Electric kettles",
-     "text": "Electric kettles\n\nA kettle boils water for tea. The thermostat switches the heating element off "
-             "when the water reaches boiling point. Descale it with vinegar when limescale builds up."},
-    {"id": "bicycle", "title": "Bicycle maintenance",
-     "text": "Bicycle maintenance\n\nOil the chain every few hundred kilometres. A derailleur moves the chain "
-             "between sprockets; adjust its cable tension when gears skip. Check tyre pressure weekly."},
-    {"id": "sourdough", "title": "Sourdough bread",
-     "text": "Sourdough bread\n\nA starter of flour and water ferments with wild yeast. Feed the starter daily, "
-             "let the dough rise overnight and bake it in a hot Dutch oven."},
+    {
+        "id": "kettle",
+        "title": "Electric kettles",
+        "text": "Electric kettles\n\nA kettle boils water for tea. The thermostat switches the heating element off "
+        "when the water reaches boiling point. Descale it with vinegar when limescale builds up.",
+    },
+    {
+        "id": "bicycle",
+        "title": "Bicycle maintenance",
+        "text": "Bicycle maintenance\n\nOil the chain every few hundred kilometres. A derailleur moves the chain "
+        "between sprockets; adjust its cable tension when gears skip. Check tyre pressure weekly.",
+    },
+    {
+        "id": "sourdough",
+        "title": "Sourdough bread",
+        "text": "Sourdough bread\n\nA starter of flour and water ferments with wild yeast. Feed the starter daily, "
+        "let the dough rise overnight and bake it in a hot Dutch oven.",
+    },
 ]
 QUESTIONS = [
-    {"id": "t1", "kind": "exact", "question": "What does a derailleur do?", "documents": ["bicycle"],
-     "evidence": "derailleur"},
-    {"id": "t2", "kind": "paraphrase", "question": "How do I get rid of mineral crust inside the thing I heat water in?",
-     "documents": ["kettle"], "evidence": "limescale"},
-    {"id": "t3", "kind": "paraphrase", "question": "How often should the fermented flour culture be fed?",
-     "documents": ["sourdough"], "evidence": "[Ff]eed the starter"},
+    {
+        "id": "t1",
+        "kind": "exact",
+        "question": "What does a derailleur do?",
+        "documents": ["bicycle"],
+        "evidence": "derailleur",
+    },
+    {
+        "id": "t2",
+        "kind": "paraphrase",
+        "question": "How do I get rid of mineral crust inside the thing I heat water in?",
+        "documents": ["kettle"],
+        "evidence": "limescale",
+    },
+    {
+        "id": "t3",
+        "kind": "paraphrase",
+        "question": "How often should the fermented flour culture be fed?",
+        "documents": ["sourdough"],
+        "evidence": "[Ff]eed the starter",
+    },
 ]
 
 
@@ -55,21 +79,39 @@ def test_load_corpus_keeps_titles_and_check_questions_reads_evidence(tiny):
 
 
 def test_bm25_pages_ranks_whole_documents_and_the_title_field_counts():
-    pages = page_index([bench.DocumentInput(id=d["id"], text=d["text"], metadata={"title": d["title"]})
-                        for d in DOCUMENTS])
+    pages = page_index(
+        [bench.DocumentInput(id=d["id"], text=d["text"], metadata={"title": d["title"]}) for d in DOCUMENTS]
+    )
     assert [h.document_id for h in pages.search("derailleur gears", 10)] == ["bicycle"]
     assert pages.search("the of", 10) == [] or all(h.document_id for h in pages.search("the of", 10))
     assert pages.search("kettles", 10, title_weight=5.0)[0].document_id == "kettle"
     m = bench.evaluate_pages(pages, QUESTIONS, bench.DEPTH, bench.metrics)
-    assert m["questions"] == 3 and set(m["by_kind"]) == {"exact", "paraphrase"} and m["by_kind"]["exact"]["recall@1"] == 1.0
+    assert (
+        m["questions"] == 3
+        and set(m["by_kind"]) == {"exact", "paraphrase"}
+        and m["by_kind"]["exact"]["recall@1"] == 1.0
+    )
     pages.close()
 
 
 @pytest.mark.skipif(not MODEL.exists(), reason="needs models/all-MiniLM-L6-v2")
 def test_main_on_another_corpus_writes_every_mode_bm25_pages_and_title_boosts(tiny, tmp_path, monkeypatch, capsys):
     out = tmp_path / "result.json"
-    monkeypatch.setattr(sys, "argv", ["bench_rag_quality.py", "--corpus", str(tiny[0]), "--questions", str(tiny[1]),
-                                      "--out", str(out), "--torch-threads", "1"])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "bench_rag_quality.py",
+            "--corpus",
+            str(tiny[0]),
+            "--questions",
+            str(tiny[1]),
+            "--out",
+            str(out),
+            "--torch-threads",
+            "1",
+        ],
+    )
     asyncio.run(bench.main())
     report = json.loads(out.read_text())
     assert report["corpus"]["documents"] == 3 and report["questions"]["unanswerable"] == 0

@@ -11,7 +11,8 @@ from bench import retrieval_corpus as corpus
 from bench.harness.results import new_result
 
 TEXT = "Python Library Documentation: module abc\n\nNAME\n    abc - Abstract Base Classes.\n\n" + "\n\n".join(
-    f"PARAGRAPH {i}\n    " + " ".join(f"word{i}_{j}" for j in range(40)) for i in range(8))
+    f"PARAGRAPH {i}\n    " + " ".join(f"word{i}_{j}" for j in range(40)) for i in range(8)
+)
 
 
 def unit_rows(rng, n, dim=16):
@@ -39,7 +40,7 @@ def test_chunk_vectors_keep_the_real_ones_then_perturb_them_at_the_chosen_cosine
     np.testing.assert_array_equal(out[:50], real)
     np.testing.assert_allclose(np.linalg.norm(out, axis=1), 1.0, atol=1e-5)
     cosines = np.sum(out[50:] * real[np.arange(50, 500) % 50], axis=1)
-    assert np.median(cosines) == pytest.approx(1 / np.sqrt(1 + norm ** 2), abs=0.01)
+    assert np.median(cosines) == pytest.approx(1 / np.sqrt(1 + norm**2), abs=0.01)
     np.testing.assert_array_equal(out, corpus.chunk_vectors(real, 500, norm, seed=1))
 
 
@@ -52,7 +53,7 @@ def test_noise_norm_matches_the_median_cosine_of_text_copies_to_the_originals():
     copies = np.array([0] * 40 + [1] * 40)
     norm, median = corpus.noise_norm(vectors, copies)
     assert median == pytest.approx(np.median(np.sum(noisy * original, axis=1)), abs=1e-6)
-    assert 1 / np.sqrt(1 + norm ** 2) == pytest.approx(median, abs=1e-6)
+    assert 1 / np.sqrt(1 + norm**2) == pytest.approx(median, abs=1e-6)
     assert corpus.noise_norm(original, np.zeros(40, dtype=int))[0] == 0.3  # no real copy: the fallback
 
 
@@ -91,9 +92,27 @@ def test_exported_vectors_come_back_as_unit_fp32_blocks(tmp_path, monkeypatch):
 
 
 def test_table_has_a_row_per_measurement():
-    row = {**scale.EMPTY_ROW, "n": 1000, "real": 1000, "kind": "hnsw", "setting": "hnsw M32 ef64",
-           "store_default": True, "build_s": 1.0, "memory_mib": 2.0, "index_mib": 1.5, "p50": 0.1, "p95": 0.2,
-           "recall": 0.9, "recall_ties": 0.91, "top1": 0.95, "embed_search_p50": 15.0, "embed_search_p95": 20.0,
-           "embed_part_p50": 14.9, "search_part_p50": 0.1, "cpu_p50": 14.0, "load": 3.0}
+    row = {
+        **scale.EMPTY_ROW,
+        "n": 1000,
+        "real": 1000,
+        "kind": "hnsw",
+        "setting": "hnsw M32 ef64",
+        "store_default": True,
+        "build_s": 1.0,
+        "memory_mib": 2.0,
+        "index_mib": 1.5,
+        "p50": 0.1,
+        "p95": 0.2,
+        "recall": 0.9,
+        "recall_ties": 0.91,
+        "top1": 0.95,
+        "embed_search_p50": 15.0,
+        "embed_search_p95": 20.0,
+        "embed_part_p50": 14.9,
+        "search_part_p50": 0.1,
+        "cpu_p50": 14.0,
+        "load": 3.0,
+    }
     table = scale.tables(new_result("retrieval-scale", {}, {}, [row], command=[]))
     assert "| 1000 | 1000 | hnsw M32 ef64 (store) | 1.0 | 2 | 2 | 0.10 | 0.20 | 0.900 | 0.910 | 0.950 | 15.0 |" in table

@@ -28,20 +28,31 @@ def _write(directory: Path, files: dict[str, str]) -> Path:
 
 def _v1_dir(directory: Path, limit: str, usage: int = 0, inactive_file: int = 0, cache: int = 0) -> Path:
     # A v1 memory.stat holds both the cgroup's own counters and the hierarchical total_* ones.
-    stat = (f"cache {cache // 2}\nrss 1000\ninactive_file {inactive_file // 2}\n"
-            f"hierarchical_memory_limit {V1_UNLIMITED}\n"
-            f"total_cache {cache}\ntotal_rss 2000\ntotal_inactive_file {inactive_file}\n")
-    return _write(directory, {"memory.limit_in_bytes": f"{limit}\n", "memory.usage_in_bytes": f"{usage}\n",
-                              "memory.stat": stat, "cgroup.procs": ""})
+    stat = (
+        f"cache {cache // 2}\nrss 1000\ninactive_file {inactive_file // 2}\n"
+        f"hierarchical_memory_limit {V1_UNLIMITED}\n"
+        f"total_cache {cache}\ntotal_rss 2000\ntotal_inactive_file {inactive_file}\n"
+    )
+    return _write(
+        directory,
+        {
+            "memory.limit_in_bytes": f"{limit}\n",
+            "memory.usage_in_bytes": f"{usage}\n",
+            "memory.stat": stat,
+            "cgroup.procs": "",
+        },
+    )
 
 
 def _v2_dir(directory: Path, limit: str, usage: int = 0, inactive_file: int = 0, file: int = 0) -> Path:
     stat = f"anon 4096\nfile {file}\nkernel 8192\nactive_file 0\ninactive_file {inactive_file}\n"
-    return _write(directory, {"memory.max": f"{limit}\n", "memory.current": f"{usage}\n",
-                              "memory.stat": stat, "cgroup.procs": ""})
+    return _write(
+        directory, {"memory.max": f"{limit}\n", "memory.current": f"{usage}\n", "memory.stat": stat, "cgroup.procs": ""}
+    )
 
 
 # --- _own_memory_path -------------------------------------------------------------------------------
+
 
 def test_own_memory_path_v1(monkeypatch, tmp_path):
     monkeypatch.setattr(cgroup, "CGROUP_ROOT", tmp_path)
@@ -71,9 +82,9 @@ def test_own_memory_path_none_without_memory_line(monkeypatch, tmp_path):
 
 # --- MemoryCgroup on a fake tree ---------------------------------------------------------------------
 
+
 def test_v1_readings(tmp_path):
-    path = _v1_dir(tmp_path / "pool", str(512 * MiB), usage=300 * MiB, inactive_file=100 * MiB,
-                   cache=150 * MiB)
+    path = _v1_dir(tmp_path / "pool", str(512 * MiB), usage=300 * MiB, inactive_file=100 * MiB, cache=150 * MiB)
     group = MemoryCgroup(path, 1)
     assert group.limit_bytes() == 512 * MiB
     assert group.usage_bytes() == 300 * MiB
@@ -107,8 +118,10 @@ def test_v2_max_is_none(tmp_path):
 def test_in_use_never_negative(tmp_path, version):
     # usage_in_bytes is batched per CPU in v1 and can lag memory.stat: reclaimable may exceed it.
     make = _v1_dir if version == 1 else _v2_dir
-    group = MemoryCgroup(make(tmp_path / "pool", "max" if version == 2 else V1_UNLIMITED,
-                              usage=10 * MiB, inactive_file=50 * MiB), version)
+    group = MemoryCgroup(
+        make(tmp_path / "pool", "max" if version == 2 else V1_UNLIMITED, usage=10 * MiB, inactive_file=50 * MiB),
+        version,
+    )
     assert group.in_use_bytes() == 0
 
 
@@ -131,6 +144,7 @@ def test_add_and_pids_use_cgroup_procs(tmp_path):
 
 
 # --- effective_limit_bytes ---------------------------------------------------------------------------
+
 
 def test_effective_limit_is_min_over_ancestors_v1(monkeypatch, tmp_path):
     monkeypatch.setattr(cgroup, "CGROUP_ROOT", tmp_path)
@@ -163,6 +177,7 @@ def test_effective_limit_without_cgroup(monkeypatch):
 
 
 # --- create_pool / remove_pool on fake trees (no root needed) ----------------------------------------
+
 
 def test_create_pool_without_controller_raises(monkeypatch):
     monkeypatch.setattr(cgroup, "own_cgroup", lambda pid="self": None)
@@ -259,8 +274,9 @@ def test_real_pool_limits_and_charges_a_child():
             assert int(memsw.read_text()) == 256 * MiB
         assert pool.pids() == []
 
-        child = subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, text=True)
+        child = subprocess.Popen(
+            [sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         pool.add(child.pid)
         assert child.pid in pool.pids()
         assert os.getpid() not in pool.pids()

@@ -57,11 +57,22 @@ def source(name: str) -> SourceFile:
 
 
 def test_the_plan_adds_replaces_deletes_and_keeps_unreadable_files():
-    stored = {document_id("docs/same.txt"): {HASH_KEY: "h1"}, document_id("docs/edited.txt"): {HASH_KEY: "old"},
-              document_id("docs/gone.txt"): {HASH_KEY: "h3"}, document_id("docs/locked.txt"): {HASH_KEY: "h4"},
-              "added-by-api": {}}
-    plan = plan_sync([(source("docs/same.txt"), "h1"), (source("docs/edited.txt"), "new"),
-                      (source("docs/new.txt"), "h5"), (source("docs/locked.txt"), None)], stored)
+    stored = {
+        document_id("docs/same.txt"): {HASH_KEY: "h1"},
+        document_id("docs/edited.txt"): {HASH_KEY: "old"},
+        document_id("docs/gone.txt"): {HASH_KEY: "h3"},
+        document_id("docs/locked.txt"): {HASH_KEY: "h4"},
+        "added-by-api": {},
+    }
+    plan = plan_sync(
+        [
+            (source("docs/same.txt"), "h1"),
+            (source("docs/edited.txt"), "new"),
+            (source("docs/new.txt"), "h5"),
+            (source("docs/locked.txt"), None),
+        ],
+        stored,
+    )
     assert [s.source for s in plan.add] == ["docs/new.txt"] and [s.source for s in plan.replace] == ["docs/edited.txt"]
     assert plan.delete == sorted([document_id("docs/gone.txt"), "added-by-api"])  # equal to the folder
     assert plan.unchanged == 1 and plan.unreadable == [("docs/locked.txt", "cannot read it")]
@@ -96,11 +107,13 @@ def test_watch_follows_adds_edits_and_deletes_and_reads_unchanged_files_once(tmp
         return original(path)
 
     monkeypatch.setattr(Path, "read_bytes", counting)
-    steps = iter([
-        lambda: (root / "c.md").write_text("gamma"),
-        lambda: ((root / "a.md").write_text("alpha, edited and longer"), (root / "b.md").unlink()),
-        lambda: None,
-    ])
+    steps = iter(
+        [
+            lambda: (root / "c.md").write_text("gamma"),
+            lambda: ((root / "a.md").write_text("alpha, edited and longer"), (root / "b.md").unlink()),
+            lambda: None,
+        ]
+    )
     failures = watch(gateway, "kb", [root], quiet(), interval_s=0.0, cycles=4, sleep=lambda s: next(steps)())
     assert failures == 0
     assert set(gateway.docs) == {document_id("docs/a.md"), document_id("docs/c.md")}

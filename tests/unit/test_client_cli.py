@@ -18,14 +18,24 @@ def test_walk_finds_supported_files_recursively_skips_hidden_and_lists_missing(t
     (tmp_path / "notes.odt").write_text("x")
     files, missing = walk([docs, tmp_path / "notes.odt", docs / "a.md", tmp_path / "nope"])
     assert [(f.source, f.content_type) for f in files] == [
-        ("docs/a.md", "text/markdown"), ("docs/guides/b.HTML", "text/html"), ("docs/guides/c.txt", "text/plain"),
-        ("notes.odt", None)]  # a file named directly is listed (and reported) even of an unsupported type
+        ("docs/a.md", "text/markdown"),
+        ("docs/guides/b.HTML", "text/html"),
+        ("docs/guides/c.txt", "text/plain"),
+        ("notes.odt", None),
+    ]  # a file named directly is listed (and reported) even of an unsupported type
     assert missing == [tmp_path / "nope"]
 
 
 def test_document_ids_are_valid_stable_and_distinct():
-    sources = ["docs/guides/b.md", "docs/guides b.md", "../x..y.md", "_odd.md", "é/ü.txt", "d/" + "x" * 300 + ".md",
-               "d/" + "x" * 300 + ".txt"]
+    sources = [
+        "docs/guides/b.md",
+        "docs/guides b.md",
+        "../x..y.md",
+        "_odd.md",
+        "é/ü.txt",
+        "d/" + "x" * 300 + ".md",
+        "d/" + "x" * 300 + ".txt",
+    ]
     ids = [document_id(s) for s in sources]
     for doc_id in ids:
         assert validate_document_id(doc_id) == doc_id and len(doc_id) <= MAX_ID_LEN
@@ -88,7 +98,10 @@ def _run_tenants(monkeypatch, args):
 def test_save_key_refuses_an_existing_file_before_any_key_is_created(tmp_path, monkeypatch):
     existing = tmp_path / "acme.key"
     existing.write_text("an older key\n")
-    for args in (["add", "acme", "--save-key", str(existing)], ["keys", "acme", "--create", "--save-key", str(existing)]):
+    for args in (
+        ["add", "acme", "--save-key", str(existing)],
+        ["keys", "acme", "--create", "--save-key", str(existing)],
+    ):
         result, calls = _run_tenants(monkeypatch, args)
         assert result.exit_code == 1 and calls == []  # the server was never asked: no orphaned key
         assert existing.read_text() == "an older key\n"
@@ -122,8 +135,9 @@ def _follow(client):
     from cli.ingest import IngestReport, _ingest_as_job
 
     report, shown = IngestReport(), []
-    problem = _ingest_as_job(client, "/v1/collections/kb/documents", {"id": "big"}, report, shown.append,
-                             sleep=lambda s: None)
+    problem = _ingest_as_job(
+        client, "/v1/collections/kb/documents", {"id": "big"}, report, shown.append, sleep=lambda s: None
+    )
     return problem, report, shown
 
 
@@ -138,8 +152,12 @@ def test_a_large_file_goes_as_a_job_and_is_followed_to_completion():
 
 
 def test_a_failed_job_is_reported_with_its_error():
-    failed = {"id": "ingest_1", "status": "failed", "counts": {"chunks_embedded": 0},
-              "error": {"status": 413, "message": "over capacity"}}
+    failed = {
+        "id": "ingest_1",
+        "status": "failed",
+        "counts": {"chunks_embedded": 0},
+        "error": {"status": 413, "message": "over capacity"},
+    }
     problem, report, _ = _follow(_JobClient([failed]))
     assert problem == "job ingest_1 failed: 413 over capacity" and report.sent == 0
 

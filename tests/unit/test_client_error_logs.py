@@ -86,7 +86,8 @@ def test_a_real_fault_still_raises_with_its_traceback(caplog):
             broken()
         assert isinstance(full(), Refused)
     assert [r.getMessage() for r in caplog.records] == [
-        "full refused (the client's mistake, answered as a 4xx): CapacityExceeded: tenant 'a' is at its quota of 10 chunks"]
+        "full refused (the client's mistake, answered as a 4xx): CapacityExceeded: tenant 'a' is at its quota of 10 chunks"
+    ]
     assert raise_refused({"ok": 1}) == {"ok": 1}, "an answer passes through"
 
 
@@ -106,8 +107,12 @@ def test_a_404_through_the_gateway_logs_one_line_and_no_traceback(tmp_path, capl
     app.delete("/v1/collections/{collection}")(gateway.delete_collection)
     with captured(caplog, "ray.serve", "poolserve.gateway", "poolserve.tenants"):
         with TestClient(app, raise_server_exceptions=False) as client:
-            answers = [client.get("/v1/collections/missing"), client.get("/v1/collections/missing/documents"),
-                       client.delete("/v1/collections/missing/documents/d1"), client.delete("/v1/collections/missing")]
+            answers = [
+                client.get("/v1/collections/missing"),
+                client.get("/v1/collections/missing/documents"),
+                client.delete("/v1/collections/missing/documents/d1"),
+                client.delete("/v1/collections/missing"),
+            ]
     assert [a.status_code for a in answers] == [404] * 4
     assert all(a.json()["error"]["message"] == "collection 'missing' not found" for a in answers)
     ours = [r for r in caplog.records if r.levelno >= logging.INFO and not r.name.startswith(("httpx", "asyncio"))]
@@ -126,8 +131,9 @@ def test_a_missing_document_in_an_existing_collection_is_a_404_too(tmp_path, cap
 
     from rag.documents.chunking import Chunk
 
-    replica.upsert_documents("t", "kb", [("d1", [Chunk(index=0, text="hello", start=0, end=5)],
-                                          np.ones((1, DIM), dtype=np.float32), {}, 5)])
+    replica.upsert_documents(
+        "t", "kb", [("d1", [Chunk(index=0, text="hello", start=0, end=5)], np.ones((1, DIM), dtype=np.float32), {}, 5)]
+    )
     with captured(caplog, "ray.serve"):
         answer = replica.delete_document("t", "kb", "nope")
     assert isinstance(answer, Refused) and isinstance(answer.error, DocumentNotFound)
@@ -150,5 +156,7 @@ class _Handle:
                 async def answer():
                     await asyncio.sleep(0)
                     return method(*args, **kwargs)
+
                 return answer()
+
         return _Call

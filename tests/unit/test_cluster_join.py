@@ -30,7 +30,9 @@ def test_the_head_starts_on_its_address_with_its_fixed_ports_and_resource(tmp_pa
     flags = _flags(head_start_command("ray", plan, profile, StackLayout(tmp_path)))
     head = profile.pools[0]
     assert flags["--node-ip-address"] == head.address == "127.0.0.3"
-    assert flags["--port"] == str(head.ray_ports.gcs) and flags["--node-manager-port"] == str(head.ray_ports.node_manager)
+    assert flags["--port"] == str(head.ray_ports.gcs) and flags["--node-manager-port"] == str(
+        head.ray_ports.node_manager
+    )
     assert flags["--min-worker-port"] == str(head.ray_ports.min_worker)
     assert flags["--resources"] == '{"poolserve_node_node-a": 1.0}'
     assert flags["--dashboard-host"] == "127.0.0.1"  # the dashboard never faces the link

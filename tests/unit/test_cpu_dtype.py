@@ -30,21 +30,28 @@ def test_auto_is_float32_on_an_emulating_cpu_and_bfloat16_on_a_native_one():
     assert emulated.replica("chat").vllm.dtype == "float32"
     assert native.replica("chat").vllm.dtype == "bfloat16"
     # float32 weights are twice bf16's, and the plan counts them so
-    assert emulated.replica("chat").breakdown["weights.mlp (float32)"] > 1.9 * native.replica("chat").breakdown["weights.mlp (bfloat16)"]
+    assert (
+        emulated.replica("chat").breakdown["weights.mlp (float32)"]
+        > 1.9 * native.replica("chat").breakdown["weights.mlp (bfloat16)"]
+    )
 
 
 def test_the_dtype_benchmark_summarizes_ratios_per_prompt_length():
     from bench.bench_cpu_dtype import AGREEMENT_TOKENS, first_difference, summarize
 
     def row(seconds, c1, b8, greedy):
-        prefill = [{"doc": d, "length": n, "tokens": n + 20, "seconds": seconds * n / 1000}
-                   for d in range(3) for n in (256, 2000)]
+        prefill = [
+            {"doc": d, "length": n, "tokens": n + 20, "seconds": seconds * n / 1000}
+            for d in range(3)
+            for n in (256, 2000)
+        ]
         return {"init_s": 20.0, "prefill": prefill, "tok_s_c1": c1, "tok_s_batch8": b8, "greedy": greedy}
 
     same = list(range(AGREEMENT_TOKENS))
     other = same[:5] + [999] * (AGREEMENT_TOKENS - 5)
-    summary = summarize({"bfloat16": row(30.0, 11.0, 20.0, [same, same]),
-                         "float32": row(6.0, 9.9, 50.0, [same, other])})
+    summary = summarize(
+        {"bfloat16": row(30.0, 11.0, 20.0, [same, same]), "float32": row(6.0, 9.9, 50.0, [same, other])}
+    )
     ratios = summary["float32_over_bfloat16"]
     assert abs(ratios["prefill_2000"] - 5.0) < 1e-9 and abs(ratios["prefill_256"] - 5.0) < 1e-9
     assert abs(ratios["tok_s_batch8"] - 2.5) < 1e-9 and abs(ratios["tok_s_c1"] - 0.9) < 1e-9

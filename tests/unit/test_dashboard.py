@@ -61,7 +61,9 @@ def test_gate_lets_in_the_admin_key_or_a_session_and_sends_others_to_the_login_f
     forged = ("cookie", f"{session.COOKIE_NAME}={session.issue('not-the-admin-key')}")
     assert dashboard_gate(guard, _scope(headers=[forged]), "/dashboard/data").status_code == 401
     assert dashboard_gate(FakeGuard(None), _scope(), "/dashboard/login").status_code == 404  # no admin key: off
-    assert is_dashboard_path("/dashboard") and is_dashboard_path("/dashboard/x") and not is_dashboard_path("/dashboards")
+    assert (
+        is_dashboard_path("/dashboard") and is_dashboard_path("/dashboard/x") and not is_dashboard_path("/dashboards")
+    )
 
 
 def test_history_keeps_one_hour_and_a_bounded_number_of_points():
@@ -88,12 +90,23 @@ class Row:
 
 
 def test_tenant_figures_sum_todays_rows_over_models_and_count_429s():
-    tenants = [{"name": "a", "rpm": 5, "tpm": None, "max_concurrency": 2, "models": None},
-               {"name": "b", "rpm": None, "tpm": 100, "max_concurrency": None, "models": ["m"]}]
-    rows = [Row("a", "m", "2026-11-30", 2, 10, 5), Row("a", "e", "2026-11-30", 1, 7, 0),
-            Row("a", "m", "2026-11-29", 9, 99, 99), Row("b", "m", "2026-11-29", 1, 1, 1)]
+    tenants = [
+        {"name": "a", "rpm": 5, "tpm": None, "max_concurrency": 2, "models": None},
+        {"name": "b", "rpm": None, "tpm": 100, "max_concurrency": None, "models": ["m"]},
+    ]
+    rows = [
+        Row("a", "m", "2026-11-30", 2, 10, 5),
+        Row("a", "e", "2026-11-30", 1, 7, 0),
+        Row("a", "m", "2026-11-29", 9, 99, 99),
+        Row("b", "m", "2026-11-29", 1, 1, 1),
+    ]
     figures = tenants_today(tenants, rows, {"a": {"rpm": 3, "tpm": 1}}, "2026-11-30")
-    assert figures[0]["today"] == {"requests": 3, "tokens": 22, "rejected": 4, "rejected_by_reason": {"rpm": 3, "tpm": 1}}
+    assert figures[0]["today"] == {
+        "requests": 3,
+        "tokens": 22,
+        "rejected": 4,
+        "rejected_by_reason": {"rpm": 3, "tpm": 1},
+    }
     assert figures[1]["today"] == {"requests": 0, "tokens": 0, "rejected": 0, "rejected_by_reason": {}}
     assert measured_by_replica([{"name": "x", "measured_bytes": 5}, {"name": "y", "error": "down"}]) == {"x": 5}
 
@@ -118,14 +131,38 @@ class _Attributes(HTMLParser):
 
 
 def _snapshot(tenant_name="t<script>"):
-    status = {"pool": {"state": "ok", "used_bytes": 6 * 2**30, "limit_bytes": 24 * 2**30, "fraction": 0.25,
-                       "source": "host", "shed_ingest_at": 0.9, "shed_all_at": 0.95, "shed_requests": 0},
-              "replicas": [{"name": "chat", "measured_bytes": 2**30, "planned_bytes": 2 * 2**30},
-                           {"name": "embedder", "error": "down", "planned_bytes": 2**28}]}
-    return {"taken_at": "2026-11-30T15:00:00+00:00", "day": "2026-11-30", "status": status,
-            "tenants": [{"name": tenant_name, "rpm": 3, "tpm": None, "max_concurrency": None, "models": None,
-                         "today": {"requests": 4, "tokens": 50, "rejected": 1}}],
-            "collections": {"index": "flat", "data": [{"tenant": "demo", "name": "docs", "documents": 2, "chunks": 9}]}}
+    status = {
+        "pool": {
+            "state": "ok",
+            "used_bytes": 6 * 2**30,
+            "limit_bytes": 24 * 2**30,
+            "fraction": 0.25,
+            "source": "host",
+            "shed_ingest_at": 0.9,
+            "shed_all_at": 0.95,
+            "shed_requests": 0,
+        },
+        "replicas": [
+            {"name": "chat", "measured_bytes": 2**30, "planned_bytes": 2 * 2**30},
+            {"name": "embedder", "error": "down", "planned_bytes": 2**28},
+        ],
+    }
+    return {
+        "taken_at": "2026-11-30T15:00:00+00:00",
+        "day": "2026-11-30",
+        "status": status,
+        "tenants": [
+            {
+                "name": tenant_name,
+                "rpm": 3,
+                "tpm": None,
+                "max_concurrency": None,
+                "models": None,
+                "today": {"requests": 4, "tokens": 50, "rejected": 1},
+            }
+        ],
+        "collections": {"index": "flat", "data": [{"tenant": "demo", "name": "docs", "documents": 2, "chunks": 9}]},
+    }
 
 
 def test_sections_carry_exact_numbers_in_data_attributes_and_escape_names():

@@ -47,8 +47,9 @@ class Gateway(DashboardRoutes):
         self._default_serve_handles = {"chat-model": Handle(Replica(900 * MIB))}
         self._embedder = Handle(Replica(400 * MIB))
         self._retriever = Handle(RetrieverReplica(store))
-        self._settings = gateway_settings(planned_bytes={"chat": 1000 * MIB, "embedder": 500 * MIB,
-                                                         "retriever": 350 * MIB})
+        self._settings = gateway_settings(
+            planned_bytes={"chat": 1000 * MIB, "embedder": 500 * MIB, "retriever": 350 * MIB}
+        )
         self._memory_history = MemoryHistory()  # the sampler task is the replica's; not started here
 
 
@@ -88,8 +89,14 @@ def test_admin_key_as_bearer_opens_status_collections_and_the_page(http):
     admin = {"Authorization": f"Bearer {ADMIN}"}
     assert http.get("/status").status_code == 401
     status = http.get("/status", headers=admin).json()
-    assert status["replicas"][0] == {"name": "chat", "measured_bytes": 900 * MIB, "rss_bytes": 900 * MIB, "pids": [1],
-                                     "planned_bytes": 1000 * MIB, "planned_at_rest_bytes": None}
+    assert status["replicas"][0] == {
+        "name": "chat",
+        "measured_bytes": 900 * MIB,
+        "rss_bytes": 900 * MIB,
+        "pids": [1],
+        "planned_bytes": 1000 * MIB,
+        "planned_at_rest_bytes": None,
+    }
     assert http.get("/admin/collections", headers=admin).json()["index"] == "flat"
     assert http.get("/dashboard", headers=admin).status_code == 200
     assert http.get("/dashboard/static/dashboard.js").headers["content-type"].startswith("text/javascript")
@@ -100,8 +107,9 @@ def test_the_login_form_answers_429_after_a_few_wrong_keys_without_checking_the_
     from planner.profile import GatewaySpec
 
     allowed = GatewaySpec().login_failures_per_minute
-    assert [http.post("/dashboard/login", data={"key": f"wrong{i}"}).status_code for i in range(allowed)] == \
-        [401] * allowed
+    assert [http.post("/dashboard/login", data={"key": f"wrong{i}"}).status_code for i in range(allowed)] == [
+        401
+    ] * allowed
     locked = http.post("/dashboard/login", data={"key": ADMIN})  # even the right key: it is not looked at
     assert locked.status_code == 429 and int(locked.headers["retry-after"]) >= 1
     assert "Too many wrong keys" in locked.text and "set-cookie" not in locked.headers

@@ -87,8 +87,9 @@ def test_docx_sections_and_title_come_from_the_file():
     start = extracted.text.index("Insert every control rod")
     assert resolve(extracted.locations, start, start + 20) == {"section": "Shutdown procedure"}
     assert "A7 | Coolant pressure low" in extracted.text
-    chunk = RetrievedChunk("d", "d:1", 0.9, "Insert", {"title": "t", LOCATIONS_KEY: extracted.locations},
-                           start, start + 6)
+    chunk = RetrievedChunk(
+        "d", "d:1", 0.9, "Insert", {"title": "t", LOCATIONS_KEY: extracted.locations}, start, start + 6
+    )
     cited = chunk.citation()
     assert cited["section"] == "Shutdown procedure" and cited["metadata"] == {"title": "t"}
 
@@ -124,8 +125,9 @@ def test_files_without_text_are_refused_naming_the_reason():
 @pytest.fixture
 def small_caps():
     # A wall cap far above the CPU cap: on a loaded machine 1 s of CPU can take many seconds of wall time.
-    pool = ExtractionPool(ExtractionLimits(workers=1, cpu_seconds=1, memory_bytes=200 * 2**20, wall_seconds=120,
-                                           max_locations=100))
+    pool = ExtractionPool(
+        ExtractionLimits(workers=1, cpu_seconds=1, memory_bytes=200 * 2**20, wall_seconds=120, max_locations=100)
+    )
     yield pool
     pool.close()
 
@@ -133,8 +135,9 @@ def small_caps():
 def test_the_worker_extracts_and_reports_its_cpu_time():
     # Its own caps: the 17-page PDF takes about 0.2 s of CPU warm, but a fresh worker's imports count too,
     # and on a machine busy compiling (CI's set-up) that came near the 1 s cap of small_caps.
-    pool = ExtractionPool(ExtractionLimits(workers=1, cpu_seconds=10, memory_bytes=200 * 2**20, wall_seconds=120,
-                                           max_locations=100))
+    pool = ExtractionPool(
+        ExtractionLimits(workers=1, cpu_seconds=10, memory_bytes=200 * 2**20, wall_seconds=120, max_locations=100)
+    )
     try:
         result = pool.extract_blocking((DATA / "shared-mime-info-spec.pdf").read_bytes(), PDF)
     finally:
@@ -152,8 +155,9 @@ def test_a_document_over_the_cpu_cap_is_a_clear_error_quickly(small_caps):
 
 
 def test_a_document_over_the_memory_cap_is_a_413_naming_it(capfd):
-    pool = ExtractionPool(ExtractionLimits(workers=1, cpu_seconds=20, memory_bytes=150 * 2**20, wall_seconds=60,
-                                           max_locations=100))
+    pool = ExtractionPool(
+        ExtractionLimits(workers=1, cpu_seconds=20, memory_bytes=150 * 2**20, wall_seconds=60, max_locations=100)
+    )
     try:
         with pytest.raises(ExtractionFailed, match=r"150 MiB memory cap \(rag.extraction.memory_bytes\)") as failed:
             pool.extract_blocking("<div>" + "x " * 20_000_000 + "</div>", "text/html")
@@ -195,18 +199,27 @@ def test_a_child_that_runs_out_of_memory_answers_413_and_leaves_the_log_alone(mo
     monkeypatch.setattr(extract_child, "_cap", cap)
     monkeypatch.setattr(extract_child, "json", NoMemoryOnceCapped)
     monkeypatch.setattr(extract_child, "extract", exhausting)
-    job = {"content_type": "text/plain", "binary": True, "cpu_seconds": 30, "memory_bytes": 64 * 2**20,
-           "wall_seconds": 60, "max_locations": 10}
+    job = {
+        "content_type": "text/plain",
+        "binary": True,
+        "cpu_seconds": 30,
+        "memory_bytes": 64 * 2**20,
+        "wall_seconds": 60,
+        "max_locations": 10,
+    }
     answer = extract_child.run_one(job, b"some text")  # forks: the child is this process's copy
-    assert answer["reply"] == {"status": 413, "error": "extracting it needs more than the 64 MiB memory cap "
-                                                       "(rag.extraction.memory_bytes)"}, answer
+    assert answer["reply"] == {
+        "status": 413,
+        "error": "extracting it needs more than the 64 MiB memory cap (rag.extraction.memory_bytes)",
+    }, answer
     assert answer["signal"] is None and not answer["overran"]
     assert capfd.readouterr().err == "", "the child printed nothing to the gateway's log"
 
 
 def test_the_memory_cap_message_names_a_signal_only_when_there_was_one():
-    pool = ExtractionPool(ExtractionLimits(workers=1, cpu_seconds=1, memory_bytes=64 * 2**20, wall_seconds=5,
-                                           max_locations=10))
+    pool = ExtractionPool(
+        ExtractionLimits(workers=1, cpu_seconds=1, memory_bytes=64 * 2**20, wall_seconds=5, max_locations=10)
+    )
     for signal_number, expected in ((None, "(rag.extraction.memory_bytes)"), (9, "ended with signal 9")):
         with pytest.raises(ExtractionFailed) as failed:
             pool._result({"reply": None, "cpu_seconds": 0.1, "overran": False, "signal": signal_number})
@@ -216,27 +229,38 @@ def test_the_memory_cap_message_names_a_signal_only_when_there_was_one():
 
 def test_base64_and_multipart_uploads_reach_the_same_extraction(http):
     pdf = (DATA / "shared-mime-info-spec.pdf").read_bytes()
-    response = http.post("/v1/collections/facts/documents", json={"documents": [
-        {"id": "spec", "content_type": PDF, "data_base64": base64.b64encode(pdf).decode()}]})
+    response = http.post(
+        "/v1/collections/facts/documents",
+        json={"documents": [{"id": "spec", "content_type": PDF, "data_base64": base64.b64encode(pdf).decode()}]},
+    )
     assert response.status_code == 200, response.text
     assert response.json()["extraction_cpu_seconds"] > 0
-    hit = http.get("/v1/collections/facts/search", params={"q": "key words MUST SHOULD RFC 2119", "top_k": 1}).json()["data"][0]
+    hit = http.get("/v1/collections/facts/search", params={"q": "key words MUST SHOULD RFC 2119", "top_k": 1}).json()[
+        "data"
+    ][0]
     expected = resolve(extract(pdf, PDF).locations, hit["start"], hit["end"])
     assert expected and {k: hit[k] for k in expected} == expected and LOCATIONS_KEY not in hit["metadata"]
     docx = (DATA / "handbook.docx").read_bytes()
-    response = http.post("/v1/collections/facts/documents", files={"file": ("handbook.docx", docx)},
-                         data={"metadata": '{"src": "ops"}'})
+    response = http.post(
+        "/v1/collections/facts/documents", files={"file": ("handbook.docx", docx)}, data={"metadata": '{"src": "ops"}'}
+    )
     assert response.status_code == 200, response.text
     assert [doc["id"] for doc in response.json()["documents"]] == ["handbook.docx"]
 
 
-@pytest.mark.parametrize("document, status, message", [
-    ({"id": "x", "content_type": PDF, "text": "words"}, 422, "send its bytes as data_base64"),
-    ({"id": "x", "content_type": PDF, "data_base64": "not base64!"}, 422, "not valid base64"),
-    ({"id": "x", "content_type": PDF, "data_base64": base64.b64encode(b"%PDF-1.4 junk").decode()}, 422,
-     "cannot read it as PDF"),
-    ({"id": "x", "text": "a", "data_base64": "YQ=="}, 422, "exactly one of text and data_base64"),
-])
+@pytest.mark.parametrize(
+    "document, status, message",
+    [
+        ({"id": "x", "content_type": PDF, "text": "words"}, 422, "send its bytes as data_base64"),
+        ({"id": "x", "content_type": PDF, "data_base64": "not base64!"}, 422, "not valid base64"),
+        (
+            {"id": "x", "content_type": PDF, "data_base64": base64.b64encode(b"%PDF-1.4 junk").decode()},
+            422,
+            "cannot read it as PDF",
+        ),
+        ({"id": "x", "text": "a", "data_base64": "YQ=="}, 422, "exactly one of text and data_base64"),
+    ],
+)
 def test_bad_uploads_are_4xx_naming_the_problem(http, document, status, message):
     response = http.post("/v1/collections/facts/documents", json={"documents": [document]})
     assert response.status_code == status and message in response.text, response.text
@@ -248,9 +272,17 @@ def test_a_documents_child_runs_at_the_profiles_nice():
     import subprocess
     import sys
 
-    code = ("import os; from rag.documents.extract_child import _cap; "
-            "_cap({'cpu_seconds': 5, 'memory_bytes': 2**31, 'cpu_nice': 7}); print(os.getpriority(os.PRIO_PROCESS, 0))")
+    code = (
+        "import os; from rag.documents.extract_child import _cap; "
+        "_cap({'cpu_seconds': 5, 'memory_bytes': 2**31, 'cpu_nice': 7}); print(os.getpriority(os.PRIO_PROCESS, 0))"
+    )
     root = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60,
-                         env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 0 and out.stdout.strip() == "7", out.stderr

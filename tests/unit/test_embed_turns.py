@@ -9,11 +9,18 @@ import pytest
 from rag.retrieval.embed_turns import BatchTurns, IdleCores, OneForwardThread, threads_for
 
 
-@pytest.mark.parametrize("idle, least, most, expected", [
-    (2.0, 1, 2, 2), (1.6, 1, 2, 2),  # an idle machine (Ray's background work is noise): borrow
-    (1.3, 1, 2, 1), (0.2, 1, 2, 1),  # the engine is generating: keep to the planned thread
-    (8.0, 1, 4, 4), (3.0, 2, 8, 3), (0.0, 2, 8, 2),
-])
+@pytest.mark.parametrize(
+    "idle, least, most, expected",
+    [
+        (2.0, 1, 2, 2),
+        (1.6, 1, 2, 2),  # an idle machine (Ray's background work is noise): borrow
+        (1.3, 1, 2, 1),
+        (0.2, 1, 2, 1),  # the engine is generating: keep to the planned thread
+        (8.0, 1, 4, 4),
+        (3.0, 2, 8, 3),
+        (0.0, 2, 8, 2),
+    ],
+)
 def test_threads_follow_the_idle_cores_within_bounds(idle, least, most, expected):
     assert threads_for(idle, least, most) == expected
 

@@ -23,13 +23,17 @@ def _chat_config(profile, plan, name="chat"):
     from deployments.chat import llm_config_from_plan
 
     spec = dict(profile.chat_engines())[name]
-    shares = sorted((r for r in plan.shares if r.name.startswith(f"{name}@") and r.engine_node_rank is not None),
-                    key=lambda r: r.engine_node_rank)
+    shares = sorted(
+        (r for r in plan.shares if r.name.startswith(f"{name}@") and r.engine_node_rank is not None),
+        key=lambda r: r.engine_node_rank,
+    )
     return llm_config_from_plan(spec, plan.replica(name), [], shares)
 
 
-@pytest.mark.parametrize("name, pool", [("cpu-tiny", 24), ("cpu-two-nodes-split", 24), ("dgx-spark-27b", None),
-                                        ("gh200-two-engines", 139), ("h100", 79)])
+@pytest.mark.parametrize(
+    "name, pool",
+    [("cpu-tiny", 24), ("cpu-two-nodes-split", 24), ("dgx-spark-27b", None), ("gh200-two-engines", 139), ("h100", 79)],
+)
 def test_the_chat_replica_is_bound_with_exactly_the_planned_arguments_and_environment(name, pool):
     profile = load_profile(ROOT / f"configs/{name}.yaml")
     plan = build_plan(profile, pool * GiB if pool else None, cpu_native_bf16=True)

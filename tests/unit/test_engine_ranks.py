@@ -42,11 +42,19 @@ def test_the_headless_group_ends_itself_when_its_parent_is_sigkilled(tmp_path):
         threading.Thread(target=headless._end_group_when_orphaned, args=(os.getppid(),), daemon=True).start()
         time.sleep(120)
     """)
-    parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import subprocess, sys, time
         subprocess.Popen([sys.executable, "-c", {headless!r}], start_new_session=True)
         time.sleep(120)
-    """)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    """),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     try:
         deadline = time.monotonic() + WAIT_S
         while not (pids.exists() and pids.read_text().strip()) and time.monotonic() < deadline:
@@ -83,8 +91,14 @@ def test_a_replica_that_lost_a_rank_ends_its_engine_core_tree_and_nothing_else(t
         print("OTHER", other.poll(), flush=True)
         other.kill()
     """)
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     core, worker, other = map(int, pids.read_text().split())
     try:
         assert "ENDED 2" in done.stdout, done.stdout + done.stderr

@@ -56,6 +56,7 @@ def _server(sleep: str | None, log: list) -> PoolserveLLMServer:
 
     async def warm_up():
         log.append(("warm_up",))
+
     server._warm_up = warm_up
     server._start_engine = lambda: server.engine.start()
     return server
@@ -103,16 +104,24 @@ def test_on_a_cpu_processes_that_outlive_the_shutdown_are_killed(monkeypatch):
 
 def _off_loop_start(monkeypatch, log):
     """vLLM's blocking start steps, recorded with whether they ran off the replica's event loop."""
+
     def off_loop() -> bool:
         try:
             asyncio.get_running_loop()
             return False
         except RuntimeError:
             return True
-    monkeypatch.setattr(chat, "prepare_engine_config", lambda engine, config: log.append(("config", off_loop())) or
-                        ("engine args", "frontend args", "vllm config"))
-    monkeypatch.setattr(chat, "start_engine_client", lambda engine, config, prepared: log.append(
-        ("AsyncLLM", off_loop(), prepared[2])) or "new client")
+
+    monkeypatch.setattr(
+        chat,
+        "prepare_engine_config",
+        lambda engine, config: log.append(("config", off_loop())) or ("engine args", "frontend args", "vllm config"),
+    )
+    monkeypatch.setattr(
+        chat,
+        "start_engine_client",
+        lambda engine, config, prepared: log.append(("AsyncLLM", off_loop(), prepared[2])) or "new client",
+    )
 
 
 def test_on_a_cpu_wake_is_a_new_engine_started_off_the_loop_and_warmed_up(monkeypatch):
@@ -139,6 +148,7 @@ def test_a_wake_that_fails_leaves_the_engine_asleep_with_its_processes_stopped(m
 
     async def failing_warm_up():
         raise RuntimeError("warm-up failed")
+
     server._warm_up = failing_warm_up
     with pytest.raises(RuntimeError):
         asyncio.run(server.wake_engine())

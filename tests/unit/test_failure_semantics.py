@@ -27,14 +27,17 @@ def _body(response) -> dict:
     return json.loads(response.body)
 
 
-@pytest.mark.parametrize("exc, replica", [
-    (_named("EngineDeadError", "EngineCore encountered an issue"), "chat"),
-    (_named("ActorDiedError", "The actor died unexpectedly before finishing this task."), "backend"),
-    (_named("DeploymentUnavailableError", "deployment Embedder is unavailable"), "backend"),
-    (_named("BackPressureError", "queue is full"), "backend"),
-    (RuntimeError("ray.exceptions.RayTaskError(ActorUnavailableError): replica restarting"), "backend"),
-    (RuntimeError("wrapped: vllm.v1.engine.exceptions.EngineDeadError: engine is dead"), "chat"),
-])
+@pytest.mark.parametrize(
+    "exc, replica",
+    [
+        (_named("EngineDeadError", "EngineCore encountered an issue"), "chat"),
+        (_named("ActorDiedError", "The actor died unexpectedly before finishing this task."), "backend"),
+        (_named("DeploymentUnavailableError", "deployment Embedder is unavailable"), "backend"),
+        (_named("BackPressureError", "queue is full"), "backend"),
+        (RuntimeError("ray.exceptions.RayTaskError(ActorUnavailableError): replica restarting"), "backend"),
+        (RuntimeError("wrapped: vllm.v1.engine.exceptions.EngineDeadError: engine is dead"), "chat"),
+    ],
+)
 def test_unavailable_replicas_are_503_with_retry_after(exc, replica):
     response = map_exception(exc, RETRY_AFTER_S)
     assert response.status_code == 503
@@ -60,6 +63,7 @@ def test_context_length_is_a_400_and_an_http_status_is_kept():
 
     class Upstream(Exception):
         status_code, type, message = 429, "rate_limit_error", "slow down"
+
     response = map_exception(Upstream(), RETRY_AFTER_S)
     assert response.status_code == 429
     assert _body(response)["error"] == {"message": "slow down", "type": "rate_limit_error", "code": 429}
@@ -70,13 +74,19 @@ def test_unavailable_body():
     assert response.status_code == 503 and response.headers["Retry-After"] == "7"
     body = _body(response)
     message = body["error"]["message"]
-    assert message.startswith("the chat replica is unavailable (restarting); retry after 7s. Cause: EngineDeadError: boom")
+    assert message.startswith(
+        "the chat replica is unavailable (restarting); retry after 7s. Cause: EngineDeadError: boom"
+    )
     assert len(message) < 400, "the cause is cut short"
-    assert body == {"error": {"message": message, "type": "service_unavailable", "code": 503},
-                    "object": "error", "message": message}
+    assert body == {
+        "error": {"message": message, "type": "service_unavailable", "code": 503},
+        "object": "error",
+        "message": message,
+    }
 
 
 # ---- run_to_completion ---------------------------------------------------------------------
+
 
 def _run(coro):
     return asyncio.run(asyncio.wait_for(coro, timeout=10))
@@ -86,12 +96,14 @@ def test_run_to_completion_returns_the_value():
     async def work():
         await asyncio.sleep(0.01)
         return 42
+
     assert _run(run_to_completion(work())) == 42
 
 
 def test_run_to_completion_passes_an_error_on():
     async def work():
         raise KeyError("x")
+
     with pytest.raises(KeyError):
         _run(run_to_completion(work()))
 
@@ -128,16 +140,20 @@ def test_a_cancelled_request_waits_for_its_work_to_finish(cancels):
 
 # ---- app_path ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("scope, expected", [
-    ({"path": "/api/v1/models", "root_path": "/api"}, "/v1/models"),
-    ({"path": "/api", "root_path": "/api"}, "/"),
-    ({"path": "/api/", "root_path": "/api/"}, "/"),
-    ({"path": "/api/admin/tenants", "root_path": "/api/"}, "/admin/tenants"),
-    ({"path": "/v1/models"}, "/v1/models"),
-    ({"path": "/v1/models", "root_path": ""}, "/v1/models"),
-    ({"path": "/apix/v1", "root_path": "/api"}, "/apix/v1"),
-    ({"path": "/v1/models", "root_path": "/api"}, "/v1/models"),  # already stripped by the server
-    ({"path": "//admin", "root_path": ""}, "/admin"),
-])
+
+@pytest.mark.parametrize(
+    "scope, expected",
+    [
+        ({"path": "/api/v1/models", "root_path": "/api"}, "/v1/models"),
+        ({"path": "/api", "root_path": "/api"}, "/"),
+        ({"path": "/api/", "root_path": "/api/"}, "/"),
+        ({"path": "/api/admin/tenants", "root_path": "/api/"}, "/admin/tenants"),
+        ({"path": "/v1/models"}, "/v1/models"),
+        ({"path": "/v1/models", "root_path": ""}, "/v1/models"),
+        ({"path": "/apix/v1", "root_path": "/api"}, "/apix/v1"),
+        ({"path": "/v1/models", "root_path": "/api"}, "/v1/models"),  # already stripped by the server
+        ({"path": "//admin", "root_path": ""}, "/admin"),
+    ],
+)
 def test_app_path(scope, expected):
     assert app_path(scope) == expected

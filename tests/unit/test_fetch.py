@@ -45,8 +45,13 @@ def hub_config(bundled: str = "qwen3.8-flash-next", **changes) -> bytes:
 
 
 def repo_files(config: bytes) -> dict[str, bytes]:
-    files = {"config.json": config, "tokenizer.json": b'{"version": "1.0"}', "chat_template.jinja": b"{{ m }}",
-             "README.md": b"# not served by fetch", "pytorch_model.bin": b"pickled copy, not fetched"}
+    files = {
+        "config.json": config,
+        "tokenizer.json": b'{"version": "1.0"}',
+        "chat_template.jinja": b"{{ m }}",
+        "README.md": b"# not served by fetch",
+        "pytorch_model.bin": b"pickled copy, not fetched",
+    }
     files |= {name: bytes([i]) * (70_000 + i) for i, name in enumerate(WEIGHTS)}
     files["model.safetensors.index.json"] = json.dumps({"weight_map": {"w": WEIGHTS[0]}}).encode()
     return files
@@ -90,13 +95,21 @@ class _HubHandler(BaseHTTPRequestHandler):
             return self._reply(404, b"", {"X-Error-Code": "RevisionNotFound"}, body)
         files = hub.repos[repo]
         if listing and listing.group(2) == "revision":
-            siblings = [{"rfilename": name, "size": len(data), "blobId": _sha1(data), **_lfs(name, data, "sha256")}
-                        for name, data in files.items()]
-            return self._reply(200, json.dumps({"id": repo, "sha": COMMIT, "siblings": siblings}).encode(),
-                               {"Content-Type": "application/json"}, body)
+            siblings = [
+                {"rfilename": name, "size": len(data), "blobId": _sha1(data), **_lfs(name, data, "sha256")}
+                for name, data in files.items()
+            ]
+            return self._reply(
+                200,
+                json.dumps({"id": repo, "sha": COMMIT, "siblings": siblings}).encode(),
+                {"Content-Type": "application/json"},
+                body,
+            )
         if listing:
-            tree = [{"type": "file", "path": name, "size": len(data), "oid": _sha1(data), **_lfs(name, data, "oid")}
-                    for name, data in files.items()]
+            tree = [
+                {"type": "file", "path": name, "size": len(data), "oid": _sha1(data), **_lfs(name, data, "oid")}
+                for name, data in files.items()
+            ]
             return self._reply(200, json.dumps(tree).encode(), {"Content-Type": "application/json"}, body)
         name = resolve.group(3)
         if name not in files:
@@ -278,8 +291,11 @@ def test_hub_sources_in_the_schema():
     chat = ChatSpec(model_id="m", model="models/m", hub={"repo_id": "org/m", "revision": COMMIT})
     assert chat.hub.repo_id == "org/m" and chat.hub.revision == COMMIT
     assert ChatSpec(model_id="m", model="models/m").hub is None  # local folders stay as they were
-    for bad in ({"repo_id": "org/m"}, {"repo_id": "not a repo", "revision": "main"},
-                {"repo_id": "org/m", "revision": "main", "token": "x"}):
+    for bad in (
+        {"repo_id": "org/m"},
+        {"repo_id": "not a repo", "revision": "main"},
+        {"repo_id": "org/m", "revision": "main", "token": "x"},
+    ):
         with pytest.raises(ValidationError):
             ChatSpec(model_id="m", model="models/m", hub=bad)
     with pytest.raises(ValidationError, match="speculative.hub needs speculative.model"):

@@ -61,8 +61,10 @@ def test_tables_render_fidelity_and_speed_rows():
     fidelity = compare_sequences([[1, 2], [3, 0]], [[1, 2], [3, 4]], [[5.0, 5.0], [5.0, 0.2]], n_tokens=2)
     forced = teacher_forced([[1, 2], [3, 9]], [[1, 2], [3, 4]], [[5.0, 5.0], [5.0, 0.2]])
     base = {"init_s": 20.0, "pss_init_bytes": 2**30, "pss_work_bytes": 2**30, "tok_s_c1": 20.0, "tok_s_batch8": 50.0}
-    rows = [{"variant": "bf16 eager", "work": "full", **base, "fidelity": fidelity, "teacher_forced": forced},
-            {"variant": "bf16 compiled (warm cache)", "work": "speed", **base, "tok_s_c1": 30.0}]
+    rows = [
+        {"variant": "bf16 eager", "work": "full", **base, "fidelity": fidelity, "teacher_forced": forced},
+        {"variant": "bf16 compiled (warm cache)", "work": "speed", **base, "tok_s_c1": 30.0},
+    ]
     config = {"n_prompts": 2, "n_tokens": 2, "near_tie_logits": 0.5, "speed_prompts": ["a"] * 8}
     result = new_result("engine-fidelity", config, {}, rows, command=["x"])
     text = tables(result)

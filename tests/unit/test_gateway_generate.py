@@ -40,8 +40,9 @@ def test_a_non_streamed_answer_is_finished_and_charged_after_the_client_hangs_up
 
     async def scenario():
         request = SimpleNamespace(scope={})
-        task = asyncio.ensure_future(gateway._generate(request, "m", engine(), SimpleNamespace(stream=False, n=1),
-                                                       None, (True, False)))
+        task = asyncio.ensure_future(
+            gateway._generate(request, "m", engine(), SimpleNamespace(stream=False, n=1), None, (True, False))
+        )
         await asyncio.wait_for(started.wait(), timeout=10)
         task.cancel()  # what the server does when the client hangs up
         await asyncio.sleep(0)
@@ -57,8 +58,7 @@ def test_a_non_streamed_answer_is_finished_and_charged_after_the_client_hangs_up
 def test_a_streamed_answer_is_tracked_with_its_choices(gateway, monkeypatch):
     seen = {}
 
-    def tracked(body_iterator, request, model, cited, *wanted, on_broken=None, choices_per_prompt=1,
-                trim_at_cap=False):
+    def tracked(body_iterator, request, model, cited, *wanted, on_broken=None, choices_per_prompt=1, trim_at_cap=False):
         seen.update(model=model, choices_per_prompt=choices_per_prompt, trim_at_cap=trim_at_cap)
         return body_iterator
 
@@ -70,8 +70,11 @@ def test_a_streamed_answer_is_tracked_with_its_choices(gateway, monkeypatch):
     async def engine():
         return StreamingResponse(parts(), media_type="text/event-stream")
 
-    response = asyncio.run(gateway._generate(SimpleNamespace(scope={}), "m", engine(),
-                                             SimpleNamespace(stream=True, n=3), None, (False, False)))
+    response = asyncio.run(
+        gateway._generate(
+            SimpleNamespace(scope={}), "m", engine(), SimpleNamespace(stream=True, n=3), None, (False, False)
+        )
+    )
     assert isinstance(response, StreamingResponse)
     assert seen == {"model": "m", "choices_per_prompt": 3, "trim_at_cap": False}  # not a RAG answer: as generated
 
@@ -80,6 +83,7 @@ def _slow_engine(release: asyncio.Event):
     async def engine():
         await release.wait()
         return "answered"
+
     return engine()
 
 

@@ -24,12 +24,15 @@ GPU_MODELS = ROOT / "models" / "gpu" / "Qwen3.8-27B-dummy" / "config.json"
 needs_gpu_models = pytest.mark.skipif(not GPU_MODELS.exists(), reason="models/gpu/ is missing: `make models` writes it")
 
 
-@pytest.mark.parametrize("groups, block, state_blocks, expected", [
-    # What vLLM 0.26 logged on an H200 for Qwen3.8-27B at kv_cache_memory_bytes 8 GiB, max_model_len 8192
-    # (docs/DESIGN-FACTS.md section 8): 167 blocks / (11 + 3) blocks per request; DSpark k=7: 120 / (10 + 3 x 8).
-    ({"attention": 16, "state": 48}, 784, 1, 97_718),
-    ({"attention": 21, "state": 48}, 832, 8, 28_912),
-])
+@pytest.mark.parametrize(
+    "groups, block, state_blocks, expected",
+    [
+        # What vLLM 0.26 logged on an H200 for Qwen3.8-27B at kv_cache_memory_bytes 8 GiB, max_model_len 8192
+        # (docs/DESIGN-FACTS.md section 8): 167 blocks / (11 + 3) blocks per request; DSpark k=7: 120 / (10 + 3 x 8).
+        ({"attention": 16, "state": 48}, 784, 1, 97_718),
+        ({"attention": 21, "state": 48}, 832, 8, 28_912),
+    ],
+)
 def test_vllm_kv_tokens_match_the_h200_logs(groups, block, state_blocks, expected):
     assert vllm_logged_kv_tokens(8 * GiB, 8192, block, kv_cache_groups(groups), 4096, 0, state_blocks) == expected
 
@@ -40,10 +43,22 @@ def test_vllm_kv_tokens_single_spec_model():
 
 
 def test_split_device_lines():
-    device, host = split_device_lines({"weights.mlp (bfloat16)": 10, "kv_pool.attention": 5, "runtime.worker": 3,
-                                       "cuda_context.worker": 1, "drafter.weights (dspark)": 2, "mapped_files": 4})
-    assert device == {"weights.mlp (bfloat16)": 10, "kv_pool.attention": 5, "cuda_context.worker": 1,
-                      "drafter.weights (dspark)": 2}
+    device, host = split_device_lines(
+        {
+            "weights.mlp (bfloat16)": 10,
+            "kv_pool.attention": 5,
+            "runtime.worker": 3,
+            "cuda_context.worker": 1,
+            "drafter.weights (dspark)": 2,
+            "mapped_files": 4,
+        }
+    )
+    assert device == {
+        "weights.mlp (bfloat16)": 10,
+        "kv_pool.attention": 5,
+        "cuda_context.worker": 1,
+        "drafter.weights (dspark)": 2,
+    }
     assert host == {"runtime.worker": 3, "mapped_files": 4}
 
 
@@ -93,32 +108,46 @@ def test_adapt_engine_env_for_vllm_026(monkeypatch):
 
 
 def test_parse_vllm_log_lines():
-    text = "\n".join([
-        "INFO 12-01 [gpu_model_runner.py:5348] Model loading took 53.81 GiB memory and 21.5 seconds",
-        "INFO [config.py] Setting attention block size to 832 tokens to ensure that attention page size is >= mamba",
-        "INFO [kv_cache_utils.py] Add 15 padding layers, may waste at most 31.25% KV cache memory",
-        "DEBUG [gpu_worker.py] Initial free memory: 137.21 GiB; Requested memory: 0.552800 (util), 77.28 GiB",
-        "DEBUG [gpu_worker.py] Memory profiling takes 3.10 seconds. Total non KV cache memory: 55.9GiB; "
-        "torch peak memory increase: 1.77GiB; non-torch forward increase memory: 0.12GiB; weights memory: 53.81GiB.",
-        "INFO [gpu_worker.py] Available KV cache memory: 20.8 GiB",
-        "INFO [kv_cache_utils.py] GPU KV cache size: 28,912 tokens",
-        "INFO [kv_cache_utils.py] Maximum concurrency for 8,192 tokens per request: 3.53x",
-    ])
+    text = "\n".join(
+        [
+            "INFO 12-01 [gpu_model_runner.py:5348] Model loading took 53.81 GiB memory and 21.5 seconds",
+            "INFO [config.py] Setting attention block size to 832 tokens to ensure that attention page size is >= mamba",
+            "INFO [kv_cache_utils.py] Add 15 padding layers, may waste at most 31.25% KV cache memory",
+            "DEBUG [gpu_worker.py] Initial free memory: 137.21 GiB; Requested memory: 0.552800 (util), 77.28 GiB",
+            "DEBUG [gpu_worker.py] Memory profiling takes 3.10 seconds. Total non KV cache memory: 55.9GiB; "
+            "torch peak memory increase: 1.77GiB; non-torch forward increase memory: 0.12GiB; weights memory: 53.81GiB.",
+            "INFO [gpu_worker.py] Available KV cache memory: 20.8 GiB",
+            "INFO [kv_cache_utils.py] GPU KV cache size: 28,912 tokens",
+            "INFO [kv_cache_utils.py] Maximum concurrency for 8,192 tokens per request: 3.53x",
+        ]
+    )
     found = parse_vllm_log(text)
-    assert found == {"weights_gib": 53.81, "available_kv_gib": 20.8, "kv_tokens": 28_912, "max_concurrency": 3.53,
-                     "torch_peak_increase_gib": 1.77, "non_torch_increase_gib": 0.12, "non_kv_cache_gib": 55.9,
-                     "initial_free_gib": 137.21, "attention_block_tokens": 832, "padding_layers": 15}
+    assert found == {
+        "weights_gib": 53.81,
+        "available_kv_gib": 20.8,
+        "kv_tokens": 28_912,
+        "max_concurrency": 3.53,
+        "torch_peak_increase_gib": 1.77,
+        "non_torch_increase_gib": 0.12,
+        "non_kv_cache_gib": 55.9,
+        "initial_free_gib": 137.21,
+        "attention_block_tokens": 832,
+        "padding_layers": 15,
+    }
 
 
-@pytest.mark.parametrize("title, role", [
-    ("ray::RayWorkerWrapper.execute_method", "vllm_worker"),
-    ("ray::RayWorkerProc.run", "vllm_worker"),  # vLLM 0.26's title (an H100, 2026-12-06)
-    ("ray::ServeReplica:poolserve:embedder", "embedder"),
-    ("ray::ServeReplica:poolserve:PoolserveLLMServer:chat", "chat_replica"),
-    ("VLLM::EngineCore", "engine_core"),
-    ("python3 -m vllm.entrypoints.openai.api_server --model x", "raw_vllm"),
-    ("bash", "other"),
-])
+@pytest.mark.parametrize(
+    "title, role",
+    [
+        ("ray::RayWorkerWrapper.execute_method", "vllm_worker"),
+        ("ray::RayWorkerProc.run", "vllm_worker"),  # vLLM 0.26's title (an H100, 2026-12-06)
+        ("ray::ServeReplica:poolserve:embedder", "embedder"),
+        ("ray::ServeReplica:poolserve:PoolserveLLMServer:chat", "chat_replica"),
+        ("VLLM::EngineCore", "engine_core"),
+        ("python3 -m vllm.entrypoints.openai.api_server --model x", "raw_vllm"),
+        ("bash", "other"),
+    ],
+)
 def test_role_of(title, role):
     assert role_of(title) == role
 
@@ -140,17 +169,22 @@ def test_run_steps_keeps_every_outcome():
 
     out = run_steps({"chat": lambda: {"tokens": 3}, "rag query": broken, "embeddings": lambda: {"vectors": 2}})
     assert out["chat"]["ok"] and out["embeddings"]["ok"] and out["chat"]["tokens"] == 3
-    assert out["rag query"] == {"ok": False, "error": "RuntimeError: 404: no collection",
-                                "seconds": out["rag query"]["seconds"]}
+    assert out["rag query"] == {
+        "ok": False,
+        "error": "RuntimeError: 404: no collection",
+        "seconds": out["rag query"]["seconds"],
+    }
 
 
 def test_engine_log_takes_the_kv_line_from_its_engine_core():
     from bench.bench_gpu_plan import engine_log
 
     # The smoke run on an H100 (2026-12-06): the worker logs weights and graphs, its EngineCore the KV tokens.
-    logs = {2686: {"weights_gib": 7.6, "cuda_graph_gib": 0.06, "attention_block_tokens": 784},
-            1974: {"weights_gib": 7.6, "kv_tokens": 404918, "max_concurrency": 49.43, "attention_block_tokens": 784},
-            3000: {"weights_gib": 50.13, "kv_tokens": 97718, "attention_block_tokens": 784}}
+    logs = {
+        2686: {"weights_gib": 7.6, "cuda_graph_gib": 0.06, "attention_block_tokens": 784},
+        1974: {"weights_gib": 7.6, "kv_tokens": 404918, "max_concurrency": 49.43, "attention_block_tokens": 784},
+        3000: {"weights_gib": 50.13, "kv_tokens": 97718, "attention_block_tokens": 784},
+    }
     merged = engine_log(2686, logs)
     assert merged["kv_tokens"] == 404918 and merged["cuda_graph_gib"] == 0.06
 
@@ -159,12 +193,17 @@ def test_boots_of_separate_runs_are_compared_as_one_series(tmp_path):
     from bench.bench_gpu_plan import boots_agree, earlier_boots
 
     def rows(kv: int, chat: int) -> list[dict]:
-        return [{"replica": "chat", "measured_bytes": chat, "kv_tokens_vllm": kv},
-                {"replica": "embedder", "measured_bytes": 1000}]
+        return [
+            {"replica": "chat", "measured_bytes": chat, "kv_tokens_vllm": kv},
+            {"replica": "embedder", "measured_bytes": 1000},
+        ]
 
     first = tmp_path / "gpu-plan-h100.json"
-    first.write_text(json.dumps({"rows": rows(52043, 10_000), "later_boots": [{"rows": rows(52043, 10_050)},
-                                                                              {"error": "start failed"}]}))
+    first.write_text(
+        json.dumps(
+            {"rows": rows(52043, 10_000), "later_boots": [{"rows": rows(52043, 10_050)}, {"error": "start failed"}]}
+        )
+    )
     earlier = earlier_boots([first])
     assert len(earlier) == 2 and all(b["from"] == str(first) for b in earlier)  # the failed boot has no rows
     agreed = boots_agree(earlier + [{"rows": rows(52043, 10_020)}])
@@ -185,9 +224,11 @@ def test_gpu_replicas_are_compared_at_rest_without_their_activations_and_at_peak
     assert chat.growth_bytes == chat.breakdown["activations"] + chat.breakdown["drafter.activations (dspark)"]
     assert embedder.growth_bytes == embedder.breakdown["activations"]
     measured = {"chat": {"pid": 11, "gpu_bytes": 74_809_606_144}, "embedder": {"pid": 12, "gpu_bytes": 809_500_672}}
-    samples = [GpuSample(5.0, 0, 0, {11: 99 * 2**30}),  # before the boot: not counted
-               GpuSample(10.0, 0, 0, {11: 74_809_606_144, 12: 809_500_672}),
-               GpuSample(20.0, 0, 0, {11: 76_954_000_000, 12: 1_020_000_000})]
+    samples = [
+        GpuSample(5.0, 0, 0, {11: 99 * 2**30}),  # before the boot: not counted
+        GpuSample(10.0, 0, 0, {11: 74_809_606_144, 12: 809_500_672}),
+        GpuSample(20.0, 0, 0, {11: 76_954_000_000, 12: 1_020_000_000}),
+    ]
     peaks = peaks_by_replica(measured, samples, since=8.0)
     assert peaks == {"chat": 76_954_000_000, "embedder": 1_020_000_000}
     rows = {r["replica"]: r for r in compare(plan, measured, peaks)}

@@ -28,6 +28,7 @@ SPARKS = sorted(p.name for p in (ROOT / "configs").glob("dgx-spark*.yaml"))
 def no_ray():
     """Building a deployment reads ray.get_runtime_context(), which would start Ray: answer it here, and
     fail the test if anything still tries to start Ray."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("the deployment builder tried to start Ray")
 

@@ -24,9 +24,14 @@ class Clock:
 
 def _guard_on(marks, used_bytes: list[int]) -> tuple[PoolGuard, Clock]:
     clock = Clock()
-    guard = PoolGuard(marks.shed_ingest_at, marks.shed_all_at, hysteresis=marks.hysteresis,
-                      sample_interval_s=marks.sample_interval_s, clock=clock,
-                      reader=lambda: PoolReading(used_bytes[0], marks.limit_bytes, "fake gpu"))
+    guard = PoolGuard(
+        marks.shed_ingest_at,
+        marks.shed_all_at,
+        hysteresis=marks.hysteresis,
+        sample_interval_s=marks.sample_interval_s,
+        clock=clock,
+        reader=lambda: PoolReading(used_bytes[0], marks.limit_bytes, "fake gpu"),
+    )
     return guard, clock
 
 

@@ -14,7 +14,13 @@ from fastapi import HTTPException
 
 from gateway.middleware.tenant_guard import DETACHED_KEY
 from gateway.schemas import AddDocumentsRequest
-from rag.documents.ingest_job_store import LOST_AFTER_HEARTBEATS, IngestJobStore, JobCancelled, NotCancellable, TooManyJobs
+from rag.documents.ingest_job_store import (
+    LOST_AFTER_HEARTBEATS,
+    IngestJobStore,
+    JobCancelled,
+    NotCancellable,
+    TooManyJobs,
+)
 from rag.store.knowledge_store import CollectionNotFound, KnowledgeStore
 from tests.unit.rag_fakes import DIM
 from tests.unit.test_knowledge_routes import Gateway, request
@@ -79,7 +85,9 @@ def test_a_job_whose_heartbeat_stopped_reads_as_lost_and_frees_its_place(jobs):
     job = jobs.create("acme", "kb", documents=1, limit=1, now=1000.0)
     later = 1000.0 + LOST_AFTER_HEARTBEATS * jobs.heartbeat_s + 1
     lost = jobs.get("acme", job.id, now=later)
-    assert lost.status == "failed" and lost.error["type"] == "job_lost" and "nothing was stored" in lost.error["message"]
+    assert (
+        lost.status == "failed" and lost.error["type"] == "job_lost" and "nothing was stored" in lost.error["message"]
+    )
     jobs.create("acme", "kb", documents=1, limit=1, now=later)
 
 
@@ -175,8 +183,9 @@ def test_a_cancelled_job_stores_nothing(gateway):
 
     async def scenario():
         sent = request()
-        job = json.loads((await gateway.ingest_body("kb", body({"id": "a", "text": LONG}, **{"async": True}),
-                                                    sent)).body)
+        job = json.loads(
+            (await gateway.ingest_body("kb", body({"id": "a", "text": LONG}, **{"async": True}), sent)).body
+        )
         cancelling = await gateway.cancel_ingest_job(job["id"], request())
         assert cancelling.status_code == 202 and json.loads(cancelling.body)["status"] == "cancelling"
         gate.opened.set()
@@ -194,8 +203,9 @@ def test_a_failed_job_keeps_the_error_the_request_would_have_had(gateway):
 
     async def scenario():
         sent = request()
-        job = json.loads((await gateway.ingest_body("kb", body({"id": "a", "text": LONG}, **{"async": True}),
-                                                    sent)).body)
+        job = json.loads(
+            (await gateway.ingest_body("kb", body({"id": "a", "text": LONG}, **{"async": True}), sent)).body
+        )
         await asyncio.wait_for(sent.scope[DETACHED_KEY], timeout=30)
         return json.loads((await gateway.get_ingest_job(job["id"], request())).body)
 

@@ -32,8 +32,11 @@ def body(*documents, stream=False) -> AddDocumentsRequest:
 
 def streamed(response: StreamingResponse) -> list[dict]:
     async def read():
-        return [json.loads(line) for part in [chunk async for chunk in response.body_iterator]
-                for line in part.decode().splitlines()]
+        return [
+            json.loads(line)
+            for part in [chunk async for chunk in response.body_iterator]
+            for line in part.decode().splitlines()
+        ]
 
     return asyncio.run(read())
 
@@ -45,7 +48,13 @@ def test_stream_reports_progress_then_the_same_answer_as_json(gateway):
     events = streamed(response)
     progress = [e for e in events if e["event"] == "progress"]
     assert [(e["stage"], e["chunks_embedded"]) for e in progress] == [
-        ("chunked", 0), ("embedding", 3), ("embedding", 6), ("embedding", 7), ("storing", 7), ("stored", 7)]
+        ("chunked", 0),
+        ("embedding", 3),
+        ("embedding", 6),
+        ("embedding", 7),
+        ("storing", 7),
+        ("stored", 7),
+    ]
     assert all(e["chunks"] == 7 and e["documents"] == 1 for e in progress)
     done = events[-1]
     assert done["event"] == "done" and done["chunks"] == 7 and done["documents"] == [{"id": "a", "chunks": 7}]
@@ -63,10 +72,27 @@ def test_a_failed_ingest_ends_the_stream_with_its_error(gateway):
 
 
 def test_html_and_markdown_uploads_are_stored_as_text(gateway):
-    answer = json.loads(asyncio.run(gateway.ingest_body("kb", body(
-        {"id": "page", "text": "<title>Pumps</title><p>The <b>pump</b> hums.</p>", "content_type": "text/html"},
-        {"id": "notes", "text": "# Valves\n\nThe *valve* [clicks](https://x).", "content_type": "text/markdown"},
-        {"id": "raw", "text": "<p>kept as typed</p>"}), request())).body)
+    answer = json.loads(
+        asyncio.run(
+            gateway.ingest_body(
+                "kb",
+                body(
+                    {
+                        "id": "page",
+                        "text": "<title>Pumps</title><p>The <b>pump</b> hums.</p>",
+                        "content_type": "text/html",
+                    },
+                    {
+                        "id": "notes",
+                        "text": "# Valves\n\nThe *valve* [clicks](https://x).",
+                        "content_type": "text/markdown",
+                    },
+                    {"id": "raw", "text": "<p>kept as typed</p>"},
+                ),
+                request(),
+            )
+        ).body
+    )
     assert answer["chunks"] == 4
     store = gateway._retriever.handle._target.store
     assert [h.text for h in store.search_lexical("tenant-a", "kb", "pump", 5)] == ["The pump hums."]
@@ -78,7 +104,10 @@ def test_an_unknown_content_type_is_a_validation_error_naming_the_supported_ones
     with pytest.raises(ValidationError, match="text/plain, text/markdown, text/html"):
         body({"id": "a", "text": "x", "content_type": "application/msword"})
     assert body({"id": "a", "text": "x"}).documents[0].content_type == "text/plain"
-    assert body({"id": "a", "text": "x", "content_type": "Text/HTML; charset=utf-8"}).documents[0].content_type == "text/html"
+    assert (
+        body({"id": "a", "text": "x", "content_type": "Text/HTML; charset=utf-8"}).documents[0].content_type
+        == "text/html"
+    )
 
 
 class SlowHandle:

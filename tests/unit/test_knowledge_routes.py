@@ -76,9 +76,16 @@ class ChatIngress:
 
     async def chat(self, body, request):
         self.prompts.append(body)
-        return JSONResponse({"id": "c1", "model": body.model, "usage": {"prompt_tokens": 9, "completion_tokens": 2},
-                             "choices": [{"message": {"role": "assistant", "content": self.reply},
-                                          "finish_reason": self.finish_reason}]})
+        return JSONResponse(
+            {
+                "id": "c1",
+                "model": body.model,
+                "usage": {"prompt_tokens": 9, "completion_tokens": 2},
+                "choices": [
+                    {"message": {"role": "assistant", "content": self.reply}, "finish_reason": self.finish_reason}
+                ],
+            }
+        )
 
 
 class WordTokenizer:
@@ -131,16 +138,26 @@ def gateway(tmp_path):
 
 
 def ingest(gateway, docs, metadata=None):
-    body = AddDocumentsRequest.model_validate({"documents": [{"id": i, "text": t, "metadata": (metadata or {}).get(i, {})}
-                                                             for i, t in docs]})
+    body = AddDocumentsRequest.model_validate(
+        {"documents": [{"id": i, "text": t, "metadata": (metadata or {}).get(i, {})} for i, t in docs]}
+    )
     return json.loads(asyncio.run(gateway.ingest_body("facts", body, request())).body)
 
 
 def test_ingest_then_query_answers_with_citations(gateway):
-    assert ingest(gateway, [("zorblax", "The Zorblax reactor was invented by Dr. Mira Quell.\n\nIt makes 40 MW."),
-                            ("cats", "Cats sleep a lot.")]) == {
-        "collection": "facts", "chunks": 3, "documents": [{"id": "zorblax", "chunks": 2}, {"id": "cats", "chunks": 1}],
-        "tokens": 26, "extraction_cpu_seconds": 0.0}  # plain text: nothing extracted; the fake embedder's words, titles in front included
+    assert ingest(
+        gateway,
+        [
+            ("zorblax", "The Zorblax reactor was invented by Dr. Mira Quell.\n\nIt makes 40 MW."),
+            ("cats", "Cats sleep a lot."),
+        ],
+    ) == {
+        "collection": "facts",
+        "chunks": 3,
+        "documents": [{"id": "zorblax", "chunks": 2}, {"id": "cats", "chunks": 1}],
+        "tokens": 26,
+        "extraction_cpu_seconds": 0.0,
+    }  # plain text: nothing extracted; the fake embedder's words, titles in front included
     body = RagQueryRequest(collection="facts", question="Who invented the Zorblax reactor?", top_k=2)
     response = asyncio.run(gateway.rag_query(body, request()))
     payload = json.loads(response.body)
@@ -166,11 +183,14 @@ def test_an_ingest_says_where_its_time_went_in_a_server_timing_header(gateway):
     assert all(float(ms) >= 0 for ms in parts.values()) and float(parts["embed"]) >= float(parts["charge"])
 
 
-@pytest.mark.parametrize("finish_reason, trim, answer", [
-    ("length", True, "Dr. Mira Quell invented it [1]."),
-    ("stop", True, "Dr. Mira Quell invented it [1]. It makes"),
-    ("length", False, "Dr. Mira Quell invented it [1]. It makes"),
-])
+@pytest.mark.parametrize(
+    "finish_reason, trim, answer",
+    [
+        ("length", True, "Dr. Mira Quell invented it [1]."),
+        ("stop", True, "Dr. Mira Quell invented it [1]. It makes"),
+        ("length", False, "Dr. Mira Quell invented it [1]. It makes"),
+    ],
+)
 def test_an_answer_at_the_token_cap_ends_at_its_last_sentence(gateway, finish_reason, trim, answer):
     ingest(gateway, [("zorblax", REACTOR)])
     gateway.reply, gateway.finish_reason = "Dr. Mira Quell invented it [1]. It makes", finish_reason
@@ -185,25 +205,42 @@ def test_an_answer_at_the_token_cap_ends_at_its_last_sentence(gateway, finish_re
 def test_invalid_queries_are_400(gateway, question, top_k, message):
     ingest(gateway, [("cats", "Cats sleep a lot.")])
     with pytest.raises(HTTPException) as raised:
-        asyncio.run(gateway.rag_query(RagQueryRequest.model_construct(
-            collection="facts", question=question, top_k=top_k, model=None, max_tokens=None, temperature=0.0,
-            stream=False), request()))
+        asyncio.run(
+            gateway.rag_query(
+                RagQueryRequest.model_construct(
+                    collection="facts",
+                    question=question,
+                    top_k=top_k,
+                    model=None,
+                    max_tokens=None,
+                    temperature=0.0,
+                    stream=False,
+                ),
+                request(),
+            )
+        )
     assert raised.value.status_code == 400 and message in raised.value.detail
 
 
 def test_chat_with_rag_augments_the_messages(gateway):
     ingest(gateway, [("cats", "Cats sleep a lot."), ("bread", "Sourdough uses wild yeast.")])
     messages = [{"role": "user", "content": "What leavens sourdough?"}]
-    augmented, grounding = asyncio.run(gateway._augment_chat(request(), RagOptions(collection="facts", top_k=1),
-                                                             messages))
+    augmented, grounding = asyncio.run(
+        gateway._augment_chat(request(), RagOptions(collection="facts", top_k=1), messages)
+    )
     assert [h.document_id for h in grounding.hits] == ["bread"]
     assert augmented[0]["role"] == "system" and "Sourdough uses wild yeast." in augmented[0]["content"]
     assert augmented[1:] == messages
 
 
 def test_context_tokens_bound_the_passages_prompted_and_cited(gateway):
-    ingest(gateway, [("zorblax", "The Zorblax reactor was invented by Dr. Mira Quell.\n\nIt makes 40 MW."),
-                     ("cats", "Cats sleep a lot.")])
+    ingest(
+        gateway,
+        [
+            ("zorblax", "The Zorblax reactor was invented by Dr. Mira Quell.\n\nIt makes 40 MW."),
+            ("cats", "Cats sleep a lot."),
+        ],
+    )
     # The passages are 9, 4 and 4 words (tokens here): 16 holds the first two, 9 the first alone.
     body = RagQueryRequest(collection="facts", question="Who invented the Zorblax reactor?", top_k=3, context_tokens=16)
     payload = json.loads(asyncio.run(gateway.rag_query(body, request())).body)
@@ -212,18 +249,29 @@ def test_context_tokens_bound_the_passages_prompted_and_cited(gateway):
     body = RagQueryRequest(collection="facts", question="Who invented the Zorblax reactor?", top_k=3, context_tokens=9)
     payload = json.loads(asyncio.run(gateway.rag_query(body, request())).body)
     assert [c["text"] for c in payload["citations"]] == ["The Zorblax reactor was invented by Dr. Mira Quell."]
-    assert "\n\n[2] " not in gateway.prompts[0].messages[0]["content"] and "Cats" not in gateway.prompts[0].messages[0]["content"]
-    _, grounding = asyncio.run(gateway._augment_chat(
-        request(), RagOptions(collection="facts", top_k=3, context_tokens=9), [{"role": "user", "content": "Zorblax?"}],
-        "chat-model"))
+    assert (
+        "\n\n[2] " not in gateway.prompts[0].messages[0]["content"]
+        and "Cats" not in gateway.prompts[0].messages[0]["content"]
+    )
+    _, grounding = asyncio.run(
+        gateway._augment_chat(
+            request(),
+            RagOptions(collection="facts", top_k=3, context_tokens=9),
+            [{"role": "user", "content": "Zorblax?"}],
+            "chat-model",
+        )
+    )
     assert len(grounding.hits) == 1
 
 
 # ---- over HTTP: the routes as the gateway registers them, with its error mapping ------------------
 
 REACTOR = "The Zorblax reactor was invented by Dr. Mira Quell.\n\nIt makes 40 MW."
-POLICIES = {f"{source}-{year}": f"The {source} travel policy of {year} pays for trains." for source in ("hr", "it")
-            for year in (2024, 2025)}
+POLICIES = {
+    f"{source}-{year}": f"The {source} travel policy of {year} pays for trains."
+    for source in ("hr", "it")
+    for year in (2024, 2025)
+}
 UNRELATED = "swallows airspeed?"  # shares no word with the documents: best (hashed) similarity 0.21 < 0.25
 POLICY_METADATA = {doc_id: {"source": doc_id.split("-")[0], "year": int(doc_id.split("-")[1])} for doc_id in POLICIES}
 
@@ -239,8 +287,14 @@ def http(gateway):
     app = FastAPI()
     install_error_handlers(app, 10)
     for name, route in ENDPOINTS.items():  # in the gateway's order: search must come before get_collection
-        if name in ("add_documents", "search_collection", "search_collection_post", "get_collection", "rag_query",
-                    "list_documents"):
+        if name in (
+            "add_documents",
+            "search_collection",
+            "search_collection_post",
+            "get_collection",
+            "rag_query",
+            "list_documents",
+        ):
             route(app)(getattr(gateway, name))
     ingest(gateway, [("zorblax", REACTOR), *POLICIES.items()], {"zorblax": {"src": "lab"}, **POLICY_METADATA})
     with TestClient(app) as client:
@@ -248,8 +302,9 @@ def http(gateway):
 
 
 def test_search_returns_passages_with_offsets_and_metadata_without_generating(http, gateway):
-    response = http.get("/v1/collections/facts/search", params={"q": "How much power does the Zorblax make?",
-                                                                "top_k": 2})
+    response = http.get(
+        "/v1/collections/facts/search", params={"q": "How much power does the Zorblax make?", "top_k": 2}
+    )
     assert response.status_code == 200, response.text
     body = response.json()
     assert (body["object"], body["collection"], body["retrieval"]) == ("list", "facts", "hybrid")
@@ -257,30 +312,35 @@ def test_search_returns_passages_with_offsets_and_metadata_without_generating(ht
     first = body["data"][0]
     assert set(first) == {"document_id", "chunk_id", "score", "text", "start", "end", "metadata"}
     by_chunk = {p["chunk_id"]: p for p in body["data"]}
-    assert REACTOR[by_chunk["zorblax#1"]["start"]:by_chunk["zorblax#1"]["end"]] == "It makes 40 MW."
+    assert REACTOR[by_chunk["zorblax#1"]["start"] : by_chunk["zorblax#1"]["end"]] == "It makes 40 MW."
     assert by_chunk["zorblax#1"]["metadata"] == {"src": "lab"}
     assert gateway.prompts == []  # no generation
 
 
 def test_search_filters_as_a_json_parameter_or_a_post_body(http):
     filters = {"source": "hr", "year": {"in": [2025, 2024]}}
-    got = http.get("/v1/collections/facts/search", params={"q": "travel policy trains", "top_k": 5,
-                                                          "filters": json.dumps(filters)}).json()
+    got = http.get(
+        "/v1/collections/facts/search", params={"q": "travel policy trains", "top_k": 5, "filters": json.dumps(filters)}
+    ).json()
     assert {p["document_id"] for p in got["data"]} == {"hr-2024", "hr-2025"}
-    posted = http.post("/v1/collections/facts/search", json={"q": "travel policy trains", "top_k": 5,
-                                                            "filters": {"year": 2025}}).json()
+    posted = http.post(
+        "/v1/collections/facts/search", json={"q": "travel policy trains", "top_k": 5, "filters": {"year": 2025}}
+    ).json()
     assert {p["document_id"] for p in posted["data"]} == {"hr-2025", "it-2025"}
 
 
-@pytest.mark.parametrize("params, status, words", [
-    ({"q": "x", "filters": "{not json"}, 400, "filters is not valid JSON"),
-    ({"q": "x", "filters": json.dumps({"year": {"gt": 2020}})}, 422, "filters.year: unknown operator 'gt'"),
-    ({"q": "x", "filters": json.dumps({"year": [2024]})}, 422, "filters.year: a list is not a filter value"),
-    ({"q": "x", "filters": json.dumps({f"k{i}": 1 for i in range(17)})}, 422, "at most 16"),
-    ({"q": "x", "top_k": 6}, 400, "above the limit of 5"),
-    ({"q": "   "}, 400, "no question"),
-    ({}, 422, "q"),
-])
+@pytest.mark.parametrize(
+    "params, status, words",
+    [
+        ({"q": "x", "filters": "{not json"}, 400, "filters is not valid JSON"),
+        ({"q": "x", "filters": json.dumps({"year": {"gt": 2020}})}, 422, "filters.year: unknown operator 'gt'"),
+        ({"q": "x", "filters": json.dumps({"year": [2024]})}, 422, "filters.year: a list is not a filter value"),
+        ({"q": "x", "filters": json.dumps({f"k{i}": 1 for i in range(17)})}, 422, "at most 16"),
+        ({"q": "x", "top_k": 6}, 400, "above the limit of 5"),
+        ({"q": "   "}, 400, "no question"),
+        ({}, 422, "q"),
+    ],
+)
 def test_search_errors_name_the_problem(http, params, status, words):
     response = http.get("/v1/collections/facts/search", params=params)
     assert response.status_code == status and words in response.json()["error"]["message"], response.text
@@ -294,40 +354,43 @@ def test_search_of_an_unknown_or_path_like_collection(http):
 
 
 def test_rag_query_applies_filters_to_its_citations(http):
-    body = http.post("/v1/rag/query", json={"collection": "facts", "question": "travel policy trains", "top_k": 5,
-                                            "filters": {"source": "it"}}).json()
+    body = http.post(
+        "/v1/rag/query",
+        json={"collection": "facts", "question": "travel policy trains", "top_k": 5, "filters": {"source": "it"}},
+    ).json()
     assert {c["document_id"] for c in body["citations"]} == {"it-2024", "it-2025"}
     response = http.post("/v1/rag/query", json={"collection": "facts", "question": "q", "filters": {"s": {"in": []}}})
-    assert response.status_code == 422 and "filters.s.in must be a non-empty list" in response.json()["error"]["message"]
+    assert (
+        response.status_code == 422 and "filters.s.in must be a non-empty list" in response.json()["error"]["message"]
+    )
 
 
 def test_rag_query_below_the_threshold_answers_that_the_knowledge_base_does_not_say(http, gateway):
     from rag.retrieval.no_answer import NO_ANSWER
 
-    body = http.post("/v1/rag/query", json={"collection": "facts",
-                                            "question": UNRELATED}).json()
+    body = http.post("/v1/rag/query", json={"collection": "facts", "question": UNRELATED}).json()
     assert body["answer"] == NO_ANSWER and body["citations"] == [] and body["refused"] is True
     assert 0 <= body["best_similarity"] < 0.25 and body["usage"]["total_tokens"] == 0
     assert gateway.prompts == [] and gateway.checked == []  # no generation, nothing reserved
     assert len(gateway.length_checked) == 1  # but a question too long for the model would still be a 400
     # The request's min_score overrides the profile's.
-    body = http.post("/v1/rag/query", json={"collection": "facts", "min_score": -1,
-                                            "question": UNRELATED}).json()
+    body = http.post("/v1/rag/query", json={"collection": "facts", "min_score": -1, "question": UNRELATED}).json()
     assert body["refused"] is False and body["answer"] == "Mira Quell" and body["citations"]
 
 
 def test_rag_query_stream_below_the_threshold(http):
     from rag.retrieval.no_answer import NO_ANSWER
 
-    with http.stream("POST", "/v1/rag/query", json={"collection": "facts", "stream": True,
-                                                   "question": UNRELATED}) as r:
-        events = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+    with http.stream("POST", "/v1/rag/query", json={"collection": "facts", "stream": True, "question": UNRELATED}) as r:
+        events = [line[len("data: ") :] for line in r.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     parsed = [json.loads(e) for e in events[:-1]]
     assert parsed[0]["object"] == "rag.citations" and parsed[0]["citations"] == [] and parsed[0]["refused"] is True
     assert "".join(e["delta"] for e in parsed if e["object"] == "rag.delta") == NO_ANSWER
-    assert parsed[-1] == {"object": "rag.usage", "usage": {"prompt_tokens": 0, "completion_tokens": 0,
-                                                           "total_tokens": 0}}
+    assert parsed[-1] == {
+        "object": "rag.usage",
+        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+    }
 
 
 def test_an_over_long_question_is_still_400_when_nothing_is_found(http):
@@ -371,16 +434,21 @@ def test_chat_with_rag_below_the_threshold_is_the_fixed_reply(tmp_path, stream):
     store = KnowledgeStore(tmp_path / "k.sqlite3", dim=DIM)
     gateway = ChatGateway(store)
     ingest(gateway, [("zorblax", REACTOR)])
-    body = ChatCompletionRequest(model="chat-model", stream=stream, n=2,
-                                 messages=[{"role": "user", "content": UNRELATED}],
-                                 rag={"collection": "facts"})
+    body = ChatCompletionRequest(
+        model="chat-model",
+        stream=stream,
+        n=2,
+        messages=[{"role": "user", "content": UNRELATED}],
+        rag={"collection": "facts"},
+    )
     response = asyncio.run(gateway.chat(body, request()))
     if stream:
+
         async def read():
             return [piece async for piece in response.body_iterator]
 
         events = "".join(asyncio.run(read())).split("\n\n")
-        chunks = [json.loads(e[len("data: "):]) for e in events if e.startswith("data: {")]
+        chunks = [json.loads(e[len("data: ") :]) for e in events if e.startswith("data: {")]
         assert chunks[0]["citations"] == [] and chunks[0]["refused"] is True
         assert {c["choices"][0]["delta"].get("content") for c in chunks[:2]} == {NO_ANSWER}
         assert events[-2] == "data: [DONE]"
@@ -429,11 +497,14 @@ def test_collection_info_is_counts_and_documents_are_listed_in_pages(http):
     assert len(default["data"]) == 5 and default["data"][-1]["metadata"] == {"src": "lab"}
 
 
-@pytest.mark.parametrize("params, status, words", [
-    ({"limit": 101}, 400, "largest page of 100"),
-    ({"limit": 0}, 422, "limit"),
-    ({"after": "a\x00b"}, 400, "document id"),
-])
+@pytest.mark.parametrize(
+    "params, status, words",
+    [
+        ({"limit": 101}, 400, "largest page of 100"),
+        ({"limit": 0}, 422, "limit"),
+        ({"after": "a\x00b"}, 400, "document id"),
+    ],
+)
 def test_document_listing_errors_name_the_problem(http, params, status, words):
     response = http.get("/v1/collections/facts/documents", params=params)
     assert response.status_code == status and words in response.json()["error"]["message"], response.text

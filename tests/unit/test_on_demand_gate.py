@@ -24,6 +24,7 @@ class Remote:
     def remote(self, *args):
         async def call():
             return self.fn(*args)
+
         return call()
 
 
@@ -52,9 +53,11 @@ def test_a_plain_answer_is_counted_in_flight_until_it_is_returned():
         async def call():
             assert coordinator.ended == []  # in flight while the engine answers
             return JSONResponse({"ok": True})
+
         await gate.run("m", _request(), call)
         await _settle()
         assert coordinator.asked == [("m", "acme")] and coordinator.ended == ["m"]
+
     asyncio.run(run())
 
 
@@ -64,10 +67,12 @@ def test_a_failed_call_still_ends_the_request():
 
         async def call():
             raise RuntimeError("engine failed")
+
         with pytest.raises(RuntimeError):
             await OnDemandGate(coordinator, {"m"}).run("m", _request(None), call)
         await _settle()
         assert coordinator.asked == [("m", "")] and coordinator.ended == ["m"]  # tenancy off: charged to ""
+
     asyncio.run(run())
 
 
@@ -82,6 +87,7 @@ def test_a_stream_ends_the_request_when_it_ends_or_when_the_client_leaves():
 
         async def call():
             return StreamingResponse(chunks())
+
         whole = await gate.run("m", _request(), call)
         assert [c async for c in whole.body_iterator] == ["a", "b", "c"]
         await _settle()
@@ -95,6 +101,7 @@ def test_a_stream_ends_the_request_when_it_ends_or_when_the_client_leaves():
         await iterator.aclose()  # what Starlette does when the client disconnects
         await _settle()
         assert coordinator.ended == ["m", "m"]
+
     asyncio.run(run())
 
 
@@ -107,10 +114,12 @@ def test_a_refusal_is_an_http_error_with_retry_after_and_the_coordinators_messag
 
         async def call():
             called.append(1)
+
         with pytest.raises(HTTPException) as refused:
             await OnDemandGate(coordinator, {"m"}).run("m", _request(), call)
         assert refused.value.status_code == status and refused.value.headers == {"Retry-After": "45"}
         assert "model 'm'" in refused.value.detail and called == [] and coordinator.ended == []
+
     asyncio.run(run())
 
 
@@ -120,11 +129,13 @@ def test_always_on_models_and_stacks_without_on_demand_engines_pass_straight_thr
 
         async def call():
             return JSONResponse({})
+
         await OnDemandGate(coordinator, {"m"}).run("other", _request(), call)
         assert coordinator.asked == []
         off = OnDemandGate(None, set())
         await off.run("m", _request(), call)
         assert await off.states() == {} and await off.metrics_text() == b""
+
     asyncio.run(run())
 
 

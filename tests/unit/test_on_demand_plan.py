@@ -37,7 +37,9 @@ def test_the_cpu_example_holds_one_engine_awake():
     assert chat.awake_bytes == plan.replica("chat").planned_bytes > small.awake_bytes
     assert od.worst_awake_set == ["chat"]
     # CPU: no sleep mode; a sleeping engine is stopped and holds nothing
-    assert {e.sleep for e in od.engines.values()} == {"stop"} and {e.wake for e in od.engines.values()} == {"cold_start"}
+    assert {e.sleep for e in od.engines.values()} == {"stop"} and {e.wake for e in od.engines.values()} == {
+        "cold_start"
+    }
     assert chat.asleep_bytes == 0 and chat.asleep_breakdown == {}
     always_on = sum(r.pool_bytes for r in plan.replicas if r.name not in od.engines)
     assert plan.pool.planned_bytes == always_on + chat.awake_bytes
@@ -87,15 +89,22 @@ def test_a_profile_without_on_demand_engines_is_unchanged():
 def test_a_discrete_gpu_keeps_the_context_and_level_1_weights_on_the_host():
     profile = load_profile(ROOT / "configs" / "gh200-two-engines.yaml")
     profile = _on_demand(profile, level=1)
-    profile = profile.model_copy(update={"engines": [profile.engines[0].model_copy(update={
-        "on_demand": OnDemandSpec(level=2)})]})
+    profile = profile.model_copy(
+        update={"engines": [profile.engines[0].model_copy(update={"on_demand": OnDemandSpec(level=2)})]}
+    )
     plan = build_plan(_with_pool(profile, max_awake_on_demand=1), 139 * GiB)
     first, second = plan.on_demand.engines.values()
     assert (first.sleep, first.wake, second.sleep, second.wake) == (
-        "level_1", "copy_from_host", "level_2", "reload_from_disk")
+        "level_1",
+        "copy_from_host",
+        "level_2",
+        "reload_from_disk",
+    )
     for e in (first, second):
         assert "cuda_context.worker" in e.asleep_breakdown
-        assert not any(k.startswith(("weights.", "kv_pool.", "drafter.kv", "recurrent_state")) for k in e.asleep_breakdown)
+        assert not any(
+            k.startswith(("weights.", "kv_pool.", "drafter.kv", "recurrent_state")) for k in e.asleep_breakdown
+        )
     weights = sum(v for k, v in plan.replica("chat").breakdown.items() if k.startswith(("weights.", "drafter.weights")))
     on_host = sum(v for k, v in first.asleep_host_breakdown.items() if k.endswith("(on host, level 1)"))
     assert on_host == weights > 0
@@ -105,8 +114,9 @@ def test_a_discrete_gpu_keeps_the_context_and_level_1_weights_on_the_host():
 
 def test_unified_memory_plans_level_2_and_a_reload_through_the_page_cache():
     profile = load_profile(ROOT / "configs" / "dgx-spark-27b-plus-small.yaml")
-    profile = profile.model_copy(update={"engines": [profile.engines[0].model_copy(update={
-        "on_demand": OnDemandSpec(level=1)})]})
+    profile = profile.model_copy(
+        update={"engines": [profile.engines[0].model_copy(update={"on_demand": OnDemandSpec(level=1)})]}
+    )
     plan = build_plan(profile)
     engine = plan.on_demand.engines["chat-smollm2-135m-instruct"]
     assert (engine.level_asked, engine.sleep, engine.wake) == (1, "level_2", "reload_from_disk")

@@ -29,8 +29,9 @@ def _profile(tmp_path: Path, name: str, **changes) -> Path:
             node = node.setdefault(key, {})
         node[leaf] = value
     data["embedder"]["model"] = str(ROOT / data["embedder"]["model"])
-    data["chat"]["model"] = str(ROOT / data["chat"]["model"]) if data["chat"]["model"].startswith("models/") \
-        else data["chat"]["model"]
+    data["chat"]["model"] = (
+        str(ROOT / data["chat"]["model"]) if data["chat"]["model"].startswith("models/") else data["chat"]["model"]
+    )
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -87,18 +88,53 @@ def test_cpu_tiny_refused_at_2gib():
 
 
 def test_speculative_mapping(tmp_path):
-    ngram = build_plan(load_profile(_profile(tmp_path, "cpu-tiny", **{"chat.speculative": {
-        "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}})), 24 * GiB)
+    ngram = build_plan(
+        load_profile(
+            _profile(
+                tmp_path,
+                "cpu-tiny",
+                **{
+                    "chat.speculative": {
+                        "method": "ngram",
+                        "num_speculative_tokens": 4,
+                        "prompt_lookup_min": 2,
+                        "prompt_lookup_max": 4,
+                    }
+                },
+            )
+        ),
+        24 * GiB,
+    )
     assert ngram.replica("chat").vllm.speculative_config == {
-        "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+        "method": "ngram",
+        "num_speculative_tokens": 4,
+        "prompt_lookup_min": 2,
+        "prompt_lookup_max": 4,
+    }
     draft = str(ROOT / "models/SmolLM2-135M-Instruct-draft6")
-    plan = build_plan(load_profile(_profile(tmp_path, "cpu-tiny", **{"chat.speculative": {
-        "method": "draft_model", "model": draft, "num_speculative_tokens": 3}})), 24 * GiB)
+    plan = build_plan(
+        load_profile(
+            _profile(
+                tmp_path,
+                "cpu-tiny",
+                **{"chat.speculative": {"method": "draft_model", "model": draft, "num_speculative_tokens": 3}},
+            )
+        ),
+        24 * GiB,
+    )
     assert plan.chat.kv_bytes_per_token == 23_040 + 2 * 6 * 3 * 64 * 2
     assert plan.replica("chat").breakdown["drafter.weights (draft_model)"] > 0
     with pytest.raises(PlanError, match="missing"):
-        build_plan(load_profile(_profile(tmp_path, "cpu-tiny", **{"chat.speculative": {
-            "method": "draft_model", "model": str(tmp_path / "nope")}})), 24 * GiB)
+        build_plan(
+            load_profile(
+                _profile(
+                    tmp_path,
+                    "cpu-tiny",
+                    **{"chat.speculative": {"method": "draft_model", "model": str(tmp_path / "nope")}},
+                )
+            ),
+            24 * GiB,
+        )
     with pytest.raises(PlanError, match="no MTP head"):
         build_plan(load_profile(_profile(tmp_path, "cpu-tiny", **{"chat.speculative": {"method": "mtp"}})), 24 * GiB)
 
@@ -110,8 +146,12 @@ def test_vocab_mismatch(tmp_path):
     cfg["vocab_size"] = 32_000
     (draft / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(PlanError, match="vocabulary"):
-        build_plan(load_profile(_profile(tmp_path, "cpu-tiny", **{"chat.speculative": {
-            "method": "draft_model", "model": str(draft)}})), 24 * GiB)
+        build_plan(
+            load_profile(
+                _profile(tmp_path, "cpu-tiny", **{"chat.speculative": {"method": "draft_model", "model": str(draft)}})
+            ),
+            24 * GiB,
+        )
 
 
 def test_pinned_values(tmp_path):
@@ -143,8 +183,11 @@ def test_spark_128_needs_ple_on_disk(tmp_path):
     # GB10 start figures the engine's start peak still fits, with less to spare (docs/SPARK.md section 3).
     assert plan.pool.free_bytes == 110 * GiB
     assert plan.pool.headroom_bytes >= 4 * GiB and plan.pool.start_headroom_bytes >= 0
-    assert set(plan.start_peak) == {"start.chat.weights_page_cache", "start.chat.compile",
-                                    "start.chat.speculator_graph_capture (GB10)"}
+    assert set(plan.start_peak) == {
+        "start.chat.weights_page_cache",
+        "start.chat.compile",
+        "start.chat.speculator_graph_capture (GB10)",
+    }
     assert plan.replica("chat").vllm.kv_cache_dtype == "fp8"
     assert not any(k.startswith("weights.ple") for k in plan.replica("chat").breakdown)
     assert plan.page_cache  # headroom for the mmap'd table is planned
@@ -178,15 +221,18 @@ def test_advice_is_replanned(tmp_path):
         build_plan(profile, pool_total_bytes=pool)
     text = str(err.value)
     suggestions = [line for line in text.splitlines() if line.startswith("  - ") and "bigger pool" not in line]
-    assert suggestions and all(re.search(r"frees [\d.]+ [MG]iB: (fits|needs)", s) for s in suggestions
-                               if not s.startswith("  - together"))
+    assert suggestions and all(
+        re.search(r"frees [\d.]+ [MG]iB: (fits|needs)", s) for s in suggestions if not s.startswith("  - together")
+    )
     assert "frees 0 B" not in text and "[fits]" in text
     together = next(s for s in suggestions if s.startswith("  - together"))
     assert "max_num_seqs 40 -> 20" in together and "speculative dspark -> ngram" in together
     # The combination is what it says: re-planning it by hand gives the same headroom.
     spec = profile.chat.speculative.model_copy(update={"method": "ngram", "model": None, "architecture": None})
-    plan = build_plan(apply(profile, {"chat.max_num_seqs": 20, "chat.expected_concurrency": 20, "chat.speculative": spec}),
-                      pool_total_bytes=pool)
+    plan = build_plan(
+        apply(profile, {"chat.max_num_seqs": 20, "chat.expected_concurrency": 20, "chat.speculative": spec}),
+        pool_total_bytes=pool,
+    )
     assert f"headroom {plan.pool.headroom_bytes / GiB:.2f} GiB" in together
     assert plan.replica("chat").vllm.max_num_seqs == 20
 
@@ -245,8 +291,9 @@ def test_cpu_threads_prefill_on_every_cpu_and_decode_on_what_the_embedder_leaves
 def test_the_default_cpu_engine_gets_the_step_threads_worker_on_two_cpus(tmp_path):
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 CPUs to plan 2 threads")
-    profile = load_profile(_profile(tmp_path, "cpu-tiny", **{"pools": [{"name": "local", "total": "auto",
-                                                                         "reserve": "3GiB", "cpus": 2}]}))
+    profile = load_profile(
+        _profile(tmp_path, "cpu-tiny", **{"pools": [{"name": "local", "total": "auto", "reserve": "3GiB", "cpus": 2}]})
+    )
     chat = build_plan(profile, 24 * GiB).replica("chat")
     assert chat.vllm.worker_cls == "vllm_bridge.cpu_worker.StepThreadsCPUWorker"
     worker = StepWorkerSettings.from_env(chat.env)
@@ -278,8 +325,12 @@ def test_the_embedder_tokenizes_documents_over_its_ingest_threads_and_no_other_r
         assert cpu.replica(other).env["TOKENIZERS_PARALLELISM"] == "false"
         assert "RAYON_NUM_THREADS" not in cpu.replica(other).env
     pinned = _profile(tmp_path, "cpu-tiny", **{"embedder.ingest_threads": 1})
-    assert build_plan(load_profile(pinned), pool_total_bytes=24 * GiB).replica("embedder").env["RAYON_NUM_THREADS"] \
-        == str(cpu.embedder.torch_threads)
+    assert build_plan(load_profile(pinned), pool_total_bytes=24 * GiB).replica("embedder").env[
+        "RAYON_NUM_THREADS"
+    ] == str(cpu.embedder.torch_threads)
     gpu = build_plan(load_profile(_profile(tmp_path, "dgx-spark")))
-    assert gpu.replica("embedder").env["RAYON_NUM_THREADS"] == str(gpu.embedder.ingest_threads) \
+    assert (
+        gpu.replica("embedder").env["RAYON_NUM_THREADS"]
+        == str(gpu.embedder.ingest_threads)
         == str(max(gpu.embedder.torch_threads, gpu.threads["cpus"] // 2))
+    )

@@ -43,8 +43,10 @@ def test_mpnet_materialises_its_scores_and_is_planned_above_what_it_held(tmp_pat
         planned = activation_bytes(folder, 768, 64, seq, gpu=True)
         assert mib * MiB <= planned <= 1.25 * mib * MiB, (folder, seq, planned / MiB)
     # the heads come from config.json, not from the hidden size (768 // 32 would say 24)
-    assert activation_bytes(fp32, 768, 4, 384, gpu=False) == \
-        4 * 384 * 768 * 32 + 4 * 12 * 384 * 384 * runtime.EMBEDDER_EAGER_SCORE_BYTES
+    assert (
+        activation_bytes(fp32, 768, 4, 384, gpu=False)
+        == 4 * 384 * 768 * 32 + 4 * 12 * 384 * 384 * runtime.EMBEDDER_EAGER_SCORE_BYTES
+    )
 
 
 def test_the_shipped_folders_are_read_as_measured():

@@ -36,8 +36,10 @@ def test_each_engine_has_its_own_budget_and_admission_step(tmp_path):
     # On a CPU the engines start together (PoolSpec.engines_start): each is admitted with the other's budget
     # already taken, and both before the other replicas.
     assert first.start_order == second.start_order == 0 and plan.replica("embedder").start_order == 1
-    assert steps["chat-smollm2-135m-plain"].free_before_bytes + first.pool_bytes == \
-        steps["chat"].free_before_bytes + second.pool_bytes
+    assert (
+        steps["chat-smollm2-135m-plain"].free_before_bytes + first.pool_bytes
+        == steps["chat"].free_before_bytes + second.pool_bytes
+    )
     assert steps["embedder"].free_before_bytes == steps["chat"].free_before_bytes - first.pool_bytes
     assert set(plan.engines) == {"chat", "chat-smollm2-135m-plain"}
     assert plan.engines["chat-smollm2-135m-plain"].kv_pool_tokens == 512 * 2**20 // 23_040 // 128 * 128
@@ -79,7 +81,9 @@ def test_gpu_admission_counts_vllm_start_overhead():
 
 def test_engines_one_at_a_time_are_admitted_in_turn(tmp_path):
     profile = load_profile(_two_engines(tmp_path))
-    profile = profile.model_copy(update={"pools": [profile.pools[0].model_copy(update={"engines_start": "one_at_a_time"})]})
+    profile = profile.model_copy(
+        update={"pools": [profile.pools[0].model_copy(update={"engines_start": "one_at_a_time"})]}
+    )
     plan = build_plan(profile, 24 * GiB)
     first, second = plan.replica("chat"), plan.replica("chat-smollm2-135m-plain")
     assert (first.start_order, second.start_order, plan.replica("embedder").start_order) == (0, 1, 2)

@@ -80,8 +80,10 @@ def test_total_fits_but_one_node_does_not_is_refused_naming_the_node(tmp_path):
     # node-a one GiB too small; node-b keeps far more room than that: the total would fit
     small = need_a + GiB - 2**30 // 2
     profile = load_profile(_two_nodes(tmp_path, **whole, **{"pools.0.total": small}))
-    assert small + plan.pools[1].total_bytes - 2 * GiB > plan.pools[0].planned_bytes + plan.pools[1].planned_bytes \
-        + plan.pools[0].ray_bytes + plan.pools[1].ray_bytes
+    assert (
+        small + plan.pools[1].total_bytes - 2 * GiB
+        > plan.pools[0].planned_bytes + plan.pools[1].planned_bytes + plan.pools[0].ray_bytes + plan.pools[1].ray_bytes
+    )
     with pytest.raises(PlanError) as refused:
         build_plan(profile)
     message = str(refused.value)
@@ -133,9 +135,20 @@ def _vllm_get_pp_indices(num_layers, rank, size, partition):
             os.environ["VLLM_PP_LAYER_PARTITION"] = previous
 
 
-@pytest.mark.parametrize("layers,size,partition", [(30, 2, None), (31, 2, None), (32, 3, None), (33, 4, None),
-                                                   (35, 4, None), (62, 5, None), (64, 8, None), (30, 2, "13,17"),
-                                                   (48, 3, "10,20,18")])
+@pytest.mark.parametrize(
+    "layers,size,partition",
+    [
+        (30, 2, None),
+        (31, 2, None),
+        (32, 3, None),
+        (33, 4, None),
+        (35, 4, None),
+        (62, 5, None),
+        (64, 8, None),
+        (30, 2, "13,17"),
+        (48, 3, "10,20,18"),
+    ],
+)
 def test_pipeline_split_is_vllms_get_pp_indices(layers, size, partition):
     ours = [parallel.pp_indices(layers, rank, size, partition) for rank in range(size)]
     assert ours == [_vllm_get_pp_indices(layers, rank, size, partition) for rank in range(size)]
@@ -151,9 +164,12 @@ def test_two_pipeline_ranks_split_layers_kv_and_place_embeddings_and_runtime():
     single = build_plan(load_profile(ROOT / "configs/cpu-tiny.yaml"), 24 * GiB).replica("chat").breakdown
     a, b = plan.replica("chat").breakdown, plan.shares[0].breakdown
     # SmolLM2's 30 layers: 15 + 15; its embedding is tied, so the last rank builds it too (vLLM's llama.py)
-    assert a["rank0.weights.mlp (bfloat16)"] == b["rank1.weights.mlp (bfloat16)"] == \
-        single["weights.mlp (bfloat16)"] // 2
-    assert a["rank0.weights.embed (bfloat16)"] == b["rank1.weights.embed (bfloat16)"] == single["weights.embed (bfloat16)"]
+    assert (
+        a["rank0.weights.mlp (bfloat16)"] == b["rank1.weights.mlp (bfloat16)"] == single["weights.mlp (bfloat16)"] // 2
+    )
+    assert (
+        a["rank0.weights.embed (bfloat16)"] == b["rank1.weights.embed (bfloat16)"] == single["weights.embed (bfloat16)"]
+    )
     assert a["rank0.kv_pool.attention"] + b["rank1.kv_pool.attention"] == single["kv_pool.attention"]
     # the scheduler and the replica run once, with rank 0; every rank has a worker
     assert "rank0.runtime.driver (LLMServer replica)" in a and not any("driver" in k for k in b)
@@ -162,7 +178,8 @@ def test_two_pipeline_ranks_split_layers_kv_and_place_embeddings_and_runtime():
     assert vllm["pipeline_parallel_size"] == 2 and vllm["distributed_executor_backend"] == "mp"
     assert "tensor_parallel_size" not in vllm
     assert vllm["kv_cache_memory_bytes"] == max(
-        sum(v for k, v in lines.items() if ".kv_pool." in k) for lines in (a, b))
+        sum(v for k, v in lines.items() if ".kv_pool." in k) for lines in (a, b)
+    )
 
 
 def test_tensor_split_divides_heads_and_replicates_kv_heads_below_tp():
@@ -170,8 +187,14 @@ def test_tensor_split_divides_heads_and_replicates_kv_heads_below_tp():
     assert parallel.kv_heads_per_rank(8, 2) == 4 and parallel.kv_heads_per_rank(2, 8) == 1
     with pytest.raises(parallel.ParallelError):
         parallel.kv_heads_per_rank(3, 2)
-    lines = {"weights.mlp (bfloat16)": 1200, "weights.attention (bfloat16)": 1000, "kv_pool.attention": 900,
-             "weights.norms (bfloat16)": 60, "activations": 500, "runtime.worker": 7}
+    lines = {
+        "weights.mlp (bfloat16)": 1200,
+        "weights.attention (bfloat16)": 1000,
+        "kv_pool.attention": 900,
+        "weights.norms (bfloat16)": 60,
+        "activations": 500,
+        "runtime.worker": 7,
+    }
     ranks = parallel.split_engine(lines, arch, pp=1, tp=3, logits_bytes=200)
     assert [r["weights.mlp (bfloat16)"] for r in ranks] == [400] * 3
     assert [r["kv_pool.attention"] for r in ranks] == [300] * 3  # 3 KV heads over 3 ranks: one each

@@ -62,7 +62,10 @@ def test_ple_in_the_pool_needs_no_switch(tmp_path):
 
 def test_mtp_graphs_are_full_decode_only_at_the_verify_widths(tmp_path):
     pinned = build_plan(load_profile(ROOT / "configs/dgx-spark-128.yaml")).replica("chat").vllm
-    assert pinned.compilation_config == {"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [4, 8, 12, 16]}
+    assert pinned.compilation_config == {
+        "cudagraph_mode": "FULL_DECODE_ONLY",
+        "cudagraph_capture_sizes": [4, 8, 12, 16],
+    }
     # Unpinned: every (1 + k) x n for n = 1..max_num_seqs (k = 3 on the 186 GB profile's 8 streams).
     derived = build_plan(load_profile(ROOT / "configs/dgx-spark.yaml")).replica("chat").vllm
     assert derived.compilation_config["cudagraph_capture_sizes"] == [4 * n for n in range(1, 9)]
@@ -100,7 +103,11 @@ def test_plain_decoding_compiles_before_capturing_and_the_other_drafters_do_not_
 
     chat = ChatSpec(model="m", model_id="m")
     plain = compilation_config(chat, drafter("none"), 4)
-    assert plain == {"mode": TORCH_COMPILE, "cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 2, 3, 4]}
+    assert plain == {
+        "mode": TORCH_COMPILE,
+        "cudagraph_mode": "FULL_DECODE_ONLY",
+        "cudagraph_capture_sizes": [1, 2, 3, 4],
+    }
     assert compilation_config(chat, drafter("dspark", 7), 2)["mode"] == NO_TORCH_COMPILE
     assert compilation_config(chat, drafter("ngram", 3), 2)["mode"] == NO_TORCH_COMPILE
     assert "mode" not in compilation_config(chat, drafter("mtp", 3), 2)  # vLLM's default: compiled

@@ -32,7 +32,9 @@ from planner.plan import build_plan
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
 from vllm.model_executor.layers.mamba.mamba_utils import (  # noqa: E402
-    MambaStateDtypeCalculator, MambaStateShapeCalculator)
+    MambaStateDtypeCalculator,
+    MambaStateShapeCalculator,
+)
 from vllm.utils.math_utils import cdiv  # noqa: E402
 from vllm.v1.core.kv_cache_utils import _get_kv_cache_groups_uniform_page_size  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec  # noqa: E402
@@ -49,7 +51,8 @@ def _vllm(a, kv_dtype: str, k: int, draft_layers: int, block: int | None = None)
     if not a.linear_layers:
         return attn.page_size_bytes * attn_layers, 0, block, None
     shapes = MambaStateShapeCalculator.gated_delta_net_state_shape(
-        1, a.lin_k_heads, a.lin_v_heads, a.lin_k_dim, a.lin_v_dim, a.conv_kernel, k)
+        1, a.lin_k_heads, a.lin_v_heads, a.lin_k_dim, a.lin_v_dim, a.conv_kernel, k
+    )
     dtypes = MambaStateDtypeCalculator.gated_delta_net_state_dtype(torch.bfloat16, "auto", a.ssm_dtype)
     mamba_page = MambaSpec(shapes=shapes, dtypes=dtypes, block_size=-1).page_size_bytes
     block = KERNEL_BLOCK * cdiv(mamba_page, KERNEL_BLOCK * attn.page_size_bytes)
@@ -62,17 +65,21 @@ def _vllm(a, kv_dtype: str, k: int, draft_layers: int, block: int | None = None)
     layout = sorted(len(g.layer_names) for g in groups)
     state_groups = sum(isinstance(g.kv_cache_spec, MambaSpec) for g in groups)
     attn_groups = len(groups) - state_groups
-    return (attn_groups * size * attn.page_size_bytes, a.linear_layers * mamba_page, block,
-            (size, layout, state_groups * size * full.page_size_bytes))
+    return (
+        attn_groups * size * attn.page_size_bytes,
+        a.linear_layers * mamba_page,
+        block,
+        (size, layout, state_groups * size * full.page_size_bytes),
+    )
 
 
 CASES = [  # profile, changes, drafter layers in the attention spec
     ("cpu-tiny", {}, 0),
     ("dgx-spark", {"chat.speculative": {"method": "none"}}, 0),
-    ("dgx-spark", {}, 1),                      # MTP k=3, bf16 KV
-    ("dgx-spark-128", {}, 1),                  # MTP k=3, fp8 KV
+    ("dgx-spark", {}, 1),  # MTP k=3, bf16 KV
+    ("dgx-spark-128", {}, 1),  # MTP k=3, fp8 KV
     ("dgx-spark-27b", {"chat.speculative": {"method": "none"}}, 0),
-    ("dgx-spark-27b", {}, 5),                  # DSpark k=7: 5 drafter layers shaped like the target's
+    ("dgx-spark-27b", {}, 5),  # DSpark k=7: 5 drafter layers shaped like the target's
 ]
 
 
@@ -99,6 +106,8 @@ def test_kv_arithmetic_matches_vllm(tmp_path, name, changes, draft_layers):
 
 def test_reported_blocks():
     """The blocks vLLM logs for the bundled Spark profiles ("Setting attention block size to N")."""
-    blocks = {n: build_plan(load_profile(ROOT / f"configs/{n}.yaml")).chat.block_size
-              for n in ("dgx-spark", "dgx-spark-128", "dgx-spark-27b")}
+    blocks = {
+        n: build_plan(load_profile(ROOT / f"configs/{n}.yaml")).chat.block_size
+        for n in ("dgx-spark", "dgx-spark-128", "dgx-spark-27b")
+    }
     assert blocks == {"dgx-spark": 1600, "dgx-spark-128": 3200, "dgx-spark-27b": 832}

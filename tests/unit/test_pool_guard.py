@@ -32,8 +32,13 @@ class FakeReader:
 
 
 def _guard(reader: FakeReader, clock: FakeClock, registry: CollectorRegistry | None = None, **kwargs) -> PoolGuard:
-    options = {"shed_ingest_at": 0.8, "shed_all_at": 0.9, "hysteresis": 0.05, "sample_interval_s": 0.25,
-               "retry_after_s": 5}
+    options = {
+        "shed_ingest_at": 0.8,
+        "shed_all_at": 0.9,
+        "hysteresis": 0.05,
+        "sample_interval_s": 0.25,
+        "retry_after_s": 5,
+    }
     options.update(kwargs)
     return PoolGuard(reader=reader, clock=clock, registry=registry, **options)
 
@@ -105,13 +110,13 @@ def test_hysteresis_down_from_shedding_all():
     guard = _guard(reader, clock)
     steps = [
         (0.95, "shedding_all"),
-        (0.87, "shedding_all"),      # below 0.9 but not below 0.9 - 0.05
+        (0.87, "shedding_all"),  # below 0.9 but not below 0.9 - 0.05
         (0.86, "shedding_all"),
-        (0.84, "shedding_ingest"),   # below the all band, still above the ingest mark
-        (0.78, "shedding_ingest"),   # below 0.8 but not below 0.8 - 0.05
+        (0.84, "shedding_ingest"),  # below the all band, still above the ingest mark
+        (0.78, "shedding_ingest"),  # below 0.8 but not below 0.8 - 0.05
         (0.76, "shedding_ingest"),
         (0.74, "ok"),
-        (0.78, "ok"),                # coming up from ok, the band does not apply
+        (0.78, "ok"),  # coming up from ok, the band does not apply
         (0.80, "shedding_ingest"),
     ]
     for fraction, expected in steps:
@@ -201,9 +206,17 @@ def test_zero_limit_reads_as_empty():
     assert _guard(reader, clock).sample()[0] == "ok"
 
 
-@pytest.mark.parametrize("ingest, all_", [
-    (0.0, 0.9), (-0.1, 0.5), (0.9, 0.8), (0.8, 1.0), (0.8, 1.5), (1.0, 1.0),
-])
+@pytest.mark.parametrize(
+    "ingest, all_",
+    [
+        (0.0, 0.9),
+        (-0.1, 0.5),
+        (0.9, 0.8),
+        (0.8, 1.0),
+        (0.8, 1.5),
+        (1.0, 1.0),
+    ],
+)
 def test_invalid_thresholds(ingest, all_):
     with pytest.raises(ValueError, match="shed_ingest_at"):
         PoolGuard(shed_ingest_at=ingest, shed_all_at=all_, reader=FakeReader(), clock=FakeClock())
@@ -225,9 +238,11 @@ def test_prometheus_gauges():
         _state_at(guard, reader, clock, fraction)
         assert registry.get_sample_value("poolserve_pool_guard_state") == code
         assert registry.get_sample_value("poolserve_pool_used_bytes") == round(fraction * LIMIT)
-    exposed = {sample.name: sample.value
-               for family in text_string_to_metric_families(generate_latest(registry).decode())
-               for sample in family.samples}
+    exposed = {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(generate_latest(registry).decode())
+        for sample in family.samples
+    }
     assert exposed["poolserve_pool_limit_bytes"] == LIMIT
     assert exposed["poolserve_pool_used_bytes"] == round(0.10 * LIMIT)
     assert exposed["poolserve_pool_guard_state"] == 0
@@ -239,6 +254,7 @@ def test_guards_with_their_own_registries_do_not_collide():
 
 
 # --- read_pool -----------------------------------------------------------------------------------------
+
 
 def test_read_pool_on_this_machine():
     reading = read_pool()

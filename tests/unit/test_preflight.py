@@ -19,9 +19,14 @@ def _plan(pool: int = 24 * GiB):
 
 
 def _live(available: float, free: float | None = None, pool_limit: float | None = None, pool_usage: float = 0):
-    return LiveMemory(total=24 * GiB, available=int(available * GiB), free=int((free or available) * GiB),
-                      page_cache=2 * GiB, pool_limit=int(pool_limit * GiB) if pool_limit else None,
-                      pool_usage=int(pool_usage * GiB))
+    return LiveMemory(
+        total=24 * GiB,
+        available=int(available * GiB),
+        free=int((free or available) * GiB),
+        page_cache=2 * GiB,
+        pool_limit=int(pool_limit * GiB) if pool_limit else None,
+        pool_usage=int(pool_usage * GiB),
+    )
 
 
 def test_start_steps_grow_to_what_the_plan_needs():

@@ -32,14 +32,18 @@ def slices(tmp_path: Path, files: dict[str, bytes]) -> list[Path]:
     paths = []
     for n in range(5):
         path = tmp_path / f"all-mpnet-base-v2.zip.{n + 1:03d}"
-        path.write_bytes(data[n * cut:(n + 1) * cut])
+        path.write_bytes(data[n * cut : (n + 1) * cut])
         paths.append(path)
     return paths
 
 
-FILES = {"all-mpnet-base-v2/model.safetensors": b"weights" * 1000,
-         "all-mpnet-base-v2/1_Pooling/config.json": b"{}", "all-mpnet-base-v2/1_Pooling/desktop.ini": b"x",
-         "all-mpnet-base-v2/desktop.ini": b"x", "elsewhere/file.txt": b"not the model's"}
+FILES = {
+    "all-mpnet-base-v2/model.safetensors": b"weights" * 1000,
+    "all-mpnet-base-v2/1_Pooling/config.json": b"{}",
+    "all-mpnet-base-v2/1_Pooling/desktop.ini": b"x",
+    "all-mpnet-base-v2/desktop.ini": b"x",
+    "elsewhere/file.txt": b"not the model's",
+}
 
 
 def test_the_slices_join_into_the_folder_without_strays(prepare, monkeypatch, tmp_path):

@@ -37,8 +37,14 @@ print(json.dumps({"changed": changed, "again": again, **nice_of}))
 
 
 def test_every_thread_now_and_later_gets_the_nice_and_none_is_lowered():
-    out = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["changed"] >= 2 and result["again"] == 0, result

@@ -25,8 +25,10 @@ def test_plan_takes_the_profile_from_the_argument_the_environment_or_the_default
     monkeypatch.delenv("POOLSERVE_PROFILE", raising=False)
     assert _plan_name() == "cpu-tiny"
     assert _plan_name(env={"POOLSERVE_PROFILE": "configs/dgx-spark-128.yaml"}) == "dgx-spark-128"
-    assert _plan_name("configs/dgx-spark-27b.yaml", env={"POOLSERVE_PROFILE": "configs/dgx-spark-128.yaml"}) \
+    assert (
+        _plan_name("configs/dgx-spark-27b.yaml", env={"POOLSERVE_PROFILE": "configs/dgx-spark-128.yaml"})
         == "dgx-spark-27b"
+    )
 
 
 def test_serve_config_profile_yields_to_the_chosen_one(tmp_path):

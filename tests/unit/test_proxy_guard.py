@@ -25,12 +25,20 @@ def _run(guard, method: str, path: str, headers: dict) -> tuple[int, dict, bytes
     async def send(message):
         sent.append(message)
 
-    scope = {"type": "http", "method": method, "path": path,
-             "headers": [(k.encode(), v.encode()) for k, v in headers.items()]}
+    scope = {
+        "type": "http",
+        "method": method,
+        "path": path,
+        "headers": [(k.encode(), v.encode()) for k, v in headers.items()],
+    }
     asyncio.run(guard(downstream)(scope, receive, send))
     start = sent[0]
-    return start["status"], {k.decode(): v.decode() for k, v in start["headers"]}, b"".join(
-        m.get("body", b"") for m in sent[1:]), reached
+    return (
+        start["status"],
+        {k.decode(): v.decode() for k, v in start["headers"]},
+        b"".join(m.get("body", b"") for m in sent[1:]),
+        reached,
+    )
 
 
 def _guard(prefix="/", login=4096):
@@ -48,9 +56,12 @@ def test_a_body_on_a_public_path_is_refused_unread_and_the_connection_closed():
 
 
 def test_everything_else_goes_on_to_the_gateway():
-    for method, path, headers in [("GET", "/healthz", {}), ("GET", "/healthz", {"content-length": "0"}),
-                                  ("POST", "/v1/chat/completions", {"content-length": "100"}),
-                                  ("POST", "/dashboard/login", {"content-length": "100"})]:
+    for method, path, headers in [
+        ("GET", "/healthz", {}),
+        ("GET", "/healthz", {"content-length": "0"}),
+        ("POST", "/v1/chat/completions", {"content-length": "100"}),
+        ("POST", "/dashboard/login", {"content-length": "100"}),
+    ]:
         status, _, _, reached = _run(_guard(), method, path, headers)
         assert status == 200 and reached == [path], (method, path)
 
@@ -72,7 +83,11 @@ def test_the_callback_reads_its_settings_from_the_environment(monkeypatch):
     monkeypatch.setenv(proxy_guard.SETTINGS_ENV, env[proxy_guard.SETTINGS_ENV])
     [middleware] = middlewares()
     assert middleware.cls is PublicBodyRefusal and middleware.kwargs == {
-        "route_prefix": "/api", "login_form_max_bytes": 4096, "refusal_delay_s": 0.0, "refusal_delay_max": 0}
+        "route_prefix": "/api",
+        "login_form_max_bytes": 4096,
+        "refusal_delay_s": 0.0,
+        "refusal_delay_max": 0,
+    }
 
 
 def test_a_refusal_waits_out_its_delay_unless_too_many_already_wait():

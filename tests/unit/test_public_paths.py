@@ -33,7 +33,9 @@ def app(tmp_path, monkeypatch):
     umask = os.umask(0o022)
     os.umask(umask)
     gateway = GatewaySpec(client_max_concurrent=2, client_requests_per_minute=6).model_dump()
-    built = make_app(unplanned_edge(tmp_path / "state", {**gateway, "max_body_bytes": MAX_BODY, "unavailable_retry_after_s": 10}))
+    built = make_app(
+        unplanned_edge(tmp_path / "state", {**gateway, "max_body_bytes": MAX_BODY, "unavailable_retry_after_s": 10})
+    )
     started = asyncio.Event()
     release = asyncio.Event()
 
@@ -71,8 +73,9 @@ class Call:
         return json.loads(self.body)["error"]["message"]
 
 
-async def _call(app, method: str, path: str, headers: dict | None = None, body: bytes = b"",
-                client: str = "203.0.113.7") -> Call:
+async def _call(
+    app, method: str, path: str, headers: dict | None = None, body: bytes = b"", client: str = "203.0.113.7"
+) -> Call:
     reads = 0
     sent: list[dict] = []
 
@@ -85,13 +88,23 @@ async def _call(app, method: str, path: str, headers: dict | None = None, body: 
         sent.append(message)
 
     raw = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
-    scope = {"type": "http", "method": method, "path": path, "raw_path": path.encode(), "root_path": "",
-             "query_string": b"", "headers": raw, "client": (client, 40000), "server": ("127.0.0.1", 8000),
-             "scheme": "http", "http_version": "1.1", "asgi": {"version": "3.0"}}
+    scope = {
+        "type": "http",
+        "method": method,
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": raw,
+        "client": (client, 40000),
+        "server": ("127.0.0.1", 8000),
+        "scheme": "http",
+        "http_version": "1.1",
+        "asgi": {"version": "3.0"},
+    }
     await app(scope, receive, send)
     start = next(m for m in sent if m["type"] == "http.response.start")
-    return Call(start["status"], b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body"),
-                reads)
+    return Call(start["status"], b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body"), reads)
 
 
 def run(app, *args, **kwargs) -> Call:
@@ -101,6 +114,7 @@ def run(app, *args, **kwargs) -> Call:
 def _tenant_key(app) -> str:
     async def lifespan_free():  # the middleware stack is built on the first call
         await _call(app, "GET", "/healthz")
+
     asyncio.run(lifespan_free())
     guard = _guard(app)
     _, key = guard.store.create_tenant("acme", None, None, None, None, "test")
@@ -125,8 +139,13 @@ def test_a_public_path_with_a_body_is_refused_without_reading_it(app):
 
 def test_the_login_form_takes_a_small_form_only(app):
     limit = GatewaySpec().login_form_max_bytes
-    ok = run(app, "POST", "/dashboard/login", {"content-length": "9", "content-type":
-                                                "application/x-www-form-urlencoded"}, b"key=wrong")
+    ok = run(
+        app,
+        "POST",
+        "/dashboard/login",
+        {"content-length": "9", "content-type": "application/x-www-form-urlencoded"},
+        b"key=wrong",
+    )
     assert ok.status == 200 and json.loads(ok.body) == {"form_bytes": 9}
     big = run(app, "POST", "/dashboard/login", {"content-length": str(limit + 1)})
     assert big.status == 413 and big.body_reads == 0 and "gateway.login_form_max_bytes" in big.message
@@ -138,8 +157,14 @@ def test_a_wrong_or_missing_key_is_refused_before_the_body_is_read(app):
     for headers in ({}, {"authorization": "Bearer sk-nope"}):
         got = run(app, "POST", "/v1/echo", {**headers, "content-length": "4"}, b"[[]]", client="198.51.100.1")
         assert got.status == 401 and got.body_reads == 0
-    admin = run(app, "POST", "/admin/tenants", {"authorization": "Bearer wrong", "content-length": "2"}, b"{}",
-                client="198.51.100.2")
+    admin = run(
+        app,
+        "POST",
+        "/admin/tenants",
+        {"authorization": "Bearer wrong", "content-length": "2"},
+        b"{}",
+        client="198.51.100.2",
+    )
     assert admin.status == 401 and admin.body_reads == 0
 
 
@@ -159,8 +184,12 @@ def test_keyless_requests_are_limited_per_client_and_valid_keys_never_count(app)
     assert wrong.status == 429 and "gateway.client_requests_per_minute" in wrong.message
     # The same address with a valid key is served: an attacker cannot lock a tenant out.
     for _ in range(10):
-        assert run(app, "POST", "/v1/echo", {"authorization": f"Bearer {key}", "content-length": "0"},
-                   client="192.0.2.9").status == 200
+        assert (
+            run(
+                app, "POST", "/v1/echo", {"authorization": f"Bearer {key}", "content-length": "0"}, client="192.0.2.9"
+            ).status
+            == 200
+        )
     assert run(app, "GET", "/healthz", client="192.0.2.10").status == 200  # another client is not affected
 
 
@@ -169,7 +198,9 @@ def test_keyless_requests_in_flight_are_capped_per_client(app):
 
     async def scenario():
         await _call(app, "GET", "/healthz")  # build the middleware stack
-        held = [asyncio.create_task(_call(app, "GET", "/dashboard/static/slow.js", client="192.0.2.50")) for _ in range(2)]
+        held = [
+            asyncio.create_task(_call(app, "GET", "/dashboard/static/slow.js", client="192.0.2.50")) for _ in range(2)
+        ]
         await asyncio.wait_for(started.wait(), 5)
         await asyncio.sleep(0.05)
         third = await _call(app, "GET", "/dashboard/static/slow.js", client="192.0.2.50")

@@ -2,8 +2,20 @@ from pathlib import Path
 
 import pytest
 
-from rag.documents.chunking import (CLAUSE, INSIDE_WORD, LINE, PARAGRAPH, PUNCTUATION, SENTENCE, WORD, Chunk, Chunker,
-                          break_level, fast_tokenizer_spans, word_spans)
+from rag.documents.chunking import (
+    CLAUSE,
+    INSIDE_WORD,
+    LINE,
+    PARAGRAPH,
+    PUNCTUATION,
+    SENTENCE,
+    WORD,
+    Chunk,
+    Chunker,
+    break_level,
+    fast_tokenizer_spans,
+    word_spans,
+)
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / "models" / "all-MiniLM-L6-v2"
 
@@ -59,7 +71,7 @@ def assert_covers_in_order(text: str, chunks: list[Chunk]) -> None:
         assert cw, f"chunk {chunk.index} is empty"
         # The chunk must be a contiguous run of the text starting no later than what is covered (overlap allowed,
         # gaps not) and no earlier than the previous chunk's start; it must add at least one new word.
-        starts = [s for s in range(prev_start, covered + 1) if words[s:s + len(cw)] == cw]
+        starts = [s for s in range(prev_start, covered + 1) if words[s : s + len(cw)] == cw]
         assert starts, f"chunk {chunk.index} {chunk.text[:60]!r} does not continue the text at word {covered}"
         start = max(starts, key=lambda s: s + len(cw))
         assert start + len(cw) > covered, f"chunk {chunk.index} adds no new words"
@@ -68,6 +80,7 @@ def assert_covers_in_order(text: str, chunks: list[Chunk]) -> None:
 
 
 # ---- real tokenizer ----------------------------------------------------------------------
+
 
 def test_the_text_is_longer_than_the_chunks(count_tokens):
     assert count_tokens(TEXT) > 200  # the largest chunk size used below
@@ -98,10 +111,14 @@ def test_whole_text_that_fits_is_one_chunk(spans):
 
 
 def test_paragraph_boundaries_are_preferred(count_tokens, spans):
-    first = ("The embedder measures every chunk with its own tokenizer, "
-             "so the limits it enforces are the ones the model really has.")
-    second = ("Paragraph boundaries are the best place to cut a document, "
-              "because a paragraph usually holds one complete idea.")
+    first = (
+        "The embedder measures every chunk with its own tokenizer, "
+        "so the limits it enforces are the ones the model really has."
+    )
+    second = (
+        "Paragraph boundaries are the best place to cut a document, "
+        "because a paragraph usually holds one complete idea."
+    )
     a, b = count_tokens(first), count_tokens(second)
     size = max(a, b) + 2  # each paragraph fits on its own ...
     assert a + b > size  # ... but both together do not
@@ -120,9 +137,11 @@ def test_paragraph_boundaries_are_preferred(count_tokens, spans):
 
 
 def test_sentence_boundaries_are_preferred_inside_a_paragraph(count_tokens, spans):
-    sentences = ["The first sentence talks about vectors and indexes.",
-                 "The second sentence talks about tenants and isolation.",
-                 "The third sentence talks about restarts and persistence."]
+    sentences = [
+        "The first sentence talks about vectors and indexes.",
+        "The second sentence talks about tenants and isolation.",
+        "The third sentence talks about restarts and persistence.",
+    ]
     text = " ".join(sentences)
     size = max(count_tokens(s) for s in sentences) + 1
     assert count_tokens(sentences[0] + " " + sentences[1]) > size
@@ -146,18 +165,28 @@ def test_empty_or_whitespace_text_gives_no_chunks(spans, text):
 
 # ---- pure logic with a fake word counter ---------------------------------------------------
 
+
 @pytest.mark.parametrize("chunk_tokens,overlap", [(10, 10), (10, 11), (1, 1), (5, 100)])
 def test_overlap_not_smaller_than_chunk_size_raises(chunk_tokens, overlap):
     with pytest.raises(ValueError, match=r"overlap .* must be smaller than chunk size"):
         Chunker(word_spans, chunk_tokens, overlap)
 
 
-@pytest.mark.parametrize("text, previous_end, next_start, level", [
-    ("one.\n\ntwo", 4, 6, PARAGRAPH), ("one.\n \t\ntwo", 4, 8, PARAGRAPH), ("one\ntwo", 3, 4, LINE),
-    ("one. two", 4, 5, SENTENCE), ("one? two", 4, 5, SENTENCE), ("one, two", 4, 5, CLAUSE), ("one two", 3, 4, WORD),
-    ("os.path", 3, 4, PUNCTUATION), ("walking", 4, 4, INSIDE_WORD),
-    ("x\u0301y", 1, 2, INSIDE_WORD),  # a combining accent the tokenizer dropped is not a space
-])
+@pytest.mark.parametrize(
+    "text, previous_end, next_start, level",
+    [
+        ("one.\n\ntwo", 4, 6, PARAGRAPH),
+        ("one.\n \t\ntwo", 4, 8, PARAGRAPH),
+        ("one\ntwo", 3, 4, LINE),
+        ("one. two", 4, 5, SENTENCE),
+        ("one? two", 4, 5, SENTENCE),
+        ("one, two", 4, 5, CLAUSE),
+        ("one two", 3, 4, WORD),
+        ("os.path", 3, 4, PUNCTUATION),
+        ("walking", 4, 4, INSIDE_WORD),
+        ("x\u0301y", 1, 2, INSIDE_WORD),  # a combining accent the tokenizer dropped is not a space
+    ],
+)
 def test_break_levels(text, previous_end, next_start, level):
     assert break_level(text, previous_end, next_start) == level
 
@@ -208,8 +237,10 @@ def test_word_counter_respects_the_size_on_long_random_text():
     vocab = ["w%d" % i for i in range(40)]
     paragraphs = []
     for _ in range(12):
-        sentences = [" ".join(rng.choice(vocab) for _ in range(rng.randint(1, 15))) + rng.choice([".", "?", "!"])
-                     for _ in range(rng.randint(1, 5))]
+        sentences = [
+            " ".join(rng.choice(vocab) for _ in range(rng.randint(1, 15))) + rng.choice([".", "?", "!"])
+            for _ in range(rng.randint(1, 5))
+        ]
         paragraphs.append(" ".join(sentences))
     text = "\n\n".join(paragraphs)
     for size, overlap in [(7, 2), (12, 0), (30, 10)]:
@@ -227,12 +258,13 @@ def test_chunks_are_frozen():
 
 # ---- offsets -------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("chunk_tokens,overlap", [(200, 30), (40, 8), (16, 4)])
 def test_offsets_point_at_the_chunk_in_the_document(spans, chunk_tokens, overlap):
     text = "  \n" + TEXT + "\n\nNaïve x\u0301y 😀 end.  "  # accents, a dropped combining mark, an emoji ([UNK])
     chunks = Chunker(spans, chunk_tokens, overlap).split(text)
     for chunk in chunks:
-        assert text[chunk.start:chunk.end] == chunk.text
+        assert text[chunk.start : chunk.end] == chunk.text
     assert chunks[0].start == 3 and chunks[-1].text.endswith("end.") and chunks[-1].end == len(text) - 2
     assert [c.start for c in chunks] == sorted(c.start for c in chunks)
 
@@ -242,8 +274,11 @@ def test_word_spans_offsets_and_overlap():
     chunks = Chunker(word_spans, 4, 1).split(text)
     # The line end is the best cut; a cut there overlaps only by whole lines, so not at all here.
     assert [(c.text, c.start, c.end) for c in chunks] == [
-        ("one two  three", 0, 14), ("four five six seven", 15, 34), ("seven eight", 29, 40)]
-    assert all(text[c.start:c.end] == c.text for c in chunks)
+        ("one two  three", 0, 14),
+        ("four five six seven", 15, 34),
+        ("seven eight", 29, 40),
+    ]
+    assert all(text[c.start : c.end] == c.text for c in chunks)
 
 
 def test_a_document_is_tokenized_once():
@@ -265,6 +300,7 @@ def test_chunks_are_at_least_half_full_unless_last():
 
 
 # ---- the batched, vectorised path is the per-gap definition --------------------------------------------------
+
 
 def _reference_windows(text: str, spans_of, chunk_tokens: int, overlap: int) -> list[tuple[int, int]]:
     """The chunker as it was, one break_level call per gap considered: what the vectorised one must equal."""
@@ -299,8 +335,21 @@ def _varied_texts() -> list[str]:
     import random
 
     rng = random.Random(45)
-    alphabet = list("abcXYZ019 .,;:!?-'\"()\n\t") + ["\n\n", " \n \n", "\u00a0", "é", "ß", "中文", "\u2003", "\x1c",
-                                                  "\u0301", "🙂", "\r\n", "...", "  "]
+    alphabet = list("abcXYZ019 .,;:!?-'\"()\n\t") + [
+        "\n\n",
+        " \n \n",
+        "\u00a0",
+        "é",
+        "ß",
+        "中文",
+        "\u2003",
+        "\x1c",
+        "\u0301",
+        "🙂",
+        "\r\n",
+        "...",
+        "  ",
+    ]
     texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 3000))) for _ in range(40)]
     data = Path(__file__).resolve().parents[1] / "data"
     texts += [p.read_text(errors="replace") for p in sorted(data.glob("*")) if p.suffix in {".txt", ".md", ".html"}]
@@ -331,8 +380,9 @@ def test_batched_tokenizing_in_pieces_gives_the_whole_documents_spans_and_chunks
     monkeypatch.setattr(chunking, "PIECE_CHARS", 700)  # many pieces per document, even for the small ones
     texts = _varied_texts()
     backend = tokenizer.backend_tokenizer
-    whole = [np.asarray(backend.encode(t, add_special_tokens=False).offsets, dtype=np.int64).reshape(-1, 2)
-             for t in texts]
+    whole = [
+        np.asarray(backend.encode(t, add_special_tokens=False).offsets, dtype=np.int64).reshape(-1, 2) for t in texts
+    ]
     assert spans._splits_on_whitespace  # BERT's pre-tokenizer: the pieces path is the one tested
     assert any(len(spans._pieces(t)) > 3 for t in texts)
     for got, expected in zip(spans.many(texts), whole):
@@ -342,4 +392,4 @@ def test_batched_tokenizing_in_pieces_gives_the_whole_documents_spans_and_chunks
         batched = chunker.split_many(texts)
         for text, chunks in zip(texts, batched):
             assert [(c.start, c.end) for c in chunks] == _reference_windows(text, spans, size, overlap)
-            assert all(c.text == text[c.start:c.end] for c in chunks)
+            assert all(c.text == text[c.start : c.end] for c in chunks)

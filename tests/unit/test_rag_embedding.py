@@ -10,8 +10,13 @@ import pytest
 from rag.retrieval.embedding import SentenceTransformerEmbedder
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / "models" / "all-MiniLM-L6-v2"
-TEXTS = ["A pump moves water.", "Short.", "The valve opens when the pressure rises above two bar, and closes again.",
-         "Tenants never see each other's collections.", "Widgets spin."]
+TEXTS = [
+    "A pump moves water.",
+    "Short.",
+    "The valve opens when the pressure rises above two bar, and closes again.",
+    "Tenants never see each other's collections.",
+    "Widgets spin.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +67,9 @@ def test_nothing_to_embed_is_no_batch(embedder):
 
 
 def test_a_question_is_embedded_with_the_query_prefix(embedder):
-    np.testing.assert_allclose(embedder.embed_query("what moves water?"),
-                               embedder.embed(["query: what moves water?"])["vectors"][0], atol=1e-6)
+    np.testing.assert_allclose(
+        embedder.embed_query("what moves water?"), embedder.embed(["query: what moves water?"])["vectors"][0], atol=1e-6
+    )
 
 
 def test_usage_is_the_tokens_each_batch_read_counted_without_tokenizing_twice(embedder, monkeypatch):

@@ -52,10 +52,17 @@ def test_plain_text_is_kept_exactly():
     assert extract(text, None).text == text
 
 
-@pytest.mark.parametrize("given, expected", [
-    ("text/plain", "text/plain"), ("TEXT/HTML; charset=utf-8", "text/html"), (" text/markdown ", "text/markdown"),
-    ("text/x-markdown", "text/markdown"), ("application/xhtml+xml", "text/html"), (None, "text/plain"),
-])
+@pytest.mark.parametrize(
+    "given, expected",
+    [
+        ("text/plain", "text/plain"),
+        ("TEXT/HTML; charset=utf-8", "text/html"),
+        (" text/markdown ", "text/markdown"),
+        ("text/x-markdown", "text/markdown"),
+        ("application/xhtml+xml", "text/html"),
+        (None, "text/plain"),
+    ],
+)
 def test_content_types_are_normalized(given, expected):
     assert normalize_content_type(given) == expected
 
@@ -105,10 +112,14 @@ def test_markdown_is_rendered_to_text():
 def test_an_extracted_title_becomes_metadata_unless_the_client_gave_one():
     page = as_plain_text(DocumentInput("p", PAGE, {"src": "web"}, content_type="text/html"), extract(PAGE, "text/html"))
     assert page.content_type == "text/plain"
-    assert page.metadata == {"src": "web", "title": "Widget manual",  # and where the page's sections start
-                             LOCATIONS_KEY: {"kind": "section", "starts": [0, 50], "labels": ["Widgets", "Setup"]}}
-    given = as_plain_text(DocumentInput("p", PAGE, {"title": "Mine"}, content_type="text/html"),
-                          extract(PAGE, "text/html"))
+    assert page.metadata == {
+        "src": "web",
+        "title": "Widget manual",  # and where the page's sections start
+        LOCATIONS_KEY: {"kind": "section", "starts": [0, 50], "labels": ["Widgets", "Setup"]},
+    }
+    given = as_plain_text(
+        DocumentInput("p", PAGE, {"title": "Mine"}, content_type="text/html"), extract(PAGE, "text/html")
+    )
     assert given.metadata["title"] == "Mine"
     assert not needs_extraction(DocumentInput("p", "<b>not parsed</b>"))
 
@@ -117,14 +128,24 @@ def test_the_pipeline_stores_and_embeds_the_extracted_text(tmp_path):
     store = KnowledgeStore(tmp_path / "k.sqlite3", dim=DIM)
     embedder = FakeEmbedder()
     pipeline = RagPipeline(embedder, LocalIndex(store), PipelineSettings())
-    counts = asyncio.run(pipeline.ingest("t", "kb", [DocumentInput("page", PAGE, content_type="text/html"),
-                                                     DocumentInput("notes", NOTES, content_type="text/markdown")]))
+    counts = asyncio.run(
+        pipeline.ingest(
+            "t",
+            "kb",
+            [
+                DocumentInput("page", PAGE, content_type="text/html"),
+                DocumentInput("notes", NOTES, content_type="text/markdown"),
+            ],
+        )
+    )
     assert counts[0] > 0 and counts[1] > 0
     embedded = [text for call in embedder.document_calls for text in call]
     assert all("<" not in text and "https://" not in text for text in embedded)
     assert embedded[0].startswith("Widget manual\n")  # the page's <title> is the title embedded in front
-    assert {d["id"]: d["metadata"] for d in store.list_documents("t", "kb", limit=10)["data"]} == {"page": {"title": "Widget manual"},
-                                                                   "notes": {"title": "Widget guide"}}
+    assert {d["id"]: d["metadata"] for d in store.list_documents("t", "kb", limit=10)["data"]} == {
+        "page": {"title": "Widget manual"},
+        "notes": {"title": "Widget guide"},
+    }
     assert [h.document_id for h in store.search_lexical("t", "kb", "wiring", 5)] == ["page"]
     store.close()
 
@@ -173,11 +194,18 @@ def test_the_section_path_is_embedded_in_front_of_a_chunk_when_asked(tmp_path):
     embedded = [text for call in embedder.document_calls for text in call]
     # Title, then the section's path, then the chunk (the fake chunker cuts at every blank line); a chunk
     # that starts with its title or heading does not get it twice.
-    assert embedded == ["Server manual\nRead this first.", "Server manual", "Server manual\nIntro text.",
-                        "Server manual\nInstalling ¶", "Server manual\nInstalling\nUnpack it.",
-                        "Server manual\nInstalling > On Linux\nOn Linux",
-                        "Server manual\nInstalling > On Linux\nUse the package.", "Server manual\nRunning",
-                        "Server manual\nRunning\nStart it.", "Server manual\nRunning\nNo heading text above."]
+    assert embedded == [
+        "Server manual\nRead this first.",
+        "Server manual",
+        "Server manual\nIntro text.",
+        "Server manual\nInstalling ¶",
+        "Server manual\nInstalling\nUnpack it.",
+        "Server manual\nInstalling > On Linux\nOn Linux",
+        "Server manual\nInstalling > On Linux\nUse the package.",
+        "Server manual\nRunning",
+        "Server manual\nRunning\nStart it.",
+        "Server manual\nRunning\nNo heading text above.",
+    ]
     listed = store.list_documents("t", "kb", limit=10)["data"][0]
     assert listed["metadata"] == {"title": "Server manual"}  # the section map is not the client's metadata
     store.close()
@@ -204,30 +232,39 @@ def test_a_sphinx_page_is_read_from_its_main_content_without_its_navigation():
     assert 'action(type="omusrmsg" users="*")' in page.text
     for navigation in ("Previous topic", "Next topic", "Table of Contents", "omuxsock", "Quick search", "Navigation"):
         assert navigation not in page.text
-    assert resolve(page.locations, page.text.index("users="), None)["section"] == \
-        "Examples > Write emergency messages to all users"
+    assert (
+        resolve(page.locations, page.text.index("users="), None)["section"]
+        == "Examples > Write emergency messages to all users"
+    )
 
 
 def test_navigation_landmarks_go_and_a_marked_main_is_read_when_it_holds_the_page():
     menu = '<div role="navigation"><a href="/">Home</a> <a href="/b">Other page</a></div>'
     search = '<form role="Search banner"><p>Search the site</p></form>'
     body = "<p>" + "The real content of the page. " * 8 + "</p>"
-    page = extract(f"<body><header><p>Site header</p></header>{menu}{search}<div role='main'>{body}</div>"
-                   "<footer><p>Copyright line</p></footer></body>", "text/html")
+    page = extract(
+        f"<body><header><p>Site header</p></header>{menu}{search}<div role='main'>{body}</div>"
+        "<footer><p>Copyright line</p></footer></body>",
+        "text/html",
+    )
     assert page.text.startswith("The real content") and "header" not in page.text and "Copyright" not in page.text
     # Without a marked main, only the landmarks go; text after one (its tail) is kept.
-    page = extract(f"<body><p>Before</p>{menu}After the menu{body}<footer><p>Copyright line</p></footer></body>",
-                   "text/html")
+    page = extract(
+        f"<body><p>Before</p>{menu}After the menu{body}<footer><p>Copyright line</p></footer></body>", "text/html"
+    )
     assert "Home" not in page.text and "Search" not in page.text
     assert "Before" in page.text and "After the menu" in page.text and "Copyright line" in page.text
 
 
-@pytest.mark.parametrize("html", [
-    # a stray, nearly empty <main> beside the page's text: the whole page is read
-    "<body><main><p>Skip</p></main><article><p>" + "Most of the text is here. " * 10 + "</p></article></body>",
-    # an empty app-shell <main>
-    "<body><main></main><p>" + "Most of the text is here. " * 10 + "</p></body>",
-])
+@pytest.mark.parametrize(
+    "html",
+    [
+        # a stray, nearly empty <main> beside the page's text: the whole page is read
+        "<body><main><p>Skip</p></main><article><p>" + "Most of the text is here. " * 10 + "</p></article></body>",
+        # an empty app-shell <main>
+        "<body><main></main><p>" + "Most of the text is here. " * 10 + "</p></body>",
+    ],
+)
 def test_a_main_holding_little_of_the_page_is_not_trusted(html):
     assert "Most of the text is here." in extract(html, "text/html").text
 

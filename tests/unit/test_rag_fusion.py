@@ -4,7 +4,14 @@ import pytest
 
 from rag.retrieval.fusion import reciprocal_rank_fusion, weighted_score_fusion
 from rag.retrieval.prompt import RetrievedChunk
-from rag.retrieval.search import FusionSettings, SearchQuery, fuse, retrieve, spread_over_documents, with_document_support
+from rag.retrieval.search import (
+    FusionSettings,
+    SearchQuery,
+    fuse,
+    retrieve,
+    spread_over_documents,
+    with_document_support,
+)
 
 
 def test_rrf_sums_reciprocal_ranks():
@@ -30,8 +37,9 @@ def test_ties_keep_first_appearance_order():
 
 
 def test_weighted_fusion_normalises_each_list():
-    fused = dict(weighted_score_fusion([[("a", 0.9), ("b", 0.5), ("c", 0.1)], [("c", 30.0), ("a", 10.0)]],
-                                       weights=[0.5, 0.5]))
+    fused = dict(
+        weighted_score_fusion([[("a", 0.9), ("b", 0.5), ("c", 0.1)], [("c", 30.0), ("a", 10.0)]], weights=[0.5, 0.5])
+    )
     assert fused["a"] == pytest.approx(0.5 * 1.0 + 0.5 * 0.0)
     assert fused["b"] == pytest.approx(0.5 * 0.5)
     assert fused["c"] == pytest.approx(0.5 * 0.0 + 0.5 * 1.0)
@@ -39,11 +47,14 @@ def test_weighted_fusion_normalises_each_list():
     assert dict(weighted_score_fusion([[("a", 3.0)], []])) == {"a": pytest.approx(1.0)}
 
 
-@pytest.mark.parametrize("call", [
-    lambda: reciprocal_rank_fusion([["a"]], weights=[1.0, 2.0]),
-    lambda: reciprocal_rank_fusion([["a"]], k=-1),
-    lambda: weighted_score_fusion([[("a", 1.0)]], weights=[-1.0]),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: reciprocal_rank_fusion([["a"]], weights=[1.0, 2.0]),
+        lambda: reciprocal_rank_fusion([["a"]], k=-1),
+        lambda: weighted_score_fusion([[("a", 1.0)]], weights=[-1.0]),
+    ],
+)
 def test_bad_parameters_raise(call):
     with pytest.raises(ValueError):
         call()
@@ -56,11 +67,17 @@ def chunk(doc: str, score: float) -> RetrievedChunk:
 def test_fuse_keeps_rows_and_replaces_scores():
     dense = [chunk("a", 0.9), chunk("b", 0.8)]
     lexical = [chunk("b", 12.0), chunk("c", 3.0)]
-    fused = fuse(dense, lexical, top_k=2, fusion=FusionSettings(method="rrf", rrf_k=60, dense_weight=1, lexical_weight=1))
+    fused = fuse(
+        dense, lexical, top_k=2, fusion=FusionSettings(method="rrf", rrf_k=60, dense_weight=1, lexical_weight=1)
+    )
     assert [c.chunk_id for c in fused] == ["b#0", "a#0"]
     assert fused[0].score == pytest.approx(1 / 62 + 1 / 61) and fused[0].text == "text of b"
-    weighted = fuse([*dense, chunk("x", 0.1)], lexical, top_k=3,
-                    fusion=FusionSettings(method="weighted", dense_weight=0.5, lexical_weight=0.5))
+    weighted = fuse(
+        [*dense, chunk("x", 0.1)],
+        lexical,
+        top_k=3,
+        fusion=FusionSettings(method="weighted", dense_weight=0.5, lexical_weight=0.5),
+    )
     # dense normalised: a 1, b 0.875, x 0; lexical: b 1, c 0
     assert [(c.chunk_id, round(c.score, 4)) for c in weighted] == [("b#0", 0.9375), ("a#0", 0.5), ("x#0", 0.0)]
 
@@ -109,7 +126,9 @@ def test_best_similarity_is_the_dense_lists_first_score_whatever_the_fused_order
 def test_filters_reach_both_searches():
     store = TwoLists([chunk("a", 0.9)], [chunk("a", 2.0)])
     filters = {"lang": {"in": ["en"]}}
-    retrieve(store, "t", "c", SearchQuery(text="q", top_k=2, vector=[1.0], filters=filters), FusionSettings(candidates=3))
+    retrieve(
+        store, "t", "c", SearchQuery(text="q", top_k=2, vector=[1.0], filters=filters), FusionSettings(candidates=3)
+    )
     assert store.asked == [("dense", 3, filters), ("lexical", 3, filters)]
 
 
@@ -137,12 +156,19 @@ def test_document_support_adds_the_best_other_chunk_of_the_same_document():
     fused = [("a#0", 1.0), ("b#0", 0.9), ("b#1", 0.5), ("a#1", 0.1), ("b#2", 0.4)]
     document_of = {chunk: chunk.split("#")[0] for chunk, _ in fused}
     supported = dict(with_document_support(fused, document_of, 0.5))
-    assert supported == {"a#0": pytest.approx(1.05), "b#0": pytest.approx(1.15), "b#1": pytest.approx(0.95),
-                         "a#1": pytest.approx(0.6), "b#2": pytest.approx(0.85)}
+    assert supported == {
+        "a#0": pytest.approx(1.05),
+        "b#0": pytest.approx(1.15),
+        "b#1": pytest.approx(0.95),
+        "a#1": pytest.approx(0.6),
+        "b#2": pytest.approx(0.85),
+    }
     assert [c for c, _ in with_document_support(fused, document_of, 0.5)] == ["b#0", "a#0", "b#1", "b#2", "a#1"]
     # a lone chunk gets no support; ties keep the fused order
     assert with_document_support([("x#0", 0.5), ("y#0", 0.5)], {"x#0": "x", "y#0": "y"}, 1.0) == [
-        ("x#0", 0.5), ("y#0", 0.5)]
+        ("x#0", 0.5),
+        ("y#0", 0.5),
+    ]
 
 
 def test_fuse_applies_document_support_unless_it_is_zero():
@@ -163,8 +189,14 @@ def numbered(doc: str, n: int, score: float) -> RetrievedChunk:
 
 
 def test_spread_over_documents_moves_a_documents_extra_chunks_behind_the_others():
-    hits = [numbered("a", 0, 0.9), numbered("a", 1, 0.8), numbered("a", 2, 0.7), numbered("b", 0, 0.6),
-            numbered("c", 0, 0.5), numbered("b", 1, 0.4)]
+    hits = [
+        numbered("a", 0, 0.9),
+        numbered("a", 1, 0.8),
+        numbered("a", 2, 0.7),
+        numbered("b", 0, 0.6),
+        numbered("c", 0, 0.5),
+        numbered("b", 1, 0.4),
+    ]
     chunk_ids = [c.chunk_id for c in spread_over_documents(hits, 1)]
     assert chunk_ids == ["a#0", "b#0", "c#0", "a#1", "a#2", "b#1"]  # nothing dropped, order kept within each part
     assert [c.chunk_id for c in spread_over_documents(hits, 2)] == ["a#0", "a#1", "b#0", "c#0", "b#1", "a#2"]
@@ -183,4 +215,6 @@ def test_retrieve_spreads_the_top_k_over_documents_in_every_mode(mode):
     assert [c.chunk_id for c in retrieve(store, "t", "c", query, spread).hits] == ["a#0", "b#0"]
     assert all(depth == 5 for _, depth, _ in store.asked)  # the candidates behind the top_k were fetched
     assert [c.chunk_id for c in retrieve(store, "t", "c", query, FusionSettings(chunks_per_document=0)).hits] == [
-        "a#0", "a#1"]
+        "a#0",
+        "a#1",
+    ]

@@ -34,8 +34,17 @@ def test_valid_document_ids_are_returned_unchanged(doc_id):
 @pytest.mark.parametrize(
     "value",
     ["a/b", "/abs", "a\\b", "\\x", "a..b", "..", "../etc", "ab\x00c", "\x00"],
-    ids=["slash", "leading-slash", "backslash", "leading-backslash", "dotdot-inside", "dotdot", "traversal",
-         "nul-inside", "nul"],
+    ids=[
+        "slash",
+        "leading-slash",
+        "backslash",
+        "leading-backslash",
+        "dotdot-inside",
+        "dotdot",
+        "traversal",
+        "nul-inside",
+        "nul",
+    ],
 )
 def test_path_characters_are_rejected(validate, value):
     with pytest.raises(InvalidIdError, match="path characters"):
@@ -69,8 +78,21 @@ def test_must_start_with_letter_or_digit(validate, value):
 
 
 @pytest.mark.parametrize("validate", [validate_collection, validate_document_id])
-@pytest.mark.parametrize("value", ["has space", "trailing ", " leading", "tab\there", "new\nline", "semi;colon",
-                                   "star*", "quote'", "ümlaut", "a%2Fb"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "has space",
+        "trailing ",
+        " leading",
+        "tab\there",
+        "new\nline",
+        "semi;colon",
+        "star*",
+        "quote'",
+        "ümlaut",
+        "a%2Fb",
+    ],
+)
 def test_disallowed_characters_are_rejected(validate, value):
     with pytest.raises(InvalidIdError, match="is invalid"):
         validate(value)

@@ -14,7 +14,6 @@ from bench.harness.results import BenchResult
 from rag.retrieval.pipeline import DocumentInput
 
 
-
 def _doc(i: int, chars: int) -> DocumentInput:
     return DocumentInput(id=f"d{i}", text="x" * chars)
 
@@ -83,7 +82,9 @@ def test_ingest_until_stops_at_the_first_batch_reaching_the_target():
 
 def test_ingest_until_without_a_target_takes_every_document_in_batches():
     posted = []
-    taken, chunks = bench.ingest_until(lambda b: posted.append(len(b)) or len(b), [_doc(i, 10) for i in range(25)], None)
+    taken, chunks = bench.ingest_until(
+        lambda b: posted.append(len(b)) or len(b), [_doc(i, 10) for i in range(25)], None
+    )
     assert (taken, chunks, posted) == (25, 25, [10, 10, 5])
 
 
@@ -101,9 +102,11 @@ def test_next_batch_end_sizes_by_text_length():
 
 def test_questions_interleave_and_answerable_ones_can_come_first():
     docs = [DocumentInput(id=i, text="t") for i in ("a1", "a2", "b1")]
-    corpora = [bench.Corpus("a", docs[:2], [{"question": f"a{i}", "documents": [f"a{i}"]} for i in (1, 2, 3)]),
-               bench.Corpus("b", docs[2:], [{"question": "b1", "documents": ["b1"]}]),
-               bench.Corpus("c", [DocumentInput(id="c1", text="t")], [{"question": "c1", "documents": ["c1"]}])]
+    corpora = [
+        bench.Corpus("a", docs[:2], [{"question": f"a{i}", "documents": [f"a{i}"]} for i in (1, 2, 3)]),
+        bench.Corpus("b", docs[2:], [{"question": "b1", "documents": ["b1"]}]),
+        bench.Corpus("c", [DocumentInput(id="c1", text="t")], [{"question": "c1", "documents": ["c1"]}]),
+    ]
     questions = bench.ingested_questions(corpora, {"a1", "b1"})
     assert [q["question"] for q in questions] == ["a1", "b1", "a2", "a3"]  # c: nothing of it ingested
     assert [q["answerable"] for q in questions] == [True, True, False, False]
@@ -112,8 +115,11 @@ def test_questions_interleave_and_answerable_ones_can_come_first():
 
 
 def test_recall_counts_answerable_questions_only():
-    questions = [{"documents": ["x"], "answerable": True}, {"documents": ["y"], "answerable": True},
-                 {"documents": ["z"], "answerable": False}]
+    questions = [
+        {"documents": ["x"], "answerable": True},
+        {"documents": ["y"], "answerable": True},
+        {"documents": ["z"], "answerable": False},
+    ]
     found = [["x", "q", "q", "q"], ["q", "y", "q", "q"], ["z"]]
     assert bench.recall(found, questions) == {"recall@1": 0.5, "recall@2": 1.0, "recall@4": 1.0, "recall_questions": 2}
     assert bench.recall([], [])["recall@1"] is None
@@ -128,17 +134,29 @@ def test_summary_ms_interpolates_percentiles():
 
 def test_stream_timing_of_a_rag_stream_and_of_a_chat_stream():
     cited = [{"document_id": "a", "chunk_id": "a:0", "score": 0.5, "text": "alpha"}]
-    lines = ["data: " + json.dumps({"object": "rag.citations", "citations": cited, "refused": False}), "",
-             "data: " + json.dumps({"object": "rag.delta", "delta": "Hi"}),
-             "data: " + json.dumps({"object": "rag.usage", "usage": {"prompt_tokens": 321, "completion_tokens": 8}}),
-             "data: [DONE]"]
+    lines = [
+        "data: " + json.dumps({"object": "rag.citations", "citations": cited, "refused": False}),
+        "",
+        "data: " + json.dumps({"object": "rag.delta", "delta": "Hi"}),
+        "data: " + json.dumps({"object": "rag.usage", "usage": {"prompt_tokens": 321, "completion_tokens": 8}}),
+        "data: [DONE]",
+    ]
     events = bench.sse_events(lines)
     assert len(events) == 3
     timing = bench.stream_timing(list(zip([0.2, 0.5, 0.6], events)), 0.7)
-    assert timing == {"first_token_s": 0.5, "citations_s": 0.2, "total_s": 0.7, "prompt_tokens": 321,
-                      "refused": False, "citations": cited}
-    chat = [{"choices": [{"delta": {"role": "assistant", "content": ""}}]},
-            {"choices": [{"delta": {"content": "The"}}]}, {"choices": [], "usage": {"prompt_tokens": 40}}]
+    assert timing == {
+        "first_token_s": 0.5,
+        "citations_s": 0.2,
+        "total_s": 0.7,
+        "prompt_tokens": 321,
+        "refused": False,
+        "citations": cited,
+    }
+    chat = [
+        {"choices": [{"delta": {"role": "assistant", "content": ""}}]},
+        {"choices": [{"delta": {"content": "The"}}]},
+        {"choices": [], "usage": {"prompt_tokens": 40}},
+    ]
     timing = bench.stream_timing(list(zip([0.1, 0.3, 0.4], chat)), 0.4)
     assert (timing["first_token_s"], timing["citations_s"], timing["prompt_tokens"]) == (0.3, None, 40)
 
@@ -148,21 +166,32 @@ def test_replay_messages_are_the_rag_prompt_cut_to_k_passages():
 
     cited = [{"document_id": d, "chunk_id": f"{d}:0", "score": 0.4, "text": f"passage {d}"} for d in "abc"]
     full = bench.replay_messages("why?", cited, 4)
-    assert full == rag_messages("why?", [RetrievedChunk(c["document_id"], c["chunk_id"], c["score"], c["text"])
-                                         for c in cited])
+    assert full == rag_messages(
+        "why?", [RetrievedChunk(c["document_id"], c["chunk_id"], c["score"], c["text"]) for c in cited]
+    )
     assert "[2] passage b" in bench.replay_messages("why?", cited, 2)[0]["content"]
     assert "passage b" not in bench.replay_messages("why?", cited, 1)[0]["content"]
     assert "no passages found" in bench.replay_messages("why?", cited, 0)[0]["content"]
 
 
 def test_table_keeps_the_old_columns_for_old_results_and_adds_prompt_tokens():
-    old = {"setting": "search", "documents": 25, "n": 555, "ingest_s": 33.0, "requests": 80, "p50": 33.9,
-           "p95": 42.9, "refused": None}
+    old = {
+        "setting": "search",
+        "documents": 25,
+        "n": 555,
+        "ingest_s": 33.0,
+        "requests": 80,
+        "p50": 33.9,
+        "p95": 42.9,
+        "refused": None,
+    }
     result = BenchResult(name="rag-latency", commit="x", machine={}, date="d", command=[], rows=[old])
     assert bench.tables(result).splitlines()[0].endswith("| refused (no answer) |")
     new = {**old, "setting": "RAG query streamed: first token", "refused": 2, "prompt_tokens_p50": 812.0}
     table = bench.stack_table([old, new]).splitlines()
-    assert table[0].endswith("prompt tokens p50 |") and table[-1].endswith("| 2 | 812 |") and table[2].endswith("|  | |")
+    assert (
+        table[0].endswith("prompt tokens p50 |") and table[-1].endswith("| 2 | 812 |") and table[2].endswith("|  | |")
+    )
 
 
 def test_chat_omp_threads_is_a_chat_override_and_names_the_result():
@@ -173,21 +202,36 @@ def test_chat_omp_threads_is_a_chat_override_and_names_the_result():
 
 def test_rows_and_breakdown_of_a_measurement():
     cited = [{"document_id": "a", "chunk_id": "a:0", "score": 0.5, "text": "alpha"}]
-    stream = {"first_token_s": 1.0, "citations_s": 1.0, "total_s": 1.5, "prompt_tokens": 700, "refused": False,
-              "citations": cited, "question": "q"}
+    stream = {
+        "first_token_s": 1.0,
+        "citations_s": 1.0,
+        "total_s": 1.5,
+        "prompt_tokens": 700,
+        "refused": False,
+        "citations": cited,
+        "question": "q",
+    }
     replay = {"first_token_s": 0.9, "citations_s": None, "total_s": 1.2, "prompt_tokens": 700}
-    m = {"search_s": [0.05] * 4, "embed_s": [0.03] * 4, "rag_s": [1.4, 1.6],
-         "answers": [{"refused": False, "usage": {"prompt_tokens": 690}}, {"refused": True, "usage": {}}],
-         "streams": [stream, {**stream, "refused": True}], "answered": [stream],
-         "replays": {k: [{**replay, "prompt_tokens": 100 + 150 * k}] for k in bench.REPLAY_PASSAGES},
-         "recall": {"recall@1": 1.0, "recall_questions": 4}}
+    m = {
+        "search_s": [0.05] * 4,
+        "embed_s": [0.03] * 4,
+        "rag_s": [1.4, 1.6],
+        "answers": [{"refused": False, "usage": {"prompt_tokens": 690}}, {"refused": True, "usage": {}}],
+        "streams": [stream, {**stream, "refused": True}],
+        "answered": [stream],
+        "replays": {k: [{**replay, "prompt_tokens": 100 + 150 * k}] for k in bench.REPLAY_PASSAGES},
+        "recall": {"recall@1": 1.0, "recall_questions": 4},
+    }
     common = {"n": 10000, "documents": 3, "ingest_s": 600.0}
     rows = {r["setting"]: r for r in bench.rows_of(m, common)}
     rag = rows[f"RAG query (POST /v1/rag/query, max_tokens {bench.RAG_MAX_TOKENS})"]
     assert (rag["refused"], rag["prompt_tokens_p50"], rag["p50"]) == (1, 690, pytest.approx(1500.0))
     first = rows["RAG query streamed: first token"]
     assert (first["requests"], first["refused"], first["p50"], first["prompt_tokens_p50"]) == (1, 1, 1000.0, 700)
-    assert rows["prompt replay, 0 passages (POST /v1/chat/completions, cold cache): first token"]["prompt_tokens_p50"] == 100
+    assert (
+        rows["prompt replay, 0 passages (POST /v1/chat/completions, cold cache): first token"]["prompt_tokens_p50"]
+        == 100
+    )
     assert rows["search (GET /v1/collections/{c}/search)"]["recall@1"] == 1.0
     parts = bench.breakdown(m)
     assert parts["first_token_minus_replay_p50_ms"] == pytest.approx(100.0)
@@ -199,13 +243,30 @@ def test_budgeted_streams_become_rows_with_the_share_of_answers_in_the_prompt():
     from bench import rag_latency as rl
 
     def stream(docs, cited, refused=False, tokens=300):
-        return {"first_token_s": 0.5, "citations_s": 0.1, "total_s": 0.9, "prompt_tokens": tokens, "refused": refused,
-                "citations": [{"document_id": d} for d in cited], "answer_documents": docs, "question": "q"}
+        return {
+            "first_token_s": 0.5,
+            "citations_s": 0.1,
+            "total_s": 0.9,
+            "prompt_tokens": tokens,
+            "refused": refused,
+            "citations": [{"document_id": d} for d in cited],
+            "answer_documents": docs,
+            "question": "q",
+        }
 
     streams = [stream(["a"], ["a", "b"]), stream(["c"], ["b"]), stream(None, ["x"]), stream(["a"], [], refused=True)]
     assert rl.in_prompt_recall(streams) == {"in_prompt_recall": 0.5, "in_prompt_questions": 2}
-    m = {"answers": [], "answered": streams[:2], "streams": streams, "search_s": [0.1], "embed_s": [0.05],
-         "rag_s": [1.0], "recall": {}, "replays": {}, "budgeted": {300: streams}}
+    m = {
+        "answers": [],
+        "answered": streams[:2],
+        "streams": streams,
+        "search_s": [0.1],
+        "embed_s": [0.05],
+        "rag_s": [1.0],
+        "recall": {},
+        "replays": {},
+        "budgeted": {300: streams},
+    }
     rows = rl.rows_of(m, {"n": 10, "real": 10, "kind": "stack", "documents": 1, "ingest_s": 1.0, "start_s": 1.0})
     [budget_row] = [r for r in rows if "context_tokens 300" in r["setting"]]
     assert budget_row["refused"] == 1 and budget_row["requests"] == 3 and budget_row["in_prompt_recall"] == 0.5

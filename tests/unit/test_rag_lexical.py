@@ -49,21 +49,29 @@ def lexical_rows(db_path, tenant="t", collection="c") -> int:
 
 def chunk_rows(db_path, tenant="t", collection="c") -> int:
     with sqlite3.connect(db_path) as db:
-        return db.execute("SELECT count(*) FROM chunks WHERE tenant=? AND collection=?",
-                          (tenant, collection)).fetchone()[0]
+        return db.execute(
+            "SELECT count(*) FROM chunks WHERE tenant=? AND collection=?", (tenant, collection)
+        ).fetchone()[0]
 
 
 def fts_tables(db_path) -> set[str]:
     with sqlite3.connect(db_path) as db:
-        return {n for (n,) in db.execute(
-            "SELECT name FROM sqlite_master WHERE sql LIKE 'CREATE VIRTUAL TABLE%' AND name LIKE 'lexical_%'")}
+        return {
+            n
+            for (n,) in db.execute(
+                "SELECT name FROM sqlite_master WHERE sql LIKE 'CREATE VIRTUAL TABLE%' AND name LIKE 'lexical_%'"
+            )
+        }
 
 
 # ---- query building ---------------------------------------------------------------------------
 
+
 def test_every_term_is_a_quoted_phrase_joined_by_or():
-    assert fts5_match("How does os.path.join handle paths?") == '"os path join" OR "os" OR "path" OR "join" OR ' \
-                                                              '"handle" OR "paths"'
+    assert (
+        fts5_match("How does os.path.join handle paths?") == '"os path join" OR "os" OR "path" OR "join" OR '
+        '"handle" OR "paths"'
+    )
     assert fts5_match("E1101") == '"E1101"'
     assert fts5_match("what does --flag do") == '"flag"'
     assert fts5_match("dirs_exist_ok") == '"dirs exist ok" OR "dirs" OR "exist" OR "ok"'
@@ -91,11 +99,40 @@ def test_quote_doubles_embedded_quotes():
     assert quote('say "hi"') == '"say ""hi"""'
 
 
-@pytest.mark.parametrize("question", [
-    '"', '""', '"unbalanced', "a AND", "OR", "NOT x", "NEAR(a b, 2)", "col:term", "title:", "*", "x*", "^start",
-    "(a OR b", "a) b", "--flag", "-x", "+y", "os.path.join", "E1101", "a:b:c", "{col1 col2}: x", "'single'",
-    "back\\slash", "semi;colon", "ümlaut café", "零 一", "\x00nul", "tab\tand\nnewline", "a" * 5000,
-])
+@pytest.mark.parametrize(
+    "question",
+    [
+        '"',
+        '""',
+        '"unbalanced',
+        "a AND",
+        "OR",
+        "NOT x",
+        "NEAR(a b, 2)",
+        "col:term",
+        "title:",
+        "*",
+        "x*",
+        "^start",
+        "(a OR b",
+        "a) b",
+        "--flag",
+        "-x",
+        "+y",
+        "os.path.join",
+        "E1101",
+        "a:b:c",
+        "{col1 col2}: x",
+        "'single'",
+        "back\\slash",
+        "semi;colon",
+        "ümlaut café",
+        "零 一",
+        "\x00nul",
+        "tab\tand\nnewline",
+        "a" * 5000,
+    ],
+)
 def test_hostile_questions_never_raise(store, question):
     put(store, "d", ["some text to search"])
     store.search_lexical("t", "c", question, 5)  # must not raise an FTS5 syntax error
@@ -113,16 +150,19 @@ def test_any_text_is_a_valid_match_expression(text):
     db.execute("SELECT rowid FROM f WHERE f MATCH ?", (match,)).fetchall()
 
 
-@pytest.mark.parametrize("question, expected", [
-    ("what does --flag do?", "doc-flag#0"),
-    ("how is os.path.join used", "doc-join#0"),
-    ("pylint E1101", "doc-lint#0"),
-    ("NEAR operator", "doc-ops#0"),
-    ('the "AND" keyword', "doc-ops#0"),
-    ("title:thing", "doc-colon#0"),
-    ("dirs_exist_ok", "doc-copy#0"),
-    ("O_NONBLOCK", "doc-flags#0"),
-])
+@pytest.mark.parametrize(
+    "question, expected",
+    [
+        ("what does --flag do?", "doc-flag#0"),
+        ("how is os.path.join used", "doc-join#0"),
+        ("pylint E1101", "doc-lint#0"),
+        ("NEAR operator", "doc-ops#0"),
+        ('the "AND" keyword', "doc-ops#0"),
+        ("title:thing", "doc-colon#0"),
+        ("dirs_exist_ok", "doc-copy#0"),
+        ("O_NONBLOCK", "doc-flags#0"),
+    ],
+)
 def test_identifiers_flags_and_operators_are_found(store, question, expected):
     put(store, "doc-flag", ["Pass --flag to enable verbose mode."])
     put(store, "doc-join", ["Use os.path.join(a, b) to build a path."])
@@ -150,6 +190,7 @@ def test_scores_are_higher_for_better_matches(store):
 
 
 # ---- the index follows the chunk rows -----------------------------------------------------------
+
 
 def test_replaced_document_leaves_no_stale_lexical_rows(store, db_path):
     put(store, "doc", ["The secret code word is pelican.", "second chunk"])
@@ -230,8 +271,10 @@ def test_a_database_without_the_lexical_index_gets_it_on_open(db_path):
         db.execute("INSERT INTO collections VALUES ('t', 'c', 0)")
         db.execute("INSERT INTO documents VALUES ('t', 'c', 'old', '{}', 10, 2, 0)")
         for i, text in enumerate(["legacy chunk about tortoises", "another legacy chunk"]):
-            db.execute("INSERT INTO chunks (tenant, collection, doc_id, chunk_index, text, vector) VALUES (?,?,?,?,?,?)",
-                       ("t", "c", "old", i, text, vecs(2)[i].tobytes()))
+            db.execute(
+                "INSERT INTO chunks (tenant, collection, doc_id, chunk_index, text, vector) VALUES (?,?,?,?,?,?)",
+                ("t", "c", "old", i, text, vecs(2)[i].tobytes()),
+            )
     assert fts_tables(db_path) == set()
     migrated = KnowledgeStore(db_path, dim=DIM)
     try:

@@ -24,11 +24,33 @@ DOCS = {
     "g": {"year": None, "source": "", "tags": [], "big": 2**70, "pi": 3.5},
 }
 FILTERS = [
-    {}, {"source": "hr"}, {"source": "hr", "year": 2024}, {"year": 2025}, {"year": "2024"},
-    {"year": {"in": [2024, "2024"]}}, {"draft": False}, {"draft": True}, {"draft": 1}, {"draft": {"in": [True, False]}},
-    {"tags": "travel"}, {"tags": "policy"}, {"tags": True}, {"tags": 2024}, {"tags": {"in": ["x", "policy"]}},
-    {"nested": "hr"}, {"a.b": "dotted"}, {"sp ace[0]": "odd"}, {"ünï": "cödé"}, {'q"uo\\te': 1}, {"year": 1},
-    {"year": 1.0}, {"source": ""}, {"pi": 3.5}, {"big": float(2**70)}, {"missing": "x"}, {"year": {"in": [True]}},
+    {},
+    {"source": "hr"},
+    {"source": "hr", "year": 2024},
+    {"year": 2025},
+    {"year": "2024"},
+    {"year": {"in": [2024, "2024"]}},
+    {"draft": False},
+    {"draft": True},
+    {"draft": 1},
+    {"draft": {"in": [True, False]}},
+    {"tags": "travel"},
+    {"tags": "policy"},
+    {"tags": True},
+    {"tags": 2024},
+    {"tags": {"in": ["x", "policy"]}},
+    {"nested": "hr"},
+    {"a.b": "dotted"},
+    {"sp ace[0]": "odd"},
+    {"ünï": "cödé"},
+    {'q"uo\\te': 1},
+    {"year": 1},
+    {"year": 1.0},
+    {"source": ""},
+    {"pi": 3.5},
+    {"big": float(2**70)},
+    {"missing": "x"},
+    {"year": {"in": [True]}},
 ]
 
 
@@ -79,8 +101,9 @@ def test_a_database_from_before_the_metadata_index_gets_it_filled_on_open(tmp_pa
     try:
         assert second._db.execute("PRAGMA user_version").fetchone()[0] == 2
         for filters in FILTERS[1:]:
-            assert {r.document_id for r in second.search("t", "c", E[0], top_k=50, filters=filters)} == \
-                json_each_matches(filters)
+            assert {
+                r.document_id for r in second.search("t", "c", E[0], top_k=50, filters=filters)
+            } == json_each_matches(filters)
     finally:
         second.close()
 
@@ -104,7 +127,12 @@ def test_document_listing_pages_by_id(store):
         after = page["last_id"]
     assert seen == sorted(DOCS) and pages == 3
     assert store.list_documents("t", "c", limit=3, after="g") == {
-        "object": "list", "data": [], "first_id": None, "last_id": None, "has_more": False}
+        "object": "list",
+        "data": [],
+        "first_id": None,
+        "last_id": None,
+        "has_more": False,
+    }
     first = store.list_documents("t", "c", limit=1)["data"][0]
     assert first == {"id": "a", "chunks": 1, "chars": 1, "metadata": DOCS["a"], "updated_at": first["updated_at"]}
 

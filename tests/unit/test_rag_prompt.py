@@ -24,7 +24,7 @@ def test_rag_messages_numbers_chunks_in_order_after_the_instruction():
     assert [m["role"] for m in messages] == ["system", "user"]
     system = messages[0]["content"]
     assert system.startswith(SYSTEM_INSTRUCTION + "\n\nContext:\n")
-    context = system[len(SYSTEM_INSTRUCTION):]  # the instruction itself mentions [1], [2]
+    context = system[len(SYSTEM_INSTRUCTION) :]  # the instruction itself mentions [1], [2]
     assert "[1] Paris is the capital of France." in context  # text stripped
     assert "[2] The Seine flows through Paris." in context
     assert "[3] France uses the euro." in context
@@ -40,9 +40,7 @@ def test_instruction_asks_for_citations_and_honesty():
 
 
 def test_context_block_exact_format():
-    assert context_block(CHUNKS[1:]) == (
-        "Context:\n[1] The Seine flows through Paris.\n\n[2] France uses the euro."
-    )
+    assert context_block(CHUNKS[1:]) == ("Context:\n[1] The Seine flows through Paris.\n\n[2] France uses the euro.")
 
 
 def test_no_chunks_says_so():
@@ -104,22 +102,28 @@ def test_last_user_text_picks_the_latest_user_turn():
 def test_last_user_text_joins_list_content_text_parts():
     messages = [
         {"role": "user", "content": "older"},
-        {"role": "user", "content": [
-            {"type": "text", "text": "What is in"},
-            {"type": "image_url", "image_url": {"url": "http://example.com/x.png"}},
-            "not-a-dict part",
-            {"type": "text", "text": "this picture?"},
-        ]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "What is in"},
+                {"type": "image_url", "image_url": {"url": "http://example.com/x.png"}},
+                "not-a-dict part",
+                {"type": "text", "text": "this picture?"},
+            ],
+        },
     ]
     assert last_user_text(messages) == "What is in  this picture?"
     assert last_user_text(messages).split() == ["What", "is", "in", "this", "picture?"]
 
 
-@pytest.mark.parametrize("messages", [
-    [],
-    [{"role": "system", "content": "only system"}],
-    [{"role": "assistant", "content": "only assistant"}],
-])
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [],
+        [{"role": "system", "content": "only system"}],
+        [{"role": "assistant", "content": "only assistant"}],
+    ],
+)
 def test_last_user_text_without_user_turn_is_empty(messages):
     assert last_user_text(messages) == ""
 
@@ -133,18 +137,40 @@ def test_last_user_text_skips_user_turn_without_usable_content():
 def test_citations_carry_the_fields():
     result = citations(CHUNKS)
     assert result == [
-        {"document_id": "doc-a", "chunk_id": "doc-a#0", "score": 0.912346,
-         "text": "  Paris is the capital of France.\n", "start": None, "end": None, "metadata": {"source": "atlas"}},
-        {"document_id": "doc-b", "chunk_id": "doc-b#3", "score": 0.5,
-         "text": "The Seine flows through Paris.", "start": 120, "end": 150, "metadata": {}},
-        {"document_id": "doc-a", "chunk_id": "doc-a#1", "score": 0.1,
-         "text": "France uses the euro.", "start": None, "end": None, "metadata": {}},
+        {
+            "document_id": "doc-a",
+            "chunk_id": "doc-a#0",
+            "score": 0.912346,
+            "text": "  Paris is the capital of France.\n",
+            "start": None,
+            "end": None,
+            "metadata": {"source": "atlas"},
+        },
+        {
+            "document_id": "doc-b",
+            "chunk_id": "doc-b#3",
+            "score": 0.5,
+            "text": "The Seine flows through Paris.",
+            "start": 120,
+            "end": 150,
+            "metadata": {},
+        },
+        {
+            "document_id": "doc-a",
+            "chunk_id": "doc-a#1",
+            "score": 0.1,
+            "text": "France uses the euro.",
+            "start": None,
+            "end": None,
+            "metadata": {},
+        },
     ]
     json.dumps(result)  # JSON-serialisable
 
 
 def test_citation_score_is_a_plain_float_even_from_numpy():
     import numpy as np
+
     chunk = RetrievedChunk("d", "d#0", np.float32(0.123456789), "t")
     score = chunk.citation()["score"]
     assert type(score) is float

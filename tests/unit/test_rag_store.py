@@ -43,8 +43,15 @@ def hits(results: list[RetrievedChunk]) -> list[tuple[str, str, float]]:
 
 def seed(store, tenant="tenant-a", collection="docs"):
     # Vectors are deliberately not unit length: the store normalises them (cosine similarity).
-    store.upsert_document(tenant, collection, "paris", ["Paris is in France.", "Paris has the Seine."],
-                          [vec(5), vec(2, 2)], metadata={"lang": "en"}, chars=40)
+    store.upsert_document(
+        tenant,
+        collection,
+        "paris",
+        ["Paris is in France.", "Paris has the Seine."],
+        [vec(5), vec(2, 2)],
+        metadata={"lang": "en"},
+        chars=40,
+    )
     store.upsert_document(tenant, collection, "rome", ["Rome is in Italy."], [vec(0, 0, 3)], chars=17)
     store.upsert_document(tenant, collection, "berlin", ["Berlin is in Germany."], [vec(0, 0.5)], chars=21)
 
@@ -67,7 +74,8 @@ def test_upsert_then_search_returns_best_first_with_cosine_scores(store):
     results = store.search("tenant-a", "docs", vec(-1, 2, 1), top_k=4)
     assert [r.chunk_id for r in results] == ["berlin#0", "rome#0", "paris#1", "paris#0"]
     assert [r.score for r in results] == pytest.approx(
-        [2 / np.sqrt(6), 1 / np.sqrt(6), 1 / np.sqrt(12), -1 / np.sqrt(6)], abs=1e-5)
+        [2 / np.sqrt(6), 1 / np.sqrt(6), 1 / np.sqrt(12), -1 / np.sqrt(6)], abs=1e-5
+    )
     assert results[1].metadata == {}
     assert all(isinstance(r.score, float) for r in results)
 
@@ -143,8 +151,9 @@ def test_tenant_isolation(store):
 
 def test_reupsert_replaces_the_chunks(store):
     seed(store)
-    n = store.upsert_document("tenant-a", "docs", "paris", ["Paris, new text."], [vec(0, 0, 0, 0, 1)],
-                              metadata={"v": 2}, chars=16)
+    n = store.upsert_document(
+        "tenant-a", "docs", "paris", ["Paris, new text."], [vec(0, 0, 0, 0, 1)], metadata={"v": 2}, chars=16
+    )
     assert n == 1
     info = store.collection_info("tenant-a", "docs")
     assert info["chunk_count"] == info["indexed_vectors"] == 3
@@ -184,8 +193,12 @@ def test_delete_unknown_document_raises(store):
 
 
 def test_unknown_collection_raises(store):
-    for call in (lambda: store.search("t", "missing", vec(1), 1), lambda: store.collection_info("t", "missing"),
-                 lambda: store.delete_document("t", "missing", "d"), lambda: store.delete_collection("t", "missing")):
+    for call in (
+        lambda: store.search("t", "missing", vec(1), 1),
+        lambda: store.collection_info("t", "missing"),
+        lambda: store.delete_document("t", "missing", "d"),
+        lambda: store.delete_collection("t", "missing"),
+    ):
         with pytest.raises(CollectionNotFound, match="missing"):
             call()
 
@@ -223,13 +236,19 @@ def test_chunk_and_vector_counts_must_match(store):
 
 def test_stats_counts_vectors_and_the_database_the_cache_can_fill_with(store):
     empty = store.stats()
-    assert {k: v for k, v in empty.items() if k != "database_bytes"} == {"collections": 0, "vectors": 0,
-                                                                         "index_bytes_estimate": 0}
+    assert {k: v for k, v in empty.items() if k != "database_bytes"} == {
+        "collections": 0,
+        "vectors": 0,
+        "index_bytes_estimate": 0,
+    }
     seed(store)
     store.upsert_document("tenant-b", "other", "d", ["x"], [vec(1)])
     stats = store.stats()
-    assert {k: v for k, v in stats.items() if k != "database_bytes"} == {"collections": 2, "vectors": 5,
-                                                                         "index_bytes_estimate": 5 * DIM * 4}
+    assert {k: v for k, v in stats.items() if k != "database_bytes"} == {
+        "collections": 2,
+        "vectors": 5,
+        "index_bytes_estimate": 5 * DIM * 4,
+    }
     assert stats["database_bytes"] > empty["database_bytes"] > 0
     store.delete_document("tenant-a", "docs", "paris")
     assert store.stats()["vectors"] == 3
@@ -254,10 +273,15 @@ def test_persistence_rebuilds_indexes_from_sqlite(db_path, kind):
         assert second.search("tenant-b", "notes", vec(0, 1), top_k=10) == before_b
         assert before_b[0].metadata == {"k": [1, 2]}
         assert second.collection_info("tenant-a", "docs") == info_before
+
         def counts(stats: dict) -> dict:  # the database's size changes at close (its WAL is checkpointed)
             return {k: v for k, v in stats.items() if k != "database_bytes"}
-        assert counts(second.stats()) == counts(stats_before) == {"collections": 2, "vectors": 4,
-                                                                  "index_bytes_estimate": 4 * DIM * 4}
+
+        assert (
+            counts(second.stats())
+            == counts(stats_before)
+            == {"collections": 2, "vectors": 4, "index_bytes_estimate": 4 * DIM * 4}
+        )
         assert "berlin" not in {r.document_id for r in second.search("tenant-a", "docs", vec(0, 1), top_k=10)}
         # The reopened store keeps working.
         second.delete_document("tenant-a", "docs", "paris")
@@ -284,10 +308,14 @@ def test_sqlite_is_the_source_of_truth(db_path):
     seed(knowledge)
     knowledge.close()
     with sqlite3.connect(db_path) as db:
-        rows = db.execute("SELECT doc_id, chunk_index, text, vector FROM chunks ORDER BY doc_id, chunk_index").fetchall()
+        rows = db.execute(
+            "SELECT doc_id, chunk_index, text, vector FROM chunks ORDER BY doc_id, chunk_index"
+        ).fetchall()
     assert [(d, i, t) for d, i, t, _ in rows] == [
-        ("berlin", 0, "Berlin is in Germany."), ("paris", 0, "Paris is in France."),
-        ("paris", 1, "Paris has the Seine."), ("rome", 0, "Rome is in Italy."),
+        ("berlin", 0, "Berlin is in Germany."),
+        ("paris", 0, "Paris is in France."),
+        ("paris", 1, "Paris has the Seine."),
+        ("rome", 0, "Rome is in Italy."),
     ]
     stored = {(d, i): np.frombuffer(v, dtype=np.float32) for d, i, _, v in rows}
     np.testing.assert_allclose(stored[("paris", 1)], vec(1, 1) / np.sqrt(2), atol=1e-6)  # stored normalised
@@ -347,8 +375,9 @@ def test_concurrent_upserts_and_searches(db_path, kind):
             for i in range(upserts_each):
                 doc = f"w{w}-d{i % n_docs}"
                 n_chunks = int(rng.integers(1, 4))
-                knowledge.upsert_document("t", "c", doc, [f"{doc} #{j}" for j in range(n_chunks)],
-                                          rng.normal(size=(n_chunks, DIM)))
+                knowledge.upsert_document(
+                    "t", "c", doc, [f"{doc} #{j}" for j in range(n_chunks)], rng.normal(size=(n_chunks, DIM))
+                )
                 if i % 7 == 6:
                     knowledge.delete_document("t", "c", doc)
                 with lock:
@@ -408,6 +437,7 @@ def test_concurrent_upserts_and_searches(db_path, kind):
 
 # ---- regressions: the caller's vectors stay untouched; deletes are atomic ----------------------
 
+
 @pytest.mark.parametrize("read_only", [False, True])
 def test_upsert_does_not_modify_the_callers_vectors(store, read_only):
     vectors = np.stack([vec(3), vec(1, 1)])
@@ -415,8 +445,6 @@ def test_upsert_does_not_modify_the_callers_vectors(store, read_only):
     vectors.flags.writeable = not read_only
     store.upsert_document("t", "c", "d", ["x", "y"], vectors)
     np.testing.assert_array_equal(vectors, original)
-
-
 
 
 def test_failed_delete_document_leaves_no_orphan_chunks(db_path):
@@ -463,7 +491,7 @@ def test_chunks_keep_their_offsets(store):
     store.upsert_document("t", "c", "plain", ["No offsets given."], [vec(0, 0, 1)])
     for result in store.search("t", "c", vec(1, 1, 1), top_k=3) + store.search_lexical("t", "c", "Paris offsets", 3):
         if result.document_id == "paris":
-            assert text[result.start:result.end] == result.text
+            assert text[result.start : result.end] == result.text
         else:
             assert (result.start, result.end) == (None, None)
 
@@ -474,8 +502,10 @@ def test_a_database_without_offset_columns_opens_migrates_and_keeps_its_rows(db_
         db.executescript(SCHEMA_WITHOUT_OFFSETS)
         db.execute("INSERT INTO collections VALUES ('t', 'c', 0)")
         db.execute("""INSERT INTO documents VALUES ('t', 'c', 'old', '{"source": "hr"}', 20, 1, 0)""")
-        db.execute("INSERT INTO chunks (tenant, collection, doc_id, chunk_index, text, vector) VALUES (?,?,?,?,?,?)",
-                   ("t", "c", "old", 0, "An old chunk of text", (vec(1) / 1.0).tobytes()))
+        db.execute(
+            "INSERT INTO chunks (tenant, collection, doc_id, chunk_index, text, vector) VALUES (?,?,?,?,?,?)",
+            ("t", "c", "old", 0, "An old chunk of text", (vec(1) / 1.0).tobytes()),
+        )
     migrated = KnowledgeStore(db_path, dim=DIM, index_kind=kind)
     try:
         assert migrated.migrated_columns == ["chunks.start_char", "chunks.end_char"]
@@ -498,14 +528,21 @@ def test_a_database_without_offset_columns_opens_migrates_and_keeps_its_rows(db_
 
 # ---- metadata filters inside the searches -----------------------------------------------------
 
+
 def seed_many(store, tenant="t", collection="c", documents=60):
     """Documents in two groups; the rare "archive" group is the least similar to e0 and never says 'common'."""
     rng = np.random.default_rng(3)
     for i in range(documents):
         rare = i % 10 == 0
         vector = (E[0] * (0.1 if rare else 1.0)) + rng.normal(scale=0.05, size=DIM).astype(np.float32) + E[1] * 0.5
-        store.upsert_document(tenant, collection, f"d{i:02d}", [f"{'rare' if rare else 'common'} words {i}"], [vector],
-                              metadata={"shelf": "archive" if rare else "main", "n": i, "tags": ["x", f"t{i % 3}"]})
+        store.upsert_document(
+            tenant,
+            collection,
+            f"d{i:02d}",
+            [f"{'rare' if rare else 'common'} words {i}"],
+            [vector],
+            metadata={"shelf": "archive" if rare else "main", "n": i, "tags": ["x", f"t{i % 3}"]},
+        )
 
 
 def test_filtered_dense_search_returns_top_k_of_the_matching_chunks(store):

@@ -88,9 +88,13 @@ def test_a_restart_loads_the_saved_index_without_re_adding_vectors(db_path, kind
 
     added = []
     import rag.store.vector_index as vector_index
+
     original_add = vector_index.CollectionIndex.add
-    monkeypatch.setattr(vector_index.CollectionIndex, "add",
-                        lambda self, ids, vectors: (added.append(len(ids)), original_add(self, ids, vectors)))
+    monkeypatch.setattr(
+        vector_index.CollectionIndex,
+        "add",
+        lambda self, ids, vectors: (added.append(len(ids)), original_add(self, ids, vectors)),
+    )
     second = KnowledgeStore(db_path, dim=DIM, index_kind=kind)
     try:
         assert second.opened[("t", "c")] == {"rebuilt": False, "added": 0}
@@ -160,6 +164,7 @@ def test_indexes_are_saved_in_the_background_while_they_have_changes(db_path):
     try:
         store.upsert_document("t", "c", "a", ["a"], [E[0]])
         import time
+
         deadline = time.monotonic() + 5
         while not list(store.index_dir.glob("*.index")) and time.monotonic() < deadline:
             time.sleep(0.02)

@@ -12,19 +12,22 @@ def run(coroutine):
     return asyncio.run(asyncio.wait_for(coroutine, 10))
 
 
-@pytest.mark.parametrize("method, path, read", [
-    ("GET", "/v1/collections", True),
-    ("GET", "/v1/collections/kb", True),
-    ("GET", "/v1/collections/kb/documents", True),
-    ("GET", "/v1/collections/kb/search", True),
-    ("POST", "/v1/collections/kb/search", True),
-    ("POST", "/v1/collections/kb/documents", False),  # an ingest: work, not a read
-    ("DELETE", "/v1/collections/kb/documents/d1", False),
-    ("GET", "/v1/collections/kb/documents/d1", False),
-    ("POST", "/v1/chat/completions", False),
-    ("POST", "/v1/rag/query", False),
-    ("GET", "/v1/models", False),
-])
+@pytest.mark.parametrize(
+    "method, path, read",
+    [
+        ("GET", "/v1/collections", True),
+        ("GET", "/v1/collections/kb", True),
+        ("GET", "/v1/collections/kb/documents", True),
+        ("GET", "/v1/collections/kb/search", True),
+        ("POST", "/v1/collections/kb/search", True),
+        ("POST", "/v1/collections/kb/documents", False),  # an ingest: work, not a read
+        ("DELETE", "/v1/collections/kb/documents/d1", False),
+        ("GET", "/v1/collections/kb/documents/d1", False),
+        ("POST", "/v1/chat/completions", False),
+        ("POST", "/v1/rag/query", False),
+        ("GET", "/v1/models", False),
+    ],
+)
 def test_reads_are_the_knowledge_base_listings_counts_and_searches(method, path, read):
     assert is_read(method, path) is read
 
@@ -35,6 +38,7 @@ async def _reads(lanes: ReadLanes, tenant: str, count: int, log: list, hold: flo
             log.append(("start", tenant, n, asyncio.get_running_loop().time()))
             await asyncio.sleep(hold)
             log.append(("end", tenant, n, asyncio.get_running_loop().time()))
+
     await asyncio.gather(*(one(n) for n in range(count)))
 
 
@@ -61,6 +65,7 @@ def test_while_another_tenant_works_a_tenants_reads_take_turns():
         async def other_tenant_chats():
             async with lanes.working("b"):
                 await asyncio.sleep(0.5)
+
         other = asyncio.create_task(other_tenant_chats())
         await asyncio.sleep(0)  # b's chat is in flight first
         await _reads(lanes, "a", 6, log)
@@ -100,6 +105,7 @@ def test_the_line_is_bounded_in_length_and_in_time():
                 outcomes.append("ran")
             except ReadsQueued as queued:
                 outcomes.append(str(queued))
+
         await asyncio.gather(*(one() for _ in range(4)))
         return outcomes
 
@@ -117,6 +123,7 @@ def test_a_cancelled_read_gives_its_turn_back():
         async def one(hold):
             async with lanes.working("a"), lanes.reading("a"):
                 await asyncio.sleep(hold)
+
         first = asyncio.create_task(one(10))
         await asyncio.sleep(0.01)
         waiting = asyncio.create_task(one(0))
@@ -137,6 +144,7 @@ def test_while_another_tenant_works_a_read_keeps_its_turn_twice_as_long_as_it_to
             async def other_tenant_chats():
                 async with lanes.working("b"):
                     await asyncio.sleep(1)
+
             other = asyncio.create_task(other_tenant_chats()) if other_tenant_working else None
             await asyncio.sleep(0)
             await _reads(lanes, "a", 2, log, hold=0.1)

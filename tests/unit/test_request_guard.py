@@ -52,19 +52,33 @@ def _error(response, status: int) -> str:
 JSON = {"content-type": "application/json"}
 
 
-@pytest.mark.parametrize("raw, message", [
-    (b'{"documents": [{"metadata": {"score": NaN}}]}', "documents[0].metadata.score: NaN is not a valid JSON number"),
-    (b'{"a": [1, Infinity]}', "a[1]: Infinity is not a valid JSON number"),
-    (b'{"a": {"b": -Infinity}}', "a.b: -Infinity is not a valid JSON number"),
-    (b'NaN', "body: NaN is not a valid JSON number"),
-    (b'{"x": [0.5, 1e400]}', "x[1]: number is too large to be a finite float (it parses to inf)"),
-    (b'{"x": -1e400}', "x: number is too large to be a finite float (it parses to -inf)"),
-    (b'{"messages": [{"content": "\\ud800 x"}]}',
-     "messages[0].content: contains a lone UTF-16 surrogate (\\ud800); text must be valid Unicode"),
-    (b'{"m": {"\\udfff": 1}}', 'm["\\udfff"]: contains a lone UTF-16 surrogate (\\udfff); text must be valid Unicode'),
-    (b'["ok \\ud83d\\ude00", "\\ude00"]', "[1]: contains a lone UTF-16 surrogate (\\ude00); text must be valid Unicode"),
-    (b'{"odd key": {"k": NaN}}', '["odd key"].k: NaN is not a valid JSON number'),
-])
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        (
+            b'{"documents": [{"metadata": {"score": NaN}}]}',
+            "documents[0].metadata.score: NaN is not a valid JSON number",
+        ),
+        (b'{"a": [1, Infinity]}', "a[1]: Infinity is not a valid JSON number"),
+        (b'{"a": {"b": -Infinity}}', "a.b: -Infinity is not a valid JSON number"),
+        (b"NaN", "body: NaN is not a valid JSON number"),
+        (b'{"x": [0.5, 1e400]}', "x[1]: number is too large to be a finite float (it parses to inf)"),
+        (b'{"x": -1e400}', "x: number is too large to be a finite float (it parses to -inf)"),
+        (
+            b'{"messages": [{"content": "\\ud800 x"}]}',
+            "messages[0].content: contains a lone UTF-16 surrogate (\\ud800); text must be valid Unicode",
+        ),
+        (
+            b'{"m": {"\\udfff": 1}}',
+            'm["\\udfff"]: contains a lone UTF-16 surrogate (\\udfff); text must be valid Unicode',
+        ),
+        (
+            b'["ok \\ud83d\\ude00", "\\ude00"]',
+            "[1]: contains a lone UTF-16 surrogate (\\ude00); text must be valid Unicode",
+        ),
+        (b'{"odd key": {"k": NaN}}', '["odd key"].k: NaN is not a valid JSON number'),
+    ],
+)
 def test_json_that_python_accepts_but_json_does_not_is_a_400_naming_the_field(raw, message):
     client, seen = _client()
     assert _error(client.post("/v1/anything", content=raw, headers=JSON), 400) == message
@@ -110,13 +124,19 @@ def test_pathological_nesting_is_a_400_not_a_crash(depth):
 def test_good_bodies_reach_the_handler_byte_for_byte():
     client, seen = _client()
     bodies = [
-        json.dumps({"text": "naïve café ✓ 😀 \u2028", "n": [1, 2.5, -0.0, 1e308, None, True]},
-                   ensure_ascii=False).encode(),
+        json.dumps(
+            {"text": "naïve café ✓ 😀 \u2028", "n": [1, 2.5, -0.0, 1e308, None, True]}, ensure_ascii=False
+        ).encode(),
         json.dumps({"text": "😀 escaped pair"}).encode(),  # ensure_ascii: a valid \ud83d\ude00 pair
         b'\xef\xbb\xbf{"bom": 1}',  # a UTF-8 BOM, which Starlette's request.json() accepts
         b'  {"spaced" :\n [ 1 ,2 ] }  ',
-        json.dumps({"documents": [{"id": str(i), "text": "lorem ipsum " * 8, "metadata": {"i": i, "x": i / 7}}
-                                   for i in range(7000)]}).encode(),  # about 1 MB
+        json.dumps(
+            {
+                "documents": [
+                    {"id": str(i), "text": "lorem ipsum " * 8, "metadata": {"i": i, "x": i / 7}} for i in range(7000)
+                ]
+            }
+        ).encode(),  # about 1 MB
         json.dumps({"input": list(range(150_000))}).encode(),  # about 1 MB of token ids
     ]
     assert len(bodies[4]) > 1_000_000
@@ -136,13 +156,16 @@ def test_fastapi_still_parses_the_replayed_body():
 def test_non_json_bodies_pass_with_only_the_size_limit():
     client, seen = _client(limit=100)
     for content_type in ("text/plain", "multipart/form-data; boundary=x", "application/octet-stream"):
-        assert client.post("/up", content=b"NaN \xff not json", headers={"content-type": content_type}).status_code == 200
+        assert (
+            client.post("/up", content=b"NaN \xff not json", headers={"content-type": content_type}).status_code == 200
+        )
     assert seen == [b"NaN \xff not json"] * 3
     assert _error(client.post("/up", content=b"x" * 101, headers={"content-type": "text/plain"}), 413)
 
 
-@pytest.mark.parametrize("content_type",
-                         [None, "application/json; charset=utf-8", "application/vnd.api+json", "APPLICATION/JSON"])
+@pytest.mark.parametrize(
+    "content_type", [None, "application/json; charset=utf-8", "application/vnd.api+json", "APPLICATION/JSON"]
+)
 def test_json_and_absent_content_types_are_validated(content_type):
     client, _ = _client()
     headers = {"content-type": content_type} if content_type else {}
@@ -175,7 +198,9 @@ def test_chunked_body_without_content_length_over_the_limit_is_a_413_json():
 
 def test_malformed_content_length_is_a_400():
     client, _ = _client()
-    assert _error(client.post("/x", content=b"{}", headers={"content-length": "2x"}), 400).startswith("Content-Length header")
+    assert _error(client.post("/x", content=b"{}", headers={"content-length": "2x"}), 400).startswith(
+        "Content-Length header"
+    )
 
 
 def _drive(guard_factory, messages: list[dict], headers: list[tuple[bytes, bytes]]):
@@ -198,34 +223,46 @@ def _drive(guard_factory, messages: list[dict], headers: list[tuple[bytes, bytes
 
         scope = {"type": "http", "method": "POST", "path": "/p", "headers": headers, "query_string": b""}
         await guard_factory(app)(scope, receive, send)
+
     asyncio.run(run())
     return got
 
 
 def test_a_content_length_that_lies_is_still_limited_while_reading():
     messages = [{"type": "http.request", "body": b"[1,", "more_body": True}] * 400
-    got = _drive(lambda app: RequestBodyGuard(app, max_body_bytes=1000), messages,
-                 [(b"content-length", b"10"), (b"content-type", b"application/json")])
+    got = _drive(
+        lambda app: RequestBodyGuard(app, max_body_bytes=1000),
+        messages,
+        [(b"content-length", b"10"), (b"content-type", b"application/json")],
+    )
     assert got["app_messages"] == []
     start, body = got["sent"][0], got["sent"][1]
     assert start["status"] == 413 and (b"content-type", b"application/json") in start["headers"]
     assert json.loads(body["body"])["error"]["message"] == (
-        "request body is at least 1002 bytes; the limit is 1000 (gateway.max_body_bytes)")
+        "request body is at least 1002 bytes; the limit is 1000 (gateway.max_body_bytes)"
+    )
 
 
 def test_chunks_are_replayed_as_one_body_then_later_messages_pass_through():
-    messages = [{"type": "http.request", "body": b'{"a": ', "more_body": True},
-                {"type": "http.request", "body": b'"\xc3\xa9"}', "more_body": False},
-                {"type": "http.disconnect"}]
+    messages = [
+        {"type": "http.request", "body": b'{"a": ', "more_body": True},
+        {"type": "http.request", "body": b'"\xc3\xa9"}', "more_body": False},
+        {"type": "http.disconnect"},
+    ]
     got = _drive(lambda app: RequestBodyGuard(app, max_body_bytes=1000), messages, [])
-    assert got["app_messages"] == [{"type": "http.request", "body": '{"a": "é"}'.encode(), "more_body": False},
-                                   {"type": "http.disconnect"}]
+    assert got["app_messages"] == [
+        {"type": "http.request", "body": '{"a": "é"}'.encode(), "more_body": False},
+        {"type": "http.disconnect"},
+    ]
     assert got["sent"][0]["status"] == 200
 
 
 def test_a_client_that_disconnects_mid_body_gets_no_answer_and_the_app_is_not_called():
-    got = _drive(lambda app: RequestBodyGuard(app, max_body_bytes=1000),
-                 [{"type": "http.request", "body": b"{", "more_body": True}, {"type": "http.disconnect"}], [])
+    got = _drive(
+        lambda app: RequestBodyGuard(app, max_body_bytes=1000),
+        [{"type": "http.request", "body": b"{", "more_body": True}, {"type": "http.disconnect"}],
+        [],
+    )
     assert got == {"app_messages": [], "sent": []}
 
 
@@ -242,26 +279,40 @@ def test_lifespan_and_websocket_scopes_pass_through():
 def test_validate_json_directly():
     assert validate_json(b'{"ok": [1, 2.5, "x", null, true, {"y": []}]}', 32) is None
     assert validate_json(b"[[[]]]", 2) == "[0][0]: nesting is deeper than 2 levels (max_json_depth)"
-    assert validate_json(b'"\\ud800"', 32) == "body: contains a lone UTF-16 surrogate (\\ud800); text must be valid Unicode"
-    assert validate_json(b'[{"a": {"c": NaN}}, {"b": NaN}]', 32) == "[0].a.c: NaN is not a valid JSON number"  # document order
+    assert (
+        validate_json(b'"\\ud800"', 32)
+        == "body: contains a lone UTF-16 surrogate (\\ud800); text must be valid Unicode"
+    )
+    assert (
+        validate_json(b'[{"a": {"c": NaN}}, {"b": NaN}]', 32) == "[0].a.c: NaN is not a valid JSON number"
+    )  # document order
 
 
-@pytest.mark.parametrize("raw", [
-    b'{"t": "[[[[[{{{{{ \\" ]]]] \\\\", "u": ["]]]", "[[["]}',  # brackets in strings are not nesting
-    b'{"t": "\\\\\\"[[[[[[", "v": [[1]]}',  # escaped backslash then escaped quote, still inside the string
-    b'{"n": [1e100, 1E+300, 1.5e-400, 12345678901234567890], "s": "file1234 e+999 1e400"}',  # look like overflow
-    b'{"s": "\\\\ud800 is text, not an escape", "emoji": "\\ud83d\\ude00", "k\\ud83d\\ude00": 1}',
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"t": "[[[[[{{{{{ \\" ]]]] \\\\", "u": ["]]]", "[[["]}',  # brackets in strings are not nesting
+        b'{"t": "\\\\\\"[[[[[[", "v": [[1]]}',  # escaped backslash then escaped quote, still inside the string
+        b'{"n": [1e100, 1E+300, 1.5e-400, 12345678901234567890], "s": "file1234 e+999 1e400"}',  # look like overflow
+        b'{"s": "\\\\ud800 is text, not an escape", "emoji": "\\ud83d\\ude00", "k\\ud83d\\ude00": 1}',
+    ],
+)
 def test_clean_bodies_that_resemble_problems_pass(raw):
     assert validate_json(raw, 3) is None
 
 
-@pytest.mark.parametrize("raw, message", [
-    (b'["\\ud83d\\\\\\ude00"]', "[0]: contains a lone UTF-16 surrogate (\\ud83d); text must be valid Unicode"),
-    (b'{"a": "x", "b": "\\ud83d\\ud83d\\ude00"}', "b: contains a lone UTF-16 surrogate (\\ud83d); text must be valid Unicode"),
-    (b'{"t": "]]]]", "v": [[[[1]]]]}', "v[0][0]: nesting is deeper than 3 levels (max_json_depth)"),
-    (b'{"n": ' + b"1" * 310 + b'.5}', "n: number is too large to be a finite float (it parses to inf)"),
-])
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        (b'["\\ud83d\\\\\\ude00"]', "[0]: contains a lone UTF-16 surrogate (\\ud83d); text must be valid Unicode"),
+        (
+            b'{"a": "x", "b": "\\ud83d\\ud83d\\ude00"}',
+            "b: contains a lone UTF-16 surrogate (\\ud83d); text must be valid Unicode",
+        ),
+        (b'{"t": "]]]]", "v": [[[[1]]]]}', "v[0][0]: nesting is deeper than 3 levels (max_json_depth)"),
+        (b'{"n": ' + b"1" * 310 + b".5}", "n: number is too large to be a finite float (it parses to inf)"),
+    ],
+)
 def test_problems_hidden_among_lookalikes_are_found(raw, message):
     assert validate_json(raw, 3) == message
 
@@ -272,8 +323,14 @@ def test_the_fast_scans_agree_with_the_full_walk_on_random_lookalike_bodies():
     pieces = ["[", "]", "{", "}", '"', "\\", "e123", "é", "😀", " ", "\\ud83d", "\\ude00"]
 
     def string() -> str:  # pieces JSON-escaped, except the raw \\u escapes that may pair up or not
-        return '"' + "".join(p if p.startswith("\\u") else json.dumps(p, ensure_ascii=rnd.random() < 0.5)[1:-1]
-                             for p in rnd.choices(pieces, k=rnd.randint(0, 5))) + '"'
+        return (
+            '"'
+            + "".join(
+                p if p.startswith("\\u") else json.dumps(p, ensure_ascii=rnd.random() < 0.5)[1:-1]
+                for p in rnd.choices(pieces, k=rnd.randint(0, 5))
+            )
+            + '"'
+        )
 
     def value(depth: int) -> str:
         roll = rnd.random()

@@ -83,4 +83,5 @@ def test_fastapi_answers_422_naming_the_document():
     response = client.post("/docs", json={"documents": [ok, bad]})
     assert response.status_code == 422
     assert response.json()["error"]["message"] == (
-        "invalid request: documents.1.metadata: Value error, metadata has 70 keys; at most 64 are allowed (METADATA_MAX_KEYS)")
+        "invalid request: documents.1.metadata: Value error, metadata has 70 keys; at most 64 are allowed (METADATA_MAX_KEYS)"
+    )

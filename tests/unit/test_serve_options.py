@@ -16,7 +16,10 @@ def test_each_replica_gets_its_sections_serve_options_and_render_writes_them():
     plan = build_plan(profile)
     gateway, embedder, chat = plan.replica("gateway"), plan.replica("embedder"), plan.replica("chat")
     assert gateway.serve_options()["max_ongoing_requests"] == 100
-    assert gateway.serve_options()["health_check_timeout_s"] == 45 and gateway.serve_options()["health_check_period_s"] == 10
+    assert (
+        gateway.serve_options()["health_check_timeout_s"] == 45
+        and gateway.serve_options()["health_check_period_s"] == 10
+    )
     assert embedder.serve_options()["max_ongoing_requests"] == 8
     assert plan.replica("retriever").serve_options()["max_ongoing_requests"] == 64  # the default
     config = llm_config_from_plan(profile.chat, chat, [])
@@ -24,7 +27,10 @@ def test_each_replica_gets_its_sections_serve_options_and_render_writes_them():
     assert config.deployment_config["health_check_timeout_s"] == 60  # an engine in a long prefill answers late
 
     from cli.main import serve_config
-    rendered = {d["name"]: d for d in serve_config(plan, Path("configs/cpu-tiny.yaml"))["applications"][0]["deployments"]}
+
+    rendered = {
+        d["name"]: d for d in serve_config(plan, Path("configs/cpu-tiny.yaml"))["applications"][0]["deployments"]
+    }
     assert rendered["gateway"]["max_ongoing_requests"] == 100
     assert rendered["PoolserveLLMServer:chat"]["health_check_timeout_s"] == 60
 

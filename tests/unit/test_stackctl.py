@@ -23,12 +23,20 @@ import yaml
 
 from planner.plan import build_plan
 from planner.profile import load_profile
-from stackctl.launcher import (RAY_PORT_FLAGS, StackLayout, ensure_token, free_ports, ray_start_command,
-                               resolved_serve_config, secure_state_dir, stack_env)
+from stackctl.launcher import (
+    RAY_PORT_FLAGS,
+    StackLayout,
+    ensure_token,
+    free_ports,
+    ray_start_command,
+    resolved_serve_config,
+    secure_state_dir,
+    stack_env,
+)
 from stackctl.processes import STACK_ENV, end_stack, is_loopback, listening_sockets, stack_pids
 
 ROOT = Path(__file__).resolve().parents[2]
-GiB = 1024 ** 3
+GiB = 1024**3
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -36,8 +44,15 @@ def _spawn(command: list[str], stack_id: str | None) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != STACK_ENV}
     if stack_id is not None:
         env[STACK_ENV] = stack_id
-    return subprocess.Popen(command, env=env, start_new_session=True, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    return subprocess.Popen(
+        command,
+        env=env,
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
 
 
 def _alive(pid: int) -> bool:
@@ -105,8 +120,9 @@ def test_end_stack_ends_exactly_the_marked_processes(spawned):
     other = _spawn(["sleep", "60"], other_id)
     procs += [marked, forker, unmarked, other]
     # sleep, bash (or its last sleep), and the grandchild once it is in a session of its own
-    pids = _wait_for_pids(stack_id, 3, lambda pids: any(
-        _session(p) not in (None, marked.pid, forker.pid) for p in pids))
+    pids = _wait_for_pids(
+        stack_id, 3, lambda pids: any(_session(p) not in (None, marked.pid, forker.pid) for p in pids)
+    )
     assert {marked.pid, forker.pid} <= set(pids)
     assert unmarked.pid not in pids and other.pid not in pids
     assert stack_pids(stack_id, exclude={marked.pid}) == [p for p in pids if p != marked.pid]
@@ -129,8 +145,12 @@ def test_the_gcs_is_signalled_after_the_raylet_has_gone(spawned, tmp_path):
         shell = tmp_path / name
         shell.write_bytes(Path("/bin/bash").read_bytes())
         shell.chmod(0o700)
-        procs.append(_spawn([str(shell), "-c", f"trap '{on_term}; exit 0' TERM; while :; do sleep 0.1; done"], stack_id))
-    _wait_for_pids(stack_id, 4, lambda pids: {psutil.Process(p).name() for p in pids if _alive(p)} >= {"raylet", "gcs_server"})
+        procs.append(
+            _spawn([str(shell), "-c", f"trap '{on_term}; exit 0' TERM; while :; do sleep 0.1; done"], stack_id)
+        )
+    _wait_for_pids(
+        stack_id, 4, lambda pids: {psutil.Process(p).name() for p in pids if _alive(p)} >= {"raylet", "gcs_server"}
+    )
     assert end_stack(stack_id, grace_s=10) >= 2
     assert log.read_text().split() == ["raylet", "gcs"]
 
@@ -152,9 +172,11 @@ def test_a_process_ignoring_sigterm_is_killed_after_the_grace(spawned):
 def test_listening_sockets_of_a_marked_process(spawned):
     procs, ids = spawned
     stack_id = _new_id(ids)
-    code = ("import socket, sys, time\n"
-            "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
-            "print(s.getsockname()[1], flush=True); time.sleep(60)\n")
+    code = (
+        "import socket, sys, time\n"
+        "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+        "print(s.getsockname()[1], flush=True); time.sleep(60)\n"
+    )
     server = _spawn([sys.executable, "-c", code], stack_id)
     procs.append(server)
     ready, _, _ = select.select([server.stdout], [], [], 20)
@@ -168,15 +190,27 @@ def test_listening_sockets_of_a_marked_process(spawned):
     assert listening_sockets([]) == []
 
 
-@pytest.mark.parametrize("address, loopback", [
-    ("127.0.0.1", True), ("127.0.0.53", True), ("::1", True), ("::ffff:127.0.0.1", True), ("localhost", True),
-    ("0.0.0.0", False), ("::", False), ("192.0.2.2", False), ("::ffff:192.0.2.2", False), ("10.127.0.1", False),
-])
+@pytest.mark.parametrize(
+    "address, loopback",
+    [
+        ("127.0.0.1", True),
+        ("127.0.0.53", True),
+        ("::1", True),
+        ("::ffff:127.0.0.1", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("192.0.2.2", False),
+        ("::ffff:192.0.2.2", False),
+        ("10.127.0.1", False),
+    ],
+)
 def test_is_loopback(address, loopback):
     assert is_loopback(address) is loopback
 
 
 # ---- launcher ------------------------------------------------------------------------------
+
 
 def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
@@ -254,16 +288,21 @@ def test_stack_env_marks_and_locks_down_ray(tmp_path, monkeypatch):
 def test_resolved_serve_config_takes_the_gateway_address_from_the_profile(monkeypatch):
     monkeypatch.chdir(ROOT)
     profile = load_profile("configs/cpu-tiny.yaml")
-    profile = profile.model_copy(update={"gateway": profile.gateway.model_copy(update={"host": "0.0.0.0",
-                                                                                       "port": 9123})})
+    profile = profile.model_copy(
+        update={"gateway": profile.gateway.model_copy(update={"host": "0.0.0.0", "port": 9123})}
+    )
     serve = yaml.safe_load((ROOT / "serve.yaml").read_text())
     serve["http_options"]["request_timeout_s"] = 30
     serve["http_options"]["keep_alive_timeout_s"] = 7
     before = yaml.safe_dump(serve)
     config = resolved_serve_config(serve, profile, Path("configs/cpu-tiny.yaml"))
     # Host, port and the request timeout come from the profile; other options are kept.
-    assert config["http_options"] == {"host": "0.0.0.0", "port": 9123, "keep_alive_timeout_s": 7,
-                                      "request_timeout_s": profile.gateway.request_timeout_s}
+    assert config["http_options"] == {
+        "host": "0.0.0.0",
+        "port": 9123,
+        "keep_alive_timeout_s": 7,
+        "request_timeout_s": profile.gateway.request_timeout_s,
+    }
     assert config["applications"][0]["args"]["profile"] == str(ROOT / "configs/cpu-tiny.yaml")
     assert yaml.safe_dump(serve) == before, "the input is not modified"
 
@@ -282,7 +321,10 @@ def test_direct_ingress_puts_the_gateway_replica_on_the_gateway_port(monkeypatch
     env = direct_ingress_env(8000, 40002)
     assert env["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "1"
     # Ray's range excludes its max: exactly the gateway's port; a restarted gateway gets it back at once.
-    assert (env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"], env["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"]) == ("8000", "8001")
+    assert (env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"], env["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"]) == (
+        "8000",
+        "8001",
+    )
     assert env["RAY_SERVE_PORT_QUARANTINE_S"] == "0"
 
 

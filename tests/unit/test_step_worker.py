@@ -28,11 +28,13 @@ def test_settings_out_of_range_are_refused_on_both_sides():
     with pytest.raises(ValidationError):
         StepWorkerSettings(narrow_step_threads=0, wide_step_tokens=128, idle_spin_s=0.05)
     with pytest.raises(ValidationError):
-        StepWorkerSettings.from_env({STEP_WORKER_ENV: '{"narrow_step_threads": 1, "wide_step_tokens": 128, '
-                                                      '"idle_spin_s": 5}'})
+        StepWorkerSettings.from_env(
+            {STEP_WORKER_ENV: '{"narrow_step_threads": 1, "wide_step_tokens": 128, "idle_spin_s": 5}'}
+        )
     with pytest.raises(ValidationError):  # a key the worker does not know is an error, not ignored
-        StepWorkerSettings.from_env({STEP_WORKER_ENV: '{"narrow_step_threads": 1, "wide_step_tokens": 128, '
-                                                      '"idle_spin_s": 0.05, "narrow": 2}'})
+        StepWorkerSettings.from_env(
+            {STEP_WORKER_ENV: '{"narrow_step_threads": 1, "wide_step_tokens": 128, "idle_spin_s": 0.05, "narrow": 2}'}
+        )
 
 
 def test_a_step_of_at_least_the_wide_step_tokens_runs_on_every_thread():

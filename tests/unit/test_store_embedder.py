@@ -56,6 +56,8 @@ def test_the_launcher_refuses_a_state_dir_another_embedder_filled(tmp_path):
     assert embedder_refusal(profile) is None  # no store yet
     KnowledgeStore(tmp_path / "knowledge.sqlite3", dim=DIM, embedder=profile.embedder.model_id).close()
     assert embedder_refusal(profile) is None
-    other = profile.model_copy(update={"embedder": profile.embedder.model_copy(update={"model_id": "all-mpnet-base-v2"})})
+    other = profile.model_copy(
+        update={"embedder": profile.embedder.model_copy(update={"model_id": "all-mpnet-base-v2"})}
+    )
     refusal = embedder_refusal(other)
     assert "'all-minilm-l6-v2'" in refusal and "'all-mpnet-base-v2'" in refusal and "own state_dir" in refusal

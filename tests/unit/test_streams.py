@@ -35,6 +35,7 @@ def _collect(agen) -> list:
 
     async def _drain(agen):
         return [item async for item in agen]
+
     return asyncio.run(run())
 
 
@@ -45,7 +46,7 @@ def _events(out: list[str]) -> list[str]:
 
 def _payloads(out: list[str]) -> list:
     """Each event's payload: the parsed JSON, or the literal "[DONE]"."""
-    events = [e.strip()[len("data: "):] for e in _events(out)]
+    events = [e.strip()[len("data: ") :] for e in _events(out)]
     return [e if e == "[DONE]" else json.loads(e) for e in events]
 
 
@@ -61,8 +62,13 @@ REQUEST = SimpleNamespace(scope={})  # no tenant: usage recording is a no-op
 
 
 def _is_error(payload, code: int = 503) -> bool:
-    return bool(isinstance(payload, dict) and set(payload) == {"error"} and payload["error"]["code"] == code
-                and payload["error"]["type"] == "service_unavailable" and payload["error"]["message"])
+    return bool(
+        isinstance(payload, dict)
+        and set(payload) == {"error"}
+        and payload["error"]["code"] == code
+        and payload["error"]["type"] == "service_unavailable"
+        and payload["error"]["message"]
+    )
 
 
 def _tracked(pieces, wants_usage: bool = False, request=REQUEST) -> list:
@@ -71,6 +77,7 @@ def _tracked(pieces, wants_usage: bool = False, request=REQUEST) -> list:
 
 
 # ---- well-formed streams ------------------------------------------------------------------
+
 
 def test_sse_events_reassembles_events_split_across_pieces():
     raw = "".join(_chunks(DELTA, "[DONE]"))
@@ -99,34 +106,54 @@ def test_tracked_stream_keeps_usage_when_asked_and_puts_citations_first():
 
 def test_n2_stream_with_every_choice_finished_ends_with_done():
     both = {"choices": [_choice(0, "a"), _choice(1, "b")]}
-    out = _tracked(_chunks(both, {"choices": [_choice(1, finish="length")]},
-                           {"choices": [_choice(0, finish="stop")]}, "[DONE]"))
+    out = _tracked(
+        _chunks(both, {"choices": [_choice(1, finish="length")]}, {"choices": [_choice(0, finish="stop")]}, "[DONE]")
+    )
     assert out[-1] == "[DONE]" and not any(_is_error(p) for p in out)
 
 
 def test_rag_stream_sequence():
     cited = [{"document_id": "d"}]
     out = _payloads(_collect(rag_stream(_aiter(_chunks(DELTA, FINAL, USAGE, "[DONE]")), cited)))
-    assert out == [{"object": "rag.citations", "citations": cited}, {"object": "rag.delta", "delta": "Hi"},
-                   {"object": "rag.finish", "finish_reason": "stop"}, {"object": "rag.usage", "usage": USAGE["usage"]},
-                   "[DONE]"]
+    assert out == [
+        {"object": "rag.citations", "citations": cited},
+        {"object": "rag.delta", "delta": "Hi"},
+        {"object": "rag.finish", "finish_reason": "stop"},
+        {"object": "rag.usage", "usage": USAGE["usage"]},
+        "[DONE]",
+    ]
 
 
 def _answer_chunks(pieces: list[str], finish: str) -> list[dict]:
     return [{"object": "chat.completion.chunk", "choices": [_choice(0, piece)]} for piece in pieces] + [
-        {"object": "chat.completion.chunk", "choices": [_choice(0, "", finish)]}]
+        {"object": "chat.completion.chunk", "choices": [_choice(0, "", finish)]}
+    ]
 
 
 def _text(out: list) -> str:
-    return "".join((c["choices"][0]["delta"].get("content") or "") for c in out if isinstance(c, dict) and c.get("choices"))
+    return "".join(
+        (c["choices"][0]["delta"].get("content") or "") for c in out if isinstance(c, dict) and c.get("choices")
+    )
 
 
-@pytest.mark.parametrize("finish, expected", [("length", "It checks the ref [1]. Then it pushes."),
-                                              ("stop", "It checks the ref [1]. Then it pushes. And the")])
+@pytest.mark.parametrize(
+    "finish, expected",
+    [("length", "It checks the ref [1]. Then it pushes."), ("stop", "It checks the ref [1]. Then it pushes. And the")],
+)
 def test_a_rag_stream_at_the_cap_ends_at_its_last_sentence(finish, expected):
     pieces = ["It checks", " the ref [1", "].", " Then it pushes", ".", " And the"]
-    out = _payloads(_collect(tracked_stream(_aiter(_chunks(*_answer_chunks(pieces, finish), USAGE, "[DONE]")),
-                                            REQUEST, "m", [], True, trim_at_cap=True)))
+    out = _payloads(
+        _collect(
+            tracked_stream(
+                _aiter(_chunks(*_answer_chunks(pieces, finish), USAGE, "[DONE]")),
+                REQUEST,
+                "m",
+                [],
+                True,
+                trim_at_cap=True,
+            )
+        )
+    )
     assert _text(out) == expected and out[-1] == "[DONE]"
     assert out[0]["choices"][0]["delta"]["content"] == "It checks"  # the first sentence is not held
     assert [c["choices"][0]["finish_reason"] for c in out if isinstance(c, dict) and c.get("choices")][-1] == finish
@@ -135,14 +162,21 @@ def test_a_rag_stream_at_the_cap_ends_at_its_last_sentence(finish, expected):
 
 def test_without_trim_a_capped_stream_is_passed_as_generated():
     pieces = ["Done. And the"]
-    out = _payloads(_collect(tracked_stream(_aiter(_chunks(*_answer_chunks(pieces, "length"), "[DONE]")),
-                                            REQUEST, "m", None, False)))
+    out = _payloads(
+        _collect(
+            tracked_stream(_aiter(_chunks(*_answer_chunks(pieces, "length"), "[DONE]")), REQUEST, "m", None, False)
+        )
+    )
     assert _text(out) == "Done. And the"
 
 
 def test_n2_rag_stream_trims_each_choice_on_its_own():
-    chunks = [{"choices": [_choice(0, "A one. A tw"), _choice(1, "B one. B tw")]},
-              {"choices": [_choice(1, "o.", "stop")]}, {"choices": [_choice(0, "o", "length")]}, "[DONE]"]
+    chunks = [
+        {"choices": [_choice(0, "A one. A tw"), _choice(1, "B one. B tw")]},
+        {"choices": [_choice(1, "o.", "stop")]},
+        {"choices": [_choice(0, "o", "length")]},
+        "[DONE]",
+    ]
     out = _payloads(_collect(tracked_stream(_aiter(_chunks(*chunks)), REQUEST, "m", [], False, trim_at_cap=True)))
     texts = {0: "", 1: ""}
     for chunk in out[:-1]:
@@ -152,22 +186,36 @@ def test_n2_rag_stream_trims_each_choice_on_its_own():
 
 
 def test_rag_query_stream_says_how_the_answer_finished():
-    source = tracked_stream(_aiter(_chunks(*_answer_chunks(["Yes. Bu"], "length"), USAGE, "[DONE]")), REQUEST, "m",
-                            None, True, False, trim_at_cap=True)
+    source = tracked_stream(
+        _aiter(_chunks(*_answer_chunks(["Yes. Bu"], "length"), USAGE, "[DONE]")),
+        REQUEST,
+        "m",
+        None,
+        True,
+        False,
+        trim_at_cap=True,
+    )
     out = _payloads(_collect(rag_stream(source, [])))
     assert [e for e in out if isinstance(e, dict) and e["object"] in ("rag.delta", "rag.finish")] == [
-        {"object": "rag.delta", "delta": "Yes."}, {"object": "rag.finish", "finish_reason": "length"}]
+        {"object": "rag.delta", "delta": "Yes."},
+        {"object": "rag.finish", "finish_reason": "length"},
+    ]
     assert out[-1] == "[DONE]"
 
 
 def test_trim_capped_choices_cuts_only_the_capped_ones():
-    payload = {"choices": [{"index": 0, "message": {"content": "One. Tw"}, "finish_reason": "length"},
-                           {"index": 1, "message": {"content": "One. Tw"}, "finish_reason": "stop"},
-                           {"index": 2, "message": {"content": None}, "finish_reason": "length"}]}
+    payload = {
+        "choices": [
+            {"index": 0, "message": {"content": "One. Tw"}, "finish_reason": "length"},
+            {"index": 1, "message": {"content": "One. Tw"}, "finish_reason": "stop"},
+            {"index": 2, "message": {"content": None}, "finish_reason": "length"},
+        ]
+    }
     assert [c["message"]["content"] for c in trim_capped_choices(payload)["choices"]] == ["One.", "One. Tw", None]
 
 
 # ---- broken streams: an error event instead of [DONE] -------------------------------------
+
 
 def test_truncated_stream_without_finish_reason_ends_with_error_not_done():
     out = _tracked(_chunks(DELTA, USAGE, "[DONE]"))
@@ -227,12 +275,15 @@ def test_rag_stream_over_a_broken_tracked_stream_ends_with_the_error():
 
 # ---- usage is recorded however the stream ends -------------------------------------------
 
+
 class _FakeGuard:
     def __init__(self) -> None:
         self.recorded: list[tuple] = []
         self.store = SimpleNamespace(record_usage=lambda *args: self.recorded.append(("usage", *args)))
-        self.limiter = SimpleNamespace(settle=lambda *args: self.recorded.append(("settle", *args)),
-                                       charge_tokens=lambda *args: self.recorded.append(("charge", *args)))
+        self.limiter = SimpleNamespace(
+            settle=lambda *args: self.recorded.append(("settle", *args)),
+            charge_tokens=lambda *args: self.recorded.append(("charge", *args)),
+        )
         self.metrics = SimpleNamespace(observe_request=lambda *a: None, observe_tokens=lambda *a: None)
 
 
@@ -267,16 +318,26 @@ def test_a_utf8_character_split_across_pieces_is_joined():
 
 
 def _usage_chunk(index: int, prompt: int, completion: int) -> dict:
-    return {"object": "chat.completion.chunk", "choices": [_choice(index, "x")],
-            "usage": {"prompt_tokens": prompt, "completion_tokens": completion}}
+    return {
+        "object": "chat.completion.chunk",
+        "choices": [_choice(index, "x")],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion},
+    }
 
 
 def test_a_stream_of_n_choices_cut_before_its_final_usage_is_charged_every_choice():
     from gateway.streams import UsageTally
 
     tally = UsageTally(choices_per_prompt=3)
-    for chunk in (_usage_chunk(0, 10, 0), _usage_chunk(1, 10, 0), _usage_chunk(2, 10, 0),
-                  _usage_chunk(0, 10, 4), _usage_chunk(1, 10, 7), _usage_chunk(2, 10, 2), _usage_chunk(0, 10, 5)):
+    for chunk in (
+        _usage_chunk(0, 10, 0),
+        _usage_chunk(1, 10, 0),
+        _usage_chunk(2, 10, 0),
+        _usage_chunk(0, 10, 4),
+        _usage_chunk(1, 10, 7),
+        _usage_chunk(2, 10, 2),
+        _usage_chunk(0, 10, 5),
+    ):
         tally.observe(chunk)
     assert tally.usage() == {"prompt_tokens": 10, "completion_tokens": 5 + 7 + 2, "total_tokens": 24}
     tally.observe(USAGE)  # the engine's own total, once it comes, is the answer

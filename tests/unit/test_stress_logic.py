@@ -17,14 +17,31 @@ ROOT = Path(__file__).resolve().parents[2]
 MIB = 2**20
 
 
-@pytest.mark.parametrize("text, layers", [("1-7", [1, 2, 3, 4, 5, 6, 7]), ("1,3,5", [1, 3, 5]),
-                                          ("2-4,7", [2, 3, 4, 7]), (" 6 ", [6]), ("3,3,1-2", [1, 2, 3])])
+@pytest.mark.parametrize(
+    "text, layers",
+    [
+        ("1-7", [1, 2, 3, 4, 5, 6, 7]),
+        ("1,3,5", [1, 3, 5]),
+        ("2-4,7", [2, 3, 4, 7]),
+        (" 6 ", [6]),
+        ("3,3,1-2", [1, 2, 3]),
+    ],
+)
 def test_layers_are_read_from_ranges_and_lists(text, layers):
     assert parse_layers(text) == layers
 
 
-@pytest.mark.parametrize("text, problem", [("0-3", "no layer 0"), ("8", "no layer 8"), ("5-2", "backwards"),
-                                           ("1,,2", "empty item"), ("a", "cannot read"), ("1-2-3", "cannot read")])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("0-3", "no layer 0"),
+        ("8", "no layer 8"),
+        ("5-2", "backwards"),
+        ("1,,2", "empty item"),
+        ("a", "cannot read"),
+        ("1-2-3", "cannot read"),
+    ],
+)
 def test_bad_layers_are_refused_with_the_reason(text, problem):
     with pytest.raises(ValueError, match=problem):
         parse_layers(text)
@@ -43,8 +60,12 @@ def test_percentiles_interpolate_and_summaries_round():
 
 def test_memory_drift_allows_the_larger_of_the_fraction_and_the_floor():
     # chat: 4 GiB baseline -> 2% is 81.9 MiB, more than the 50 MiB floor; gateway: 500 MiB -> the floor.
-    samples = [{"chat": 4096 * MIB, "gateway": 500 * MIB}, {"chat": 4100 * MIB, "gateway": 510 * MIB},
-               {"chat": 4170 * MIB, "gateway": 560 * MIB}, {"chat": 4180 * MIB, "gateway": 570 * MIB}]
+    samples = [
+        {"chat": 4096 * MIB, "gateway": 500 * MIB},
+        {"chat": 4100 * MIB, "gateway": 510 * MIB},
+        {"chat": 4170 * MIB, "gateway": 560 * MIB},
+        {"chat": 4180 * MIB, "gateway": 570 * MIB},
+    ]
     drifts = {d.replica: d for d in memory_drift(samples, 0.02, 50 * MIB, window=1)}
     assert drifts["chat"].allowed_bytes == int(4096 * MIB * 0.02)
     assert drifts["chat"].growth_bytes == 84 * MIB and not drifts["chat"].ok  # 84 > 81.9
@@ -75,8 +96,17 @@ def test_a_clock_drop_counts_only_when_sustained():
 
 
 def test_the_thermal_judge_reads_clocks_temperatures_and_nvml_reasons():
-    samples = [(float(t), {"gpu0_sm_mhz": 2400.0 if t < 10 else 1500.0, "gpu0_temp_c": 60.0 + t / 2,
-                           "gpu0_slowdown_bits": 0x40 if t >= 10 else 0}) for t in range(0, 60, 2)]
+    samples = [
+        (
+            float(t),
+            {
+                "gpu0_sm_mhz": 2400.0 if t < 10 else 1500.0,
+                "gpu0_temp_c": 60.0 + t / 2,
+                "gpu0_slowdown_bits": 0x40 if t >= 10 else 0,
+            },
+        )
+        for t in range(0, 60, 2)
+    ]
     figures, checks = judge(samples, 0.15, 30, max_temperature_c=90)
     verdicts = {name: ok for name, ok, _ in checks}
     assert verdicts == {"gpu0_sm_mhz no sustained drop": False, "gpu0_temp_c <= 90 C": True}
@@ -107,8 +137,14 @@ def test_verdicts_follow_the_checks_and_the_report_renders_every_layer(tmp_path)
         layer.settle()
     assert (good.verdict, bad.verdict, blind.verdict) == ("pass", "fail", "not measurable")
     assert LayerResult.start(2).settle().verdict == "fail"  # a layer that checked nothing has not passed
-    report = StressReport(profile="cpu-tiny", base_url="http://127.0.0.1:8000", quick=True, started_utc="t0",
-                          layers=[good, bad, blind], notes=["shared machine"])
+    report = StressReport(
+        profile="cpu-tiny",
+        base_url="http://127.0.0.1:8000",
+        quick=True,
+        started_utc="t0",
+        layers=[good, bad, blind],
+        notes=["shared machine"],
+    )
     assert not report.passed
     markdown = render_markdown(report)
     assert "| 3. high concurrency | **fail** |" in markdown and "| no client timeouts | **FAIL** | 2 |" in markdown
@@ -142,10 +178,16 @@ def test_stress_signals_the_launcher_only_while_it_is_the_parent_of_a_marked_pro
 
 def test_memory_drift_allows_what_the_plan_lets_each_replica_grow():
     # The plan's growth line (budget - at-rest) decides; a replica it gives no growth falls back.
-    samples = [{"chat": 4096 * MIB, "embedder": 400 * MIB, "gateway": 500 * MIB},
-               {"chat": 4240 * MIB, "embedder": 560 * MIB, "gateway": 560 * MIB}]
-    drifts = {d.replica: d for d in memory_drift(samples, 0.02, 50 * MIB, window=1,
-                                                 planned_growth={"chat": 160 * MIB, "embedder": 144 * MIB, "gateway": 0})}
+    samples = [
+        {"chat": 4096 * MIB, "embedder": 400 * MIB, "gateway": 500 * MIB},
+        {"chat": 4240 * MIB, "embedder": 560 * MIB, "gateway": 560 * MIB},
+    ]
+    drifts = {
+        d.replica: d
+        for d in memory_drift(
+            samples, 0.02, 50 * MIB, window=1, planned_growth={"chat": 160 * MIB, "embedder": 144 * MIB, "gateway": 0}
+        )
+    }
     assert drifts["chat"].allowed_bytes == 160 * MIB and drifts["chat"].ok  # +144 MiB within the plan's 160
     assert drifts["embedder"].allowed_bytes == 144 * MIB and not drifts["embedder"].ok  # +160 over 144
     assert drifts["gateway"].allowed_bytes == 50 * MIB and not drifts["gateway"].ok  # no planned growth: the floor
@@ -159,8 +201,12 @@ def test_growth_budgets_come_from_status():
             pass
 
         def status(self):
-            return {"replicas": [{"name": "chat", "planned_bytes": 1000, "planned_at_rest_bytes": 840},
-                                 {"name": "old", "measured_bytes": 5}]}
+            return {
+                "replicas": [
+                    {"name": "chat", "planned_bytes": 1000, "planned_at_rest_bytes": 840},
+                    {"name": "old", "measured_bytes": 5},
+                ]
+            }
 
     assert FakeAdmin().replica_growth_budgets() == {"chat": 160}
 
@@ -181,10 +227,17 @@ def test_the_stack_is_reachable_once_a_429_is_waited_out():
 
     from stress.client import Admin
 
-    answers = iter([httpx.Response(429, headers={"retry-after": "0"}), httpx.Response(429, headers={"retry-after": "0"}),
-                    httpx.Response(200)])
+    answers = iter(
+        [
+            httpx.Response(429, headers={"retry-after": "0"}),
+            httpx.Response(429, headers={"retry-after": "0"}),
+            httpx.Response(200),
+        ]
+    )
     admin = Admin.__new__(Admin)
     admin.http = httpx.Client(base_url="http://stack", transport=httpx.MockTransport(lambda request: next(answers)))
     assert admin.reachable(timeout_s=5)
-    admin.http = httpx.Client(base_url="http://stack", transport=httpx.MockTransport(lambda request: httpx.Response(503)))
+    admin.http = httpx.Client(
+        base_url="http://stack", transport=httpx.MockTransport(lambda request: httpx.Response(503))
+    )
     assert not admin.reachable(timeout_s=5)

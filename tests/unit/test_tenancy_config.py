@@ -23,6 +23,7 @@ def store(tmp_path):
 
 # ---- tenants file ------------------------------------------------------------
 
+
 def test_example_tenants_file_loads():
     config = load_tenants_file(os.path.join(REPO_ROOT, "configs", "tenants.example.yaml"))
     demo = {spec.name: spec for spec in config.tenants}["demo"]
@@ -35,22 +36,28 @@ def test_tenants_file_validation(tmp_path):
     assert load_tenants_file(path).tenants[0].models == ["m1"]
     path.write_text("")
     assert load_tenants_file(path).tenants == []
-    for bad in ({"tenants": [{"name": "Bad Name"}]},
-                {"tenants": [{"name": "a", "rpm": 0}]},
-                {"tenants": [{"name": "a", "unknown": 1}]},
-                {"tenants": [{"name": "a"}, {"name": "a"}]},
-                {"tenants": [{"name": "a", "api_key_env": "NOT-VALID"}]}):
+    for bad in (
+        {"tenants": [{"name": "Bad Name"}]},
+        {"tenants": [{"name": "a", "rpm": 0}]},
+        {"tenants": [{"name": "a", "unknown": 1}]},
+        {"tenants": [{"name": "a"}, {"name": "a"}]},
+        {"tenants": [{"name": "a", "api_key_env": "NOT-VALID"}]},
+    ):
         with pytest.raises(ValidationError):
             TenantsFile.model_validate(bad)
 
 
 def test_apply_tenants_file(store):
     env_key = generate_api_key()
-    config = TenantsFile.model_validate({"tenants": [
-        {"name": "demo", "api_key_env": "DEMO_KEY"},
-        {"name": "limited", "models": ["m1"], "rpm": 30},
-        {"name": "unset", "api_key_env": "MISSING_KEY"},
-    ]})
+    config = TenantsFile.model_validate(
+        {
+            "tenants": [
+                {"name": "demo", "api_key_env": "DEMO_KEY"},
+                {"name": "limited", "models": ["m1"], "rpm": 30},
+                {"name": "unset", "api_key_env": "MISSING_KEY"},
+            ]
+        }
+    )
     first = apply_tenants_file(store, config, {"DEMO_KEY": env_key})
     assert store.authenticate(env_key).name == "demo"
     assert set(first.new_keys) == {"limited", "unset"}
@@ -66,8 +73,7 @@ def test_apply_tenants_file(store):
 
 
 def _demo_file(**limits):
-    return TenantsFile.model_validate({"tenants": [{"name": "demo", "api_key_env": "DEMO_KEY",
-                                                    **limits}]})
+    return TenantsFile.model_validate({"tenants": [{"name": "demo", "api_key_env": "DEMO_KEY", **limits}]})
 
 
 def test_deleted_seeded_tenant_stays_deleted(store):
@@ -125,10 +131,14 @@ def test_reseed_resets_limits_and_regenerates_keys_for_keyless_tenants(store):
 def test_new_tenant_added_to_the_file_later_is_seeded(store):
     key = generate_api_key()
     apply_tenants_file(store, _demo_file(), {"DEMO_KEY": key})
-    grown = TenantsFile.model_validate({"tenants": [
-        {"name": "demo", "api_key_env": "DEMO_KEY"},
-        {"name": "team-a", "api_key_env": "TEAM_A_KEY", "models": ["m1"], "rpm": 30},
-    ]})
+    grown = TenantsFile.model_validate(
+        {
+            "tenants": [
+                {"name": "demo", "api_key_env": "DEMO_KEY"},
+                {"name": "team-a", "api_key_env": "TEAM_A_KEY", "models": ["m1"], "rpm": 30},
+            ]
+        }
+    )
     team_key = generate_api_key()
     result = apply_tenants_file(store, grown, {"DEMO_KEY": key, "TEAM_A_KEY": team_key})
     assert result.seeded == ["team-a"] and result.synced == ["demo", "team-a"]
@@ -166,6 +176,7 @@ def test_apply_rejects_malformed_env_key_without_leaking_it(store):
 
 # ---- demo key ----------------------------------------------------------------
 
+
 def test_demo_key_from_environment(tmp_path):
     key = generate_api_key()
     assert resolve_demo_key(tmp_path, {"POOLSERVE_DEMO_KEY": key}) == (key, None)
@@ -199,6 +210,7 @@ def test_demo_key_file_with_garbage_is_an_error(tmp_path):
 
 
 # ---- metrics -----------------------------------------------------------------
+
 
 def test_metrics_on_own_registry_and_render():
     registry = CollectorRegistry()

@@ -28,8 +28,17 @@ def test_secret_with_underscores_still_parses():
     assert parse_api_key(key).secret == "abc_def_ghi_jkl_mno_pqr"
 
 
-@pytest.mark.parametrize("bad", ["", "sk-123", "ps_short_" + "x" * 30, "ps_0123456789AB_" + "x" * 30,
-                                 "ps_0123456789ab_tooshort", "ps_0123456789ab_" + "x" * 25 + "!"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "",
+        "sk-123",
+        "ps_short_" + "x" * 30,
+        "ps_0123456789AB_" + "x" * 30,
+        "ps_0123456789ab_tooshort",
+        "ps_0123456789ab_" + "x" * 25 + "!",
+    ],
+)
 def test_malformed_keys_are_rejected_without_echoing_them(bad):
     with pytest.raises(MalformedKey) as error:
         parse_api_key(bad)
@@ -76,8 +85,7 @@ def test_sha256_digest_is_of_the_whole_key_and_never_contains_it():
 def test_sha256_matches_compares_in_constant_time(monkeypatch):
     calls = []
     real_compare = keys.hmac.compare_digest
-    monkeypatch.setattr(keys.hmac, "compare_digest",
-                        lambda a, b: calls.append((a, b)) or real_compare(a, b))
+    monkeypatch.setattr(keys.hmac, "compare_digest", lambda a, b: calls.append((a, b)) or real_compare(a, b))
     key = generate_api_key()
     stored = key_sha256(key)
     assert sha256_matches(stored, key)

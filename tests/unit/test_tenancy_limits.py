@@ -199,8 +199,7 @@ def _hold_a_lease_and_die(db_path: str) -> None:
 
 def test_leases_of_dead_processes_are_reclaimed(limiter, db_path):
     tenant = Tenant(name="crashy", max_concurrency=1)
-    child = multiprocessing.get_context("spawn").Process(target=_hold_a_lease_and_die,
-                                                         args=(str(db_path),))
+    child = multiprocessing.get_context("spawn").Process(target=_hold_a_lease_and_die, args=(str(db_path),))
     child.start()
     child.join(timeout=60)
     assert child.exitcode == 0
@@ -256,6 +255,7 @@ def test_reject_decision_never_has_zero_retry_after():
 
 
 # ---- a request's account: reservation held to the end, excess charged at once, rest refunded ----
+
 
 def test_a_request_account_charges_only_use_beyond_its_reservation_and_settles_the_rest():
     from tenancy.limits import RequestTokens, TokenReservation

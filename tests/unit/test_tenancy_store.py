@@ -45,8 +45,7 @@ def store(tmp_path, hasher):
 
 
 def test_create_get_list_and_model_access(store):
-    tenant, key = store.create_tenant("team-a", models=["m1", "m2"], rpm=10, tpm=1000,
-                                      max_concurrency=2)
+    tenant, key = store.create_tenant("team-a", models=["m1", "m2"], rpm=10, tpm=1000, max_concurrency=2)
     assert tenant.models == ("m1", "m2") and tenant.rpm == 10 and tenant.created_at
     assert store.get_tenant("team-a") == tenant
     assert tenant.may_use_model("m1") and not tenant.may_use_model("m3")
@@ -136,9 +135,11 @@ def test_legacy_argon2_row_authenticates_once_then_is_upgraded(store, hasher, tm
 
 def _insert_legacy_key(db_path, tenant, key, hasher):
     conn = sqlite3.connect(db_path)
-    conn.execute("INSERT INTO api_keys (key_id, tenant, key_hash, origin, created_at) "
-                 "VALUES (?, ?, ?, 'generated', '2024-01-01T00:00:00+00:00')",
-                 (parse_api_key(key).key_id, tenant, hasher.hash(key)))
+    conn.execute(
+        "INSERT INTO api_keys (key_id, tenant, key_hash, origin, created_at) "
+        "VALUES (?, ?, ?, 'generated', '2024-01-01T00:00:00+00:00')",
+        (parse_api_key(key).key_id, tenant, hasher.hash(key)),
+    )
     conn.commit()
     conn.close()
 
@@ -169,17 +170,24 @@ def test_old_database_is_migrated_with_tombstones_from_the_audit_log(tmp_path, h
     conn = sqlite3.connect(path)
     conn.executescript(OLD_SCHEMA)
     conn.execute("INSERT INTO tenants VALUES ('demo', NULL, NULL, NULL, NULL, 't0')")
-    conn.execute("INSERT INTO api_keys VALUES (?, 'demo', ?, 'config', 't0')",
-                 (parse_api_key(live).key_id, hasher.hash(live)))
-    audit = [("config", "tenant.create", "demo", {}),
-             ("config", "key.set", "demo", {"key_id": parse_api_key(revoked).key_id}),
-             ("admin-api", "key.revoke", "demo", {"key_id": parse_api_key(revoked).key_id}),
-             ("config", "key.set", "demo", {"key_id": parse_api_key(live).key_id}),
-             ("config", "tenant.create", "gone", {"key_id": parse_api_key(of_deleted).key_id}),
-             ("admin-api", "tenant.delete", "gone", {"removed_keys": 1})]
-    conn.executemany("INSERT INTO audit (ts, actor, action, target, detail) VALUES (?, ?, ?, ?, ?)",
-                     [(f"t{i}", actor, action, target, json.dumps(detail))
-                      for i, (actor, action, target, detail) in enumerate(audit, 1)])
+    conn.execute(
+        "INSERT INTO api_keys VALUES (?, 'demo', ?, 'config', 't0')", (parse_api_key(live).key_id, hasher.hash(live))
+    )
+    audit = [
+        ("config", "tenant.create", "demo", {}),
+        ("config", "key.set", "demo", {"key_id": parse_api_key(revoked).key_id}),
+        ("admin-api", "key.revoke", "demo", {"key_id": parse_api_key(revoked).key_id}),
+        ("config", "key.set", "demo", {"key_id": parse_api_key(live).key_id}),
+        ("config", "tenant.create", "gone", {"key_id": parse_api_key(of_deleted).key_id}),
+        ("admin-api", "tenant.delete", "gone", {"removed_keys": 1}),
+    ]
+    conn.executemany(
+        "INSERT INTO audit (ts, actor, action, target, detail) VALUES (?, ?, ?, ?, ?)",
+        [
+            (f"t{i}", actor, action, target, json.dumps(detail))
+            for i, (actor, action, target, detail) in enumerate(audit, 1)
+        ],
+    )
     conn.commit()
     conn.close()
     with TenantStore(path, hasher=hasher) as store:
@@ -203,8 +211,11 @@ def test_database_files_are_owner_only(tmp_path, hasher):
         with TenantStore(path, hasher=hasher) as store:
             store.create_tenant("a")
             store.record_usage("a", "m", 1, 1)
-            files = [p for p in (path, tmp_path / "state" / "tenants.db-wal",
-                                 tmp_path / "state" / "tenants.db-shm") if p.exists()]
+            files = [
+                p
+                for p in (path, tmp_path / "state" / "tenants.db-wal", tmp_path / "state" / "tenants.db-shm")
+                if p.exists()
+            ]
             assert len(files) == 3  # WAL mode: the db, its -wal and -shm while open
             assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in files)
         loose = tmp_path / "loose.db"
@@ -384,11 +395,20 @@ def test_valid_tenant_names(name):
     assert validate_tenant_name(name) == name
 
 
-@pytest.mark.parametrize("name, problem", [
-    ("", "empty"), ("a" * 64, "64 characters"), ("Team", "lowercase"), ("-lead", "starting"),
-    ("_lead", "starting"), ("has space", "invalid"), ("dot.name", "invalid"), (3, "string"),
-    ("team\n", "invalid"),  # re.match with `$` accepted a trailing newline
-])
+@pytest.mark.parametrize(
+    "name, problem",
+    [
+        ("", "empty"),
+        ("a" * 64, "64 characters"),
+        ("Team", "lowercase"),
+        ("-lead", "starting"),
+        ("_lead", "starting"),
+        ("has space", "invalid"),
+        ("dot.name", "invalid"),
+        (3, "string"),
+        ("team\n", "invalid"),  # re.match with `$` accepted a trailing newline
+    ],
+)
 def test_invalid_tenant_names_explain_the_problem(store, name, problem):
     with pytest.raises(ValueError, match=problem):
         validate_tenant_name(name)

@@ -15,8 +15,15 @@ from starlette.testclient import TestClient
 
 from gateway.http_errors import install_error_handlers
 from gateway.middleware.tenant_auth import TenantAuthMiddleware
-from gateway.middleware.tenant_guard import (ADMIN_KEY_ENV, RESEED_ENV, detach, guard_of, record_usage, reserve_tokens,
-                                             tenant_of)
+from gateway.middleware.tenant_guard import (
+    ADMIN_KEY_ENV,
+    RESEED_ENV,
+    detach,
+    guard_of,
+    record_usage,
+    reserve_tokens,
+    tenant_of,
+)
 from tenancy import DEMO_KEY_ENV, parse_api_key
 from tests.unit.fakes import unplanned_edge
 
@@ -31,8 +38,11 @@ def _app() -> FastAPI:
 
     def _state(request: Request) -> dict:
         tenant, guard = tenant_of(request), guard_of(request)
-        return {"tenant": tenant.name, "in_flight": guard.limiter.in_flight(tenant.name),
-                "tokens_left": guard.limiter.tokens_remaining(tenant)}
+        return {
+            "tenant": tenant.name,
+            "in_flight": guard.limiter.in_flight(tenant.name),
+            "tokens_left": guard.limiter.tokens_remaining(tenant),
+        }
 
     @app.get("/v1/x")
     async def x(request: Request):
@@ -53,6 +63,7 @@ def _app() -> FastAPI:
         async def work():
             await app.state.finish.wait()
             await record_usage(request, "m", {"prompt_tokens": 30, "completion_tokens": 0})
+
         app.state.finish = asyncio.Event()
         detach(request, asyncio.get_running_loop().create_task(work()))
         return _state(request)
@@ -71,6 +82,7 @@ def _app() -> FastAPI:
         async def body():
             for _ in range(3):
                 yield f"{_state(request)['in_flight']}\n"
+
         return StreamingResponse(body(), media_type="text/plain")
 
     @app.get("/v1/collections/{name}")
@@ -100,6 +112,7 @@ def make_mw(tmp_path, monkeypatch):
     def make(state_dir=tmp_path / "state") -> TenantAuthMiddleware:
         made.append(TenantAuthMiddleware(_app(), unplanned_edge(state_dir)))
         return made[-1]
+
     yield make
     os.umask(umask)
     for mw in made:

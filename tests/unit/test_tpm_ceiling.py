@@ -33,8 +33,10 @@ from tests.unit.rag_fakes import DIM, FakeEmbedder, RecordingIndex, bag_of_words
 pytestmark = pytest.mark.timeout(120)
 FROZEN = 6_000_000.0 + 1  # one second into a minute: the test's requests all share it
 TPM = 20_000
-TOO_LARGE = re.compile(r"Request too large for tenant '[^']+' on tokens per minute \(TPM\): "
-                       r"Limit (\d+), Requested (\d+)\.")
+TOO_LARGE = re.compile(
+    r"Request too large for tenant '[^']+' on tokens per minute \(TPM\): "
+    r"Limit (\d+), Requested (\d+)\."
+)
 OVER_MINUTE = re.compile(r"Limit (\d+), Used (\d+), Requested (\d+)")
 
 
@@ -43,8 +45,15 @@ OVER_MINUTE = re.compile(r"Limit (\d+), Used (\d+), Requested (\d+)")
 SIZES = [47_352, 25_000, 20_000, 15_000, 9_000, 7_500, 4_000, 2_500, 1_000, 300, 40, 1]
 
 
-def _one_request(limiter: TenantLimiter, tenant: Tenant, estimate: int, used: int, start: threading.Barrier,
-                 outcomes: list, lock: threading.Lock) -> None:
+def _one_request(
+    limiter: TenantLimiter,
+    tenant: Tenant,
+    estimate: int,
+    used: int,
+    start: threading.Barrier,
+    outcomes: list,
+    lock: threading.Lock,
+) -> None:
     # All arrive at once: each is admitted on the headers (the middleware's 1 token, nothing held), then each
     # reserves its estimate once its body is read, all together.
     admission = limiter.admit(tenant, 1, reserve=False)
@@ -68,8 +77,10 @@ def test_parallel_requests_of_several_sizes_never_charge_a_minute_past_the_tpm(t
     # A request uses its estimate, or (second case) more than it: estimates are made before a request runs.
     used = {size: (size if size <= TPM else 0) + overrun for size in SIZES}
     start, lock, outcomes = threading.Barrier(len(requests)), threading.Lock(), []
-    threads = [threading.Thread(target=_one_request, args=(limiter, tenant, size, used[size], start, outcomes, lock))
-               for size in requests]
+    threads = [
+        threading.Thread(target=_one_request, args=(limiter, tenant, size, used[size], start, outcomes, lock))
+        for size in requests
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -123,13 +134,15 @@ def test_two_gateway_processes_share_one_tpm_and_refuse_the_too_large_alike(tmp_
         assert worker.exitcode == 0
     admitted = [size for got, _ in answers for size in got]
     assert sorted(size for _, refused in answers for size in refused) == sorted(
-        s for half in halves for s in half if s > TPM)
+        s for half in halves for s in half if s > TPM
+    )
     assert 0 < sum(admitted) <= TPM
     charged, carried = TenantLimiter(db_path, clock=lambda: FROZEN).tokens_charged(Tenant(name="shared", tpm=TPM))
     assert (charged, carried) == (sum(admitted), 0)
 
 
 # ---- through the gateway: the real middleware and routes, fake replicas ----------------------------------
+
 
 class Remote:
     """A Ray handle stand-in: handle.method.remote(...) runs the replica's method in-process."""
@@ -198,11 +211,21 @@ class ChatIngress:
         self.sent.append(body)
         prompt = sum(len(str(m.get("content") or "").split()) for m in body.messages)
         answer = body.max_tokens or 8
-        return JSONResponse({"id": "c1", "model": body.model, "object": "chat.completion",
-                             "usage": {"prompt_tokens": prompt, "completion_tokens": answer,
-                                       "total_tokens": prompt + answer},
-                             "choices": [{"index": 0, "finish_reason": "length",
-                                          "message": {"role": "assistant", "content": "word " * answer}}]})
+        return JSONResponse(
+            {
+                "id": "c1",
+                "model": body.model,
+                "object": "chat.completion",
+                "usage": {"prompt_tokens": prompt, "completion_tokens": answer, "total_tokens": prompt + answer},
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "length",
+                        "message": {"role": "assistant", "content": "word " * answer},
+                    }
+                ],
+            }
+        )
 
 
 class Gateway(OpenAIRoutes, KnowledgeRoutes, ChatIngress):
@@ -251,6 +274,7 @@ async def _all_at_once(stack, bodies: list[dict], headers: dict, path: str = "/v
     answered = 0
     transport = httpx.ASGITransport(app=stack.app)
     async with httpx.AsyncClient(transport=transport, base_url="http://gw", timeout=60) as client:
+
         async def send(body):
             nonlocal answered
             try:
@@ -279,10 +303,18 @@ def _inputs(count: int, chars: int) -> list[str]:
 def test_parallel_embeddings_of_several_sizes_through_the_gateway(stack, extra):
     tenant, headers = _tenant(stack, TPM)
     stack.gateway.embedder.extra = extra
-    bodies = [{"input": _inputs(200, 1000)},  # 200 x 252 = 50,400 tokens: more than the whole minute
-              {"input": _inputs(80, 1000)}, {"input": _inputs(40, 1000)}, {"input": _inputs(40, 1000)},
-              {"input": _inputs(20, 400)}, {"input": _inputs(8, 100)}, {"input": "a short question"}]
-    estimates = [estimate_text_tokens(b["input"] if isinstance(b["input"], list) else [b["input"]], 256) for b in bodies]
+    bodies = [
+        {"input": _inputs(200, 1000)},  # 200 x 252 = 50,400 tokens: more than the whole minute
+        {"input": _inputs(80, 1000)},
+        {"input": _inputs(40, 1000)},
+        {"input": _inputs(40, 1000)},
+        {"input": _inputs(20, 400)},
+        {"input": _inputs(8, 100)},
+        {"input": "a short question"},
+    ]
+    estimates = [
+        estimate_text_tokens(b["input"] if isinstance(b["input"], list) else [b["input"]], 256) for b in bodies
+    ]
     assert estimates[0] == 50_400 and estimates[1] == 20_160 and all(e <= TPM for e in estimates[2:])
     responses = asyncio.run(_all_at_once(stack, bodies, headers))
 
@@ -310,8 +342,10 @@ def test_parallel_embeddings_of_several_sizes_through_the_gateway(stack, extra):
 def test_a_chat_over_the_tpm_is_too_large_and_one_without_max_tokens_is_fitted_to_it(stack):
     tenant, headers = _tenant(stack, 300)
     stack.gateway.embedder.released.set()
-    chat = {"model": "chat-model", "messages": [{"role": "user", "content": "one two three four five six seven eight "
-                                                                           "nine ten"}]}
+    chat = {
+        "model": "chat-model",
+        "messages": [{"role": "user", "content": "one two three four five six seven eight nine ten"}],
+    }
     with _sync(stack) as client:
         refused = client.post("/v1/chat/completions", json={**chat, "max_tokens": 200, "n": 2}, headers=headers)
         assert refused.status_code == 429 and refused.headers["x-should-retry"] == "false"
@@ -348,13 +382,15 @@ def test_an_ingest_over_the_tpm_is_too_large_before_anything_is_embedded(stack):
     stack.gateway.embedder.released.set()
     text = "\n\n".join("paragraph %d " % i + "y" * 400 for i in range(40))  # ~16,500 characters, 40 chunks
     with _sync(stack) as client:
-        refused = client.post("/v1/collections/kb/documents", json={"documents": [{"id": "big", "text": text}]},
-                              headers=headers)
+        refused = client.post(
+            "/v1/collections/kb/documents", json={"documents": [{"id": "big", "text": text}]}, headers=headers
+        )
         assert refused.status_code == 429 and refused.headers["x-should-retry"] == "false"
         limit, requested = map(int, TOO_LARGE.search(refused.json()["error"]["message"]).groups())
         assert limit == 2_000 and requested > 4_000
-        small = client.post("/v1/collections/kb/documents", json={"documents": [{"id": "small", "text": text[:1500]}]},
-                            headers=headers)
+        small = client.post(
+            "/v1/collections/kb/documents", json={"documents": [{"id": "small", "text": text[:1500]}]}, headers=headers
+        )
         assert small.status_code == 200, small.text
     assert stack.gateway.embedder.calls == [len(paragraph_chunks(text[:1500]))], "only the small ingest embedded"
     charged, carried = stack.guard.limiter.tokens_charged(tenant)
@@ -364,8 +400,11 @@ def test_an_ingest_over_the_tpm_is_too_large_before_anything_is_embedded(stack):
 def test_a_rag_query_over_the_tpm_is_too_large_before_its_question_is_embedded(stack):
     tenant, headers = _tenant(stack, 100)
     with _sync(stack) as client:
-        refused = client.post("/v1/rag/query", json={"collection": "kb", "question": "How long is the leave?",
-                                                     "max_tokens": 256}, headers=headers)
+        refused = client.post(
+            "/v1/rag/query",
+            json={"collection": "kb", "question": "How long is the leave?", "max_tokens": 256},
+            headers=headers,
+        )
     assert refused.status_code == 429, refused.text
     assert TOO_LARGE.search(refused.json()["error"]["message"]).groups() == ("100", str(256 + 8))
     assert stack.gateway.embedder.queries == [] and stack.guard.limiter.tokens_charged(tenant) == (0, 0)
@@ -383,8 +422,9 @@ def test_an_ingest_hears_every_chunk_before_embedding_and_a_refusal_embeds_nothi
     docs = [DocumentInput(id="a", text="First paragraph.\n\nSecond paragraph."), DocumentInput(id="b", text="Third.")]
     with pytest.raises(RuntimeError, match="over the TPM"):
         asyncio.run(pipeline.ingest("t", "kb", docs, before_embedding=refuse))
-    assert [len(texts) for texts in heard] == [3] and embedder.document_calls == [] and index.upserts == [], \
+    assert [len(texts) for texts in heard] == [3] and embedder.document_calls == [] and index.upserts == [], (
         "nothing embedded or stored"
+    )
 
 
 def _pipeline_settings():

@@ -63,8 +63,9 @@ def test_old_knowledge_base_answers_and_its_indexes_are_rebuilt(old_state):
         listed = store.list_documents("acme", "handbook", limit=10)["data"]
         assert sorted(d["id"] for d in listed) == ["bridge", "copper", "lighthouse"]
         with sqlite3.connect(old_state / "knowledge.sqlite3") as db:
-            vector = np.frombuffer(db.execute("SELECT vector FROM chunks WHERE doc_id = 'bridge'").fetchone()[0],
-                                   dtype=np.float32)
+            vector = np.frombuffer(
+                db.execute("SELECT vector FROM chunks WHERE doc_id = 'bridge'").fetchone()[0], dtype=np.float32
+            )
         hits = store.search("acme", "handbook", vector, top_k=3)
         assert hits[0].document_id == "bridge" and hits[0].score == pytest.approx(1.0, abs=1e-4)
         assert hits[0].start is None  # rows from before offsets keep NULL there

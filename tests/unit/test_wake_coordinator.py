@@ -25,6 +25,7 @@ class FakeMethod:
             self.engine.log.append((self.engine.model, self.name))
             await asyncio.sleep(0.01)
             self.engine.state = "awake" if self.name == "wake" else "asleep"
+
         return call()
 
 
@@ -35,6 +36,7 @@ class FakeState:
     def remote(self):
         async def call():
             return self.engine.state
+
         return call()
 
 
@@ -47,12 +49,29 @@ class FakeEngineHandle:
 
 def _plan(wake_timeout_s: float = 0.3, idle_s: float = 300.0, wakes: int = 5) -> OnDemandPlan:
     def engine(model):
-        return OnDemandEngine(model_id=model, idle_sleep_s=idle_s, wake_timeout_s=wake_timeout_s,
-                              tenant_wakes_per_hour=wakes, level_asked=1, sleep="stop", wake="cold_start",
-                              awake_bytes=4 * GB, asleep_bytes=0, asleep_breakdown={}, wake_peak_bytes=0,
-                              wake_request_bytes=0, wake_check_bytes=4 * GB)
-    return OnDemandPlan(max_awake=1, room_bytes=5 * GB, engines={"ra": engine("a"), "rb": engine("b")},
-                        worst_awake_set=["ra"], planned_bytes=4 * GB)
+        return OnDemandEngine(
+            model_id=model,
+            idle_sleep_s=idle_s,
+            wake_timeout_s=wake_timeout_s,
+            tenant_wakes_per_hour=wakes,
+            level_asked=1,
+            sleep="stop",
+            wake="cold_start",
+            awake_bytes=4 * GB,
+            asleep_bytes=0,
+            asleep_breakdown={},
+            wake_peak_bytes=0,
+            wake_request_bytes=0,
+            wake_check_bytes=4 * GB,
+        )
+
+    return OnDemandPlan(
+        max_awake=1,
+        room_bytes=5 * GB,
+        engines={"ra": engine("a"), "rb": engine("b")},
+        worst_awake_set=["ra"],
+        planned_bytes=4 * GB,
+    )
 
 
 def _coordinator(log, **plan):
@@ -70,6 +89,7 @@ def test_a_request_for_the_awake_engine_goes_at_once_and_is_counted_in_flight():
         assert coordinator._ledger.in_flight["a"] == 1
         await coordinator.request_ended("a")
         assert coordinator._ledger.in_flight["a"] == 0
+
     asyncio.run(run())
 
 
@@ -85,6 +105,7 @@ def test_a_request_for_an_asleep_engine_puts_the_idle_one_to_sleep_first_then_wa
         assert 'poolserve_on_demand_wakes_total{model="b"} 1.0' in text
         assert 'poolserve_on_demand_sleeps_total{model="a",reason="room"} 1.0' in text
         assert 'poolserve_on_demand_wake_seconds_total{model="b"}' in text
+
     asyncio.run(run())
 
 
@@ -96,6 +117,7 @@ def test_an_engine_with_a_request_in_flight_is_never_put_to_sleep_the_wait_ends_
         answer = await coordinator.ensure_awake("b", "t2")
         assert answer.outcome == "busy" and "'b'" in answer.message and answer.retry_after_s >= 1
         assert log == [] and await coordinator.states() == {"a": "awake", "b": "asleep"}
+
     asyncio.run(run())
 
 
@@ -110,6 +132,7 @@ def test_a_wait_for_room_goes_on_when_the_busy_engine_finishes_in_time():
         await coordinator.request_ended("a")
         assert (await waiting).outcome == "go"
         assert log == [("a", "sleep"), ("b", "wake")]
+
     asyncio.run(run())
 
 
@@ -126,6 +149,7 @@ def test_a_tenant_past_its_wakes_gets_over_budget_and_is_not_charged_for_awake_e
         refused = await coordinator.ensure_awake("b", "t1")
         assert refused.outcome == "over_budget" and "1 wakes" in refused.message
         assert (await coordinator.ensure_awake("b", "t2")).outcome == "go"  # another tenant pays its own
+
     asyncio.run(run())
 
 
@@ -142,6 +166,7 @@ def test_engines_idle_past_their_time_are_put_to_sleep_in_the_background(monkeyp
         assert log == [("a", "sleep")]
         assert 'reason="idle"' in (await coordinator.metrics_text()).decode()
         coordinator._idle_task.cancel()
+
     asyncio.run(run())
 
 
@@ -153,12 +178,15 @@ def test_a_failed_wake_leaves_the_engine_asleep():
         def broken():
             async def call():
                 raise RuntimeError("cold start failed")
+
             return call()
+
         coordinator._engines["b"].wake_engine.remote = broken
         with pytest.raises(RuntimeError):
             await coordinator.ensure_awake("b", "t1")
         assert (await coordinator.states())["b"] == "asleep"
         assert coordinator._ledger.in_flight["b"] == 0
+
     asyncio.run(run())
 
 
@@ -180,4 +208,5 @@ def test_a_replaced_replica_that_starts_awake_beside_another_is_followed_and_the
         # goes back to sleep, b (just used) stays
         assert log == [("a", "sleep")] and await coordinator.states() == {"a": "asleep", "b": "awake"}
         coordinator._idle_task.cancel()
+
     asyncio.run(run())

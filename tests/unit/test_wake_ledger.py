@@ -10,16 +10,29 @@ GB = 10**9
 
 def _engine(model: str, awake_gb: float, idle_s: float = 60.0, wakes: int = 2) -> OnDemandEngine:
     awake = int(awake_gb * GB)
-    return OnDemandEngine(model_id=model, idle_sleep_s=idle_s, wake_timeout_s=30.0, tenant_wakes_per_hour=wakes,
-                          level_asked=1, sleep="stop", wake="cold_start", awake_bytes=awake, asleep_bytes=0,
-                          asleep_breakdown={}, wake_peak_bytes=0, wake_request_bytes=0, wake_check_bytes=awake)
+    return OnDemandEngine(
+        model_id=model,
+        idle_sleep_s=idle_s,
+        wake_timeout_s=30.0,
+        tenant_wakes_per_hour=wakes,
+        level_asked=1,
+        sleep="stop",
+        wake="cold_start",
+        awake_bytes=awake,
+        asleep_bytes=0,
+        asleep_breakdown={},
+        wake_peak_bytes=0,
+        wake_request_bytes=0,
+        wake_check_bytes=awake,
+    )
 
 
 def _ledger(max_awake: int = 2, room_gb: float = 10.0, awake=("ra", "rb")) -> WakeLedger:
     # by replica name ra, rb, rc; clients send a, b, c. Awake: a 4 GB, b 5 GB, c 3 GB.
     engines = {"ra": _engine("a", 4), "rb": _engine("b", 5, idle_s=120), "rc": _engine("c", 3)}
-    plan = OnDemandPlan(max_awake=max_awake, room_bytes=int(room_gb * GB), engines=engines,
-                        worst_awake_set=list(awake), planned_bytes=0)
+    plan = OnDemandPlan(
+        max_awake=max_awake, room_bytes=int(room_gb * GB), engines=engines, worst_awake_set=list(awake), planned_bytes=0
+    )
     return WakeLedger(plan, list(awake), now=100.0)
 
 
