@@ -23,7 +23,14 @@ ROOM_RECHECK_S = 0.5  # a request waiting for room looks again this often (busy 
 STATE_TIMEOUT_S = 5.0  # an engine's state is an attribute read; a replica that does not answer is starting
 
 
-@serve.deployment(name="wake_coordinator", num_replicas=1, ray_actor_options={"num_cpus": 0})
+# Every call is async and cheap but ensure_awake, which waits up to a wake's timeout: Serve's default of 5
+# calls at a time would queue every other engine's request_ended and /v1/models behind five waiting wakes.
+MAX_ONGOING_CALLS = 4096
+
+
+@serve.deployment(
+    name="wake_coordinator", num_replicas=1, max_ongoing_requests=MAX_ONGOING_CALLS, ray_actor_options={"num_cpus": 0}
+)
 class WakeCoordinator:
     def __init__(self, plan: OnDemandPlan, engines: dict):
         """`engines`: each on-demand engine's handle by model id (the replicas of deployments/chat.py)."""
