@@ -34,6 +34,9 @@ class Embedder:
         self._question_window_s = settings.question_window_s
         self._forward = OneForwardThread()
         self._idle_cores = IdleCores(len(os.sched_getaffinity(0)))
+        # On a GPU a pass's activations live on the device: the host heap does not grow per pass, and a trim
+        # per pass would only add its milliseconds to passes of well under one.
+        self._release_heap_per_pass = not settings.device.startswith("cuda")
         # `cuda` only when the plan gave this replica a GPU share: Ray then sets CUDA_VISIBLE_DEVICES to it.
         self.embedder = SentenceTransformerEmbedder(
             settings.model_path,
@@ -67,10 +70,11 @@ class Embedder:
                 try:
                     yield self._forward.runner(threads)
                 finally:
-                    # Each pass's activations back to the pool before the next: a call of many batches then
-                    # peaks at one batch's working set, as planned, where glibc kept the fragments of all of
-                    # them (+48-55 MiB over 16 batches of 4 against +32-34, at the same speed; docs/STRESS.md).
-                    release_freed_heap(collect=False)
+                    if self._release_heap_per_pass:
+                        # Each pass's activations back to the pool before the next: a call of many batches
+                        # then peaks at one batch's working set, as planned, where glibc kept the fragments of
+                        # all of them (+48-55 MiB over 16 batches of 4 against +32-34, same speed; STRESS.md).
+                        release_freed_heap(collect=False)
 
         return batch
 
