@@ -7,6 +7,7 @@ import json
 import logging
 
 import anyio
+import msgspec
 from fastapi import Request
 
 from gateway.middleware.tenant_guard import record_usage
@@ -14,6 +15,15 @@ from rag.retrieval.answer_trim import SentenceHoldback, finish_answer
 from vllm_bridge.compat import StreamOptions
 
 logger = logging.getLogger("poolserve.streams")
+
+# Every streamed token is parsed and written again here: msgspec does both in 2.5 us a chunk where the json
+# module took 63 (one 2-core host, 2026-12-06), and writes compact UTF-8 JSON as vLLM itself does.
+_decode_chunk = msgspec.json.Decoder().decode
+_encode_chunk = msgspec.json.Encoder().encode
+
+
+def _event(chunk: dict) -> str:
+    return f"data: {_encode_chunk(chunk).decode()}\n\n"
 
 
 async def sse_event_batches(body_iterator):
@@ -184,7 +194,7 @@ async def tracked_stream(
                             on_broken()
                         out.append(stream_error_event(problem) if problem else "data: [DONE]\n\n")
                         continue
-                    chunk = json.loads(data)
+                    chunk = _decode_chunk(data)
                     seen.observe(chunk)
                     tally.observe(chunk)
                     if trimmer is not None:
@@ -197,7 +207,7 @@ async def tracked_stream(
                     if first and cited is not None:
                         chunk["citations"] = cited
                     first = False
-                    out.append(f"data: {json.dumps(chunk)}\n\n")
+                    out.append(_event(chunk))
                 if out:
                     yield "".join(out)
             if not done:  # the source ended without [DONE]
@@ -228,20 +238,20 @@ async def rag_stream(body_iterator, cited: list[dict], retrieval: dict | None = 
         for data in events:
             if data == "[DONE]":
                 continue  # drain the source so its usage is recorded before this response ends
-            chunk = json.loads(data)
+            chunk = _decode_chunk(data)
             if chunk.get("object") == "error" or "error" in chunk:
                 failed = True
-                out.append(f"data: {json.dumps(chunk)}\n\n")
+                out.append(_event(chunk))
                 continue
             for choice in chunk.get("choices", []):
                 delta = (choice.get("delta") or {}).get("content")
                 if delta:
-                    out.append(f"data: {json.dumps({'object': 'rag.delta', 'delta': delta})}\n\n")
+                    out.append(_event({"object": "rag.delta", "delta": delta}))
                 if choice.get("finish_reason"):
                     finish = {"object": "rag.finish", "finish_reason": choice["finish_reason"]}
-                    out.append(f"data: {json.dumps(finish)}\n\n")
+                    out.append(_event(finish))
             if chunk.get("usage"):
-                out.append(f"data: {json.dumps({'object': 'rag.usage', 'usage': chunk['usage']})}\n\n")
+                out.append(_event({"object": "rag.usage", "usage": chunk["usage"]}))
         if out:
             yield "".join(out)
     if not failed:
