@@ -183,3 +183,20 @@ def test_the_h100_swap_profile_fits_one_27b_awake_on_an_h100_and_refuses_both():
     with pytest.raises(PlanError) as refused:
         build_plan(_max_awake(profile, 2), H100_BYTES)
     assert "At most 1 of these on-demand engines awake at once fit" in str(refused.value)
+
+
+@pytest.mark.parametrize("path", ["gpu-on-demand.yaml", "h100-on-demand.yaml"])
+def test_on_demand_engines_gpu_shares_fit_one_gpu_together(path):
+    """Ray places every engine's replica (and its vLLM worker's bundle) at start, asleep or not: each on-demand
+    engine's GPU share is its awake share divided by their count, so all of them fit the one GPU."""
+    plan = build_plan(load_profile(ROOT / "configs" / path), H100_BYTES)
+    shares = {r.name: r.ray_actor_options.num_gpus for r in plan.replicas if r.ray_actor_options.num_gpus}
+    assert sum(shares.values()) <= 1
+    for name in plan.on_demand.engines:
+        replica = plan.replica(name)
+        assert shares[name] == pytest.approx(replica.planned_bytes / plan.pool.total_bytes / 2, abs=1e-4)
+        assert replica.env["VLLM_RAY_PER_WORKER_GPUS"] == str(shares[name])  # the worker asks the same share
+    # always-on engines keep their share of the pool
+    two = build_plan(load_profile(ROOT / "configs" / "gh200-two-engines.yaml"), 139 * GiB)
+    chat = two.replica("chat")
+    assert chat.ray_actor_options.num_gpus == pytest.approx(chat.planned_bytes / two.pool.total_bytes, abs=1e-4)
