@@ -298,10 +298,12 @@ def ask(client, model: str, max_tokens: int = 16) -> dict:
 
 
 class Bench:
-    def __init__(self, server, admin_key: str, plan, sampler, log: Callable[[str], None]):
+    def __init__(self, server, admin_key: str, plan, sampler, log: Callable[[str], None], progress=None):
         from openai import OpenAI
 
         self.server, self.admin_key, self.log = server, admin_key, log
+        # progress(section, record): each swap or cycle as it ends, saved before the next (a run cut short keeps it)
+        self.progress = progress or (lambda section, record: None)
         self.engines = plan_engines(plan)
         self.by_model = {e["model_id"]: name for name, e in self.engines.items()}
         self.gpu = sampler is not None
@@ -380,6 +382,7 @@ class Bench:
             swap = self.request(model)
             warm = self.request(model)
             records.append({"index": index, "swap": swap, "no_swap": warm})
+            self.progress("swaps", records[-1])
             self.log(
                 f"swap {index + 1}/{count} -> {model}: swap={swap.get('swap')} ok={swap.get('ok')} "
                 f"ttft={swap.get('ttft_s')} s wake={swap.get('wake_s')} s ({swap.get('wake_kind')}); "
@@ -413,6 +416,7 @@ class Bench:
             cycle["restarted"] = bool(replica_pid and pid and pid != replica_pid)
             replica_pid = pid or replica_pid
             cycles.append(cycle)
+            self.progress("cycles", cycle)
             self.log(
                 f"cycle {index + 1}/{count} of {model}: failed={cycle['requests_failed']} "
                 f"asleep={_mib(cycle['asleep'])} awake={_mib(cycle['awake'])} restarted={cycle['restarted']}"
@@ -498,6 +502,7 @@ def run(profile_path: Path, out: Path, swaps: int, cycles: int, timeout_s: float
             value = fn()
             report["steps"][title] = {"ok": True, "seconds": round(time.perf_counter() - started, 2)}
             report[title] = value
+            report.pop(f"{title}_so_far", None)  # the whole section replaces what progress() kept
         except Exception as exc:
             value = None
             report["steps"][title] = {
@@ -550,7 +555,12 @@ def run(profile_path: Path, out: Path, swaps: int, cycles: int, timeout_s: float
         with poolserve_stack(profile_path, workdir, timeout_s=timeout_s) as server:
             report["start_to_healthy_s"] = round(time.time() - started, 1)
             log(f"healthy in {report['start_to_healthy_s']} s at {server.base_url}")
-            bench = Bench(server, admin_key, plan, sampler, log)
+
+            def progress(section: str, record: dict) -> None:
+                report.setdefault(f"{section}_so_far", []).append(record)
+                save()
+
+            bench = Bench(server, admin_key, plan, sampler, log, progress)
             step("at_start", bench.start)
             step("metrics_before", bench.metrics)
             step("memory_at_start", bench.probe.read)
