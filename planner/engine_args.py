@@ -60,6 +60,10 @@ def _finished_args(name: str, eng: EnginePlan, split: EngineSplit | None, node: 
         }
     if node.spec.gpu:
         args["gpu_memory_utilization"] = _utilization(name, eng, node.device_bytes, node.total)
+        if eng.chat.on_demand is not None:
+            # vLLM frees on sleep only what it allocated through its CuMemAllocator, which it uses only with
+            # enable_sleep_mode: without it sleep(level) frees nothing (deployments/chat.py sleep_engine).
+            args["enable_sleep_mode"] = True
     if eng.chat.heap_trim_interval_s > 0:
         args["worker_extension_cls"] = (
             HEAP_TRIM_EXTENSION  # the heap-trim method the replica calls (deployments/chat.py)

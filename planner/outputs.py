@@ -85,6 +85,13 @@ class EngineArgs(_Output):
     master_port: int | None = Field(
         None, exclude_if=lambda v: v is None, description="CPU ranks over nodes: node 0's rendezvous port."
     )
+    enable_sleep_mode: bool | None = Field(
+        None,
+        exclude_if=lambda v: v is None,
+        description="GPU on-demand engines: vLLM allocates weights and KV cache "
+        "through its CuMemAllocator so that sleep(level) frees them (without it a sleep frees nothing); None "
+        "elsewhere (a CPU has no sleep mode: its on-demand engines stop).",
+    )
 
 
 class RayActorOptions(_Output):

@@ -453,9 +453,14 @@ def _home(section, first: str) -> str:
     return (getattr(section, "nodes", None) or [None])[0] or section.node or first
 
 
-def _engine_replicas(name: str, chat, eng, pools: dict, home: str, order: int) -> tuple[list[ReplicaPlan], list[str]]:
+def _engine_replicas(
+    name: str, chat, eng, pools: dict, home: str, order: int, share_of: int = 1
+) -> tuple[list[ReplicaPlan], list[str]]:
     """One engine's replica, and on a split engine (pipeline x tensor ranks) one share per further node; with
-    the notes of its split."""
+    the notes of its split. `share_of`: an on-demand engine's GPU share is its awake bytes' share of the pool
+    divided by the pool's count of on-demand engines (issue 48): Ray places every engine's replica at start,
+    asleep or not, and only the awake set must fit the memory, so the shares of all of them together stay
+    within the one GPU (their sum is at most the largest engine's, which the plan's awake set holds)."""
     home_spec = pools[home][0]
     if chat.pipeline_parallel_size * chat.tensor_parallel_size == 1:
         split = None
@@ -473,7 +478,7 @@ def _engine_replicas(name: str, chat, eng, pools: dict, home: str, order: int) -
         opts = RayActorOptions(
             num_cpus=chat.num_cpus,
             memory=host_bytes if discrete else chat_bytes,
-            num_gpus=gpu_fraction(chat_bytes, total) if spec.gpu else None,
+            num_gpus=gpu_fraction(chat_bytes, total * share_of) if spec.gpu else None,
             resources=nodes.placement_resources(node) if len(pools) > 1 else None,
         )
         launch = engine_launch(
@@ -529,7 +534,8 @@ def build_plan(
             eng = plan_engine(chat, spec, cpus, total, other_threads, cpu_native_bf16)
         except (EngineError, ArchitectureError) as exc:
             raise PlanError(f"{name}: {exc}" if name != "chat" else str(exc)) from exc
-        replicas, split_notes = _engine_replicas(name, chat, eng, pools, home, order)
+        share_of = sum(1 for _, c in profile.chat_engines() if c.on_demand) if chat.on_demand else 1
+        replicas, split_notes = _engine_replicas(name, chat, eng, pools, home, order, share_of)
         engine_replicas += replicas
         engines[name] = (chat, eng)
         engine_notes += [*eng.notes, *split_notes]

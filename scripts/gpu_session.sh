@@ -9,6 +9,9 @@
 #   ingest    one cold boot of the H100 profile: answers, then the ingest against raw sentence-transformers
 #   serving0  as serving, with chat.stream_batching_interval_ms 0 (every token its own chunk)
 #   bench     one cold boot of the bench profile (compiled, no drafter): answers, decode, the ingest by part
+#   ondemand  model swaps through the stack (bench/bench_on_demand.py --swaps 20): two on-demand engines of
+#             PROFILE_ON_DEMAND (default configs/gpu-on-demand.yaml; configs/h100-on-demand.yaml for two 27Bs), one
+#             awake at a time; ON_DEMAND_CYCLES=N adds N sleep/wake cycles of one engine (endurance)
 # Run it detached from a copy of the checkout, which a later call's sync of the working tree cannot touch:
 #   . scripts/gpu_env.sh; rm -rf /tmp/ck; cp -a . /tmp/ck; cd /tmp/ck
 #   STEPS="decode ingest" setsid nohup bash scripts/gpu_session.sh /tmp/out > /tmp/session.log 2>&1 < /dev/null &
@@ -16,6 +19,7 @@ set -u
 out=${1:?the folder for results and logs}
 profile=${PROFILE:-configs/h100.yaml}
 bench_profile=${BENCH_PROFILE:-configs/gh200-bench.yaml}
+on_demand_profile=${PROFILE_ON_DEMAND:-configs/gpu-on-demand.yaml}
 steps=${STEPS:-plan serving boots}
 mkdir -p "$out"
 . scripts/gpu_env.sh
@@ -44,6 +48,9 @@ for name in $steps; do
            python3 bench/bench_gpu_plan.py --profile "$bench_profile" --out "$out/bench" --ingest --timeout 560 \
              > "$out/bench.log" 2>&1 ;;
     serving0) serving gpu-serving-interval0 --chat stream_batching_interval_ms=0 ;;
+    ondemand) mkdir -p "$out/ondemand"
+              python3 bench/bench_on_demand.py --profile "$on_demand_profile" --out "$out/ondemand" --swaps 20 \
+                --cycles "${ON_DEMAND_CYCLES:-0}" --timeout 560 > "$out/ondemand.log" 2>&1 ;;
     *) step "$name: no such step" ;;
   esac
   step "$name: done ($?)"

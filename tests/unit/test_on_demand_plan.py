@@ -132,3 +132,71 @@ def test_several_nodes_are_refused():
     profile = _on_demand(load_profile(ROOT / "configs" / "cpu-two-nodes.yaml"), engines=())
     with pytest.raises(PlanError, match="one pool only"):
         build_plan(profile)
+
+
+H100_BYTES = 81_559 * 2**20  # NVML's total of the lent H100 80GB HBM3 (docs/GPU.md)
+
+
+def _max_awake(profile: Profile, count: int) -> Profile:
+    return _with_pool(profile, max_awake_on_demand=count)
+
+
+def test_gpu_on_demand_engines_are_started_with_vllms_sleep_mode_and_others_are_not():
+    """vLLM's sleep frees only what its CuMemAllocator holds, which it uses only with enable_sleep_mode."""
+    plan = build_plan(load_profile(ROOT / "configs" / "gpu-on-demand.yaml"))
+    for name in plan.on_demand.engines:
+        assert plan.replica(name).vllm.as_dict()["enable_sleep_mode"] is True
+    always_on = build_plan(load_profile(ROOT / "configs" / "h100.yaml"), H100_BYTES).replica("chat").vllm
+    assert "enable_sleep_mode" not in always_on.as_dict() and "enable_sleep_mode" not in always_on.model_dump()
+    cpu = build_plan(load_profile(ROOT / "configs" / "cpu-on-demand.yaml"))
+    assert all("enable_sleep_mode" not in cpu.replica(n).vllm.as_dict() for n in cpu.on_demand.engines)
+
+
+def test_the_gpu_swap_profile_holds_one_4_layer_engine_awake_and_refuses_two():
+    """configs/gpu-on-demand.yaml (bench/bench_on_demand.py on a GPU): its pool is stated, so it plans here
+    without a device."""
+    profile = load_profile(ROOT / "configs" / "gpu-on-demand.yaml")
+    plan = build_plan(profile)
+    od = plan.on_demand
+    assert od.max_awake == 1 and len(od.engines) == 2 and len(od.worst_awake_set) == 1
+    for e in od.engines.values():
+        assert (e.sleep, e.wake) == ("level_1", "copy_from_host") and 0 < e.asleep_bytes < e.awake_bytes
+    assert not fits_awake(od, list(od.engines))
+    assert all(can_wake(od, [], name) for name in od.engines)
+    with pytest.raises(PlanError) as refused:
+        build_plan(_max_awake(profile, 2))
+    assert "At most 1 of these on-demand engines awake at once fit: set pools[0].max_awake_on_demand: 1" in str(
+        refused.value
+    )
+
+
+def test_the_h100_swap_profile_fits_one_27b_awake_on_an_h100_and_refuses_both():
+    profile = load_profile(ROOT / "configs" / "h100-on-demand.yaml")
+    plan = build_plan(profile, H100_BYTES)
+    od = plan.on_demand
+    assert plan.pool.total_bytes == H100_BYTES and plan.pool.needed_bytes <= H100_BYTES
+    assert od.max_awake == 1 and len(od.engines) == 2
+    chat = plan.replica("chat")
+    assert chat.vllm.speculative_config is None and chat.vllm.load_format == "dummy"
+    for e in od.engines.values():
+        assert e.sleep == "level_1" and e.awake_bytes > H100_BYTES / 2  # two never fit awake
+    with pytest.raises(PlanError) as refused:
+        build_plan(_max_awake(profile, 2), H100_BYTES)
+    assert "At most 1 of these on-demand engines awake at once fit" in str(refused.value)
+
+
+@pytest.mark.parametrize("path", ["gpu-on-demand.yaml", "h100-on-demand.yaml"])
+def test_on_demand_engines_gpu_shares_fit_one_gpu_together(path):
+    """Ray places every engine's replica (and its vLLM worker's bundle) at start, asleep or not: each on-demand
+    engine's GPU share is its awake share divided by their count, so all of them fit the one GPU."""
+    plan = build_plan(load_profile(ROOT / "configs" / path), H100_BYTES)
+    shares = {r.name: r.ray_actor_options.num_gpus for r in plan.replicas if r.ray_actor_options.num_gpus}
+    assert sum(shares.values()) <= 1
+    for name in plan.on_demand.engines:
+        replica = plan.replica(name)
+        assert shares[name] == pytest.approx(replica.planned_bytes / plan.pool.total_bytes / 2, abs=1e-4)
+        assert replica.env["VLLM_RAY_PER_WORKER_GPUS"] == str(shares[name])  # the worker asks the same share
+    # always-on engines keep their share of the pool
+    two = build_plan(load_profile(ROOT / "configs" / "gh200-two-engines.yaml"), 139 * GiB)
+    chat = two.replica("chat")
+    assert chat.ray_actor_options.num_gpus == pytest.approx(chat.planned_bytes / two.pool.total_bytes, abs=1e-4)

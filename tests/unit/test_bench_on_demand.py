@@ -1,0 +1,190 @@
+"""bench/bench_on_demand.py's pure parts: the gateway's on-demand counters read from /metrics, percentiles of
+swaps, memory against the plan, which GPU process is which engine's, and the endurance verdict."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+from bench.bench_on_demand import (
+    alternation,
+    attribute_new_pids,
+    cold_start_section,
+    endurance,
+    engine_gpu_bytes,
+    metrics_delta,
+    parse_on_demand_metrics,
+    plan_engines,
+    planned_for,
+    ratio_check,
+    summary,
+    swap_summary,
+    wakes_over_budget,
+)
+from planner.plan import build_plan
+from planner.profile import load_profile
+
+MIB = 2**20
+
+
+def _metrics_text(wakes: dict, sleeps: dict, seconds: dict) -> str:
+    """/metrics as the wake coordinator writes it (deployments/wake_coordinator.py), plus an unrelated line."""
+    registry = CollectorRegistry()
+    w = Counter("on_demand_wakes", "", ["model"], namespace="poolserve", registry=registry)
+    s = Counter("on_demand_sleeps", "", ["model", "reason"], namespace="poolserve", registry=registry)
+    ws = Counter("on_demand_wake_seconds", "", ["model"], namespace="poolserve", registry=registry)
+    other = Counter("requests", "", ["route"], namespace="poolserve", registry=registry)
+    other.labels(route="/v1/chat/completions").inc(7)
+    for model, n in wakes.items():
+        w.labels(model=model).inc(n)
+    for (model, reason), n in sleeps.items():
+        s.labels(model=model, reason=reason).inc(n)
+    for model, v in seconds.items():
+        ws.labels(model=model).inc(v)
+    return generate_latest(registry).decode()
+
+
+def test_the_on_demand_counters_are_read_from_metrics_and_their_change_between_two_readings():
+    before = parse_on_demand_metrics(_metrics_text({"a": 1}, {("b", "room"): 1}, {"a": 30.5}))
+    assert before == {"wakes": {"a": 1.0}, "sleeps": {"b": {"room": 1.0}}, "wake_seconds": {"a": 30.5}}
+    after = parse_on_demand_metrics(
+        _metrics_text({"a": 1, "b": 1}, {("b", "room"): 1, ("a", "room"): 1, ("a", "idle"): 0}, {"a": 30.5, "b": 41.25})
+    )
+    assert metrics_delta(before, after) == {
+        "wakes": {"b": 1.0},
+        "sleeps": {"a": {"room": 1.0}},
+        "wake_seconds": {"b": 41.25},
+    }
+    assert parse_on_demand_metrics("") == {"wakes": {}, "sleeps": {}, "wake_seconds": {}}
+
+
+def test_summary_gives_p50_and_p95_as_the_harness_percentile_does():
+    assert summary([]) is None
+    s = summary([1.0, 2.0, 3.0, 4.0, 10.0])
+    assert s == {"n": 5, "p50": 3.0, "p95": 8.8, "min": 1.0, "max": 10.0}
+
+
+def test_memory_is_checked_against_its_plan_within_a_tolerance():
+    assert ratio_check(1_010, 1_000) == {"measured_bytes": 1_010, "planned_bytes": 1_000, "ratio": 1.01, "within": True}
+    assert not ratio_check(1_030, 1_000)["within"]
+    assert ratio_check(1_030, 1_000, tolerance=0.05)["within"]
+    assert ratio_check(None, 1_000)["within"] is False
+    # a stopped CPU engine is planned at 0: only nothing measured is within, and there is no ratio
+    assert ratio_check(0, 0)["within"] and ratio_check(0, 0)["ratio"] is None
+    assert not ratio_check(640 * MIB, 0)["within"]
+
+
+def test_the_plan_of_an_engine_awake_at_rest_leaves_out_its_growth():
+    engine = {"awake_bytes": 10_000, "asleep_bytes": 2_000, "growth": 1_500}
+    assert planned_for(engine, "asleep") == {"planned_bytes": 2_000, "planned_at_rest_bytes": 2_000}
+    assert planned_for(engine, "awake") == {"planned_bytes": 10_000, "planned_at_rest_bytes": 8_500}
+
+
+def test_plan_engines_reads_the_gpu_swap_profile():
+    plan = build_plan(load_profile("configs/gpu-on-demand.yaml"))
+    engines = plan_engines(plan)
+    assert len(engines) == 2
+    for name, e in engines.items():
+        assert e["awake_bytes"] == plan.replica(name).planned_bytes > e["asleep_bytes"] > 0
+        assert e["growth"] == plan.replica(name).growth_bytes and e["wake"] == "copy_from_host"
+
+
+def test_gpu_processes_go_to_the_engine_that_woke_when_they_appeared():
+    owner: dict[int, str] = {}
+    # at start: engine a awake (its worker and EngineCore), the embedder beside it; b's replica holds a context
+    roles = {10: "vllm_worker", 11: "engine_core", 12: "embedder", 13: "chat_replica"}
+    assert attribute_new_pids(owner, roles, "a", replica_of={13: "b"}) == [10, 11]
+    assert owner == {10: "a", 11: "a", 13: "b"}
+    # b's first wake: its new worker is b's; a's processes stay a's (asleep, they live on)
+    roles |= {20: "vllm_worker"}
+    assert attribute_new_pids(owner, roles, "b") == [20]
+    processes = {10: 4_000, 11: 500, 12: 900, 13: 100, 20: 13_000}
+    assert engine_gpu_bytes(owner, processes, "a") == 4_500
+    assert engine_gpu_bytes(owner, processes, "b") == 13_100
+    assert engine_gpu_bytes(owner, {12: 900}, "a") == 0  # exited processes hold nothing
+
+
+def test_requests_alternate_from_the_asleep_model():
+    assert alternation("b", "a", 5) == ["b", "a", "b", "a", "b"]
+    assert alternation("b", "a", 0) == []
+
+
+def _swap(ok=True, swap=True, ttft=1.0, wake=0.8, kind="copy_from_host", model="b"):
+    return {
+        "ok": ok,
+        "swap": swap,
+        "ttft_s": ttft,
+        "total_s": ttft + 0.1,
+        "wake_s": wake,
+        "wake_kind": kind,
+        "model": model,
+    }
+
+
+def test_swap_summary_splits_cold_starts_from_wake_ups_and_counts_failures():
+    records = [
+        {"swap": _swap(ttft=30.0, wake=29.0, kind="cold_start"), "no_swap": _swap(swap=False, ttft=0.1, wake=None)},
+        {"swap": _swap(ttft=2.0, model="a"), "no_swap": _swap(swap=False, ttft=0.2, wake=None)},
+        {"swap": _swap(ttft=3.0), "no_swap": _swap(ok=False, swap=False)},
+        {"swap": _swap(swap=False, ttft=0.1), "no_swap": _swap(swap=False, ttft=0.1, wake=None)},
+    ]
+    s = swap_summary(records)
+    assert s["swap_ttft_s"]["n"] == 3 and s["swap_ttft_s"]["max"] == 30.0
+    assert s["swap_ttft_s_by_wake_kind"]["cold_start"]["n"] == 1
+    assert s["swap_ttft_s_by_wake_kind"]["copy_from_host"] == summary([2.0, 3.0])
+    assert s["no_swap_ttft_s"]["n"] == 3 and s["requests_failed"] == 1
+    assert s["swaps_that_found_the_engine_awake"] == 1
+    gpu = cold_start_section({"requests": records}, gpu=True)
+    assert gpu["cold_starts"] == [{"model": "b", "ttft_s": 30.0, "wake_s": 29.0}]
+    assert gpu["wake_up_wake_s"]["n"] == 2 and "wake_up" in gpu["note"]
+    assert "every wake is a cold start" in cold_start_section({"requests": records}, gpu=False)["note"]
+
+
+@pytest.mark.parametrize(
+    "asleep, awake, back_to_plan, asleep_first, awake_first",
+    [
+        ([4_000, 4_010, 3_990], [13_000, 13_100, 12_950], True, True, True),
+        ([4_000, 4_200, 4_400], [13_000, 13_000, 13_000], True, False, True),  # drift while asleep
+    ],
+)
+def test_endurance_checks_memory_each_cycle_against_the_plan_and_cycle_1(
+    asleep, awake, back_to_plan, asleep_first, awake_first
+):
+    cycles = [
+        {
+            "requests_failed": 0,
+            "restarted": False,
+            "asleep": s,
+            "awake": w,
+            "asleep_check": {"within": back_to_plan},
+            "awake_check": {"within": True},
+        }
+        for s, w in zip(asleep, awake)
+    ]
+    verdict = endurance(cycles)
+    assert verdict == {
+        "cycles": 3,
+        "requests_failed": 0,
+        "restarts": 0,
+        "back_to_plan_every_cycle": back_to_plan,
+        "asleep_back_to_cycle_1": asleep_first,
+        "awake_back_to_cycle_1": awake_first,
+    }
+
+
+def test_endurance_counts_failed_requests_restarts_and_missing_readings():
+    cycles = [
+        {"requests_failed": 1, "restarted": True, "asleep": None, "awake": 5, "asleep_check": {"within": False}},
+        {"requests_failed": 0, "restarted": False, "asleep": 0, "awake": 5},
+    ]
+    verdict = endurance(cycles)
+    assert (verdict["requests_failed"], verdict["restarts"]) == (1, 1)
+    assert not verdict["back_to_plan_every_cycle"] and not verdict["asleep_back_to_cycle_1"]
+    assert verdict["awake_back_to_cycle_1"]
+    assert endurance([])["back_to_plan_every_cycle"] is False
+
+
+def test_a_run_with_more_wakes_than_the_tenant_may_cause_is_warned_of():
+    engines = {"a": {"tenant_wakes_per_hour": 30}, "b": {"tenant_wakes_per_hour": 1000}}
+    assert wakes_over_budget(engines, swaps=20, cycles=0) == []
+    assert wakes_over_budget(engines, swaps=20, cycles=21) == ["a"]  # 10 + 21 wakes of the engine cycled
