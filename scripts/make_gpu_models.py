@@ -91,10 +91,11 @@ def make_drafter(models: Path, tokenizer_from: Path) -> Path:
 
 
 def make_fp16_embedder(models: Path, name: str = "all-MiniLM-L6-v2") -> Path:
-    from sentence_transformers import SentenceTransformer
-
     folder = models / "gpu" / f"{name}-fp16"
     if not (folder / "model.safetensors").exists():
+        # Imported only when there is work: the import alone is ~9 s, and `make test`/`make serve` re-run `models`.
+        from sentence_transformers import SentenceTransformer
+
         model = SentenceTransformer(str(models / name), device="cpu", local_files_only=True)
         model.half().save(str(folder))
     return folder

@@ -199,7 +199,9 @@ def test_parallel_requests_of_several_sizes_never_charge_more_than_the_tpm(stack
         with httpx.Client(base_url=stack.url, headers=headers, timeout=300) as http:
             return http.post(path, json=body)
 
-    with_most_of_a_minute_left(40)  # every request of the test in one TPM minute
+    # Every request of the test in one TPM minute: they all end within 8 s (measured: the 429s in 0.4 s, the
+    # last answer at 7.7 s; admission, what the minute is about, at once), so 20 s left is 2.5x that.
+    with_most_of_a_minute_left(20)
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(len(bodies)) as pool:
