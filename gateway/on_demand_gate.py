@@ -7,6 +7,7 @@ error, the client leaving), so an engine with a request in flight is never put t
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -42,7 +43,14 @@ class OnDemandGate:  # the routes' default is OnDemandGate(None, set()): no engi
         if self._coordinator is None or model not in self._models:
             return await call()
         tenant = tenant_of(request)
-        answer = await self._coordinator.ensure_awake.remote(model, tenant.name if tenant is not None else "")
+        asking = self._detached(lambda: self._coordinator.ensure_awake.remote(model, tenant.name if tenant else ""))
+        try:
+            # Shielded: a client that leaves mid-wake must not cancel the wake half-done in the coordinator, and
+            # a "go" that comes after it left was counted in flight, so it is ended then.
+            answer = await asyncio.shield(asking)
+        except asyncio.CancelledError:
+            asking.add_done_callback(lambda done: self._end_if_counted(done, model))
+            raise
         if answer.outcome != "go":
             raise HTTPException(
                 503 if answer.outcome == "busy" else 429,
@@ -67,9 +75,19 @@ class OnDemandGate:  # the routes' default is OnDemandGate(None, set()): no engi
         finally:
             self._ended(model)
 
+    @staticmethod
+    def _detached(call: Callable[[], Awaitable]) -> asyncio.Future:
+        """`call()` sent from a fresh context: Serve cancels every call made under a request it cancels (a
+        client that leaves), and a lost request_ended pinned an engine awake for good (2026-12-06, CPU)."""
+        return contextvars.Context().run(lambda: asyncio.ensure_future(call()))
+
+    def _end_if_counted(self, asking: asyncio.Future, model: str) -> None:
+        if not asking.cancelled() and asking.exception() is None and asking.result().outcome == "go":
+            self._ended(model)
+
     def _ended(self, model: str) -> None:
         # Sent, not awaited: a finally that runs because the client left may itself be cancelled.
-        ending = asyncio.ensure_future(self._coordinator.request_ended.remote(model))
+        ending = self._detached(lambda: self._coordinator.request_ended.remote(model))
         self._endings.add(ending)
         ending.add_done_callback(self._after_ending)
 

@@ -146,3 +146,54 @@ def test_a_model_card_has_a_status_only_when_engines_are_on_demand():
     assert ServedModelList(data=[ServedModelCard(**card)]).model_dump()["data"][0] == card  # OpenAI's shape as before
     listed = ServedModelList(data=[ServedModelCard(**card, status="asleep")]).model_dump()
     assert listed["data"][0] == {**card, "status": "asleep"} and listed["object"] == "list"
+
+
+def test_coordinator_calls_leave_the_requests_context_so_serve_cannot_cancel_them():
+    """Serve cancels every call made under a request it cancels (the client left): request_ended, and
+    ensure_awake, go out from a fresh context, where Serve's request context is unset."""
+    from ray.serve.context import _serve_request_context
+
+    async def run():
+        contexts = []
+        coordinator = FakeCoordinator(WakeAnswer(outcome="go"))
+        for name in ("ensure_awake", "request_ended"):
+            inner = getattr(coordinator, name).fn
+            setattr(
+                coordinator,
+                name,
+                Remote(lambda *a, inner=inner: contexts.append(_serve_request_context.get()) or inner(*a)),
+            )
+        gate = OnDemandGate(coordinator, {"m"})
+        _serve_request_context.set("the client's request")
+        await gate.run("m", _request(), lambda: _json())
+        await _settle()
+        assert coordinator.ended == ["m"] and contexts == [None, None]
+
+    asyncio.run(run())
+
+
+async def _json():
+    return JSONResponse({"ok": True})
+
+
+def test_a_client_that_leaves_during_the_wake_is_ended_once_the_wake_says_go():
+    async def run():
+        release = asyncio.Event()
+        coordinator = FakeCoordinator(WakeAnswer(outcome="go"))
+
+        async def slow_wake(model, tenant):
+            await release.wait()
+            return WakeAnswer(outcome="go")
+
+        coordinator.ensure_awake = SimpleNamespace(remote=lambda *a: slow_wake(*a))
+        gate = OnDemandGate(coordinator, {"m"})
+        request = asyncio.ensure_future(gate.run("m", _request(), _json))
+        await _settle()
+        request.cancel()  # the client left mid-wake: Serve cancels its request
+        await _settle()
+        assert coordinator.ended == []  # the wake goes on in the coordinator
+        release.set()
+        await _settle()
+        assert request.cancelled() and coordinator.ended == ["m"]  # its "go" was counted, so it is ended
+
+    asyncio.run(run())
