@@ -53,13 +53,17 @@ GPU_ACTIVATION_FACTOR = 1.5
 GPU_DRAFTER_ACTIVATION_SHARE = 0.4
 # The embedder's CUDA context, measured on an H200 (torch 2.11+cu130, driver 580.159), not on a GB10:
 # 651 MB at creation, 720 MB outside torch's allocator once the first forward has loaded its kernels,
-# + 35 MB kept allocated (cuBLAS workspaces); bench/bench_gpu_embedder.py, docs/BENCHMARKS.md section 6.
-EMBEDDER_CUDA_CONTEXT = 755 * MB
+# + 35 MB kept allocated (cuBLAS workspaces); bench/bench_gpu_embedder.py, docs/BENCHMARKS.md section 6. On an
+# H100 80GB HBM3 (same stack, 2026-12-06) the fp16 MiniLM replica held 809.5-811.6 MB at rest, 764-766 MB beyond
+# its weights: planned at the larger card's figure, rounded up, so the budget stays a ceiling on both.
+EMBEDDER_CUDA_CONTEXT = 770 * MB
 # Its activations on a GPU (same H200 run): bytes per token per hidden unit, fp32 weights, SDPA attention,
 # as torch's caching allocator keeps them reserved after a batch (450.3 MB at 64 x 256 x 384; linear in
 # tokens, not quadratic in length as on CPU's eager formula). torch's allocator keeps them reserved after a
 # batch unless emptied: the replica empties it after each call (rag/retrieval/embedding.py), so they are growth.
-EMBEDDER_GPU_ACT_PER_TOKEN_DIM = 72  # fp32 weights; a checkpoint in fp16/bf16 halves it (planner/embedder.py)
+# The H100's peak while ingesting 512-chunk calls (fp16, 64 x 256) was 233 MB over its rest, 74.2 a token and
+# unit (bench/results/gpu/h100-bench-compiled-2026-12-06.json): 76 keeps the peak under the budget.
+EMBEDDER_GPU_ACT_PER_TOKEN_DIM = 76  # fp32 weights; a checkpoint in fp16/bf16 halves it (planner/embedder.py)
 # A model whose attention materialises its scores (all-mpnet-base-v2: a relative position bias, no SDPA), on
 # an H100 2026-12-05 (torch 2.11+cu130), reserved after a batch of 64: 914 MiB at 256 tokens and 1,802 MiB at
 # 384 in fp32, 456 and 900 MiB in fp16. Fitted as 28.2 bytes per token per hidden unit plus 12.0 per score
