@@ -712,7 +712,10 @@ def _node_plan(
         gpu=spec.gpu,
         unified=spec.gpu and spec.unified,
         discrete=discrete,
-        host_bytes=sum(r.host_bytes * r.num_replicas for r in replicas) + sum(ray.breakdown.values())
+        # issue 48: sleeping engines' level-1 weights wait in host memory, beside the device's pool
+        host_bytes=sum(r.host_bytes * r.num_replicas for r in replicas)
+        + sum(ray.breakdown.values())
+        + (demand.section.asleep_host_bytes_most if demand.section else 0)
         if discrete
         else 0,
         planned_bytes=needed - ray_bytes - sum(page_cache.values()),

@@ -180,6 +180,10 @@ def test_the_h100_swap_profile_fits_one_27b_awake_on_an_h100_and_refuses_both():
     assert chat.vllm.speculative_config is None and chat.vllm.load_format == "dummy"
     for e in od.engines.values():
         assert e.sleep == "level_1" and e.awake_bytes > H100_BYTES / 2  # two never fit awake
+    # both asleep hold their weights in host memory: the preflight's host check counts them
+    assert od.asleep_host_bytes_most > 90 * 2**30
+    lines = sum(r.host_bytes * r.num_replicas for r in plan.replicas) + sum(plan.ray.breakdown.values())
+    assert plan.pool.host_bytes == lines + od.asleep_host_bytes_most
     with pytest.raises(PlanError) as refused:
         build_plan(_max_awake(profile, 2), H100_BYTES)
     assert "At most 1 of these on-demand engines awake at once fit" in str(refused.value)
