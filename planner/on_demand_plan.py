@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 FREED_BY_SLEEP = ("weights.", "kv_pool.", "recurrent_state", "drafter.weights", "drafter.kv", "drafter.recurrent_state")
 # Level 1 keeps the weights in (pinned) host memory for a fast wake.
 KEPT_ON_HOST_AT_LEVEL_1 = ("weights.", "drafter.weights")
+# A CPU engine sleeps by stopping its processes; its Serve replica (the LLMServer driver) stays up, asleep or
+# never woken: measured 547-714 MB with its resource tracker (docs/results/on-demand-cpu-2026-12-06.md).
+KEPT_BY_A_STOPPED_CPU_ENGINE = ("runtime.driver", "runtime.traffic_growth")
 
 
 class OnDemandEngine(BaseModel):
@@ -102,7 +105,8 @@ def planned_engine(
     """One engine's entry from its planned lines (device: the pool's; host: beside a discrete GPU)."""
     spec = chat.on_demand
     if not pool.gpu:
-        sleep, wake, held, held_host = "stop", "cold_start", {}, {}
+        sleep, wake, held_host = "stop", "cold_start", {}
+        held = {k: v for k, v in device.items() if k.startswith(KEPT_BY_A_STOPPED_CPU_ENGINE)}
     else:
         level = 2 if pool.unified else spec.level  # unified: host memory is the pool, level 1 frees nothing
         held = {k: v for k, v in device.items() if not k.startswith(FREED_BY_SLEEP)}

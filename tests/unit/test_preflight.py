@@ -44,7 +44,7 @@ def test_on_demand_engines_beyond_the_awake_set_start_asleep_and_add_no_start_st
     plan = build_plan(load_profile(ROOT / "configs" / "cpu-on-demand.yaml"))
     assert plan.on_demand.worst_awake_set == ["chat"]
     steps = {name: (peak, started) for name, peak, started in start_steps(plan)}
-    asleep = plan.on_demand.engines["chat-smollm2-135m-draft6"].asleep_bytes  # 0 on a CPU: not started
+    asleep = plan.on_demand.engines["chat-smollm2-135m-draft6"].asleep_bytes  # on a CPU: its Serve replica, not started
     assert steps["chat-smollm2-135m-draft6"] == (steps["chat"][1] + asleep,) * 2
     assert steps["gateway"][1] == needed_bytes(plan)  # the pool at rest holds what the plan says
 
