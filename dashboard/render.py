@@ -80,15 +80,18 @@ def render_replicas(status: dict) -> str:
     for r in status["replicas"]:
         planned, measured = r.get("planned_bytes"), r.get("measured_bytes")
         share = f"{measured / planned:.0%}" if planned and measured is not None else "n/a"
+        state = r.get("engine_state", "")  # an on-demand engine's: awake, asleep, waking or sleeping
         rows.append(
             f'<tr data-replica="{_attr(r["name"])}" data-planned-bytes="{_attr(planned)}" '
-            f'data-measured-bytes="{_attr(measured)}"><td>{escape(r["name"])}</td><td>{mib(planned)}</td>'
+            f'data-measured-bytes="{_attr(measured)}" data-engine-state="{_attr(state)}">'
+            f"<td>{escape(r['name'])}</td><td>{escape(state)}</td><td>{mib(planned)}</td>"
             f"<td>{mib(_at_rest(r))}</td><td>{mib(measured)}</td><td>{share}</td>"
             f"<td>{escape(r.get('error', ''))}</td></tr>"
         )
     return (
         '<section id="replicas"><h2>Replicas: planned against measured (PSS)</h2><table><thead><tr>'
-        "<th>replica</th><th>planned</th><th>planned at rest</th><th>measured</th><th>of plan</th><th></th>"
+        "<th>replica</th><th>on demand</th><th>planned</th><th>planned at rest</th><th>measured</th><th>of plan</th>"
+        "<th></th>"
         f"</tr></thead><tbody>{''.join(rows)}</tbody></table></section>"
     )
 

@@ -144,6 +144,7 @@ def _snapshot(tenant_name="t<script>"):
         },
         "replicas": [
             {"name": "chat", "measured_bytes": 2**30, "planned_bytes": 2 * 2**30},
+            {"name": "chat-coder", "measured_bytes": 2**29, "planned_bytes": 2**30, "engine_state": "asleep"},
             {"name": "embedder", "error": "down", "planned_bytes": 2**28},
         ],
     }
@@ -173,9 +174,12 @@ def test_sections_carry_exact_numbers_in_data_attributes_and_escape_names():
     by_key = {next(iter(a)): a for a in parser.found if a}
     pool = next(a for a in parser.found if "data-pool-used-bytes" in a)
     assert pool["data-pool-limit-bytes"] == str(24 * 2**30) and pool["data-guard-state"] == "ok"
-    assert pool["data-planned-bytes"] == str(2 * 2**30 + 2**28)
+    assert pool["data-planned-bytes"] == str(2 * 2**30 + 2**30 + 2**28)
     chat = next(a for a in parser.found if a.get("data-replica") == "chat")
     assert chat["data-measured-bytes"] == str(2**30) and chat["data-planned-bytes"] == str(2 * 2**30)
+    assert chat["data-engine-state"] == ""  # always on
+    coder = next(a for a in parser.found if a.get("data-replica") == "chat-coder")
+    assert coder["data-engine-state"] == "asleep" and "<td>asleep</td>" in html  # on demand: its state shown
     tenant = next(a for a in parser.found if "data-tenant" in a)
     assert tenant["data-tenant"] == "t<script>" and tenant["data-rejected"] == "1" and tenant["data-tpm"] == ""
     assert next(a for a in parser.found if "data-collection" in a)["data-chunks"] == "9"
