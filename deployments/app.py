@@ -16,7 +16,7 @@ from ray import serve
 
 from vllm_bridge.compat import build_llm_deployment, make_fastapi_ingress, to_model_metadata
 from gateway.http_app import ENDPOINTS, make_app
-from planner.plan import Plan, resolved_plan
+from planner.plan import WAKE_COORDINATOR, Plan, resolved_plan
 from planner.profile import Profile, load_profile
 from deployments.chat import PoolserveLLMServer, llm_config_from_plan
 from deployments.embedder import Embedder
@@ -136,7 +136,9 @@ def build_app(args: dict) -> serve.Application:
     if plan.on_demand is not None:  # issue 48: one wake coordinator for the pool's on-demand engines
         on_demand_models = [e.model_id for e in plan.on_demand.engines.values()]
         on_demand = {
-            "wake": WakeCoordinator.bind(plan.on_demand, {m: llm_deployments[m] for m in on_demand_models}),
+            "wake": WakeCoordinator.options(**_options(plan, WAKE_COORDINATOR)).bind(
+                plan.on_demand, {m: llm_deployments[m] for m in on_demand_models}
+            ),
             "on_demand_models": on_demand_models,
         }
     return gateway.bind(

@@ -15,7 +15,9 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from ray import serve
 
 from planner.on_demand_plan import OnDemandPlan
+from planner.plan import WAKE_COORDINATOR
 from planner.wake_ledger import WakeAnswer, WakeLedger
+from system.process_memory import process_tree_memory
 
 logger = logging.getLogger("poolserve.wake")
 IDLE_CHECK_EVERY_S = 5.0  # idle_sleep_s is minutes; a few seconds late is nothing (also the state check's period)
@@ -23,14 +25,7 @@ ROOM_RECHECK_S = 0.5  # a request waiting for room looks again this often (busy 
 STATE_TIMEOUT_S = 5.0  # an engine's state is an attribute read; a replica that does not answer is starting
 
 
-# Every call is async and cheap but ensure_awake, which waits up to a wake's timeout: Serve's default of 5
-# calls at a time would queue every other engine's request_ended and /v1/models behind five waiting wakes.
-MAX_ONGOING_CALLS = 4096
-
-
-@serve.deployment(
-    name="wake_coordinator", num_replicas=1, max_ongoing_requests=MAX_ONGOING_CALLS, ray_actor_options={"num_cpus": 0}
-)
+@serve.deployment(name=WAKE_COORDINATOR)  # its options: the plan's (planner/plan.py _wake_coordinator)
 class WakeCoordinator:
     def __init__(self, plan: OnDemandPlan, engines: dict):
         """`engines`: each on-demand engine's handle by model id (the replicas of deployments/chat.py)."""
@@ -104,6 +99,10 @@ class WakeCoordinator:
 
     async def metrics_text(self) -> bytes:
         return generate_latest(self._registry)
+
+    def memory(self) -> dict:
+        """Its process's memory (PSS), measured against its planned line like every replica's (/status)."""
+        return process_tree_memory()
 
     async def _wake(self, model: str) -> None:
         self._ledger.state[model] = "waking"

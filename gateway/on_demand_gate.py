@@ -15,6 +15,7 @@ from fastapi import HTTPException, Request
 from starlette.responses import Response, StreamingResponse
 
 from gateway.middleware.tenant_guard import tenant_of
+from planner.plan import WAKE_COORDINATOR
 
 logger = logging.getLogger("poolserve.gateway")
 
@@ -34,6 +35,10 @@ class OnDemandGate:  # the routes' default is OnDemandGate(None, set()): no engi
 
     async def metrics_text(self) -> bytes:
         return await self._coordinator.metrics_text.remote() if self._coordinator is not None else b""
+
+    def measured(self) -> list[tuple[str, Awaitable[dict]]]:
+        """The coordinator's memory reading, named as its plan line (none without on-demand engines)."""
+        return [] if self._coordinator is None else [(WAKE_COORDINATOR, self._coordinator.memory.remote())]
 
     async def run(self, model: str, request: Request, call: Callable[[], Awaitable[Response]]) -> Response:
         """`call()`'s response, with `model` awake for it and counted in flight until it has ended (a stream:

@@ -48,7 +48,7 @@ START_ORDER = ("chat", "embedder", "retriever", "gateway")
 
 class ReplicaPlan(BaseModel):
     name: str
-    kind: Literal["chat", "embedder", "retriever", "gateway"]
+    kind: Literal["chat", "embedder", "retriever", "gateway", "wake_coordinator"]
     node: str = Field("local", description="Pool (node) the replica is placed on.")
     planned_bytes: int
     breakdown: dict[str, int]
@@ -406,7 +406,29 @@ def _side_replicas(
             growth=2 * gw.max_body_bytes + runtime.GATEWAY_TRAFFIC_GROWTH + extraction_growth,
             copies=gw.replicas,
         ),
+        *(
+            [_wake_coordinator(replica(WAKE_COORDINATOR, _WAKE_COORDINATOR_LINES, gw, 1, first_order + 2))]
+            if any(chat.on_demand for _, chat in profile.chat_engines())
+            else []
+        ),
     ]
+
+
+WAKE_COORDINATOR = "wake_coordinator"
+_WAKE_COORDINATOR_LINES = {"runtime (Serve replica, wake ledger)": runtime.WAKE_COORDINATOR_RUNTIME}
+
+
+# Every call is async and cheap but ensure_awake, which waits up to a wake's timeout: Serve's default of 5
+# calls at a time would queue every other engine's request_ended and /v1/models behind five waiting wakes.
+WAKE_COORDINATOR_MAX_ONGOING_CALLS = 4096
+
+
+def _wake_coordinator(replica: ReplicaPlan) -> ReplicaPlan:
+    """Issue 48: the pool's one wake coordinator, on the gateway's node; it reserves no CPU (it only decides
+    and waits on the engines), so it takes none from the engines' share."""
+    options = replica.ray_actor_options.model_copy(update={"num_cpus": 0.0})
+    serve = replica.serve.model_copy(update={"max_ongoing_requests": WAKE_COORDINATOR_MAX_ONGOING_CALLS})
+    return replica.model_copy(update={"kind": WAKE_COORDINATOR, "ray_actor_options": options, "serve": serve})
 
 
 def _ray_plan(profile: Profile, cpus: float, replicas: list[ReplicaPlan], head: bool = True) -> RayPlan:
@@ -547,7 +569,8 @@ def build_plan(
         profile, emb_spec.gpu, dim, order + 1, pool_bytes=emb_total, embedder_ingest_threads=ingest_threads
     )
     for r in side:
-        node = first if r.kind == "gateway" else _home(getattr(profile, r.kind), first)  # the gateway: the head
+        # the gateway and the wake coordinator: the head
+        node = first if r.kind in ("gateway", WAKE_COORDINATOR) else _home(getattr(profile, r.kind), first)
         spec, total, _ = pools[node]
         if spec.gpu and not spec.unified:
             r = _on_device(r, total)

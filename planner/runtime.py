@@ -152,6 +152,10 @@ GATEWAY_TRAFFIC_GROWTH = 32 * MB
 # cache are planned on their own lines).
 RETRIEVER_RUNTIME = 98 * MB
 RETRIEVER_MAPPED_FILES = 20 * MB
+# The wake coordinator of a pool with on-demand engines (deployments/wake_coordinator.py): a Ray Serve worker,
+# the wake ledger and a prometheus registry. PSS 101.3 MB (anon 95.3, file 5.8) on the running
+# configs/cpu-on-demand.yaml stack after 10 swaps, 2026-12-06; with margin for its ledger and the handles'.
+WAKE_COORDINATOR_RUNTIME = 112 * MB
 
 # --- Ray's own processes (one set per node) ---------------------------------------------------
 # Unique memory (PSS) of each, measured 2026-11-30 on the running embedded default.

@@ -120,7 +120,7 @@ def start_steps(plan: Plan) -> list[tuple[str, int, int]]:
     engine's peak holds its checkpoint in the page cache (and compile workers) on top of its budget."""
     peaks = {a.name: a.start_peak_bytes for a in plan.admission}
     # issue 48: an on-demand engine beyond the plan's awake set starts asleep (deployments/chat.py): it holds
-    # its asleep bytes (a CPU: none, its engine is not started) and has no start peak until a request wakes it
+    # its asleep bytes (a CPU: its Serve replica, its engine not started) and no start peak until a request wakes it
     demand = plan.on_demand
     asleep = (
         {}

@@ -65,13 +65,19 @@ class DashboardRoutes:
     async def _measure_replicas(self) -> list[dict]:
         """Every replica's measured memory beside its plan; each measurement is also a history point."""
         calls = [self._default_serve_handles[model].memory.remote() for model in self._engines]
+        coordinator = self._on_demand.measured()  # issue 48: the wake coordinator is a planned replica too
         measured = await asyncio.wait_for(
             asyncio.gather(
-                *calls, self._embedder.memory.remote(), self._retriever.memory.remote(), return_exceptions=True
+                *calls,
+                self._embedder.memory.remote(),
+                self._retriever.memory.remote(),
+                *(call for _, call in coordinator),
+                return_exceptions=True,
             ),
             self._settings.dashboard_measure_timeout_s,
         )
         names = [engine.replica for engine in self._engines.values()] + ["embedder", "retriever"]
+        names += [name for name, _ in coordinator]
         replicas = [{"name": n, **(m if isinstance(m, dict) else {"error": str(m)})} for n, m in zip(names, measured)]
         # smaps reads take tens of ms per process: in a thread, not on the gateway's event loop
         replicas.append({"name": "gateway", **await asyncio.to_thread(process_tree_memory)})

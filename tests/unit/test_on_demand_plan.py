@@ -206,3 +206,20 @@ def test_on_demand_engines_gpu_shares_fit_one_gpu_together(path):
     two = build_plan(load_profile(ROOT / "configs" / "gh200-two-engines.yaml"), 139 * GiB)
     chat = two.replica("chat")
     assert chat.ray_actor_options.num_gpus == pytest.approx(chat.planned_bytes / two.pool.total_bytes, abs=1e-4)
+
+
+def test_the_wake_coordinator_is_a_planned_replica_only_where_engines_are_on_demand():
+    """Issue 48: the coordinator is a process of the stack: it has its line, its budget and its Serve options
+    in the plan (measured by /status like every replica), reserves no CPU, and takes 4096 calls at a time."""
+    from planner.plan import WAKE_COORDINATOR
+
+    plan = build_plan(load_profile(ROOT / "configs" / "cpu-on-demand.yaml"))
+    coordinator = plan.replica(WAKE_COORDINATOR)
+    assert coordinator.kind == WAKE_COORDINATOR and coordinator.planned_bytes == sum(coordinator.breakdown.values())
+    assert 100e6 < coordinator.planned_bytes < 150e6  # measured PSS 101.3 MB
+    options = coordinator.serve_options()
+    assert options["max_ongoing_requests"] == 4096 and options["ray_actor_options"]["num_cpus"] == 0
+    assert coordinator.node == plan.replica("gateway").node
+    assert WAKE_COORDINATOR not in {
+        r.name for r in build_plan(load_profile(ROOT / "configs" / "cpu-tiny.yaml")).replicas
+    }

@@ -128,7 +128,8 @@ def test_two_gateway_processes_share_one_tpm_and_refuse_the_too_large_alike(tmp_
     for worker in workers:
         worker.start()
     start.set()
-    answers = [results.get(timeout=60) for _ in workers]
+    # each spawned child imports this module (the gateway, Ray Serve): over a minute on a loaded 2-core host
+    answers = [results.get(timeout=180) for _ in workers]
     for worker in workers:
         worker.join(timeout=60)
         assert worker.exitcode == 0
