@@ -237,7 +237,7 @@ def show_file(console: Console, path: Path) -> None:
     """A result of the one format with its table; the RAG studies' own reports by their file alone."""
     try:
         result = read_result(path)
-    except (KeyError, TypeError):
+    except ValueError:  # another format (BenchResult.from_dict)
         console.print(f"{path}: a report in its script's own format", markup=False, highlight=False)
         return
     show(console, result)

@@ -52,3 +52,10 @@ def test_all_writes_each_result_where_run_reads_it():
     assert scripts["rag-quality"].argv(out)[-2:] == ["--out", "/results/rag-quality.json"]
     assert scripts["store"].argv(out) == ["--out-dir", "/results"]
     assert scripts["limits"].argv(out) == ["--rounds", "2000", "--out-dir", "/results"]
+
+
+def test_all_shows_a_report_of_another_format_by_its_file(capsys):
+    from rich.console import Console
+
+    run.show_file(Console(width=200), ROOT / "bench" / "results" / "rag-quality.json")
+    assert "its script's own format" in capsys.readouterr().out
