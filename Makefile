@@ -103,7 +103,8 @@ BENCH := PYTHONPATH=$(CURDIR) $(PY) bench/run.py
 
 .PHONY: bench-smoke bench-report llama-cpp
 
-# Everything, with the documented settings (long: section 1.4's speculative run alone takes ~15 minutes; docs/BENCHMARKS.md).
+# Every CPU benchmark, with the documented settings (long: section 1.4's speculative run alone takes ~15 minutes;
+# docs/BENCHMARKS.md). `bench/run.py parts` prints the commands of the parts run by hand (GPU, soaks, tools).
 bench: setup
 	$(BENCH) all --profile $(PROFILE)
 

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, wh
 import yaml  # noqa: E402
 
 from bench.harness.engine import DEFAULT_PROFILE  # noqa: E402
-from bench.harness.results import new_result, write_result  # noqa: E402
+from bench.harness.results import RESULTS_DIR, new_result, write_result  # noqa: E402
 from bench.harness.timing import percentile  # noqa: E402
 from bench.rag_latency import LOCK, _take_lock  # noqa: E402
 from rag.retrieval.answer_trim import last_sentence_end  # noqa: E402
@@ -260,6 +260,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--stream", action="store_true", help="a streamed pass at the first budget too")
     parser.add_argument("--name", default="rag-answer-length")
+    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR, help="where the result goes")
     parser.add_argument("--start-timeout", type=float, default=400, help="seconds the stack may take to be healthy")
     args = parser.parse_args(argv)
     out = run(args)
@@ -274,7 +275,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     metrics = {k: v for k, v in out.items() if k not in ("rows", "stream_rows")}
     result = new_result(args.name, config, metrics, out["rows"] + [{"stream": r} for r in out.get("stream_rows", [])])
-    path = write_result(result)
+    path = write_result(result, args.out_dir)
     print(json.dumps(metrics, indent=1))
     print(f"wrote {path}")
 

@@ -57,6 +57,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.harness.ranking import rank_of  # noqa: E402
 from bench.rag_baselines import chunk_index, compare_title_boosts, evaluate_pages, page_index  # noqa: E402
 from rag.documents.chunking import word_windows  # noqa: E402
 from rag.retrieval.embedding import SentenceTransformerEmbedder  # noqa: E402
@@ -166,13 +167,6 @@ def chunker_for(name: str, embedder: SentenceTransformerEmbedder):
     if kind == "words":
         return lambda text: word_windows(text, size, overlap)
     return embedder.make_chunker(size, overlap).split
-
-
-def rank_of(hits, answers: set[str]) -> int | None:
-    for position, hit in enumerate(hits, start=1):
-        if hit.document_id in answers:
-            return position
-    return None
 
 
 def metrics(ranks: list[int | None]) -> dict:

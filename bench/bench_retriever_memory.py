@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, when run as a script
 
-from bench.harness.results import new_result, write_result  # noqa: E402
+from bench.harness.results import RESULTS_DIR, new_result, write_result  # noqa: E402
 
 NAME = "retriever_memory"
 DIM = 384
@@ -122,6 +122,7 @@ def main() -> None:
         default=None,
         help="SQLite's page cache (retriever.sqlite_cache_bytes); default SQLite's own 2 MiB",
     )
+    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR, help="where the result goes")
     args = parser.parse_args()
     rows = []
     for kind in args.kinds:
@@ -141,7 +142,8 @@ def main() -> None:
             },
             {f"bytes_per_chunk_{k}": v for k, v in slopes.items()},
             rows,
-        )
+        ),
+        args.out_dir,
     )
     print(f"[bench] wrote {path}")
 

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, wh
 
 from bench.harness.engine import ROOT, engine_setup, raw_vllm_command  # noqa: E402
 from bench.harness.procs import ProcessGroup, child_env, free_port, wait_healthy  # noqa: E402
-from bench.harness.results import new_result, write_result  # noqa: E402
+from bench.harness.results import RESULTS_DIR, new_result, write_result  # noqa: E402
 from bench.harness.serving import ServingLoad, run_serving_load  # noqa: E402
 
 NAME = "split-engine"
@@ -135,6 +135,7 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,8")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--name", default=NAME, help="result file name (a run of some variants only)")
+    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR, help="where the result goes")
     args = parser.parse_args()
     loads = [ServingLoad(num_prompts=args.prompts, concurrency=int(c)) for c in args.concurrency.split(",")]
     raw = {}
@@ -151,7 +152,7 @@ def main() -> None:
         command=sys.argv,
     )
     print(json.dumps(metrics, indent=1))
-    print(write_result(result))
+    print(write_result(result, args.out_dir))
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
 """Store costs in-process (no stack): a document listing, a metadata filter, an HNSW replace.
 
     PYTHONPATH=$PWD python -m bench.bench_store [--docs 10000] [--filter-chunks 20000] [--hnsw-chunks 100000]
+        [--out-dir bench/results]
 
 Uses only calls the store had before the paged listing too (upsert_documents, search, collection_info),
 plus list_documents when it exists, so the same script measures an older checkout (PYTHONPATH=that checkout).
-Prints one JSON object per measurement.
+Prints one JSON object per measurement; with --out-dir (as `bench/run.py all` runs it) it also writes them as
+the result `store` (bench/harness/results.py, imported only then, so an older checkout needs none of it).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 from rag.store.knowledge_store import KnowledgeStore
 
 DIM = 384  # all-MiniLM-L6-v2
+NAME = "store"
 
 
 def _vectors(rng, n: int) -> np.ndarray:
@@ -136,16 +139,26 @@ def main() -> None:
     parser.add_argument("--filter-chunks", type=int, default=20_000)
     parser.add_argument("--hnsw-chunks", type=int, default=100_000)
     parser.add_argument("--only", choices=["listing", "filter", "hnsw"])
+    parser.add_argument("--out-dir", type=Path, default=None, help="also write the result `store` here")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
+    measured = {}
     with tempfile.TemporaryDirectory(prefix="bench-store-") as tmp:
         workdir = Path(tmp)
-        if args.only in (None, "listing"):
-            print(json.dumps(listing(workdir, args.docs, rng)), flush=True)
-        if args.only in (None, "filter"):
-            print(json.dumps(filtering(workdir, args.filter_chunks, rng)), flush=True)
-        if args.only in (None, "hnsw"):
-            print(json.dumps(hnsw_replace(workdir, args.hnsw_chunks, rng)), flush=True)
+        for part, measure in (
+            ("listing", lambda: listing(workdir, args.docs, rng)),
+            ("filter", lambda: filtering(workdir, args.filter_chunks, rng)),
+            ("hnsw", lambda: hnsw_replace(workdir, args.hnsw_chunks, rng)),
+        ):
+            if args.only in (None, part):
+                measured[part] = measure()
+                print(json.dumps(measured[part]), flush=True)
+    if args.out_dir is not None:
+        from bench.harness.results import new_result, write_result
+
+        config = {"docs": args.docs, "filter_chunks": args.filter_chunks, "hnsw_chunks": args.hnsw_chunks, "dim": DIM}
+        rows = [{"part": part, **values} for part, values in measured.items()]
+        print(write_result(new_result(NAME, config, {}, rows), args.out_dir))
 
 
 if __name__ == "__main__":

@@ -37,6 +37,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.harness.mappings import read_smaps  # noqa: E402
+
 MIB = 2**20
 CORPORA = ("sqlite-doc", "apache-doc", "git-doc", "rsyslog-doc", "stdlib-pydoc", "texlive-pdf")
 
@@ -72,25 +74,19 @@ def mallinfo() -> dict:
 
 
 def smaps_by_kind() -> dict:
-    """Resident anonymous and file-backed KiB per kind of mapping, from /proc/self/smaps."""
+    """Resident anonymous and file-backed MiB per kind of mapping, from /proc/self/smaps."""
     kinds = {"heap": 0, "anon_other": 0, "file": 0, "stack": 0}
-    name = ""
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            first = line.split(None, 1)[0]
-            if "-" in first and not first.endswith(":"):
-                parts = line.split()
-                name = parts[5] if len(parts) > 5 else ""
-            elif first == "Rss:":
-                kib = int(line.split()[1])
-                if name == "[heap]":
-                    kinds["heap"] += kib
-                elif name.startswith("[stack"):
-                    kinds["stack"] += kib
-                elif name.startswith("/"):
-                    kinds["file"] += kib
-                else:
-                    kinds["anon_other"] += kib
+    for mapping in read_smaps("self"):
+        name = mapping["name"]
+        if name == "[heap]":
+            kind = "heap"
+        elif name.startswith("[stack"):
+            kind = "stack"
+        elif name.startswith("/"):
+            kind = "file"
+        else:
+            kind = "anon_other"
+        kinds[kind] += mapping.get("rss", 0)
     return {f"{k}_mib": v / 1024 for k, v in kinds.items()}
 
 

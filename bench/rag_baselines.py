@@ -16,6 +16,7 @@ import sqlite3
 import statistics
 import time
 
+from bench.harness.ranking import rank_of
 from rag.retrieval.lexical_query import fts5_match
 from rag.retrieval.prompt import RetrievedChunk
 from rag.store.lexical import DEFAULT_TOKENIZER
@@ -72,13 +73,6 @@ def chunk_index(corpus, chunker) -> FieldIndex:
             for i, chunk in enumerate(chunker(doc.text))
         ]
     return FieldIndex(rows)
-
-
-def rank_of(hits, answers: set[str]) -> int | None:
-    for position, hit in enumerate(hits, start=1):
-        if hit.document_id in answers:
-            return position
-    return None
 
 
 def evaluate_pages(pages: FieldIndex, questions: list[dict], depth: int, metrics) -> dict:

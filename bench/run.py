@@ -1,11 +1,14 @@
 """Run the benchmarks: `smoke` (a few minutes, proves the harness end to end) or `all` (every one; long).
 
-`all` runs every benchmark with its documented settings. Results go to bench/results/ (smoke:
+`all` runs every CPU benchmark with its documented settings. Results go to bench/results/ (smoke:
 bench/results/smoke/) in the one JSON format of bench/harness/results.py; bench/report.py turns them
-into the docs' tables and plots.
+into the docs' tables and plots. `parts` lists every part of the harness: the benchmarks of `all`, and those
+run by hand with the command it prints: on a GPU host (scripts/gpu_session.sh runs most), against a
+stack already running (soaks), the memory studies, and the tools that make the corpora or re-read results.
 
     .venv/bin/python bench/run.py smoke        # make bench-smoke
     .venv/bin/python bench/run.py all          # make bench
+    .venv/bin/python bench/run.py parts        # every part, and the command of each
 
 Each run starts and stops its own servers (a private poolserve stack, raw vLLM), one at a time, and
 checks that none of its processes is left when it ends.
@@ -50,11 +53,106 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split
 
 @dataclass(frozen=True)
 class Script:
-    """One benchmark of `all`: its script, arguments and the result file it writes."""
+    """One benchmark of `all`: its script, arguments and the result file it writes. `output` is the flag that
+    tells the script where: `--out-dir` takes the results folder (the script names its file `result`.json),
+    `--out` and `--json` the file itself."""
 
     result: str
     script: str
     args: tuple[str, ...] = ()
+    output: str = "--out-dir"
+
+    def argv(self, out_dir: Path) -> list[str]:
+        where = out_dir if self.output == "--out-dir" else out_dir / f"{self.result}.json"
+        return [*self.args, self.output, str(where)]
+
+
+@dataclass(frozen=True)
+class Part:
+    """A part of the harness that `all` does not run: where it runs, and the command (from the repository root)."""
+
+    group: str
+    script: str
+    command: str
+    what: str
+
+
+# Run by hand: each needs what `all` cannot give it (a GPU, a stack already running, hours alone on a quiet
+# machine), or it makes inputs or re-reads results rather than measuring. Documented where `what` says.
+PARTS = (
+    Part(
+        "gpu",
+        "bench_gpu_plan.py",
+        "python3 bench/bench_gpu_plan.py --profile configs/gh200-two-engines.yaml --out DIR --squeeze --ingest",
+        "the stack from a GPU profile against its plan, per replica (docs/GPU.md; scripts/gpu_session.sh plan)",
+    ),
+    Part(
+        "gpu",
+        "gpu_decode_modes.py",
+        "python3 bench/gpu_decode_modes.py --profile configs/gh200-bench.yaml --out DIR",
+        "raw vLLM's single-stream decode per compilation mode against the HBM roofline (docs/GPU.md; gpu_session.sh decode)",
+    ),
+    Part(
+        "gpu",
+        "bench_on_demand.py",
+        "python3 bench/bench_on_demand.py --profile configs/h100-on-demand.yaml --out DIR --swaps 20",
+        "model swaps through the stack (docs/GPU.md, docs/results/on-demand-cpu-2026-12-06.md; gpu_session.sh ondemand)",
+    ),
+    Part(
+        "gpu",
+        "bench_gpu_embedder.py",
+        "python bench/bench_gpu_embedder.py --model models/all-MiniLM-L6-v2 --out results.json",
+        "the embedder on a GPU: context, weights, activations, throughput (docs/BENCHMARKS.md section 6)",
+    ),
+    Part(
+        "stack",
+        "bench_worker_spin.py",
+        ".venv/bin/python bench/bench_worker_spin.py --stack STACK_DIR --label LABEL --out bench/results/worker-spin.json",
+        "what the vLLM Worker's busy-wait costs and buys, on a running stack (docs/SECURITY.md; tests/integration)",
+    ),
+    Part(
+        "stack",
+        "soak_memory.py",
+        ".venv/bin/python bench/soak_memory.py --state-dir STATE_DIR --seconds 3900 --out bench/results/soak.jsonl",
+        "every process of a running stack from /proc, for a soak (docs/STRESS.md)",
+    ),
+    Part(
+        "stack",
+        "soak_documents.py",
+        ".venv/bin/python bench/soak_documents.py --base-url URL --seconds 3600 --out bench/results/soak-documents.jsonl",
+        "real documents into a running stack for a soak, with /status per replica (docs/STRESS.md)",
+    ),
+    Part(
+        "memory",
+        "heap_by_mapping.py",
+        ".venv/bin/python bench/heap_by_mapping.py PID [--save snap.json]; --diff before.json after.json",
+        "a process's resident memory by kind of mapping (docs/STRESS.md)",
+    ),
+    Part(
+        "memory",
+        "probe_embedder_memory.py",
+        ".venv/bin/python bench/probe_embedder_memory.py --docs 300 --out bench/results/embedder-heap-probe.json",
+        "the embedder's heap after real documents, per variant; alone on a quiet machine (docs/STRESS.md)",
+    ),
+    Part(
+        "tools",
+        "make_rag_corpus.py",
+        ".venv/bin/python bench/make_rag_corpus.py",
+        "makes bench/data/stdlib-pydoc.jsonl.gz, the corpus of the RAG benchmarks",
+    ),
+    Part(
+        "tools",
+        "make_outside_corpora.py",
+        ".venv/bin/python bench/make_outside_corpora.py [--debs DIR] [--only apache]",
+        "makes the outside corpora bench/data/*.jsonl.gz from Debian packages' manuals (apt-get download)",
+    ),
+    Part(
+        "tools",
+        "rag_fusion_grid.py",
+        ".venv/bin/python bench/rag_fusion_grid.py tuning=NAME:CANDIDATES.jsonl.gz,... --out FILE",
+        "fusion settings on the candidates of bench_rag_quality.py --candidates-out, without another ingest",
+    ),
+)
 
 
 def full_run(profile: Path) -> list[Script]:
@@ -70,10 +168,42 @@ def full_run(profile: Path) -> list[Script]:
         Script("cold-start", "bench_cold_start.py"),
         Script("speculative-stack", "bench_spec_stack.py", ("--profile", str(profile))),
         Script("engine-fidelity", "bench_engine_fidelity.py", ("--profile", str(profile))),
-        Script("speculative-eager", "bench_speculative.py", ("--profile", str(profile), "--eager")),
-        Script("speculative", "bench_speculative.py", ("--profile", str(profile), "--preloads", preloads)),
+        Script("speculative-eager", "bench_speculative.py", ("--profile", str(profile), "--eager"), output="--json"),
+        Script(
+            "speculative",
+            "bench_speculative.py",
+            ("--profile", str(profile), "--preloads", preloads),
+            output="--json",
+        ),
         Script("draft-agreement", "draft_agreement.py", ("--profile", str(profile))),
+        Script("cpu-dtype", "bench_cpu_dtype.py", ("--profile", str(profile))),
+        Script(
+            "chat-threads",
+            "bench_chat_threads.py",
+            ("--profile", str(profile), "--threads", "1,2,2s", "--conditions", "idle,busy"),
+        ),
+        Script("embed-batch", "bench_embed_batch.py", ("--profile", str(profile))),
+        Script("split-engine", "bench_split_engine.py", ("--variants", "whole,split-own-cores")),
+        Script("retriever_memory", "bench_retriever_memory.py", ("--steps", "500", "5000", "10000", "20000")),
+        Script("store", "bench_store.py"),
+        Script("rag-quality", "bench_rag_quality.py", output="--out"),
+        Script(
+            "rag-quality-rsyslog-doc",
+            "bench_rag_quality.py",
+            rag_corpus("rsyslog-doc") + ("--chunkings", "tokens-200-30"),
+            output="--out",
+        ),
+        Script("rag-rewrite-sqlite-doc", "bench_rag_rewrite.py", rag_corpus("sqlite-doc"), output="--out"),
+        Script(
+            "rag-answer-length",
+            "bench_rag_answers.py",
+            ("--profile", str(profile), "--max-tokens", "default,256", "--stream", "--start-timeout", "900"),
+        ),
     ]
+
+
+def rag_corpus(name: str) -> tuple[str, ...]:
+    return ("--corpus", f"bench/data/{name}.jsonl.gz", "--questions", f"bench/data/{name}-questions.json")
 
 
 def leftover_children() -> list[psutil.Process]:
@@ -101,6 +231,16 @@ def summary_table(title: str, timings: list[tuple[str, float, Path]]) -> Table:
 def show(console: Console, result: BenchResult) -> None:
     console.rule(result.name)
     console.print(table_for(result.name, result) or "(no table for this result)", markup=False, highlight=False)
+
+
+def show_file(console: Console, path: Path) -> None:
+    """A result of the one format with its table; the RAG studies' own reports by their file alone."""
+    try:
+        result = read_result(path)
+    except ValueError:  # another format (BenchResult.from_dict)
+        console.print(f"{path}: a report in its script's own format", markup=False, highlight=False)
+        return
+    show(console, result)
 
 
 def finish(console: Console, title: str, timings: list[tuple[str, float, Path]], total_s: float) -> None:
@@ -168,14 +308,10 @@ def run_all(
                 continue
             console.rule(f"{script.result}: bench/{script.script} {' '.join(script.args)}")
             out = out_dir / f"{script.result}.json"
-            args = (
-                [*script.args, "--json", str(out)]
-                if script.script == "bench_speculative.py"
-                else [*script.args, "--out-dir", str(out_dir)]
-            )
             log = log_dir / f"{script.result}.log"
+            argv = [sys.executable, str(BENCH_DIR / script.script), *script.argv(out_dir)]
             with Stopwatch() as watch:
-                group = ProcessGroup.start([sys.executable, str(BENCH_DIR / script.script), *args], child_env(), log)
+                group = ProcessGroup.start(argv, child_env(), log)
                 try:
                     code = group.process.wait(timeout=STEP_TIMEOUT_S)
                 finally:
@@ -184,9 +320,29 @@ def run_all(
                 console.print(f"[red]{script.result} failed (exit {code}); log {log}:")
                 console.print(group.log_tail(), markup=False, highlight=False)
                 raise typer.Exit(1)
-            show(console, read_result(out))
+            show_file(console, out)
             timings.append((script.result, watch.seconds, out))
     finish(console, "bench all", timings, total.seconds)
+
+
+@app.command()
+def parts(
+    profile: Path = typer.Option(DEFAULT_PROFILE, help="Profile the commands of `all` are shown with."),
+) -> None:
+    """Every part of the harness: the benchmarks `all` runs, and the command of each one run by hand."""
+    console = Console()
+    table = Table(title="bench/run.py all")
+    table.add_column("result")
+    table.add_column("command")
+    for script in full_run(profile):
+        table.add_row(script.result, f"bench/{script.script} {' '.join(script.args)}")
+    console.print(table)
+    table = Table(title="run by hand (bench/run.py runs none of these)")
+    for column in ("group", "script", "command", "what"):
+        table.add_column(column, overflow="fold")
+    for part in PARTS:
+        table.add_row(part.group, part.script, part.command, part.what)
+    console.print(table)
 
 
 if __name__ == "__main__":
