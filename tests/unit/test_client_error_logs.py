@@ -17,7 +17,7 @@ from gateway.http_errors import install_error_handlers
 from rag.store.capacity import CapacityExceeded
 from rag.store.knowledge_store import CollectionNotFound, DocumentNotFound, KnowledgeStore
 from rag.store.refusals import Refused, raise_refused, refusing
-from tests.unit.rag_fakes import DIM
+from tests.fakes.rag import DIM
 from tests.unit.test_knowledge_routes import Gateway
 
 pytestmark = pytest.mark.timeout(60)

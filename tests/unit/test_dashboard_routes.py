@@ -13,9 +13,8 @@ from dashboard.history import MemoryHistory
 from gateway.http_app import make_app
 from gateway.routes.dashboard_api import DASHBOARD_ENDPOINTS, DashboardRoutes
 from rag.store.knowledge_store import KnowledgeStore
-from tests.unit.fakes import unplanned_edge
-from tests.unit.gateway_settings import gateway_settings
 from tests.unit.test_knowledge_routes import Handle
+from tests.fakes.settings import gateway_settings, unplanned_edge
 
 ADMIN = "unit-admin-key-0123456789"
 MIB = 2**20

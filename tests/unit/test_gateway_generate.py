@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 
 from deployments.gateway import Gateway
 from gateway.routes import openai_api as gateway_module
-from tests.unit.gateway_settings import gateway_settings
+from tests.fakes.settings import gateway_settings
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ from gateway.schemas import AddDocumentsRequest, RagOptions, RagQueryRequest
 from planner.profile import RagSpec
 from rag.retrieval.search import retrieve
 from rag.store.knowledge_store import KnowledgeStore
-from tests.unit.gateway_settings import gateway_settings
-from tests.unit.rag_fakes import DIM, bag_of_words, paragraph_chunks
+from tests.fakes.settings import gateway_settings
+from tests.fakes.rag import DIM, bag_of_words, paragraph_chunks
 
 
 class Handle:

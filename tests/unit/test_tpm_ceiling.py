@@ -26,9 +26,8 @@ from rag.store.knowledge_store import KnowledgeStore
 from tenancy import DEMO_KEY_ENV
 from tenancy.limits import TenantLimiter, estimate_text_tokens
 from tenancy.models import Tenant
-from tests.unit.fakes import unplanned_edge
-from tests.unit.gateway_settings import gateway_settings
-from tests.unit.rag_fakes import DIM, FakeEmbedder, RecordingIndex, bag_of_words, paragraph_chunks
+from tests.fakes.rag import DIM, FakeEmbedder, RecordingIndex, bag_of_words, paragraph_chunks
+from tests.fakes.settings import gateway_settings, unplanned_edge
 
 pytestmark = pytest.mark.timeout(120)
 FROZEN = 6_000_000.0 + 1  # one second into a minute: the test's requests all share it
