@@ -265,9 +265,12 @@ class FakeLLMServerHandle:
         return RemoteMethod(method)
 
 
+def ingress_args(engine: LLMEngine, model_id: str = "chat-model") -> tuple[dict, dict]:
+    """OpenAiIngress's (llm_deployments, model_cards) for one model served by `engine`."""
+    card = ModelCard(id=model_id, object="model", owned_by="fake", permission=[], metadata={})
+    return {model_id: FakeLLMServerHandle(engine)}, {model_id: card}
+
+
 def engine_ingress(engine: LLMEngine, model_id: str = "chat-model") -> OpenAiIngress:
     """ray.serve.llm's OpenAiIngress over `engine`, as Serve would build it for one model, without Ray."""
-    return OpenAiIngress(
-        {model_id: FakeLLMServerHandle(engine)},
-        {model_id: ModelCard(id=model_id, object="model", owned_by="fake", permission=[], metadata={})},
-    )
+    return OpenAiIngress(*ingress_args(engine, model_id))
