@@ -4,7 +4,6 @@ the gateway; a real fault in the retriever still raises and is logged in full.""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 
@@ -17,7 +16,8 @@ from gateway.http_errors import install_error_handlers
 from rag.store.capacity import CapacityExceeded
 from rag.store.knowledge_store import CollectionNotFound, DocumentNotFound, KnowledgeStore
 from rag.store.refusals import Refused, raise_refused, refusing
-from tests.unit.rag_fakes import DIM
+from tests.fakes.handles import FakeHandle
+from tests.fakes.rag import DIM
 from tests.unit.test_knowledge_routes import Gateway
 
 pytestmark = pytest.mark.timeout(60)
@@ -98,7 +98,7 @@ def test_a_404_through_the_gateway_logs_one_line_and_no_traceback(tmp_path, capl
     gateway = Gateway(store)
     replica = Retriever.func_or_class.__new__(Retriever.func_or_class)
     replica.store = store
-    gateway._retriever = _Handle(replica)  # through the descriptor: refusals raised where the call returns
+    gateway._retriever = FakeHandle(replica)  # through the descriptor: refusals raised where the call returns
     app = FastAPI()
     install_error_handlers(app, 10)
     app.get("/v1/collections/{collection}")(gateway.get_collection)
@@ -139,24 +139,3 @@ def test_a_missing_document_in_an_existing_collection_is_a_404_too(tmp_path, cap
     assert isinstance(answer, Refused) and isinstance(answer.error, DocumentNotFound)
     assert "document 'nope' not found" in _one_line_no_traceback(caplog.records).getMessage()
     store.close()
-
-
-class _Handle:
-    """A Ray handle stand-in over a replica object: handle.method.remote(...) answers the method's result."""
-
-    def __init__(self, target):
-        self._target = target
-
-    def __getattr__(self, name):
-        method = getattr(self._target, name)
-
-        class _Call:
-            @staticmethod
-            def remote(*args, **kwargs):
-                async def answer():
-                    await asyncio.sleep(0)
-                    return method(*args, **kwargs)
-
-                return answer()
-
-        return _Call

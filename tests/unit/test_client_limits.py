@@ -3,14 +3,7 @@
 from __future__ import annotations
 
 from tenancy.client_limits import WINDOW_SECONDS, ClientLimiter
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fakes.clock import FakeClock
 
 
 def _limiter(clock, **overrides) -> ClientLimiter:
@@ -19,7 +12,7 @@ def _limiter(clock, **overrides) -> ClientLimiter:
 
 
 def test_requests_in_flight_are_capped_and_given_back():
-    limiter = _limiter(Clock(), per_minute=100)
+    limiter = _limiter(FakeClock(), per_minute=100)
     assert limiter.enter("a") is None and limiter.enter("a") is None
     refused = limiter.enter("a")
     assert refused is not None and "gateway.client_max_concurrent" in refused.message
@@ -29,7 +22,7 @@ def test_requests_in_flight_are_capped_and_given_back():
 
 
 def test_the_rate_is_a_moving_minute_with_a_retry_after_to_its_oldest_hit():
-    clock = Clock()
+    clock = FakeClock()
     limiter = _limiter(clock, max_concurrent=100)
     for step in range(3):
         clock.now += 10 * step
@@ -43,12 +36,12 @@ def test_the_rate_is_a_moving_minute_with_a_retry_after_to_its_oldest_hit():
 
 
 def test_wrong_keys_count_in_the_minute_and_turn_into_429():
-    limiter = _limiter(Clock())
+    limiter = _limiter(FakeClock())
     assert [limiter.note_rejected_key("a") is None for _ in range(4)] == [True, True, True, False]
 
 
 def test_the_login_form_locks_after_its_failures_and_opens_when_they_age_out():
-    clock = Clock()
+    clock = FakeClock()
     limiter = _limiter(clock)
     assert limiter.login_refusal("a") is None
     limiter.note_failed_login("a")
@@ -62,7 +55,7 @@ def test_the_login_form_locks_after_its_failures_and_opens_when_they_age_out():
 
 
 def test_the_table_is_bounded_but_never_forgets_a_client_with_requests_in_flight():
-    limiter = _limiter(Clock(), max_concurrent=1, tracked_clients=16)
+    limiter = _limiter(FakeClock(), max_concurrent=1, tracked_clients=16)
     assert limiter.enter("busy") is None
     for i in range(100):
         limiter.note_rejected_key(f"10.0.0.{i}")

@@ -13,9 +13,8 @@ from dashboard.history import MemoryHistory
 from gateway.http_app import make_app
 from gateway.routes.dashboard_api import DASHBOARD_ENDPOINTS, DashboardRoutes
 from rag.store.knowledge_store import KnowledgeStore
-from tests.unit.fakes import unplanned_edge
-from tests.unit.gateway_settings import gateway_settings
-from tests.unit.test_knowledge_routes import Handle
+from tests.fakes.handles import FakeHandle
+from tests.fakes.settings import gateway_settings, unplanned_edge
 
 ADMIN = "unit-admin-key-0123456789"
 MIB = 2**20
@@ -44,9 +43,9 @@ class RetrieverReplica(Replica):
 class Gateway(DashboardRoutes):
     def __init__(self, store):
         self._engines = {"chat-model": SimpleNamespace(replica="chat")}
-        self._default_serve_handles = {"chat-model": Handle(Replica(900 * MIB))}
-        self._embedder = Handle(Replica(400 * MIB))
-        self._retriever = Handle(RetrieverReplica(store))
+        self._default_serve_handles = {"chat-model": FakeHandle(Replica(900 * MIB))}
+        self._embedder = FakeHandle(Replica(400 * MIB))
+        self._retriever = FakeHandle(RetrieverReplica(store))
         self._settings = gateway_settings(
             planned_bytes={"chat": 1000 * MIB, "embedder": 500 * MIB, "retriever": 350 * MIB}
         )

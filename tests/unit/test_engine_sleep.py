@@ -13,31 +13,7 @@ import deployments.chat as chat
 from deployments.chat import PoolserveLLMServer, llm_config_from_plan, replica_settings
 from planner.plan import build_plan
 from planner.profile import load_profile
-
-
-class FakeClient:
-    def __init__(self, log):
-        self.log = log
-
-    def shutdown(self, timeout=None):
-        self.log.append(("client.shutdown", timeout))
-
-
-class FakeEngine:
-    def __init__(self, log, _config=None):
-        self.log, self._engine_client = log, FakeClient(log)
-
-    async def sleep(self, **kwargs):
-        self.log.append(("sleep", kwargs))
-
-    async def wakeup(self, **kwargs):
-        self.log.append(("wakeup", kwargs))
-
-    async def start(self):
-        self.log.append(("start",))
-
-    async def shutdown(self):
-        self.log.append(("engine.shutdown",))
+from tests.fakes.engine import FakeLLMEngine
 
 
 def _config(sleep: str | None, start_asleep: bool = False):
@@ -50,8 +26,8 @@ def _config(sleep: str | None, start_asleep: bool = False):
 def _server(sleep: str | None, log: list) -> PoolserveLLMServer:
     server = PoolserveLLMServer.__new__(PoolserveLLMServer)  # no Serve replica, no engine start
     server._llm_config = _config(sleep)
-    server.engine = FakeEngine(log)
-    server._engine_cls = lambda config: FakeEngine(log, config)
+    server.engine = FakeLLMEngine(log=log)
+    server._engine_cls = lambda config: FakeLLMEngine(config, log=log)
     server._engine_state, server._engine_state_lock = "awake", asyncio.Lock()
 
     async def warm_up():

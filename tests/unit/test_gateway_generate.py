@@ -4,14 +4,27 @@ client hangs up; a streamed one is handed to tracked_stream with its number of c
 from __future__ import annotations
 
 import asyncio
+import json
 from types import SimpleNamespace
 
 import pytest
 from starlette.responses import JSONResponse, StreamingResponse
 
-from deployments.gateway import Gateway
 from gateway.routes import openai_api as gateway_module
-from tests.unit.gateway_settings import gateway_settings
+from gateway.routes.openai_api import OpenAIRoutes
+from tests.fakes.engine import FakeLLMEngine, ingress_args
+from tests.fakes.settings import gateway_settings
+from vllm_bridge.compat import ChatCompletionRequest, OpenAiIngress
+
+
+class Gateway(OpenAIRoutes, OpenAiIngress):
+    """The gateway's OpenAI routes over ray.serve.llm's ingress and a fake engine, as deployments/gateway.py
+    combines them, without Ray: its constructor sets only what _generate and _finish read."""
+
+    def __init__(self, engine: FakeLLMEngine) -> None:
+        super().__init__(*ingress_args(engine, "m"))
+        self._settings = gateway_settings()
+        self._healthy_until = 0.0
 
 
 @pytest.fixture
@@ -22,9 +35,7 @@ def gateway(monkeypatch):
         recorded.append((model, usage, status))
 
     monkeypatch.setattr(gateway_module, "record_usage", record_usage)
-    gw = object.__new__(Gateway)  # no Ray: only what _generate and _finish read
-    gw._settings = gateway_settings()
-    gw._healthy_until = 0.0
+    gw = Gateway(FakeLLMEngine(started=True))
     gw.recorded = recorded
     return gw
 
@@ -139,3 +150,16 @@ def test_a_call_to_an_engine_without_a_running_replica_is_refused_and_cancelled(
     response = map_exception(error, 7)
     assert response.status_code == 503 and response.headers["Retry-After"] == "7"
     assert gateway._healthy_until == 0.0  # /healthz asks every replica again
+
+
+def test_an_engine_answer_through_the_ingress_is_charged_the_usage_it_reports(gateway):
+    body = ChatCompletionRequest(
+        model="m", messages=[{"role": "user", "content": "four words of prompt"}], max_tokens=5
+    )
+    request = SimpleNamespace(scope={}, headers={})
+    response = asyncio.run(
+        gateway._generate(request, "m", OpenAiIngress.chat(gateway, body, None), body, None, (True, False))
+    )
+    assert json.loads(response.body)["choices"][0]["message"]["content"] == "test_0 test_1 test_2 test_3 test_4"
+    [(model, usage, status)] = gateway.recorded
+    assert (model, usage["prompt_tokens"], usage["completion_tokens"], status) == ("m", 4, 5, 200)

@@ -9,21 +9,14 @@ from gateway.middleware.pool_guard import PoolGuard, PoolReading
 from planner.guard import guard_plan, unplanned_guard
 from planner.plan import build_plan
 from planner.profile import PoolSpec, load_profile
+from tests.fakes.clock import FakeClock
 
 GIB = 2**30
 H100 = 81_559 * 2**20  # NVML's size of the lent H100 80GB HBM3
 
 
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _guard_on(marks, used_bytes: list[int]) -> tuple[PoolGuard, Clock]:
-    clock = Clock()
+def _guard_on(marks, used_bytes: list[int]) -> tuple[PoolGuard, FakeClock]:
+    clock = FakeClock(0.0)
     guard = PoolGuard(
         marks.shed_ingest_at,
         marks.shed_all_at,
@@ -35,7 +28,7 @@ def _guard_on(marks, used_bytes: list[int]) -> tuple[PoolGuard, Clock]:
     return guard, clock
 
 
-def _state(guard: PoolGuard, clock: Clock, used: list[int], value: int) -> str:
+def _state(guard: PoolGuard, clock: FakeClock, used: list[int], value: int) -> str:
     used[0] = value
     clock.now += 1
     return guard.sample()[0]

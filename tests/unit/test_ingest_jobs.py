@@ -22,7 +22,7 @@ from rag.documents.ingest_job_store import (
     TooManyJobs,
 )
 from rag.store.knowledge_store import CollectionNotFound, KnowledgeStore
-from tests.unit.rag_fakes import DIM
+from tests.fakes.rag import DIM
 from tests.unit.test_knowledge_routes import Gateway, request
 
 LONG = "\n\n".join(f"Paragraph {i} about widgets." for i in range(7))

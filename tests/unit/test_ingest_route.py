@@ -13,7 +13,7 @@ from starlette.responses import StreamingResponse
 
 from gateway.schemas import AddDocumentsRequest
 from rag.store.knowledge_store import KnowledgeStore
-from tests.unit.rag_fakes import DIM
+from tests.fakes.rag import DIM
 from tests.unit.test_knowledge_routes import Gateway, request
 
 LONG = "\n\n".join(f"Paragraph {i} about widgets." for i in range(7))

@@ -17,23 +17,10 @@ from gateway.schemas import AddDocumentsRequest, RagOptions, RagQueryRequest
 from planner.profile import RagSpec
 from rag.retrieval.search import retrieve
 from rag.store.knowledge_store import KnowledgeStore
-from tests.unit.gateway_settings import gateway_settings
-from tests.unit.rag_fakes import DIM, bag_of_words, paragraph_chunks
-
-
-class Handle:
-    """A Ray handle stand-in: handle.method.remote(...) awaits the method called in-process."""
-
-    def __init__(self, target):
-        self._target = target
-
-    def __getattr__(self, name):
-        method = getattr(self._target, name)
-
-        async def remote(*args, **kwargs):
-            return method(*args, **kwargs)
-
-        return SimpleNamespace(remote=remote)
+from tests.fakes.settings import gateway_settings
+from tests.fakes.tokenizer import WordTokenizer
+from tests.fakes.handles import FakeHandle
+from tests.fakes.rag import DIM, bag_of_words, paragraph_chunks
 
 
 class EmbedderReplica:
@@ -88,17 +75,10 @@ class ChatIngress:
         )
 
 
-class WordTokenizer:
-    """A word per token: the context budget's arithmetic, readable."""
-
-    def encode(self, text, add_special_tokens=True):
-        return text.split()
-
-
 class Gateway(KnowledgeRoutes, ChatIngress):
     def __init__(self, store):
-        self._embedder = Handle(EmbedderReplica())
-        self._retriever = Handle(RetrieverReplica(store))
+        self._embedder = FakeHandle(EmbedderReplica())
+        self._retriever = FakeHandle(RetrieverReplica(store))
         self._settings = gateway_settings(max_top_k=5, min_score=0.25, max_choices=4)
         self._embed_model_id = "embedder"
         self._engines = {"chat-model": SimpleNamespace(tokenizer=WordTokenizer())}

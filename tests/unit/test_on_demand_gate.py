@@ -15,25 +15,15 @@ from starlette.responses import JSONResponse, StreamingResponse
 from gateway.middleware.tenant_guard import TENANT_KEY
 from gateway.on_demand_gate import OnDemandGate
 from planner.wake_ledger import WakeAnswer
-
-
-class Remote:
-    def __init__(self, fn):
-        self.fn = fn
-
-    def remote(self, *args):
-        async def call():
-            return self.fn(*args)
-
-        return call()
+from tests.fakes.handles import RemoteMethod
 
 
 class FakeCoordinator:
     def __init__(self, answer: WakeAnswer):
         self.asked, self.ended = [], []
-        self.ensure_awake = Remote(lambda model, tenant: self.asked.append((model, tenant)) or answer)
-        self.request_ended = Remote(self.ended.append)
-        self.states = Remote(lambda: {"m": "asleep"})
+        self.ensure_awake = RemoteMethod(lambda model, tenant: self.asked.append((model, tenant)) or answer)
+        self.request_ended = RemoteMethod(self.ended.append)
+        self.states = RemoteMethod(lambda: {"m": "asleep"})
 
 
 def _request(tenant: str | None = "acme"):
@@ -161,7 +151,7 @@ def test_coordinator_calls_leave_the_requests_context_so_serve_cannot_cancel_the
             setattr(
                 coordinator,
                 name,
-                Remote(lambda *a, inner=inner: contexts.append(_serve_request_context.get()) or inner(*a)),
+                RemoteMethod(lambda *a, inner=inner: contexts.append(_serve_request_context.get()) or inner(*a)),
             )
         gate = OnDemandGate(coordinator, {"m"})
         _serve_request_context.set("the client's request")

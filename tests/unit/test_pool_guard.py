@@ -12,7 +12,7 @@ from gateway.middleware import pool_guard
 from gateway.middleware.pool_guard import PoolGuard, PoolReading, read_pool
 from system import cgroup
 from system.cgroup import MemoryCgroup
-from tests.unit.fakes import FakeClock
+from tests.fakes.clock import FakeClock
 
 GiB = 2**30
 LIMIT = 1000 * 2**20  # fractions of it are exact: 800 of 1000 MiB is 0.8

@@ -18,7 +18,7 @@ from gateway.middleware.public_paths import body_limit, body_refusal
 from gateway.middleware.tenant_guard import ADMIN_KEY_ENV, RESEED_ENV
 from planner.profile import GatewaySpec
 from tenancy import DEMO_KEY_ENV
-from tests.unit.fakes import unplanned_edge
+from tests.fakes.settings import unplanned_edge
 
 pytestmark = pytest.mark.timeout(60)
 ADMIN = "admin-" + "k" * 40

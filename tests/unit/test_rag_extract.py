@@ -11,7 +11,7 @@ from rag.documents.locations import LOCATIONS_KEY, resolve
 from rag.local import LocalIndex
 from rag.retrieval.pipeline import DocumentInput, PipelineSettings, RagPipeline, as_plain_text, needs_extraction
 from rag.store.knowledge_store import KnowledgeStore
-from tests.unit.rag_fakes import DIM, FakeEmbedder
+from tests.fakes.rag import DIM, FakeEmbedder
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

@@ -12,7 +12,7 @@ from rag.retrieval.lexical_query import MAX_TERMS, fts5_match, quote
 from rag.store.knowledge_store import CollectionNotFound, KnowledgeStore
 from rag.store.lexical import LexicalIndex
 from rag.store.store_schema import SCHEMA
-from tests.unit.rag_fakes import ChunkDeleteFails
+from tests.fakes.rag import ChunkDeleteFails
 
 DIM = 4
 

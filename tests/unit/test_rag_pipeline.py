@@ -11,7 +11,7 @@ from rag.retrieval.pipeline import DocumentInput, InvalidQuery, PipelineSettings
 from rag.retrieval.prompt import SYSTEM_INSTRUCTION, RetrievedChunk
 from rag.retrieval.search import FusionSettings
 from rag.store.knowledge_store import KnowledgeStore
-from tests.unit.rag_fakes import DIM, FakeChat, FakeEmbedder, RecordingIndex, bag_of_words
+from tests.fakes.rag import DIM, FakeChat, FakeEmbedder, RecordingIndex, bag_of_words
 
 DOCS = [
     DocumentInput(

@@ -7,7 +7,7 @@ import pytest
 
 from rag.retrieval.prompt import RetrievedChunk
 from rag.store.knowledge_store import CollectionNotFound, DocumentNotFound, KnowledgeStore
-from tests.unit.rag_fakes import ChunkDeleteFails
+from tests.fakes.rag import ChunkDeleteFails
 
 DIM = 8
 E = np.eye(DIM, dtype=np.float32)

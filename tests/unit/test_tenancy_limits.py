@@ -6,7 +6,7 @@ import pytest
 
 from tenancy.limits import LimitDecision, TenantLimiter, TokenReservation
 from tenancy.models import Tenant
-from tests.unit.fakes import FakeClock
+from tests.fakes.clock import FakeClock
 
 START = 6_000_000.0  # a minute boundary: 100_000 * 60
 

@@ -25,7 +25,7 @@ from gateway.middleware.tenant_guard import (
     tenant_of,
 )
 from tenancy import DEMO_KEY_ENV, parse_api_key
-from tests.unit.fakes import unplanned_edge
+from tests.fakes.settings import unplanned_edge
 
 pytestmark = pytest.mark.timeout(60)
 ADMIN = "admin-" + "k" * 40

@@ -26,9 +26,10 @@ from rag.store.knowledge_store import KnowledgeStore
 from tenancy import DEMO_KEY_ENV
 from tenancy.limits import TenantLimiter, estimate_text_tokens
 from tenancy.models import Tenant
-from tests.unit.fakes import unplanned_edge
-from tests.unit.gateway_settings import gateway_settings
-from tests.unit.rag_fakes import DIM, FakeEmbedder, RecordingIndex, bag_of_words, paragraph_chunks
+from tests.fakes.handles import FakeHandle
+from tests.fakes.rag import DIM, FakeEmbedder, RecordingIndex, bag_of_words, paragraph_chunks
+from tests.fakes.settings import gateway_settings, unplanned_edge
+from tests.fakes.tokenizer import WordTokenizer
 
 pytestmark = pytest.mark.timeout(120)
 FROZEN = 6_000_000.0 + 1  # one second into a minute: the test's requests all share it
@@ -145,22 +146,6 @@ def test_two_gateway_processes_share_one_tpm_and_refuse_the_too_large_alike(tmp_
 # ---- through the gateway: the real middleware and routes, fake replicas ----------------------------------
 
 
-class Remote:
-    """A Ray handle stand-in: handle.method.remote(...) runs the replica's method in-process."""
-
-    def __init__(self, target):
-        self._target = target
-
-    def __getattr__(self, name):
-        method = getattr(self._target, name)
-
-        async def remote(*args, **kwargs):
-            result = method(*args, **kwargs)
-            return await result if asyncio.iscoroutine(result) else result
-
-        return SimpleNamespace(remote=remote)
-
-
 class EmbedderReplica:
     """Holds every call until released, so the requests under test are all in flight at once; reads each
     text as characters / 4 + 2 tokens (at most 256), plus `extra` per call."""
@@ -195,16 +180,6 @@ class RetrieverReplica:
         return self.store.upsert_documents(tenant, collection, documents)
 
 
-class WordTokenizer:
-    """A word per token."""
-
-    def apply_chat_template(self, messages, tokenize=True, add_generation_prompt=True):
-        return [0] * sum(len(str(m.get("content") or "").split()) for m in messages)
-
-    def encode(self, text, add_special_tokens=True):
-        return text.split()
-
-
 class ChatIngress:
     """ray.serve.llm's ingress stand-in: answers max_tokens words, and keeps each body it was sent."""
 
@@ -232,8 +207,8 @@ class ChatIngress:
 class Gateway(OpenAIRoutes, KnowledgeRoutes, ChatIngress):
     def __init__(self, store: KnowledgeStore):
         self.embedder = EmbedderReplica()
-        self._embedder = Remote(self.embedder)
-        self._retriever = Remote(RetrieverReplica(store))
+        self._embedder = FakeHandle(self.embedder)
+        self._retriever = FakeHandle(RetrieverReplica(store))
         self._settings = gateway_settings(embed_max_seq_tokens=256, health_timeout_s=30)
         self._chat_model_id, self._embed_model_id = "chat-model", "embedder"
         self._model_cards = {"chat-model": None}

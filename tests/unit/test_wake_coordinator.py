@@ -12,39 +12,26 @@ import pytest
 import deployments.wake_coordinator as wake_coordinator
 from deployments.wake_coordinator import WakeCoordinator
 from planner.on_demand_plan import OnDemandEngine, OnDemandPlan
+from tests.fakes.handles import RemoteMethod
 
 GB = 10**9
 
 
-class FakeMethod:
-    def __init__(self, engine, name):
-        self.engine, self.name = engine, name
-
-    def remote(self):
-        async def call():
-            self.engine.log.append((self.engine.model, self.name))
-            await asyncio.sleep(0.01)
-            self.engine.state = "awake" if self.name == "wake" else "asleep"
-
-        return call()
-
-
-class FakeState:
-    def __init__(self, engine):
-        self.engine = engine
-
-    def remote(self):
-        async def call():
-            return self.engine.state
-
-        return call()
-
-
 class FakeEngineHandle:
+    """A chat replica's handle as the coordinator calls it: wake_engine, sleep_engine, engine_state."""
+
     def __init__(self, model, log, state):
         self.model, self.log, self.state = model, log, state
-        self.wake_engine, self.sleep_engine = FakeMethod(self, "wake"), FakeMethod(self, "sleep")
-        self.engine_state = FakeState(self)
+        self.wake_engine, self.sleep_engine = RemoteMethod(self._turn("wake")), RemoteMethod(self._turn("sleep"))
+        self.engine_state = RemoteMethod(lambda: self.state)
+
+    def _turn(self, name):
+        async def turn():
+            self.log.append((self.model, name))
+            await asyncio.sleep(0.01)
+            self.state = "awake" if name == "wake" else "asleep"
+
+        return turn
 
 
 def _plan(wake_timeout_s: float = 0.3, idle_s: float = 300.0, wakes: int = 5) -> OnDemandPlan:

@@ -11,6 +11,7 @@ import logging
 from planner.plan import build_plan
 from planner.profile import load_profile
 from deployments.chat import PoolserveLLMServer, llm_config_from_plan, replica_settings
+from tests.fakes.engine import FakeLLMEngine
 from vllm_bridge.worker_heap_trim import WORKER_EXTENSION, WORKER_TRIM_METHOD, HeapTrimWorkerExtension
 
 
@@ -26,14 +27,9 @@ class FakeEngineClient:
         return [getattr(HeapTrimWorkerExtension(), method)()]  # what vLLM's run_method does in the Worker
 
 
-class FakeEngine:
-    def __init__(self, client):
-        self._engine_client = client
-
-
 def server_with(client) -> PoolserveLLMServer:
     server = PoolserveLLMServer.__new__(PoolserveLLMServer)  # no Serve replica, no engine start
-    server.engine = FakeEngine(client)
+    server.engine = FakeLLMEngine(client=client)
     server._last_worker_trim = {}
     return server
 
