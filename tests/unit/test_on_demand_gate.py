@@ -192,7 +192,7 @@ def test_a_client_that_leaves_during_the_wake_is_ended_once_the_wake_says_go():
 def test_the_coordinators_memory_is_measured_only_where_there_is_one():
     async def run():
         coordinator = FakeCoordinator(WakeAnswer(outcome="go"))
-        coordinator.memory = Remote(lambda: {"measured_bytes": 101_000_000})
+        coordinator.memory = RemoteMethod(lambda: {"measured_bytes": 101_000_000})
         [(name, reading)] = OnDemandGate(coordinator, {"m"}).measured()
         assert name == "wake_coordinator" and (await reading)["measured_bytes"] == 101_000_000
         assert OnDemandGate(None, set()).measured() == []
