@@ -7,11 +7,13 @@ bench/bench_ingest.py use it directly.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, contextmanager
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from rag.documents.chunking import Chunk, Chunker, fast_tokenizer_spans
+from rag.retrieval.batch_features import fast_batch_features
 
 # Runs one forward pass (a no-argument callable) and returns its result.
 ForwardRunner = Callable[[Callable[[], Any]], Any]
@@ -48,25 +50,16 @@ class SentenceTransformerEmbedder:
         self.count_tokens = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
         self.token_spans = fast_tokenizer_spans(tokenizer)  # one tokenization per document, with offsets
         self.chunker = self.make_chunker(chunk_tokens, chunk_overlap)
-        self._tokens_in_batches = 0
-        self._count_what_encode_reads()
-
-    def _count_what_encode_reads(self) -> None:
-        """Counts the tokens of every batch encode tokenizes (its attention mask), so usage is the tokens the
-        model read without tokenizing the texts a second time: that second pass cost 0.45 ms a chunk on a
-        2-core host, more than a GPU's whole forward pass of a chunk (0.34 ms on an H100). encode calls the
-        model's `preprocess` once a batch (sentence-transformers 6.2; tests/unit/test_rag_embedding.py holds
-        it to tokens_read)."""
-        preprocess = self.model.preprocess
-
-        def counting(inputs, *args, **kwargs):
-            features = preprocess(inputs, *args, **kwargs)
-            mask = features.get("attention_mask") if hasattr(features, "get") else None  # a BatchEncoding too
-            if mask is not None:
-                self._tokens_in_batches += int(mask.sum())
-            return features
-
-        self.model.preprocess = counting
+        self.model.eval()
+        # What encode would prepend (a model's default prompt); the fast batch features are checked without one.
+        name = getattr(self.model, "default_prompt_name", None)
+        self._prompt = self.model.prompts.get(name) if name else None
+        self._batch_features = None if self._prompt else fast_batch_features(self.model)
+        # On a GPU the next batch is tokenized on this thread while the current one runs on the device: the
+        # tokenizer is the CPU's part of an embed call, and the device waits for it otherwise.
+        self._tokenize_ahead = (
+            ThreadPoolExecutor(1, thread_name_prefix="embedder-tokenize") if device.startswith("cuda") else None
+        )
 
     def release_device_cache(self) -> None:
         """On a GPU, hand the caching allocator's free blocks back to the device: batches of varied shapes
@@ -88,28 +81,60 @@ class SentenceTransformerEmbedder:
         """Unit-length float32 vectors and the tokens the model actually read.
 
         Longest first, batch_size at a time (the model's, or less where the caller's `batch_size()` says so
-        before each batch; what encode does inside one call, so padding stays as small), each batch its own
-        encode under `guard`: between two batches another caller (a question) can take its turn instead of
-        waiting for the whole list."""
+        before each batch; what encode does inside one call, so padding stays as small), each batch's forward
+        pass under `guard`: between two batches another caller (a question) can take its turn instead of
+        waiting for the whole list. A batch is tokenized before its turn, so the turn holds only the pass."""
         vectors = np.empty((len(texts), self.dimension), dtype=np.float32)
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-        start, tokens = 0, 0
+        batches = self._rows_in_batches(order, batch_size)
+        rows, tokens = next(batches, None), 0
+        prepared = self._prepare_soon([texts[i] for i in rows]) if rows else None
+        while rows:
+            following = next(batches, None)
+            features, read = prepared()
+            # Tokenizing the following batch starts before this one's turn (on a GPU: beside its forward pass).
+            prepared = self._prepare_soon([texts[i] for i in following]) if following else None
+            with guard(len(rows)) as run:  # one batch in the model at a time: the count is this batch's
+                vectors[rows] = run(lambda: self._forward(features))
+            tokens += read
+            rows = following
+        return {"vectors": vectors, "tokens": tokens}
+
+    def _rows_in_batches(self, order: list[int], batch_size: Callable[[], int] | None) -> Iterator[list[int]]:
+        start = 0
         while start < len(order):
             size = max(1, min(batch_size(), self.batch_size)) if batch_size else self.batch_size
             rows = order[start : start + size]
             start += len(rows)
-            batch = [texts[i] for i in rows]
-            with guard(len(rows)) as run:  # one batch in the model at a time: the count is this batch's
-                vectors[rows], read = run(lambda: self._encode_counting(batch, size))
-            tokens += read
-        return {"vectors": vectors, "tokens": tokens}
+            yield rows
 
-    def _encode_counting(self, batch: list[str], size: int) -> tuple[np.ndarray, int]:
-        before = self._tokens_in_batches
-        vectors = self.model.encode(
-            batch, batch_size=size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
-        )
-        return vectors, self._tokens_in_batches - before
+    def _prepare_soon(self, batch: list[str]) -> Callable[[], tuple[Any, int]]:
+        """The batch's input features and the tokens the model reads of it, when called: on a GPU computed on
+        the tokenizer thread from now on, on a CPU (whose cores the forward pass uses) then, on the caller's."""
+        if self._tokenize_ahead is None:
+            return lambda: self._prepare(batch)
+        return self._tokenize_ahead.submit(self._prepare, batch).result
+
+    def _prepare(self, batch: list[str]) -> tuple[Any, int]:
+        if self._batch_features is not None:
+            features = self._batch_features(batch)
+        elif self._prompt:
+            features = self.model.preprocess(batch, prompt=self._prompt)
+        else:
+            features = self.model.preprocess(batch)
+        mask = features.get("attention_mask") if hasattr(features, "get") else None  # a BatchEncoding too
+        # Usage is the tokens the model reads (cut at max_seq_length, special tokens in), from the mask.
+        return features, int(mask.sum()) if mask is not None else self.tokens_read(batch)
+
+    def _forward(self, features) -> np.ndarray:
+        """Unit-length float32 vectors of one prepared batch: encode's forward pass without its tokenizing."""
+        import torch
+
+        device = self.model.device
+        with torch.inference_mode():
+            on_device = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
+            vectors = self.model(on_device)["sentence_embedding"]
+            return torch.nn.functional.normalize(vectors.float(), p=2, dim=1).cpu().numpy()
 
     def tokens_read(self, texts: list[str]) -> int:
         """Tokens as the model reads them: with its special tokens, cut at max_seq_length, by tokenizing
