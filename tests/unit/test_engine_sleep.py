@@ -62,9 +62,10 @@ def test_on_a_gpu_sleep_and_wake_are_vllms_sleep_mode(sleep, level):
 def test_on_a_cpu_sleep_stops_the_engine_and_waits_for_its_processes(monkeypatch):
     log, left = [], [["EngineCore"], []]  # one check still sees the process, the next none
     monkeypatch.setattr(chat, "engine_processes", lambda: left.pop(0) if len(left) > 1 else left[0])
+    monkeypatch.setattr(chat, "release_engine_caches", lambda: log.append(("release_engine_caches",)))
     server = _server("stop", log)
     asyncio.run(server.sleep_engine())
-    assert log == [("client.shutdown", chat.ENGINE_STOP_TIMEOUT_S), ("engine.shutdown",)]
+    assert log == [("client.shutdown", chat.ENGINE_STOP_TIMEOUT_S), ("engine.shutdown",), ("release_engine_caches",)]
     assert server.engine is None  # LLMServer.check_health answers healthy with no engine
     assert asyncio.run(server.sleep_engine()) == {"state": "asleep", "seconds": 0.0}  # asleep already: nothing
 
