@@ -130,7 +130,8 @@ def planned_for(engine: dict, state: str) -> dict:
     those less the replica's growth (activations and traffic it releases after a batch), as
     bench_gpu_plan.compare reads a replica at rest. `engine`: one entry of plan_engines()."""
     if state == "asleep":
-        return {"planned_bytes": engine["asleep_bytes"], "planned_at_rest_bytes": engine["asleep_bytes"]}
+        at_rest = engine.get("asleep_at_rest_bytes", engine["asleep_bytes"])
+        return {"planned_bytes": engine["asleep_bytes"], "planned_at_rest_bytes": at_rest}
     return {"planned_bytes": engine["awake_bytes"], "planned_at_rest_bytes": engine["awake_bytes"] - engine["growth"]}
 
 
@@ -171,7 +172,8 @@ def alternation(first: str, second: str, swaps: int) -> list[str]:
 def endurance(cycles: list[dict], tolerance: float = TOLERANCE) -> dict:
     """The endurance verdict over cycles: each cycle {"requests_failed", "restarted", "asleep": bytes|None,
     "awake": bytes|None, "asleep_check", "awake_check"} (ratio_check against the plan). Memory is back to the
-    plan when every check is within; back to cycle 1 when each reading is within +-tolerance of cycle 1's."""
+    plan when every check is within; back to cycle 1 when each reading is within +-tolerance of cycle 1's. The
+    growth per cycle (a least-squares slope, bytes) tells a leak from the readings' noise."""
 
     def near_first(key: str) -> bool:
         first = next((c[key] for c in cycles if c.get(key) is not None), None)
@@ -190,7 +192,20 @@ def endurance(cycles: list[dict], tolerance: float = TOLERANCE) -> dict:
         and all(c.get("asleep_check", {}).get("within") and c.get("awake_check", {}).get("within") for c in cycles),
         "asleep_back_to_cycle_1": near_first("asleep"),
         "awake_back_to_cycle_1": near_first("awake"),
+        "asleep_growth_per_cycle_bytes": growth_per_cycle([c.get("asleep") for c in cycles]),
+        "awake_growth_per_cycle_bytes": growth_per_cycle([c.get("awake") for c in cycles]),
     }
+
+
+def growth_per_cycle(readings: list[int | None]) -> int | None:
+    """The least-squares slope of the readings over their cycle numbers (None below two readings)."""
+    points = [(i, v) for i, v in enumerate(readings) if v is not None]
+    if len(points) < 2:
+        return None
+    mean_x = sum(x for x, _ in points) / len(points)
+    mean_y = sum(y for _, y in points) / len(points)
+    spread = sum((x - mean_x) ** 2 for x, _ in points)
+    return round(sum((x - mean_x) * (y - mean_y) for x, y in points) / spread)
 
 
 # ---- the stack ----
@@ -206,6 +221,7 @@ def plan_engines(plan) -> dict[str, dict]:
             "wake": e.wake,
             "awake_bytes": e.awake_bytes,
             "asleep_bytes": e.asleep_bytes,
+            "asleep_at_rest_bytes": e.asleep_at_rest_bytes,
             "asleep_host_bytes": e.asleep_host_bytes,
             "growth": plan.replica(name).growth_bytes,
             "tenant_wakes_per_hour": e.tenant_wakes_per_hour,

@@ -21,6 +21,8 @@ KEPT_ON_HOST_AT_LEVEL_1 = ("weights.", "drafter.weights")
 # A CPU engine sleeps by stopping its processes; its Serve replica (the LLMServer driver) stays up, asleep or
 # never woken: measured 547-714 MB with its resource tracker (docs/results/on-demand-cpu-2026-12-06.md).
 KEPT_BY_A_STOPPED_CPU_ENGINE = ("runtime.driver", "runtime.traffic_growth")
+# Of those, what the replica grows into under traffic: not there at rest.
+GROWTH_LINES = ("runtime.traffic_growth",)
 
 
 class OnDemandEngine(BaseModel):
@@ -75,6 +77,11 @@ class OnDemandEngine(BaseModel):
     def awake_extra_bytes(self) -> int:
         """What waking it adds to the pool over what it holds asleep."""
         return self.awake_bytes - self.asleep_bytes
+
+    @property
+    def asleep_at_rest_bytes(self) -> int:
+        """What it holds asleep with no traffic: its asleep lines less those its replica grows into."""
+        return self.asleep_bytes - sum(v for k, v in self.asleep_breakdown.items() if k.startswith(GROWTH_LINES))
 
 
 class OnDemandPlan(BaseModel):

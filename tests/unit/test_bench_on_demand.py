@@ -15,6 +15,7 @@ from bench.bench_on_demand import (
     metrics_delta,
     parse_on_demand_metrics,
     plan_engines,
+    growth_per_cycle,
     planned_for,
     ratio_check,
     summary,
@@ -74,10 +75,16 @@ def test_memory_is_checked_against_its_plan_within_a_tolerance():
     assert not ratio_check(640 * MIB, 0)["within"]
 
 
-def test_the_plan_of_an_engine_awake_at_rest_leaves_out_its_growth():
-    engine = {"awake_bytes": 10_000, "asleep_bytes": 2_000, "growth": 1_500}
-    assert planned_for(engine, "asleep") == {"planned_bytes": 2_000, "planned_at_rest_bytes": 2_000}
+def test_the_plan_of_an_engine_at_rest_leaves_out_its_growth_awake_and_asleep():
+    engine = {"awake_bytes": 10_000, "asleep_bytes": 2_000, "asleep_at_rest_bytes": 1_600, "growth": 1_500}
+    assert planned_for(engine, "asleep") == {"planned_bytes": 2_000, "planned_at_rest_bytes": 1_600}
     assert planned_for(engine, "awake") == {"planned_bytes": 10_000, "planned_at_rest_bytes": 8_500}
+
+
+def test_a_stopped_cpu_engine_at_rest_is_planned_as_its_driver_without_traffic_growth():
+    engine = plan_engines(build_plan(load_profile("configs/cpu-on-demand.yaml")))["chat"]
+    assert engine["asleep_bytes"] == 840_000_000  # runtime.driver 680 MB + runtime.traffic_growth 160 MB
+    assert engine["asleep_at_rest_bytes"] == 680_000_000
 
 
 def test_plan_engines_reads_the_gpu_swap_profile():
@@ -169,7 +176,17 @@ def test_endurance_checks_memory_each_cycle_against_the_plan_and_cycle_1(
         "back_to_plan_every_cycle": back_to_plan,
         "asleep_back_to_cycle_1": asleep_first,
         "awake_back_to_cycle_1": awake_first,
+        "asleep_growth_per_cycle_bytes": growth_per_cycle(asleep),
+        "awake_growth_per_cycle_bytes": growth_per_cycle(awake),
     }
+
+
+def test_growth_per_cycle_is_the_slope_that_tells_a_leak_from_noise():
+    leak = [778, 819, 860, 901, 942]  # +41 a cycle, the CPU wake leak's shape
+    noise = [665, 673, 671, 674, 677, 676, 686, 729, 683, 682]  # after the fix: one high reading, no trend
+    assert growth_per_cycle(leak) == 41
+    assert 0 < growth_per_cycle(noise) < 5
+    assert growth_per_cycle([None, 700, None, 700]) == 0 and growth_per_cycle([700]) is None
 
 
 def test_endurance_counts_failed_requests_restarts_and_missing_readings():
