@@ -381,7 +381,7 @@ def _side_replicas(
             # Documents are tokenized for chunking and embedding in batches spread over the ingest threads
             # (the tokenizer's pool, sized once at its first use); one thread each was the GPU ingest's floor.
             env={
-                "MALLOC_ARENA_MAX": str(runtime.EMBEDDER_MALLOC_ARENA_MAX),
+                **({} if gpu else {"MALLOC_ARENA_MAX": str(runtime.EMBEDDER_MALLOC_ARENA_MAX)}),
                 "TOKENIZERS_PARALLELISM": "true",
                 "RAYON_NUM_THREADS": str(embedder_ingest_threads),
             },

@@ -128,7 +128,9 @@ EMBEDDER_MAPPED_FILES = 125 * MB
 # answers on Ray's) left the replica's growth spread over about 20 arenas, each keeping its own fragments
 # that malloc_trim cannot return (smaps, 2026-12-06: 421 -> 480 MiB anon over 216 outside-corpora pages,
 # +0.5 to +5.5 MiB in each of a dozen arenas); two arenas share those fragments (docs/STRESS.md, "The
-# embedder's heap after real documents").
+# embedder's heap after real documents"). A CPU embedder only: on an H100 the cap made the same embed calls
+# 4x slower (0.47-0.57 s -> 1.96-2.25 s for 2,967 chunks, 2026-12-06, docs/GPU.md), and there a pass's
+# working set is on the device, not in the host heap.
 EMBEDDER_MALLOC_ARENA_MAX = 2
 # What it grows beyond that under traffic, with batches of 4 (2026-12-05, every forward pass on one
 # thread): after the suite's hostile-client tests (a bulk ingest in two jobs beside another tenant's

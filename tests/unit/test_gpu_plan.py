@@ -235,3 +235,12 @@ def test_gpu_replicas_are_compared_at_rest_without_their_activations_and_at_peak
     for name in ("chat", "embedder"):
         assert rows[name]["within_5pct"] and rows[name]["under_budget"] and rows[name]["peak_under_budget"]
     assert 0.99 < rows["chat"]["ratio"] < 1.01
+
+
+@needs_gpu_models
+def test_a_gpu_embedder_has_no_malloc_arena_cap():
+    """The cap (a CPU embedder's heap fix) made the same embed calls 4x slower on an H100 (docs/GPU.md,
+    2026-12-06): a GPU embedder gets glibc's default arenas, a CPU one keeps two."""
+    embedder = build_plan(load_profile(ROOT / "configs" / "gh200.yaml"), H200).replica("embedder")
+    assert "MALLOC_ARENA_MAX" not in embedder.env
+    assert embedder.env["RAYON_NUM_THREADS"] and embedder.env["TOKENIZERS_PARALLELISM"] == "true"
