@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from planner.gpu import RELEASED_AT_REST_PREFIXES
+
 if TYPE_CHECKING:
     from planner.profile import ChatSpec, PoolSpec
 
@@ -21,8 +23,10 @@ KEPT_ON_HOST_AT_LEVEL_1 = ("weights.", "drafter.weights")
 # A CPU engine sleeps by stopping its processes; its Serve replica (the LLMServer driver) stays up, asleep or
 # never woken: measured 547-714 MB with its resource tracker (docs/results/on-demand-cpu-2026-12-06.md).
 KEPT_BY_A_STOPPED_CPU_ENGINE = ("runtime.driver", "runtime.traffic_growth")
-# Of those, what the replica grows into under traffic: not there at rest.
-GROWTH_LINES = ("runtime.traffic_growth",)
+# Of an asleep engine's lines, what its replica grows into under traffic, not there at rest: a CPU driver's
+# traffic growth; on a GPU, vLLM's activation cache, which sleep empties (H200, 2026-12-06: a sleeping 4-layer
+# cut held 0.95-1.19 GiB of the 3.74 GiB planned with it, docs/GPU.md).
+GROWTH_LINES = ("runtime.traffic_growth", *RELEASED_AT_REST_PREFIXES)
 
 
 class OnDemandEngine(BaseModel):

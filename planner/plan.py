@@ -305,7 +305,14 @@ def embedder_dimension(profile: Profile) -> int:
 
 
 def _side_replicas(
-    profile: Profile, gpu: bool, dim: int, first_order: int = 1, pool_bytes: int = 0, *, embedder_ingest_threads: int
+    profile: Profile,
+    gpu: bool,
+    dim: int,
+    first_order: int = 1,
+    pool_bytes: int = 0,
+    *,
+    embedder_ingest_threads: int,
+    discrete: bool = False,
 ) -> list[ReplicaPlan]:
     emb, ret, gw = profile.embedder, profile.retriever, profile.gateway
     emb_weights = safetensors_bytes(emb.model)
@@ -321,6 +328,8 @@ def _side_replicas(
     }
     if gpu:
         emb_lines["cuda_context"] = runtime.EMBEDDER_CUDA_CONTEXT
+    if discrete:
+        emb_lines["cuda_host_runtime"] = runtime.EMBEDDER_CUDA_HOST_RUNTIME
     n = ret.capacity_chunks
     index = n * dim * 4 if ret.index == "flat" else n * (dim * 4 + ret.hnsw_m * 8)
     ret_lines = {
@@ -566,7 +575,13 @@ def build_plan(
     dim = embedder_dimension(profile)  # the embedder's config.json, read once
     ingest_threads = _embedder_ingest_threads(profile, emb_spec, emb_cpus)
     side = _side_replicas(
-        profile, emb_spec.gpu, dim, order + 1, pool_bytes=emb_total, embedder_ingest_threads=ingest_threads
+        profile,
+        emb_spec.gpu,
+        dim,
+        order + 1,
+        pool_bytes=emb_total,
+        embedder_ingest_threads=ingest_threads,
+        discrete=emb_spec.gpu and not emb_spec.unified,
     )
     for r in side:
         # the gateway and the wake coordinator: the head

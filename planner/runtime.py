@@ -123,6 +123,12 @@ GB10_SPECULATOR_GRAPH_CAPTURE = int(5.5 * GiB)
 # where a warm venv's replica measures ~10% under (file pages 65-75 MiB).
 EMBEDDER_RUNTIME = 350 * MB
 EMBEDDER_MAPPED_FILES = 125 * MB
+# Beside a discrete GPU, the CUDA runtime's host side in the embedder's process (the driver's and torch's
+# CUDA libraries: their anonymous pages and mapped files): the replica measured 1,205-1,221 MB on the host
+# at rest (anon 956-971 MB, file pages 229 MB) against the 475 MB of the two lines above, on three H100
+# boots and one H200 boot, with and without the arena cap (2026-12-06, bench/results/gpu/, docs/GPU.md).
+# Not measured on unified memory, where no host line is split from the pool.
+EMBEDDER_CUDA_HOST_RUNTIME = 760 * MB
 # glibc malloc arenas the embedder's process may make (MALLOC_ARENA_MAX in its environment, read when glibc
 # starts; its default is 8 per core). Real documents (chunked on Serve's worker threads, the arguments and
 # answers on Ray's) left the replica's growth spread over about 20 arenas, each keeping its own fragments

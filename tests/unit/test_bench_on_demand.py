@@ -205,3 +205,15 @@ def test_a_run_with_more_wakes_than_the_tenant_may_cause_is_warned_of():
     engines = {"a": {"tenant_wakes_per_hour": 30}, "b": {"tenant_wakes_per_hour": 1000}}
     assert wakes_over_budget(engines, swaps=20, cycles=0) == []
     assert wakes_over_budget(engines, swaps=20, cycles=21) == ["a"]  # 10 + 21 wakes of the engine cycled
+
+
+def test_an_asleep_gpu_engine_at_rest_is_planned_without_its_activation_cache():
+    # vLLM's sleep empties torch's cache: on the H200 the asleep 4-layer cut held its CUDA context and graphs only
+    engine = plan_engines(build_plan(load_profile("configs/gpu-on-demand.yaml")))["chat"]
+    plan = build_plan(load_profile("configs/gpu-on-demand.yaml")).on_demand.engines["chat"]
+    assert plan.asleep_breakdown["activations"] > 0
+    assert engine["asleep_at_rest_bytes"] == engine["asleep_bytes"] - plan.asleep_breakdown["activations"]
+    assert (
+        engine["asleep_at_rest_bytes"]
+        == plan.asleep_breakdown["cuda_context.worker"] + plan.asleep_breakdown["cuda_graphs"]
+    )

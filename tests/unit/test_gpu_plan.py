@@ -244,3 +244,14 @@ def test_a_gpu_embedder_has_no_malloc_arena_cap():
     embedder = build_plan(load_profile(ROOT / "configs" / "gh200.yaml"), H200).replica("embedder")
     assert "MALLOC_ARENA_MAX" not in embedder.env
     assert embedder.env["RAYON_NUM_THREADS"] and embedder.env["TOKENIZERS_PARALLELISM"] == "true"
+
+
+@needs_gpu_models
+def test_a_gpu_embedders_host_lines_hold_the_cuda_runtimes_host_side():
+    """Beside a discrete GPU the embedder's process measured 1,205-1,221 MB on the host at rest (three H100
+    boots, one H200, 2026-12-06): its host lines hold that, off the device pool."""
+    embedder = build_plan(load_profile(ROOT / "configs" / "gh200.yaml"), H200).replica("embedder")
+    assert embedder.host_breakdown["cuda_host_runtime"] == runtime.EMBEDDER_CUDA_HOST_RUNTIME
+    assert "cuda_host_runtime" not in embedder.breakdown  # the device lines are its share of the pool
+    at_rest = embedder.host_bytes - embedder.host_breakdown["traffic_growth"]
+    assert 1_221_038_080 <= at_rest <= 1.05 * 1_221_038_080
