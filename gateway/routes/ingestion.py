@@ -222,6 +222,7 @@ class IngestRoutes(IngestJobRoutes):
         if timings is not None:
             timings.charge += time.perf_counter() - charging
             timings.embedder_busy += result.get("busy_s", 0.0)
+            timings.embedder_cleanup += result.get("cleanup_s", 0.0)
         return result
 
     async def _ingest_events(

@@ -71,6 +71,7 @@ class IngestTimings:
     chunk: float = 0.0
     embed: float = 0.0  # the embedder calls as awaited, of which:
     embedder_busy: float = 0.0  # inside the embedder (its forward passes and their bookkeeping), as it reports
+    embedder_cleanup: float = 0.0  # of that, its heap trim and device-cache release after each call
     charge: float = 0.0  # recording the tenant's usage after each call
     store: float = 0.0
 

@@ -321,6 +321,7 @@ def test_server_timing_header_parts_are_read_in_milliseconds():
         "chunk": 250.0,
         "embed": 1500.0,
         "embedder_busy": 1250.0,
+        "embedder_cleanup": 0.0,
         "charge": 0.0,
         "store": 0.0,
     }
