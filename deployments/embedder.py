@@ -12,10 +12,15 @@ from ray import serve
 from deployments.start_order import StartOrder
 from planner.outputs import EmbedderSettings
 from rag.documents.chunking import Chunk
-from rag.retrieval.embed_turns import BatchTurns, IdleCores, OneForwardThread, threads_for
+from rag.retrieval.embed_turns import BatchTurns, IdleCores, OneForwardThread, WhenIdle, threads_for
 from rag.retrieval.embedding import SentenceTransformerEmbedder
 from system.priority import lower_cpu_priority
 from system.process_memory import process_tree_memory, release_freed_heap
+
+
+# On a GPU, how long the replica waits without a call before it trims its heap. A trim of a GPU process's heap (about 1 GB, glibc's default arenas) took 20-140 ms on this
+# project's CPU host (2026-12-06); per call it sat on every embed call's way, a few per ingest request.
+GPU_CLEANUP_IDLE_S = 1.0
 
 
 @serve.deployment(name="embedder")  # its options: the plan's (deployments/app.py)
@@ -37,6 +42,11 @@ class Embedder:
         # On a GPU a pass's activations live on the device: the host heap does not grow per pass, and a trim
         # per pass would only add its milliseconds to passes of well under one.
         self._release_heap_per_pass = not settings.device.startswith("cuda")
+        # After a call, its heap: on CPU at once (the next call's passes run in it); on a GPU once the replica
+        # is idle, so a run of calls pays for the trim once. torch's cached device blocks go after each call.
+        self._heap_when_idle = (
+            WhenIdle(self._trim_heap, GPU_CLEANUP_IDLE_S) if not self._release_heap_per_pass else None
+        )
         # `cuda` only when the plan gave this replica a GPU share: Ray then sets CUDA_VISIBLE_DEVICES to it.
         self.embedder = SentenceTransformerEmbedder(
             settings.model_path,
@@ -82,15 +92,34 @@ class Embedder:
         """Unit-length float32 vectors of documents (or /v1/embeddings inputs) and the tokens read; each batch
         waits for `tenant`'s turn among the tenants with batches waiting."""
         started = time.perf_counter()
-        result = self.embedder.embed(texts, self._batches(tenant, question=False), self._document_batch_size)
-        cleaning = time.perf_counter()
-        # torch frees a batch's activations to glibc, which keeps them; hand them back to the pool
-        # (a few ms) so a replica at rest holds weights + runtime, as planned.
-        release_freed_heap(collect=False)
-        self.embedder.release_device_cache()
-        done = time.perf_counter()
+        with self._after_call(device_cache=True) as cleanup:
+            result = self.embedder.embed(texts, self._batches(tenant, question=False), self._document_batch_size)
         # the caller's timing of where an ingest goes: the whole call, and of it the clean-up after the passes
-        return {**result, "busy_s": done - started, "cleanup_s": done - cleaning}
+        return {**result, "busy_s": time.perf_counter() - started, "cleanup_s": cleanup["seconds"]}
+
+    @staticmethod
+    def _trim_heap() -> None:
+        # torch frees a batch's activations to glibc, which keeps them; hand them back to the pool
+        # so a replica at rest holds weights + runtime, as planned.
+        release_freed_heap(collect=False)
+
+    @contextmanager
+    def _after_call(self, device_cache: bool = False):
+        """A call's clean-up, its seconds in the dict it yields: the heap, at once on CPU and once idle on a GPU,
+        and after document batches torch's cached device blocks (a GPU's; the replica's device memory crept over
+        its plan without)."""
+        timing = {"seconds": 0.0}
+        if self._heap_when_idle is not None:
+            with self._heap_when_idle.call():
+                yield timing
+        else:
+            yield timing
+        cleaning = time.perf_counter()
+        if self._heap_when_idle is None:
+            self._trim_heap()
+        if device_cache:
+            self.embedder.release_device_cache()
+        timing["seconds"] = time.perf_counter() - cleaning
 
     def _document_batch_size(self) -> int:
         """Half a batch while questions come in (each waits for the document batch in progress: 0.06-0.15 s
@@ -103,16 +132,14 @@ class Embedder:
 
     def embed_query(self, text: str, tenant: str = ""):
         """A question's vector (with the profile's query prefix), ahead of waiting document batches."""
-        vector = self.embedder.embed_query(text, self._batches(tenant, question=True))
-        release_freed_heap(collect=False)  # as after documents: the replica at rest stays as planned
-        return vector
+        with self._after_call():  # as after documents: the replica at rest stays as planned
+            return self.embedder.embed_query(text, self._batches(tenant, question=True))
 
     def chunk_documents(self, texts: list[str]) -> list[list[Chunk]]:
         """Each document's chunks: one call an ingest, tokenized over the planned ingest threads
         (RAYON_NUM_THREADS, planner/plan.py)."""
-        chunks = self.embedder.chunk_documents(texts)
-        release_freed_heap(collect=False)  # the tokenizer's encodings of whole pages, before the embed calls
-        return chunks
+        with self._after_call():  # the tokenizer's encodings of whole pages, before the embed calls
+            return self.embedder.chunk_documents(texts)
 
     def memory(self) -> dict:
         """The process tree's host memory; on a GPU also what torch's caching allocator holds there (the

@@ -12,6 +12,7 @@
   since the last batch (the chat engine between requests), and falls back to the planned
   torch_threads when they are busy, so an ingest on an idle stack runs at the encoder's full speed
   without taking the engine's planned core while it generates.
+- WhenIdle: a clean-up that runs once no call has been in flight for a while, instead of after each call.
 """
 
 from __future__ import annotations
@@ -157,3 +158,40 @@ class IdleCores:
             self._idle = max(0.0, self._cpus - others)
             self._last = now
         return self._idle
+
+
+class WhenIdle:
+    """Runs `cleanup` once no call has been in flight for `settle_s`: a run of calls (an ingest's embed calls)
+    pays for it once, after the last, instead of once each. A call that starts cancels a pending run."""
+
+    def __init__(self, cleanup: Callable[[], None], settle_s: float, timer: Callable[..., Any] = threading.Timer):
+        self._cleanup, self._settle_s, self._timer = cleanup, settle_s, timer
+        self._lock = threading.Lock()
+        self._in_flight = 0
+        self._calls = 0  # calls started so far: a timer set before the latest one is stale
+        self._pending: Any = None
+
+    @contextmanager
+    def call(self) -> Iterator[None]:
+        with self._lock:
+            self._in_flight += 1
+            self._calls += 1
+            if self._pending is not None:
+                self._pending.cancel()
+                self._pending = None
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+                if self._in_flight == 0:
+                    self._pending = self._timer(self._settle_s, self._fire, args=(self._calls,))
+                    self._pending.daemon = True
+                    self._pending.start()
+
+    def _fire(self, calls: int) -> None:
+        with self._lock:
+            if self._in_flight or calls != self._calls:
+                return
+            self._pending = None
+        self._cleanup()

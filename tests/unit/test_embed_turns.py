@@ -216,3 +216,60 @@ def test_turns_remember_when_a_question_last_asked():
     asked = time.monotonic()
     assert turns.question_within(5.0)
     assert turns.question_within(5.0, now=asked + 4.9) and not turns.question_within(5.0, now=asked + 5.2)
+
+
+class _ManualTimer:
+    """threading.Timer's shape, fired by the test."""
+
+    made: list["_ManualTimer"] = []
+
+    def __init__(self, seconds, function, args=()):
+        self.seconds, self.function, self.args, self.cancelled, self.daemon = seconds, function, args, False, False
+        _ManualTimer.made.append(self)
+
+    def start(self):
+        pass
+
+    def cancel(self):
+        self.cancelled = True
+
+    def fire(self):
+        if not self.cancelled:
+            self.function(*self.args)
+
+
+def test_when_idle_cleans_up_once_after_the_last_of_a_run_of_calls():
+    from rag.retrieval.embed_turns import WhenIdle
+
+    _ManualTimer.made.clear()
+    runs = []
+    idle = WhenIdle(lambda: runs.append(1), 1.0, timer=_ManualTimer)
+    with idle.call():
+        with idle.call():  # overlapping calls: nothing is set until the last one ends
+            pass
+        assert _ManualTimer.made == []
+    first = _ManualTimer.made[-1]
+    assert first.seconds == 1.0 and first.daemon
+    with idle.call():  # a call within the wait cancels the pending clean-up
+        assert first.cancelled
+    first.fire()
+    assert runs == []
+    _ManualTimer.made[-1].fire()
+    assert runs == [1]
+
+
+def test_a_stale_timer_that_fires_anyway_does_not_clean_up_under_a_call():
+    from rag.retrieval.embed_turns import WhenIdle
+
+    _ManualTimer.made.clear()
+    runs = []
+    idle = WhenIdle(lambda: runs.append(1), 1.0, timer=_ManualTimer)
+    with idle.call():
+        pass
+    stale = _ManualTimer.made[-1]
+    with idle.call():
+        stale.cancelled = False  # a cancel that came too late: the timer's thread was already running
+        stale.fire()
+        assert runs == []
+    _ManualTimer.made[-1].fire()
+    assert runs == [1]

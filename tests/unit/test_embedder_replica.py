@@ -50,3 +50,41 @@ def test_the_host_heap_is_trimmed_after_each_pass_on_cpu_only(monkeypatch):
         with replica._batches("t", question=False)(4) as run:
             assert run(lambda: 7) == 7
         assert trims == expected, device
+
+
+def test_the_heap_is_trimmed_after_each_call_on_cpu_and_once_idle_on_a_gpu(monkeypatch):
+    """A trim of a GPU process's ~1 GB heap took 20-140 ms here: per call it sat on every embed call of an
+    ingest, so on a GPU it waits until the replica is idle; torch's device cache still goes after each
+    document call (the device memory crept over its plan without)."""
+    import deployments.embedder as module
+    from rag.retrieval.embed_turns import WhenIdle
+
+    events = []
+    monkeypatch.setattr(module, "release_freed_heap", lambda collect=True: events.append("trim"))
+    for device in ("cpu", "cuda"):
+        replica = _replica(4, 0.0)
+        replica.embedder.release_device_cache = lambda: events.append("device cache")
+        timers = []
+
+        def timer(seconds, function, args=(), _timers=timers):
+            made = SimpleNamespace(
+                seconds=seconds, fire=lambda: function(*args), cancel=lambda: None, start=lambda: None
+            )
+            _timers.append(made)
+            return made
+
+        replica._heap_when_idle = (
+            WhenIdle(replica._trim_heap, module.GPU_CLEANUP_IDLE_S, timer=timer) if device == "cuda" else None
+        )
+        events.clear()
+        with replica._after_call(device_cache=True) as cleanup:
+            events.append("embed")
+        assert cleanup["seconds"] >= 0
+        with replica._after_call():
+            events.append("query")
+        if device == "cpu":
+            assert events == ["embed", "trim", "device cache", "query", "trim"] and timers == []
+        else:
+            assert events == ["embed", "device cache", "query"]
+            timers[-1].fire()
+            assert events[-1] == "trim" and timers[-1].seconds == module.GPU_CLEANUP_IDLE_S
