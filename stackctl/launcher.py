@@ -372,6 +372,7 @@ def up(
                 profile.gateway.login_form_max_bytes,
                 profile.gateway.refusal_delay_s,
                 profile.gateway.refusal_delay_max,
+                profile.gateway.unavailable_retry_after_s,
             )
         )
         (layout.run_dir / "stack.yaml").write_text(

@@ -1,4 +1,5 @@
-"""Refusals that Ray Serve's HTTP proxy makes itself, before a request is routed to the gateway replica.
+"""Refusals that Ray Serve's HTTP proxy makes itself, before a request is routed to the gateway replica, and
+its answer to a request whose gateway replica died under it (UnansweredIsUnavailable: 503, not Uvicorn's 500).
 
 A public path (/healthz, /docs, /openapi.json, the dashboard's static files) takes no body, which the
 gateway refuses from the headers (413, unread: gateway/middleware/public_paths.py). Made in the gateway, each such
@@ -36,9 +37,14 @@ logger = logging.getLogger("ray.serve")
 
 
 def proxy_env(
-    route_prefix: str, login_form_max_bytes: int, refusal_delay_s: float = 0.0, refusal_delay_max: int = 0
+    route_prefix: str,
+    login_form_max_bytes: int,
+    refusal_delay_s: float = 0.0,
+    refusal_delay_max: int = 0,
+    retry_after_s: int = 0,
 ) -> dict[str, str]:
-    """What the launcher adds to Ray's environment so that every proxy it starts refuses here."""
+    """What the launcher adds to Ray's environment so that every proxy it starts refuses here (and, with
+    `retry_after_s`, answers 503 for a request its replica died under)."""
     return {
         "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": CALLBACK,
         SETTINGS_ENV: json.dumps(
@@ -47,6 +53,7 @@ def proxy_env(
                 "login_form_max_bytes": login_form_max_bytes,
                 "refusal_delay_s": refusal_delay_s,
                 "refusal_delay_max": refusal_delay_max,
+                "retry_after_s": retry_after_s,
             }
         ),
     }
@@ -104,10 +111,67 @@ class PublicBodyRefusal:
             self.delayed -= 1
 
 
+class UnansweredIsUnavailable:
+    """Pure ASGI middleware: a request the proxy returns without answering gets 503 with Retry-After.
+
+    When the gateway replica a request was routed to dies under it (killed, out of memory, replaced), Ray
+    Serve's proxy logs the actor's error and sends nothing (http_util.send_http_response_on_exception answers
+    only 408/429/503), and Uvicorn then answers a bare "500 Internal Server Error". For the client that
+    request met a replica that was going away, as the ones sent while it is down do (503 + Retry-After from
+    the next replica), never a server fault to report. A response already started (a stream cut by the
+    death) is left as it is: its status line is gone."""
+
+    def __init__(self, app, retry_after_s: int):
+        self.app = app
+        self.retry_after_s = retry_after_s
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def tracking_send(message):
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:  # noqa: BLE001 - what Uvicorn would turn into a 500, if nothing was sent yet
+            if started:
+                raise
+            logger.warning(
+                "poolserve: %s %s failed in the proxy (%s): 503", scope.get("method"), scope.get("path"), exc
+            )
+        if not started:
+            body = json.dumps(
+                {
+                    "error": {
+                        "message": "the gateway replica went away while handling this request; retry",
+                        "type": "service_unavailable",
+                        "code": 503,
+                    }
+                }
+            ).encode()
+            headers = [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"retry-after", str(self.retry_after_s).encode()),
+            ]
+            await send({"type": "http.response.start", "status": 503, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+
+
 def middlewares() -> list[Middleware]:
-    """Ray's proxy callback: the middlewares its HTTP app runs, from POOLSERVE_PROXY_GUARD."""
+    """Ray's proxy callback: the middlewares its HTTP app runs, from POOLSERVE_PROXY_GUARD (Ray wraps its app
+    in them in order: the last is outermost)."""
     settings = json.loads(os.environ.get(SETTINGS_ENV) or "{}")
     if not settings:
         return []
+    retry_after_s = settings.pop("retry_after_s", 0)
     logger.info("poolserve: the proxy refuses bodies on public paths itself (%s)", settings)
-    return [Middleware(PublicBodyRefusal, **settings)]
+    guards = [Middleware(PublicBodyRefusal, **settings)]
+    if retry_after_s:
+        guards.append(Middleware(UnansweredIsUnavailable, retry_after_s=retry_after_s))
+    return guards

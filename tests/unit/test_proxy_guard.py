@@ -6,7 +6,13 @@ import json
 import pytest
 
 from gateway.middleware import proxy_guard
-from gateway.middleware.proxy_guard import PublicBodyRefusal, middlewares, path_in_app, proxy_env
+from gateway.middleware.proxy_guard import (
+    PublicBodyRefusal,
+    UnansweredIsUnavailable,
+    middlewares,
+    path_in_app,
+    proxy_env,
+)
 
 
 def _run(guard, method: str, path: str, headers: dict) -> tuple[int, dict, bytes, list[str]]:
@@ -88,6 +94,10 @@ def test_the_callback_reads_its_settings_from_the_environment(monkeypatch):
         "refusal_delay_s": 0.0,
         "refusal_delay_max": 0,
     }
+    monkeypatch.setenv(proxy_guard.SETTINGS_ENV, proxy_env("/api", 4096, retry_after_s=10)[proxy_guard.SETTINGS_ENV])
+    refusal, unanswered = middlewares()  # Ray wraps its app in them in order: the last is outermost
+    assert refusal.cls is PublicBodyRefusal and "retry_after_s" not in refusal.kwargs
+    assert unanswered.cls is UnansweredIsUnavailable and unanswered.kwargs == {"retry_after_s": 10}
 
 
 def test_a_refusal_waits_out_its_delay_unless_too_many_already_wait():
@@ -119,3 +129,50 @@ def test_the_proxy_imports_nothing_heavy(module):
     code = f"import sys, {module}; print(sorted(m for m in ('vllm', 'ray', 'torch', 'fastapi') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _through_unanswered(downstream) -> list[dict]:
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []}
+    asyncio.run(UnansweredIsUnavailable(downstream, retry_after_s=10)(scope, receive, send))
+    return sent
+
+
+def test_a_request_the_proxy_leaves_unanswered_gets_503_with_retry_after():
+    """Ray's proxy sends nothing for a request whose replica died under it (Uvicorn would answer a bare 500)."""
+
+    async def replica_died(scope, receive, send):
+        return None
+
+    async def proxy_failed(scope, receive, send):
+        raise RuntimeError("the actor died")
+
+    for downstream in (replica_died, proxy_failed):
+        start, body = _through_unanswered(downstream)
+        headers = dict(start["headers"])
+        assert start["status"] == 503 and headers[b"retry-after"] == b"10"
+        error = json.loads(body["body"])["error"]
+        assert error["code"] == 503 and "retry" in error["message"]
+        assert headers[b"content-length"] == str(len(body["body"])).encode()
+
+
+def test_an_answer_or_a_started_stream_passes_untouched():
+    async def answers(scope, receive, send):
+        await send({"type": "http.response.start", "status": 429, "headers": [(b"retry-after", b"3")]})
+        await send({"type": "http.response.body", "body": b"slow down"})
+
+    assert [m.get("status") for m in _through_unanswered(answers)] == [429, None]
+
+    async def cut_mid_stream(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        raise RuntimeError("the replica died mid-stream")
+
+    with pytest.raises(RuntimeError):  # its status line is gone: nothing to add
+        _through_unanswered(cut_mid_stream)
