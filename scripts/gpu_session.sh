@@ -8,6 +8,7 @@
 #   decode    raw vLLM's single-stream decode under each compilation mode (bench/gpu_decode_modes.py)
 #   ingest    one cold boot of the H100 profile: answers, then the ingest against raw sentence-transformers
 #   serving0  as serving, with chat.stream_batching_interval_ms 0 (every token its own chunk)
+#   direct    as serving0, with gateway.direct_ingress (no proxy hop): the H200's table of 2026-12-06
 #   bench     one cold boot of the bench profile (compiled, no drafter): answers, decode, the ingest by part
 #   ondemand  model swaps through the stack (bench/bench_on_demand.py --swaps 20): two on-demand engines of
 #             PROFILE_ON_DEMAND (default configs/gpu-on-demand.yaml; configs/h100-on-demand.yaml for two 27Bs), one
@@ -48,6 +49,7 @@ for name in $steps; do
            python3 bench/bench_gpu_plan.py --profile "$bench_profile" --out "$out/bench" --ingest --timeout 560 \
              > "$out/bench.log" 2>&1 ;;
     serving0) serving gpu-serving-interval0 --chat stream_batching_interval_ms=0 ;;
+    direct) serving gpu-serving-direct --chat stream_batching_interval_ms=0 --gateway direct_ingress=true ;;
     ondemand) mkdir -p "$out/ondemand"
               python3 bench/bench_on_demand.py --profile "$on_demand_profile" --out "$out/ondemand" --swaps 20 \
                 --cycles "${ON_DEMAND_CYCLES:-0}" --timeout 560 > "$out/ondemand.log" 2>&1 ;;
