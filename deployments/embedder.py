@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 from ray import serve
 
@@ -18,8 +18,9 @@ from system.priority import lower_cpu_priority
 from system.process_memory import process_tree_memory, release_freed_heap
 
 
-# On a GPU, how long the replica waits without a call before it trims its heap. A trim of a GPU process's heap (about 1 GB, glibc's default arenas) took 20-140 ms on this
-# project's CPU host (2026-12-06); per call it sat on every embed call's way, a few per ingest request.
+# On a GPU, how long the replica waits without a call before it trims its heap. A trim of a heap of a GPU
+# process's size (about 1 GB, glibc's default arenas) took 21-138 ms on this project's CPU host (2026-12-06,
+# bench/results/heap-trim-cost-2026-12-06.json); per call it sat on the way of every embed call of an ingest.
 GPU_CLEANUP_IDLE_S = 1.0
 
 
@@ -108,14 +109,11 @@ class Embedder:
         """A call's clean-up, its seconds in the dict it yields: the heap, at once on CPU and once idle on a GPU,
         and after document batches torch's cached device blocks (a GPU's; the replica's device memory crept over
         its plan without)."""
-        timing = {"seconds": 0.0}
-        if self._heap_when_idle is not None:
-            with self._heap_when_idle.call():
-                yield timing
-        else:
+        timing, idle = {"seconds": 0.0}, self._heap_when_idle
+        with idle.call() if idle is not None else nullcontext():
             yield timing
         cleaning = time.perf_counter()
-        if self._heap_when_idle is None:
+        if idle is None:
             self._trim_heap()
         if device_cache:
             self.embedder.release_device_cache()

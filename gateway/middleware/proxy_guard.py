@@ -28,6 +28,7 @@ import os
 
 from starlette.middleware import Middleware
 
+from gateway.error_body import error_body
 from gateway.middleware.dashboard_auth import LOGIN
 from gateway.middleware.public_paths import body_limit, body_refusal, is_public
 
@@ -145,22 +146,11 @@ class UnansweredIsUnavailable:
                 "poolserve: %s %s failed in the proxy (%s): 503", scope.get("method"), scope.get("path"), exc
             )
         if not started:
-            body = json.dumps(
-                {
-                    "error": {
-                        "message": "the gateway replica went away while handling this request; retry",
-                        "type": "service_unavailable",
-                        "code": 503,
-                    }
-                }
-            ).encode()
-            headers = [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"retry-after", str(self.retry_after_s).encode()),
-            ]
-            await send({"type": "http.response.start", "status": 503, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
+            unavailable = error_body(
+                503, "the gateway replica went away while handling this request; retry", "service_unavailable"
+            )
+            unavailable.headers["Retry-After"] = str(self.retry_after_s)
+            await unavailable(scope, receive, send)
 
 
 def middlewares() -> list[Middleware]:
