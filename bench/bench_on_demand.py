@@ -211,6 +211,65 @@ def growth_per_cycle(readings: list[int | None]) -> int | None:
 # ---- the stack ----
 
 
+def level_1_weight_bytes(host_breakdown: dict[str, int]) -> int:
+    """The weights a level-1 sleep keeps in host memory (what a wake copies back), from the planned host lines."""
+    return sum(v for k, v in host_breakdown.items() if k.endswith("(on host, level 1)"))
+
+
+# The host-to-device copy a level-1 wake is measured against: pinned host memory to the device, in a child
+# process (this one never holds a CUDA context: the device must be empty once the stack stops). A buffer of at
+# most COPY_PROBE_BYTES gives the bandwidth; a 50 GiB pinned buffer would only take longer to register.
+COPY_PROBE_BYTES = 8 * GIB
+HOST_TO_DEVICE = """
+import json, sys, time, torch
+size, repeats = int(sys.argv[1]), int(sys.argv[2])
+host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+device = torch.empty(size, dtype=torch.uint8, device="cuda")
+seconds = []
+for _ in range(repeats):
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    device.copy_(host, non_blocking=True)
+    torch.cuda.synchronize()
+    seconds.append(time.perf_counter() - started)
+print(json.dumps({"bytes": size, "seconds": seconds}))
+"""
+
+
+def copy_seconds_for(weight_bytes: int, probe: dict) -> dict:
+    """The time to copy `weight_bytes` host to device at the probe's best bandwidth (pure: unit-tested)."""
+    best = min(probe["seconds"])
+    bandwidth = probe["bytes"] / best
+    return {
+        "probe_bytes": probe["bytes"],
+        "probe_seconds": [round(s, 4) for s in probe["seconds"]],
+        "bandwidth_gb_per_s": round(bandwidth / 1e9, 2),
+        "weight_bytes": weight_bytes,
+        "copy_s": round(weight_bytes / bandwidth, 4),
+    }
+
+
+def wake_against_copy(wake_s: dict | None, copy: dict | None) -> float | None:
+    """A level-1 wake's p50 over the plain copy of its weights (the goal: at most 1.5)."""
+    if not wake_s or not copy or not copy.get("copy_s"):
+        return None
+    return round(wake_s["p50"] / copy["copy_s"], 3)
+
+
+def host_to_device_copy(weight_bytes: int, repeats: int = 3) -> dict:
+    import subprocess
+
+    size = min(weight_bytes, COPY_PROBE_BYTES)
+    done = subprocess.run(
+        [sys.executable, "-c", HOST_TO_DEVICE, str(size), str(repeats)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    return copy_seconds_for(weight_bytes, json.loads(done.stdout.strip().splitlines()[-1]))
+
+
 def plan_engines(plan) -> dict[str, dict]:
     """Each on-demand engine of the plan by replica name: its model id, sleep/wake kind and bytes."""
     engines = {}
@@ -223,6 +282,7 @@ def plan_engines(plan) -> dict[str, dict]:
             "asleep_bytes": e.asleep_bytes,
             "asleep_at_rest_bytes": e.asleep_at_rest_bytes,
             "asleep_host_bytes": e.asleep_host_bytes,
+            "level_1_weight_bytes": level_1_weight_bytes(e.asleep_host_breakdown),
             "growth": plan.replica(name).growth_bytes,
             "tenant_wakes_per_hour": e.tenant_wakes_per_hour,
         }
@@ -599,6 +659,11 @@ def run(profile_path: Path, out: Path, swaps: int, cycles: int, timeout_s: float
         report["after_down"]["gpu"] = wait_gpu_empty(sampler, baseline)
         report["after_down"]["clean"] = not left and report["after_down"]["gpu"]["empty"]
         sampler.__exit__(None, None, None)
+        weights = max((e["level_1_weight_bytes"] for e in report["plan"]["engines"].values()), default=0)
+        if weights and step("host_to_device_copy", lambda: host_to_device_copy(weights)):
+            report["wake_against_copy"] = wake_against_copy(
+                report.get("cold_start", {}).get("wake_up_wake_s"), report["host_to_device_copy"]
+            )
     serve_log = workdir / "serve.log"
     if serve_log.exists():
         shutil.copy(serve_log, out / f"on-demand-{name}-serve.log")

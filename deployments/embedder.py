@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 
 from ray import serve
 
@@ -18,9 +18,10 @@ from system.priority import lower_cpu_priority
 from system.process_memory import process_tree_memory, release_freed_heap
 
 
-# On a GPU, how long the replica waits without a call before it trims its heap. A trim of a heap of a GPU
-# process's size (about 1 GB, glibc's default arenas) took 21-138 ms on this project's CPU host (2026-12-06,
-# bench/results/heap-trim-cost-2026-12-06.json); per call it sat on the way of every embed call of an ingest.
+# On a GPU, how long the replica waits without a call before it trims its heap and hands torch's cached device
+# blocks back. A trim of a heap of a GPU process's size (about 1 GB, glibc's default arenas) took 21-138 ms on
+# this project's CPU host (2026-12-06, bench/results/heap-trim-cost-2026-12-06.json), and an emptied device cache
+# makes the next call allocate its blocks again: per call both sat on the way of every embed call of an ingest.
 GPU_CLEANUP_IDLE_S = 1.0
 
 
@@ -43,10 +44,10 @@ class Embedder:
         # On a GPU a pass's activations live on the device: the host heap does not grow per pass, and a trim
         # per pass would only add its milliseconds to passes of well under one.
         self._release_heap_per_pass = not settings.device.startswith("cuda")
-        # After a call, its heap: on CPU at once (the next call's passes run in it); on a GPU once the replica
-        # is idle, so a run of calls pays for the trim once. torch's cached device blocks go after each call.
-        self._heap_when_idle = (
-            WhenIdle(self._trim_heap, GPU_CLEANUP_IDLE_S) if not self._release_heap_per_pass else None
+        # After a call, its heap: on CPU at once (the next call's passes run in it); on a GPU, with torch's cached
+        # device blocks, once the replica is idle, so a run of calls (an ingest's) pays for the clean-up once.
+        self._when_idle = (
+            WhenIdle(self._release_at_rest, GPU_CLEANUP_IDLE_S) if not self._release_heap_per_pass else None
         )
         # `cuda` only when the plan gave this replica a GPU share: Ray then sets CUDA_VISIBLE_DEVICES to it.
         self.embedder = SentenceTransformerEmbedder(
@@ -93,7 +94,7 @@ class Embedder:
         """Unit-length float32 vectors of documents (or /v1/embeddings inputs) and the tokens read; each batch
         waits for `tenant`'s turn among the tenants with batches waiting."""
         started = time.perf_counter()
-        with self._after_call(device_cache=True) as cleanup:
+        with self._after_call() as cleanup:
             result = self.embedder.embed(texts, self._batches(tenant, question=False), self._document_batch_size)
         # the caller's timing of where an ingest goes: the whole call, and of it the clean-up after the passes
         return {**result, "busy_s": time.perf_counter() - started, "cleanup_s": cleanup["seconds"]}
@@ -104,19 +105,24 @@ class Embedder:
         # so a replica at rest holds weights + runtime, as planned.
         release_freed_heap(collect=False)
 
+    def _release_at_rest(self) -> None:
+        # a GPU replica idle: its heap, and torch's cached device blocks (batches of varied shapes leave blocks
+        # no later batch fits: its device memory crept over its plan without), so at rest it holds its plan
+        self._trim_heap()
+        self.embedder.release_device_cache()
+
     @contextmanager
-    def _after_call(self, device_cache: bool = False):
-        """A call's clean-up, its seconds in the dict it yields: the heap, at once on CPU and once idle on a GPU,
-        and after document batches torch's cached device blocks (a GPU's; the replica's device memory crept over
-        its plan without)."""
-        timing, idle = {"seconds": 0.0}, self._heap_when_idle
-        with idle.call() if idle is not None else nullcontext():
-            yield timing
+    def _after_call(self):
+        """A call's clean-up, its seconds in the dict it yields: on CPU the heap at once; on a GPU nothing per
+        call, the heap and device cache once the replica is idle (`GPU_CLEANUP_IDLE_S`)."""
+        timing, idle = {"seconds": 0.0}, self._when_idle
+        if idle is not None:
+            with idle.call():
+                yield timing
+            return
+        yield timing
         cleaning = time.perf_counter()
-        if idle is None:
-            self._trim_heap()
-        if device_cache:
-            self.embedder.release_device_cache()
+        self._trim_heap()
         timing["seconds"] = time.perf_counter() - cleaning
 
     def _document_batch_size(self) -> int:

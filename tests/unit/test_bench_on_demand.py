@@ -26,6 +26,7 @@ from planner.plan import build_plan
 from planner.profile import load_profile
 
 MIB = 2**20
+GIB = 2**30
 
 
 def _metrics_text(wakes: dict, sleeps: dict, seconds: dict) -> str:
@@ -217,3 +218,21 @@ def test_an_asleep_gpu_engine_at_rest_is_planned_without_its_activation_cache():
         engine["asleep_at_rest_bytes"]
         == plan.asleep_breakdown["cuda_context.worker"] + plan.asleep_breakdown["cuda_graphs"]
     )
+
+
+def test_a_level_1_wake_is_read_against_the_copy_of_the_weights_it_brings_back():
+    """Issue 48's goal: a wake at most 1.5x the time to copy its weights host to device on the same machine. The
+    weights are the planned host lines level 1 keeps; the copy's bandwidth comes from a smaller pinned buffer."""
+    from bench.bench_on_demand import copy_seconds_for, level_1_weight_bytes, wake_against_copy
+
+    host = {
+        "weights.target (on host, level 1)": 50 * GIB,
+        "drafter.weights (on host, level 1)": 2 * GIB,
+        "process": GIB,
+    }
+    assert level_1_weight_bytes(host) == 52 * GIB
+    assert level_1_weight_bytes({"process": GIB}) == 0
+    copy = copy_seconds_for(52 * GIB, {"bytes": 8 * GIB, "seconds": [0.40, 0.20, 0.25]})
+    assert copy["copy_s"] == 1.3 and copy["bandwidth_gb_per_s"] == round(8 * GIB / 0.2 / 1e9, 2)
+    assert wake_against_copy({"p50": 1.95}, copy) == 1.5
+    assert wake_against_copy(None, copy) is None and wake_against_copy({"p50": 1.0}, None) is None
