@@ -1080,7 +1080,8 @@ class StressSpec(_Strict):
         min_length=1,
         description="Layer 2 in --quick "
         "mode: the whole context, the boundary the one-over check "
-        "tests (prefilled twice, plain and streamed, no cached prefix).",
+        "tests (streamed with no cached prefix; the plain request reuses the prefix the prompt sizer's "
+        "last probe prefilled).",
     )
     concurrency_clients: int = Field(32, ge=1, description="Layer 3: concurrent clients.")
     concurrency_seconds: float = Field(600.0, gt=0, description="Layer 3: how long the clients run.")

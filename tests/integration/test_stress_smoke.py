@@ -21,7 +21,7 @@ from tests.integration.conftest import ADMIN_KEY, ROOT
 pytestmark = [pytest.mark.late("loads the stack"), pytest.mark.slow]
 
 SMOKE_LAYERS = "1-6"
-SMOKE_BUDGET_S = 1200  # bounded: layer 2 prefills 12k tokens (160-800 prompt tokens/s on 2 cores, by host)
+SMOKE_BUDGET_S = 1200  # bounded: layer 2 prefills about 8k tokens (160-800 prompt tokens/s on 2 cores, by host)
 
 
 @pytest.mark.timeout(SMOKE_BUDGET_S + 300)
