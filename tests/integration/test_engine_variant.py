@@ -14,8 +14,8 @@ gateway replicas (one variant, not two: each stack start costs minutes of CI):
 - the route prefix: auth must not depend on where the app is mounted, and nothing is served outside it;
 - two gateway replicas: a tenant's limits hold across them (rpm N gives N requests a minute, not 2N);
 - several engines: they start together (on a CPU; the rest after all of them), each answers, each enforces
-  its own context length (the ngram engine's max_model_len is 2048 against the others' 4096, which no prompt
-  here comes near), and each measures within its own plan.
+  its own context length (the ngram engine's max_model_len is 512 against the others' 4096; the greedy
+  prompts and their 48 tokens stay under 300), and each measures within its own plan.
 
 The engines run in float32:
 in bf16, verifying k+1 tokens in one batched step rounds differently from one-token decode, so
@@ -79,7 +79,7 @@ MODEL_IDS = {"none": MODEL, "ngram": "smollm2-135m-ngram", "draft_model": "smoll
 # 6 layers, or the planner refuses the profile. The same Ray CPU share each: three of the default 0.5
 # and the other replicas' 0.6 ask for 2.1 of the 2 cores, which the planner refuses too.
 ENGINE = {"dtype": "float32", "kv_cache_bytes": "1GiB", "num_cpus": 0.3}
-SHORT_CONTEXT = {"ngram": 2048}  # max_model_len per method where it differs from the default chat's
+SHORT_CONTEXT = {"ngram": 512}  # max_model_len per method where it differs from the default chat's
 
 
 def _answers(url: str, headers: dict, model: str) -> list[str]:
@@ -280,10 +280,10 @@ def test_the_engines_share_the_pool_and_started_together(spec_stack, demo):
         listed = {m["id"] for m in http.get("/v1/models").json()["data"]}
         assert set(MODEL_IDS.values()) <= listed
         short = MODEL_IDS["ngram"]
-        too_long = http.post("/v1/completions", json={"model": short, "prompt": "word " * 2100, "max_tokens": 4})
-        assert too_long.status_code == 400 and "2048" in too_long.json()["error"]["message"], too_long.text
+        too_long = http.post("/v1/completions", json={"model": short, "prompt": "word " * 600, "max_tokens": 4})
+        assert too_long.status_code == 400 and "512" in too_long.json()["error"]["message"], too_long.text
         fits_the_default = http.post(
-            "/v1/completions", json={"model": MODEL, "prompt": "word " * 2100, "max_tokens": 4}
+            "/v1/completions", json={"model": MODEL, "prompt": "word " * 600, "max_tokens": 4}
         )
         assert fits_the_default.status_code == 200, fits_the_default.text  # each engine its own limit
     status = httpx.get(f"{spec_stack.url}/status", headers=ADMIN, timeout=60).json()
