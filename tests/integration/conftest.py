@@ -180,6 +180,37 @@ def launch_session_stack(tmp_path_factory) -> tuple[Stack, bool]:
     return running, True
 
 
+# Variant stacks launched ahead of the module that uses them, by name (`launch_ahead`).
+LAUNCHED_AHEAD: dict[str, Stack] = {}
+
+
+def launch_ahead(tmp_path_factory, name: str, base_profile: str) -> Stack:
+    """The `name` variant's stack, launched once and not waited for: launched by an earlier module while its
+    own tests mostly wait (the on-demand engines' cold starts use about one core of the two), picked up by
+    the module that uses it, which waits until healthy and stops it. The session stops any left."""
+    if name not in LAUNCHED_AHEAD:
+        workdir = tmp_path_factory.mktemp(name)
+        port = _free_port()
+        running = Stack(write_stack_config(workdir, port, base_profile=base_profile), port, workdir / "serve.log")
+        running.launch()
+        LAUNCHED_AHEAD[name] = running
+    return LAUNCHED_AHEAD[name]
+
+
+def used_later(request, fixture: str) -> bool:
+    """Whether a test of this session uses `fixture` (so launching its stack ahead is not wasted)."""
+    return any(fixture in getattr(item, "fixturenames", ()) for item in request.session.items)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def stacks_launched_ahead():
+    """Stops, at the session's end, a stack launched ahead whose module never ran (a -k or -x session)."""
+    yield LAUNCHED_AHEAD
+    for running in LAUNCHED_AHEAD.values():
+        if running.process is not None:  # Stack.stop() clears it
+            running.stop()
+
+
 @pytest.fixture(scope="session")
 def stack(launched_stack):
     """The session's stack, healthy (launched by tests/conftest.py's `launched_stack`, which stops it)."""

@@ -18,7 +18,7 @@ import time
 import httpx
 import pytest
 
-from tests.integration.conftest import ROOT, Stack, _free_port, write_stack_config
+from tests.integration.conftest import ROOT, _free_port, launch_ahead, write_stack_config
 
 pytestmark = [pytest.mark.late("swaps the embedder"), pytest.mark.slow]
 
@@ -72,11 +72,10 @@ def test_the_launcher_refuses_this_embedder_on_a_store_minilm_filled(stack, tmp_
 @pytest.fixture(scope="module")
 def mpnet_stack(stack, tmp_path_factory):
     stack.stop()
-    workdir = tmp_path_factory.mktemp("mpnet")
-    port = _free_port()
-    running = Stack(write_stack_config(workdir, port, base_profile=PROFILE), port, workdir / "serve.log")
+    # launched by the on-demand module while its engines woke (or now, when that module is not in this session)
+    running = launch_ahead(tmp_path_factory, "mpnet", PROFILE)
     try:
-        print(f"all-mpnet-base-v2 stack healthy in {running.start():.0f}s")
+        print(f"all-mpnet-base-v2 stack healthy {running.wait_healthy():.0f}s after its launch")
         yield running
     finally:
         running.stop()

@@ -16,7 +16,17 @@ import httpx
 import psutil
 import pytest
 
-from tests.integration.conftest import ADMIN_KEY, DEMO_KEY, SESSION_STACKS, Stack, _free_port, write_stack_config
+from tests.integration.conftest import (
+    ADMIN_KEY,
+    DEMO_KEY,
+    SESSION_STACKS,
+    Stack,
+    _free_port,
+    launch_ahead,
+    used_later,
+    write_stack_config,
+)
+from tests.integration.test_embedder_variant import PROFILE as MPNET_PROFILE
 
 pytestmark = [pytest.mark.late("stops the stack"), pytest.mark.slow]
 
@@ -27,7 +37,7 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
 @pytest.fixture(scope="module")
-def on_demand_stack(tmp_path_factory):
+def on_demand_stack(tmp_path_factory, request):
     for session_stack in SESSION_STACKS:  # one engine pool at a time
         session_stack.stop()
     workdir = tmp_path_factory.mktemp("on-demand")
@@ -35,6 +45,11 @@ def on_demand_stack(tmp_path_factory):
     running = Stack(write_stack_config(workdir, port, base_profile="cpu-on-demand.yaml"), port, workdir / "serve.log")
     try:
         print(f"\non-demand stack healthy in {running.start():.0f}s")
+        if used_later(request, "mpnet_stack"):
+            # The mpnet stack (the last stage) starts while this module waits on its engines' cold starts:
+            # its own engine pool beside this one, both sized well under the host (13 and 11.75 GiB limits,
+            # about 5 GiB used each), never two starts at once on the 2 cores.
+            launch_ahead(tmp_path_factory, "mpnet", MPNET_PROFILE)
         yield running
     finally:
         running.stop()
