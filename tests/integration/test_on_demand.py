@@ -49,7 +49,10 @@ def on_demand_stack(tmp_path_factory, request):
             # The mpnet stack (the last stage) starts while this module waits on its engines' cold starts:
             # its own engine pool beside this one, both sized well under the host (13 and 11.75 GiB limits,
             # about 5 GiB used each), never two starts at once on the 2 cores.
-            launch_ahead(tmp_path_factory, "mpnet", MPNET_PROFILE)
+            try:
+                launch_ahead(tmp_path_factory, "mpnet", MPNET_PROFILE)
+            except Exception as exc:  # that module's fixture launches it again and fails there, not here
+                print(f"the mpnet stack did not launch ahead: {exc}")
         yield running
     finally:
         running.stop()
