@@ -282,9 +282,7 @@ def test_the_engines_share_the_pool_and_started_together(spec_stack, demo):
         short = MODEL_IDS["ngram"]
         too_long = http.post("/v1/completions", json={"model": short, "prompt": "word " * 600, "max_tokens": 4})
         assert too_long.status_code == 400 and "512" in too_long.json()["error"]["message"], too_long.text
-        fits_the_default = http.post(
-            "/v1/completions", json={"model": MODEL, "prompt": "word " * 600, "max_tokens": 4}
-        )
+        fits_the_default = http.post("/v1/completions", json={"model": MODEL, "prompt": "word " * 600, "max_tokens": 4})
         assert fits_the_default.status_code == 200, fits_the_default.text  # each engine its own limit
     status = httpx.get(f"{spec_stack.url}/status", headers=ADMIN, timeout=60).json()
     engines = {r["name"]: r for r in status["replicas"] if r["name"].startswith("chat")}
