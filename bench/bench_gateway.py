@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, wh
 
 from bench.harness.cpu_accounting import CpuAccount  # noqa: E402
 from bench.harness.engine import DEFAULT_PROFILE, engine_setup  # noqa: E402
+from bench.harness.first_token import first_token_times, probe_prompts, split_against_raw, summarise  # noqa: E402
 from bench.harness.llama_cpp import BF16_GGUF, llama_cpp_unavailable, llama_server  # noqa: E402
 from bench.harness.procs import RunningServer, raw_vllm_server  # noqa: E402
 from bench.harness.results import RESULTS_DIR, BenchResult, new_result, write_result  # noqa: E402
@@ -36,6 +37,7 @@ from bench.harness.stack import poolserve_stack, private_profile_path  # noqa: E
 NAME = "serving"
 STACK, RAW, LLAMA = "poolserve", "raw vllm", "llama.cpp"
 CPU_ROLES_SHOWN = 6  # the busiest roles per server in the CPU table
+FIRST_TOKEN_PROBES = 17  # sequential streams after the loads, the first a warm-up: where one stream's TTFT goes
 
 
 def _dataset(row: dict) -> str:
@@ -80,6 +82,13 @@ def measure(server: RunningServer, label: str, setup, loads: list[ServingLoad], 
     return rows
 
 
+def first_token_probe(server: RunningServer, setup) -> dict:
+    """One stream at a time, after the loads: the client's TTFT and, through the stack, its Server-Timing parts."""
+    print(f"[bench] {FIRST_TOKEN_PROBES} sequential streams for the first token's parts", flush=True)
+    prompts = probe_prompts(FIRST_TOKEN_PROBES)
+    return summarise(first_token_times(server.base_url, server.api_key, setup.served_model_name, prompts))
+
+
 def ratios(rows: list[dict]) -> dict[str, float]:
     """poolserve/raw output tokens/s and the TTFT p50 difference, per dataset and concurrency."""
     by = {(r["server"], _dataset(r), r["concurrency"]): r for r in rows}
@@ -107,9 +116,11 @@ def run(
     (raw=False: the stack only), then through llama.cpp's server on the same weights (llama=True, when built).
     `running`: a stack already up (from `profile`, unchanged) is measured instead of a private one, and stays
     up, idle, while raw vLLM runs: for the test suite's harness check, not for figures."""
+    first_token: dict[str, dict] = {}
     if running is not None:
         setup = engine_setup(profile)
         rows = measure(running, STACK, setup, loads, workdir)
+        first_token[STACK] = first_token_probe(running, setup)
     else:
         with poolserve_stack(
             profile, workdir, chat_overrides=chat_overrides, gateway_overrides=gateway_overrides
@@ -118,10 +129,14 @@ def run(
             # The raw server gets the plan of the stack's own (private) profile: the same engine.
             setup = engine_setup(private_profile_path(workdir))
             rows = measure(stack, STACK, setup, loads, workdir)
+            first_token[STACK] = first_token_probe(stack, setup)
     if raw:
         with raw_vllm_server(setup, workdir) as server:
             print(f"[bench] raw vLLM healthy in {server.start_s:.0f}s", flush=True)
             rows += measure(server, RAW, setup, loads, workdir)
+            first_token[RAW] = first_token_probe(server, setup)
+    if STACK in first_token and RAW in first_token:
+        first_token["stack_against_raw"] = split_against_raw(first_token[STACK], first_token[RAW])
     skipped = llama_cpp_unavailable() if llama else "llama.cpp not asked for"
     if llama and skipped is None:
         slots = max(load.concurrency for load in loads)
@@ -134,7 +149,12 @@ def run(
             print(f"[bench] {skipped}", flush=True)
     elif llama:
         print(f"[bench] {skipped}", flush=True)
-    metrics = {**ratios(rows), "poolserve_start_s": rows[0]["start_s"], "raw_vllm_start_s": rows[-1]["start_s"]}
+    metrics = {
+        **ratios(rows),
+        "poolserve_start_s": rows[0]["start_s"],
+        "raw_vllm_start_s": rows[-1]["start_s"],
+        "first_token": first_token,
+    }
     config = {
         "profile": str(profile),
         "stack": "already running" if running else "private",
@@ -244,7 +264,26 @@ def tables(result: BenchResult) -> str:
         ]
         cpu = _cpu_table(by, dataset, levels[-1])
         lines += ["", *cpu] if cpu else []
+    first = _first_token_table(result.metrics.get("first_token") or {})
+    lines += ["", *first] if first else []
     return "\n".join(lines)
+
+
+def _first_token_table(first_token: dict) -> list[str]:
+    split = first_token.get("stack_against_raw")
+    if not split:
+        return []
+    stack, raw = first_token[STACK], first_token[RAW]
+    parts = ", ".join(f"{name} {ms:.1f}" for name, ms in stack["server_timing_ms_p50"].items())
+    return [
+        f"One stream's first token, {stack['n']} sequential streams each (p50, ms; the gateway's Server-Timing):",
+        "",
+        "| raw vLLM TTFT | poolserve TTFT | extra | in the gateway | the chat replica beyond raw's TTFT "
+        "| HTTP and proxy | the gateway's parts |",
+        "|---:|---:|---:|---:|---:|---:|---|",
+        f"| {raw['ttft_ms_p50']:.1f} | {stack['ttft_ms_p50']:.1f} | {split['extra_ms']:+.1f} | "
+        f"{split['gateway_ms']:.1f} | {split['engine_beyond_raw_ms']:+.1f} | {split['http_and_proxy_ms']:.1f} | {parts} |",
+    ]
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import httpx
+from bench.harness.first_token import server_timing
 
 GIB = 2**30
 STEP = 256 * 2**20
@@ -199,15 +200,3 @@ def ingest_ratio(
         "request_s": request_s,
         "server_timing_s": {name: round(ms / 1000, 3) for name, ms in parts_ms.items()},
     }
-
-
-def server_timing(header: str) -> dict[str, float]:
-    """A Server-Timing header's parts (`name;dur=ms, ...`) as {name: milliseconds}."""
-    parts = {}
-    for entry in filter(None, (e.strip() for e in header.split(","))):
-        name, _, params = entry.partition(";")
-        for param in params.split(";"):
-            key, _, value = param.strip().partition("=")
-            if key == "dur":
-                parts[name.strip()] = float(value)
-    return parts

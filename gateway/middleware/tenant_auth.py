@@ -17,6 +17,7 @@ from gateway.http_errors import error_body
 from gateway.middleware.dashboard_auth import dashboard_gate, is_dashboard_path
 from gateway.middleware.public_paths import is_public, refuse_unauthenticated, serve_public
 from gateway.middleware.read_lanes import ReadsQueued, is_read
+from gateway.middleware.request_timing import TIMING_KEY, RequestTiming
 from gateway.middleware.tenant_guard import (
     ADMIN_KEY_ENV,
     DETACHED_KEY,
@@ -84,6 +85,7 @@ class TenantAuthMiddleware:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        timing = scope[TIMING_KEY] = RequestTiming()  # its Server-Timing header (generation routes)
         guard = self.guard
         scope[GUARD_KEY] = guard
         path = app_path(scope)
@@ -145,6 +147,7 @@ class TenantAuthMiddleware:
             return await self._reject_over_limit(scope, receive, send, tenant, decision)
         scope[TENANT_KEY] = tenant
         tokens = scope[TOKENS_KEY] = RequestTokens(reservation)
+        timing.mark("admitted")
         in_flight = guard.metrics.in_flight.labels(tenant=tenant.name)
         in_flight.inc()
         try:

@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gateway.http_errors import EngineNotRunning, error_body, unavailable
 from gateway.on_demand_gate import OnDemandGate
+from gateway.middleware.request_timing import mark, timing_headers
 from gateway.middleware.tenant_guard import guard_of, record_usage, reserve_tokens, tenant_of, tpm_of
 from gateway.schemas import RagOptions, ServedModelCard, ServedModelList
 from gateway.streams import force_stream_usage, trim_capped_choices, tracked_stream
@@ -177,12 +178,15 @@ class OpenAIRoutes:
         sent before it is whole, and without its final usage the tenant would be charged nothing."""
 
         async def engine_answer() -> Response:
+            mark(request, "engine_called")
             response = await self._engine(call, model)
+            mark(request, "engine_answered")  # a stream's first chunk: ray.serve.llm peeks at it before answering
             return await self._finish(request, model, response, cited, usage_wanted, getattr(body, "n", None) or 1)
 
         async def answer() -> Response:  # an on-demand engine woken for it, and counted in flight until it ends
             return await self._on_demand.run(model, request, engine_answer)
 
+        mark(request, "prepared")
         return await answer() if getattr(body, "stream", False) else await run_to_completion(answer())
 
     async def _finish(
@@ -208,7 +212,7 @@ class OpenAIRoutes:
                 choices_per_prompt=choices_per_prompt,
                 trim_at_cap=trim,
             )
-            return StreamingResponse(stream, media_type="text/event-stream")
+            return StreamingResponse(stream, media_type="text/event-stream", headers=timing_headers(request))
         if response.status_code >= 500:  # the engine failed or is restarting: the client may retry
             logger.warning("chat replica answered %s: %s", response.status_code, bytes(response.body)[:300])
             self._healthy_until = 0.0  # /healthz checks again instead of trusting its last answer
@@ -218,11 +222,12 @@ class OpenAIRoutes:
         payload = json.loads(response.body)
         await record_usage(request, model, payload.get("usage"), response.status_code)
         if cited is None:
+            response.headers.update(timing_headers(request))
             return response
         payload["citations"] = cited
         if trim and response.status_code < 400:
             trim_capped_choices(payload)
-        return JSONResponse(payload, status_code=response.status_code)
+        return JSONResponse(payload, status_code=response.status_code, headers=timing_headers(request))
 
     # ---- chat ----------------------------------------------------------------------------
     def _count_chat_tokens(self, model: str, messages: list) -> int:

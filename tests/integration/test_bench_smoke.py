@@ -67,6 +67,12 @@ def test_bench_smoke_measures_the_stack_raw_vllm_retrieval_and_the_limiter(stack
     assert {"gateway replica", "vLLM worker"} <= set(by_server["poolserve"]["cpu_s_per_1k_tokens"]), by_server
     assert {"vLLM API server", "vLLM worker"} <= set(by_server["raw vllm"]["cpu_s_per_1k_tokens"]), by_server
     assert serving["metrics"]["tok_s_ratio_random_c1"] > 0
+    # One stream's first token, split by the gateway's Server-Timing header (raw vLLM's server sends none).
+    first = serving["metrics"]["first_token"]
+    assert set(first["poolserve"]["server_timing_ms_p50"]) == {"admit", "prepare", "wake", "engine"}, first
+    assert first["raw vllm"]["server_timing_ms_p50"] == {} and first["raw vllm"]["ttft_ms_p50"] > 0, first
+    split = first["stack_against_raw"]
+    assert 0 < split["gateway_ms"] < first["poolserve"]["ttft_ms_p50"], first
 
     retrieval = json.loads((tmp_path / "retrieval.json").read_text())
     measured = {(row["path"], row["kind"]) for row in retrieval["rows"] if row["n"] == 2000}

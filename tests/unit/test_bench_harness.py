@@ -311,7 +311,7 @@ def test_a_result_worker_returns_its_result_line_or_stops_with_its_log(tmp_path)
 
 
 def test_server_timing_header_parts_are_read_in_milliseconds():
-    from bench.gpu_squeeze import server_timing
+    from bench.harness.first_token import server_timing
     from rag.retrieval.pipeline import IngestTimings
 
     timings = IngestTimings(chunk=0.25, embed=1.5, embedder_busy=1.25)

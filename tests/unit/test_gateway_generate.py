@@ -163,3 +163,25 @@ def test_an_engine_answer_through_the_ingress_is_charged_the_usage_it_reports(ga
     assert json.loads(response.body)["choices"][0]["message"]["content"] == "test_0 test_1 test_2 test_3 test_4"
     [(model, usage, status)] = gateway.recorded
     assert (model, usage["prompt_tokens"], usage["completion_tokens"], status) == ("m", 4, 5, 200)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_generation_says_where_its_time_went_in_a_server_timing_header(gateway, stream):
+    from bench.harness.first_token import server_timing
+    from gateway.middleware.request_timing import TIMING_KEY, RequestTiming
+
+    body = ChatCompletionRequest(
+        model="m", messages=[{"role": "user", "content": "four words of prompt"}], max_tokens=5, stream=stream
+    )
+    timing = RequestTiming()
+    timing.mark("admitted")  # as the auth middleware does once the tenant is admitted
+    request = SimpleNamespace(scope={TIMING_KEY: timing}, headers={})
+    response = asyncio.run(
+        gateway._generate(request, "m", OpenAiIngress.chat(gateway, body, None), body, None, (True, False))
+    )
+    parts = server_timing(response.headers["Server-Timing"])
+    assert list(parts) == ["admit", "prepare", "wake", "engine"]
+    assert all(ms >= 0 for ms in parts.values())
+    # Each part is the time between two marks taken in order: together they are the gateway's whole time.
+    whole = (timing.engine_answered - timing.arrived) * 1000
+    assert sum(parts.values()) == pytest.approx(whole, abs=0.05)

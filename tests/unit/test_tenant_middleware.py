@@ -25,6 +25,7 @@ from gateway.middleware.tenant_guard import (
     tenant_of,
 )
 from tenancy import DEMO_KEY_ENV, parse_api_key
+from gateway.middleware.request_timing import timing_of
 from tests.fakes.settings import unplanned_edge
 
 pytestmark = pytest.mark.timeout(60)
@@ -47,6 +48,10 @@ def _app() -> FastAPI:
     @app.get("/v1/x")
     async def x(request: Request):
         return _state(request)
+
+    @app.get("/v1/timing")
+    async def timing(request: Request):
+        return timing_of(request).parts_ms()
 
     @app.post("/v1/gen")
     async def gen(request: Request, estimate: int, used: int = 0):
@@ -307,3 +312,11 @@ def test_a_read_whose_tenants_line_is_full_is_a_429_and_other_work_goes_on(make_
         assert client.get("/api/v1/collections/kb", headers=_auth(key)).status_code == 200
     assert mw.guard.rejections.counts("acme")["acme"].get("reads_queued") == 1
     assert mw.guard.limiter.in_flight("acme") == 0 and lanes._working == {}
+
+
+def test_the_time_to_admit_a_request_is_marked_for_its_server_timing(make_mw):
+    mw = make_mw()
+    _, key = mw.guard.store.create_tenant("acme")
+    with _client(mw) as client:
+        parts = client.get("/api/v1/timing", headers=_auth(key)).json()
+    assert list(parts) == ["admit"] and 0 <= parts["admit"] < 10_000  # key, pool guard and limits, in ms
