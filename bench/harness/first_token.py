@@ -65,11 +65,12 @@ def first_token_times(
             started = time.perf_counter()
             with client.stream("POST", "/v1/chat/completions", json=body) as response:
                 response.raise_for_status()
-                if not _first_content(response.iter_lines()):
+                lines = response.iter_lines()  # one iterator: a stream's body can be read once
+                if not _first_content(lines):
                     raise RuntimeError("a probe stream ended without generated text")
                 ttft_ms = (time.perf_counter() - started) * 1000
                 parts = server_timing(response.headers.get("server-timing", ""))
-                for _ in response.iter_lines():  # read it to its end, as a client does
+                for _ in lines:  # read it to its end, as a client does
                     pass
             samples.append({"ttft_ms": ttft_ms, "server_timing_ms": parts})
     return samples

@@ -47,3 +47,47 @@ def test_the_stack_s_extra_time_to_first_token_is_split_into_its_parts():
     assert split == pytest.approx(
         {"extra_ms": 25.0, "gateway_ms": 6.0, "engine_beyond_raw_ms": 13.0, "http_and_proxy_ms": 6.0}
     )
+
+
+def test_a_probe_times_each_stream_to_its_first_token_and_reads_the_gateway_s_header():
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from bench.harness.first_token import first_token_times
+
+    seen = []
+
+    class Streams(BaseHTTPRequestHandler):
+        def do_POST(self):
+            seen.append(
+                (
+                    self.path,
+                    self.headers["Authorization"],
+                    json.loads(self.rfile.read(int(self.headers["Content-Length"]))),
+                )
+            )
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Server-Timing", "admit;dur=1.5, prepare;dur=2.0, wake;dur=0.00, engine;dur=40.25")
+            self.end_headers()
+            for line in (_chunk(None, role="assistant"), _chunk("Hi"), _chunk(" there"), "data: [DONE]"):
+                self.wfile.write(f"{line}\n\n".encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Streams)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        samples = first_token_times(f"http://127.0.0.1:{server.server_port}", "k", "m", ["one", "two"], timeout_s=10)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [s["server_timing_ms"] for s in samples] == [
+        {"admit": 1.5, "prepare": 2.0, "wake": 0.0, "engine": 40.25}
+    ] * 2
+    assert all(0 < s["ttft_ms"] < 10_000 for s in samples)
+    assert [(path, auth, body["messages"][0]["content"], body["stream"]) for path, auth, body in seen] == [
+        ("/v1/chat/completions", "Bearer k", "one", True),
+        ("/v1/chat/completions", "Bearer k", "two", True),
+    ]
