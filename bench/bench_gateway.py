@@ -7,7 +7,9 @@ chat completions of random-token prompts, greedy, exactly --output-len tokens ea
 TTFT, inter-token latency and request latency percentiles, and poolserve's ratio against raw vLLM.
 Random-token prompts and RAG prompts (bench/harness/prompts.py). The CPU seconds each process of either
 server used per 1000 output tokens are recorded beside (bench/harness/cpu_accounting.py): where the
-stack's extra time goes. The stack first, then raw vLLM; never both at once.
+stack's extra time goes. After the loads, sequential streams time one stream's first token on each server, and
+the gateway's Server-Timing header splits the stack's extra TTFT (bench/harness/first_token.py). The stack
+first, then raw vLLM; never both at once.
 
     flock /tmp/poolserve-heavy.lock .venv/bin/python bench/bench_gateway.py
 
@@ -82,10 +84,10 @@ def measure(server: RunningServer, label: str, setup, loads: list[ServingLoad], 
     return rows
 
 
-def first_token_probe(server: RunningServer, setup) -> dict:
+def first_token_probe(server: RunningServer, setup, probes: int) -> dict:
     """One stream at a time, after the loads: the client's TTFT and, through the stack, its Server-Timing parts."""
-    print(f"[bench] {FIRST_TOKEN_PROBES} sequential streams for the first token's parts", flush=True)
-    prompts = probe_prompts(FIRST_TOKEN_PROBES)
+    print(f"[bench] {probes} sequential streams for the first token's parts", flush=True)
+    prompts = probe_prompts(probes)
     return summarise(first_token_times(server.base_url, server.api_key, setup.served_model_name, prompts))
 
 
@@ -111,6 +113,7 @@ def run(
     raw: bool = True,
     llama: bool = False,
     running: RunningServer | None = None,
+    first_token_probes: int = FIRST_TOKEN_PROBES,
 ) -> BenchResult:
     """The loads through a private stack, then (the stack stopped) through raw vLLM with the same plan
     (raw=False: the stack only), then through llama.cpp's server on the same weights (llama=True, when built).
@@ -120,7 +123,7 @@ def run(
     if running is not None:
         setup = engine_setup(profile)
         rows = measure(running, STACK, setup, loads, workdir)
-        first_token[STACK] = first_token_probe(running, setup)
+        first_token[STACK] = first_token_probe(running, setup, first_token_probes)
     else:
         with poolserve_stack(
             profile, workdir, chat_overrides=chat_overrides, gateway_overrides=gateway_overrides
@@ -129,12 +132,12 @@ def run(
             # The raw server gets the plan of the stack's own (private) profile: the same engine.
             setup = engine_setup(private_profile_path(workdir))
             rows = measure(stack, STACK, setup, loads, workdir)
-            first_token[STACK] = first_token_probe(stack, setup)
+            first_token[STACK] = first_token_probe(stack, setup, first_token_probes)
     if raw:
         with raw_vllm_server(setup, workdir) as server:
             print(f"[bench] raw vLLM healthy in {server.start_s:.0f}s", flush=True)
             rows += measure(server, RAW, setup, loads, workdir)
-            first_token[RAW] = first_token_probe(server, setup)
+            first_token[RAW] = first_token_probe(server, setup, first_token_probes)
     if STACK in first_token and RAW in first_token:
         first_token["stack_against_raw"] = split_against_raw(first_token[STACK], first_token[RAW])
     skipped = llama_cpp_unavailable() if llama else "llama.cpp not asked for"

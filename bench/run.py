@@ -44,6 +44,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
 # The smoke run: one short serving comparison, one small retrieval run, the limiter bench.
 SMOKE_SERVING = ServingLoad(num_prompts=4, concurrency=1, input_len=128, output_len=32)
+SMOKE_FIRST_TOKEN_PROBES = 5  # one warm-up and 4 timed streams a server
 SMOKE_RETRIEVAL = {"sizes": [2000], "kinds": ["flat", "hnsw"], "n_queries": 100, "seed": 0}
 SMOKE_LIMITER_ROUNDS = 2000
 STEP_TIMEOUT_S = 3600  # one benchmark of `all`; the speculative ones take 10-20 minutes
@@ -275,7 +276,12 @@ def smoke(
             )
         running, profile = running_stack(stack, key)
     steps: list[tuple[str, Callable[[], BenchResult]]] = [
-        ("serving", lambda: bench_gateway.run(profile, [SMOKE_SERVING], workdir, running=running)),
+        (
+            "serving",
+            lambda: bench_gateway.run(
+                profile, [SMOKE_SERVING], workdir, running=running, first_token_probes=SMOKE_FIRST_TOKEN_PROBES
+            ),
+        ),
         ("retrieval", lambda: bench_retrieval.run(**SMOKE_RETRIEVAL)),
         ("limits", lambda: bench_limits.run(SMOKE_LIMITER_ROUNDS)),
     ]
