@@ -66,6 +66,10 @@ class Embedder:
         # oneDNN's kernel selection, and the resident footprint is the steady one from the start.
         longest = " ".join(["warm"] * self.embedder.max_seq_length)
         self.embed([longest] * self.embedder.batch_size)
+        if self._when_idle is not None:
+            # A GPU replica at rest from its first healthy answer on: the stack may report healthy within the idle
+            # wait (an H200 measured it 1 s after the warm-up, 1.26x its plan, docs/GPU.md).
+            self._release_at_rest()
 
     def _batches(self, tenant: str, question: bool):
         """The guard of each forward pass: `tenant`'s turn, then the pass on the forward thread, a question's

@@ -88,3 +88,20 @@ def test_the_heap_is_trimmed_after_each_call_on_cpu_and_with_the_device_cache_on
             assert events == ["embed", "query"] and cleanup["seconds"] == 0.0
             timers[-1].fire()
             assert events[-2:] == ["trim", "device cache"] and timers[-1].seconds == module.GPU_CLEANUP_IDLE_S
+
+
+def test_a_gpu_replica_is_at_rest_when_its_warm_up_ends(monkeypatch):
+    """Its warm-up batch's device blocks go before the replica answers as ready, not an idle second later."""
+    import deployments.embedder as module
+
+    for device, expected in (("cpu", ["embed"]), ("cuda", ["embed", "trim", "device cache"])):
+        events = []
+        monkeypatch.setattr(module, "release_freed_heap", lambda collect=True: events.append("trim"))
+        replica = _replica(4, 0.0)
+        replica.embedder = SimpleNamespace(
+            batch_size=4, max_seq_length=8, release_device_cache=lambda: events.append("device cache")
+        )
+        replica._when_idle = object() if device == "cuda" else None
+        replica.embed = lambda texts: events.append("embed")
+        replica._warm_up()
+        assert events == expected, device
