@@ -157,10 +157,15 @@ def engine_gpu_bytes(owner: dict[int, str], processes: dict[int, int], engine: s
     return sum(nbytes for pid, nbytes in processes.items() if owner.get(pid) == engine)
 
 
+def wakes_in_run(swaps: int, cycles: int) -> int:
+    """The most wakes of one engine in this run: half the swaps, rounded up, and one per cycle."""
+    return (swaps + 1) // 2 + cycles
+
+
 def wakes_over_budget(engines: dict[str, dict], swaps: int, cycles: int) -> list[str]:
-    """The engines whose wakes in this run (half the swaps each, rounded up, and one per cycle for the engine
-    awake at start: at most `cycles` more) exceed their tenant_wakes_per_hour: the demo tenant would get 429."""
-    wakes = (swaps + 1) // 2 + cycles
+    """The engines whose wakes in this run exceed their tenant_wakes_per_hour: the demo tenant would get 429 (a
+    100-cycle CPU run met the 30 of configs/cpu-on-demand.yaml at its 30th wake, 2026-12-07)."""
+    wakes = wakes_in_run(swaps, cycles)
     return [name for name, e in engines.items() if wakes > e.get("tenant_wakes_per_hour", wakes)]
 
 
@@ -605,9 +610,14 @@ def run(profile_path: Path, out: Path, swaps: int, cycles: int, timeout_s: float
     warnings = []
     if plan.on_demand.max_awake != 1:
         warnings.append("max_awake_on_demand is not 1: requests may not need swaps")
+    # The bench is one tenant that causes every wake: its private stack lets that tenant make the run's wakes (the
+    # budget itself is tested in tests/unit/test_wake_ledger.py and test_wake_coordinator.py), and the report says so.
     over = wakes_over_budget(report["plan"]["engines"], swaps, cycles)
+    on_demand_overrides = None
     if over:
-        warnings.append(f"more wakes than on_demand.tenant_wakes_per_hour of {', '.join(over)}: expect 429s")
+        on_demand_overrides = {"tenant_wakes_per_hour": wakes_in_run(swaps, cycles)}
+        report["tenant_wakes_per_hour_raised"] = {"engines": over, "to": wakes_in_run(swaps, cycles)}
+        log(f"tenant_wakes_per_hour of {', '.join(over)} raised to {wakes_in_run(swaps, cycles)} for this run")
     if warnings:
         report["warnings"] = warnings
         for warning in warnings:
@@ -628,7 +638,9 @@ def run(profile_path: Path, out: Path, swaps: int, cycles: int, timeout_s: float
     save()
     started = time.time()
     try:
-        with poolserve_stack(profile_path, workdir, timeout_s=timeout_s) as server:
+        with poolserve_stack(
+            profile_path, workdir, timeout_s=timeout_s, on_demand_overrides=on_demand_overrides
+        ) as server:
             report["start_to_healthy_s"] = round(time.time() - started, 1)
             log(f"healthy in {report['start_to_healthy_s']} s at {server.base_url}")
 

@@ -65,9 +65,11 @@ def write_private_stack(
     port: int,
     chat_overrides: Mapping[str, Any] | None = None,
     gateway_overrides: Mapping[str, Any] | None = None,
+    on_demand_overrides: Mapping[str, Any] | None = None,
 ) -> PrivateStack:
     """A copy of base_profile with its own state dir, gateway port and tenants file (the example tenants),
-    absolute model paths, and a serve.yaml naming it; overrides replace fields of its chat/gateway sections."""
+    absolute model paths, and a serve.yaml naming it; overrides replace fields of its chat/gateway sections, and
+    of every on-demand engine's `on_demand` section."""
     profile = read_profile_data(base_profile)
     profile["state_dir"] = str(workdir / "state")
     tenants = yaml.safe_load((ROOT / "configs" / "tenants.example.yaml").read_text())
@@ -75,6 +77,8 @@ def write_private_stack(
     profile["tenants_file"] = str(workdir / "tenants.yaml")
     for engine in (profile["chat"], *profile.get("engines", [])):
         engine["model"] = _absolute(engine["model"])
+        if engine.get("on_demand") is not None:
+            engine["on_demand"] = {**engine["on_demand"], **(on_demand_overrides or {})}
         if engine.get("speculative", {}).get("model"):  # a draft folder, e.g. the GPU profiles' DSpark
             engine["speculative"]["model"] = _absolute(engine["speculative"]["model"])
     profile["embedder"]["model"] = _absolute(profile["embedder"]["model"])
@@ -122,9 +126,12 @@ def poolserve_stack(
     timeout_s: float = 400,
     chat_overrides: Mapping[str, Any] | None = None,
     gateway_overrides: Mapping[str, Any] | None = None,
+    on_demand_overrides: Mapping[str, Any] | None = None,
 ) -> Iterator[RunningServer]:
     """The whole stack from base_profile, healthy, with a fresh demo tenant key; stopped on exit."""
-    stack = write_private_stack(workdir, base_profile, free_port(), chat_overrides, gateway_overrides)
+    stack = write_private_stack(
+        workdir, base_profile, free_port(), chat_overrides, gateway_overrides, on_demand_overrides
+    )
     api_key = generate_api_key()
     env = child_env(
         {

@@ -3,6 +3,8 @@ swaps, memory against the plan, which GPU process is which engine's, and the end
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
@@ -236,3 +238,22 @@ def test_a_level_1_wake_is_read_against_the_copy_of_the_weights_it_brings_back()
     assert copy["copy_s"] == 1.3 and copy["bandwidth_gb_per_s"] == round(8 * GIB / 0.2 / 1e9, 2)
     assert wake_against_copy({"p50": 1.95}, copy) == 1.5
     assert wake_against_copy(None, copy) is None and wake_against_copy({"p50": 1.0}, None) is None
+
+
+def test_the_bench_s_private_stack_lets_its_one_tenant_make_the_run_s_wakes(tmp_path):
+    import yaml
+
+    from bench.bench_on_demand import wakes_in_run
+    from bench.harness.stack import write_private_stack
+
+    engines = plan_engines(build_plan(load_profile("configs/cpu-on-demand.yaml")))
+    assert wakes_over_budget(engines, swaps=2, cycles=100) == list(engines)  # 30 an hour in the shipped profile
+    wakes = wakes_in_run(swaps=2, cycles=100)
+    stack = write_private_stack(
+        tmp_path, Path("configs/cpu-on-demand.yaml"), 8123, on_demand_overrides={"tenant_wakes_per_hour": wakes}
+    )
+    written = yaml.safe_load(stack.profile_path.read_text())
+    sections = [written["chat"]["on_demand"], *(e["on_demand"] for e in written["engines"])]
+    assert [s["tenant_wakes_per_hour"] for s in sections] == [101, 101]
+    assert all(s["idle_sleep_s"] > 0 for s in sections)  # the rest of each section as the profile wrote it
+    assert wakes_over_budget(plan_engines(build_plan(load_profile(stack.profile_path))), 2, 100) == []
