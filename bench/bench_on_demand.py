@@ -332,6 +332,10 @@ class Probe:
             if gpu is not None:
                 measured = engine_gpu_bytes(self.owner, gpu.processes, name)
                 entry["gpu_pids"] = sorted(p for p, e in self.owner.items() if e == name and p in gpu.processes)
+                # its processes' host memory: asleep at level 1 the weights' copies are there (planned beside the pool)
+                entry["host_rss_bytes"] = resident_bytes({*(entry["pids"] or []), *entry["gpu_pids"]})
+                if state == "asleep":
+                    entry["planned_host_asleep_bytes"] = engine.get("asleep_host_bytes")
             else:
                 measured = r.get("measured_bytes")
             entry["measured_bytes"] = measured
@@ -342,12 +346,29 @@ class Probe:
                 entry["vs_plan_at_rest"] = ratio_check(measured, planned["planned_at_rest_bytes"])
             out[name] = entry
         if gpu is not None:
+            import psutil
+
+            host = psutil.virtual_memory()
+            out["_host"] = {"total_bytes": host.total, "available_bytes": host.available, "used_bytes": host.used}
             out["_device"] = {
                 "used_bytes": gpu.used,
                 "free_bytes": gpu.free,
                 "unattributed": {p: b for p, b in gpu.processes.items() if p not in self.owner},
             }
         return out
+
+
+def resident_bytes(pids) -> int:
+    """The resident bytes of these processes (RSS: pinned and mapped pages included), those still running."""
+    import psutil
+
+    total = 0
+    for pid in pids:
+        try:
+            total += psutil.Process(pid).memory_info().rss
+        except psutil.Error:  # it ended meanwhile
+            pass
+    return total
 
 
 def ask(client, model: str, max_tokens: int = 16) -> dict:

@@ -22,7 +22,7 @@ from vllm_bridge.compat import (
 )
 from system.process_memory import process_tree_memory
 from vllm_bridge.engine_ranks import end_local_engine, engine_processes, start_rank_hosts
-from vllm_bridge.worker_heap_trim import WORKER_TRIM_METHOD
+from vllm_bridge.worker_extension import EXACT_SLEEP_BACKUPS_METHOD, WORKER_TRIM_METHOD
 from deployments.start_order import wait_for_predecessors
 from planner.gpu import engine_placement
 from planner.on_demand_plan import OnDemandEngine
@@ -105,6 +105,7 @@ class PoolserveLLMServer(LLMServer):
             logger.info("on-demand engine %s starts asleep (not started)", self._llm_config.model_id)
         else:
             await super().start()
+            await self._keep_sleep_copies_exact()
             await self._warm_up()
         self._last_worker_trim: dict = {}
         interval = settings.heap_trim_interval_s
@@ -232,6 +233,24 @@ class PoolserveLLMServer(LLMServer):
         client = await asyncio.to_thread(start_engine_client, engine, self._llm_config, prepared)
         self.engine = use_started_client(engine, prepared, client)
         await self._start_engine()
+        await self._keep_sleep_copies_exact()
+
+    async def _keep_sleep_copies_exact(self) -> None:
+        """Level 1 (a discrete GPU): before the engine's first sleep, its Workers copy the weights to the host at
+        their exact size and free the copies at wake (vllm_bridge/sleep_backups.py), as the plan counts them; vLLM's
+        own copies round each allocation up to a power of two and stay after the wake."""
+        if replica_settings(self._llm_config).sleep != "level_1":
+            return
+        client = engine_client(self)
+        installed = await client.collective_rpc(EXACT_SLEEP_BACKUPS_METHOD, timeout=WORKER_TRIM_TIMEOUT_S)
+        if all(installed):
+            logger.info("engine %s: level-1 sleep keeps exact host copies", self._llm_config.model_id)
+        else:
+            logger.error(
+                "engine %s: vLLM's own level-1 sleep kept (exact host copies not installed): its host memory "
+                "asleep exceeds the plan",
+                self._llm_config.model_id,
+            )
 
     def _sleep_mode(self) -> str:
         sleep = replica_settings(self._llm_config).sleep

@@ -15,7 +15,7 @@ from planner.outputs import EngineArgs
 from planner.profile import PoolSpec
 from planner.step_worker import STEP_THREADS_WORKER, StepWorkerSettings
 from planner.units import gib
-from planner.worker_extension import HEAP_TRIM_EXTENSION
+from planner.worker_extension import WORKER_EXTENSION_CLS
 
 # vLLM's names of the planner's quantization methods, where they differ.
 VLLM_QUANTIZATION = {"nvfp4": "modelopt_fp4", "int4": "compressed-tensors"}
@@ -64,10 +64,12 @@ def _finished_args(name: str, eng: EnginePlan, split: EngineSplit | None, node: 
             # vLLM frees on sleep only what it allocated through its CuMemAllocator, which it uses only with
             # enable_sleep_mode: without it sleep(level) frees nothing (deployments/chat.py sleep_engine).
             args["enable_sleep_mode"] = True
-    if eng.chat.heap_trim_interval_s > 0:
-        args["worker_extension_cls"] = (
-            HEAP_TRIM_EXTENSION  # the heap-trim method the replica calls (deployments/chat.py)
-        )
+    keeps_weights_on_host = (
+        node.spec.gpu and not node.spec.unified and eng.chat.on_demand is not None and eng.chat.on_demand.level == 1
+    )
+    if eng.chat.heap_trim_interval_s > 0 or keeps_weights_on_host:
+        # the methods the replica calls (deployments/chat.py): the heap trim, the exact host copies of a level-1 sleep
+        args["worker_extension_cls"] = WORKER_EXTENSION_CLS
     return EngineArgs(**args)
 
 

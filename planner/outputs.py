@@ -64,7 +64,7 @@ class EngineArgs(_Output):
         None,
         exclude_if=lambda v: v is None,
         description="Methods mixed into vLLM's Worker: the heap trim the chat "
-        "replica calls (vllm_bridge/worker_heap_trim.py); None: none.",
+        "replica calls (vllm_bridge/worker_extension.py); None: none.",
     )
     distributed_executor_backend: str | None = Field(
         None,

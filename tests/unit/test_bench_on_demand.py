@@ -257,3 +257,15 @@ def test_the_bench_s_private_stack_lets_its_one_tenant_make_the_run_s_wakes(tmp_
     assert [s["tenant_wakes_per_hour"] for s in sections] == [101, 101]
     assert all(s["idle_sleep_s"] > 0 for s in sections)  # the rest of each section as the profile wrote it
     assert wakes_over_budget(plan_engines(build_plan(load_profile(stack.profile_path))), 2, 100) == []
+
+
+def test_resident_bytes_counts_running_processes_and_skips_ended_ones():
+    import os
+
+    import psutil
+
+    from bench.bench_on_demand import resident_bytes
+
+    me = psutil.Process(os.getpid()).memory_info().rss
+    assert resident_bytes([]) == 0
+    assert 0.5 * me < resident_bytes([os.getpid(), 2**22 + 12345]) < 2 * me  # the second pid runs nowhere

@@ -55,7 +55,7 @@ def test_a_cpu_engine_gets_the_step_threads_worker_and_its_settings_typed():
     plan = build_plan(load_profile(ROOT / "configs/cpu-tiny.yaml"), 24 * GiB)
     chat = plan.replica("chat")
     assert chat.vllm.worker_cls == STEP_THREADS_WORKER
-    assert chat.vllm.worker_extension_cls == "vllm_bridge.worker_heap_trim.HeapTrimWorkerExtension"
+    assert chat.vllm.worker_extension_cls == "vllm_bridge.worker_extension.PoolserveWorkerExtension"
     settings = StepWorkerSettings.from_env(chat.env)
     assert settings.wide_step_tokens == 128 and settings.idle_spin_s == 0.05
     assert not [k for k in chat.env if k.startswith("POOLSERVE_") and k != "POOLSERVE_STEP_WORKER"]

@@ -12,7 +12,7 @@ from planner.plan import build_plan
 from planner.profile import load_profile
 from deployments.chat import PoolserveLLMServer, llm_config_from_plan, replica_settings
 from tests.fakes.engine import FakeLLMEngine
-from vllm_bridge.worker_heap_trim import WORKER_EXTENSION, WORKER_TRIM_METHOD, HeapTrimWorkerExtension
+from vllm_bridge.worker_extension import WORKER_EXTENSION, WORKER_TRIM_METHOD, PoolserveWorkerExtension
 
 
 class FakeEngineClient:
@@ -24,7 +24,7 @@ class FakeEngineClient:
             raise RuntimeError("this engine runs no callables")
         assert isinstance(method, str), "vLLM's msgspec IPC refuses a function"
         self.calls.append((method, timeout))
-        return [getattr(HeapTrimWorkerExtension(), method)()]  # what vLLM's run_method does in the Worker
+        return [getattr(PoolserveWorkerExtension(), method)()]  # what vLLM's run_method does in the Worker
 
 
 def server_with(client) -> PoolserveLLMServer:
@@ -39,7 +39,7 @@ def test_the_interval_comes_from_the_profile_and_the_workers_get_the_extension()
     profile.chat.heap_trim_interval_s = 12.5
     config = llm_config_from_plan(profile.chat, build_plan(profile).replica("chat"), [])
     assert replica_settings(config).heap_trim_interval_s == 12.5
-    assert config.engine_kwargs["worker_extension_cls"] == "vllm_bridge.worker_heap_trim.HeapTrimWorkerExtension"
+    assert config.engine_kwargs["worker_extension_cls"] == "vllm_bridge.worker_extension.PoolserveWorkerExtension"
     profile.chat.heap_trim_interval_s = 0
     off = llm_config_from_plan(profile.chat, build_plan(profile).replica("chat"), [])
     assert "worker_extension_cls" not in off.engine_kwargs
@@ -58,8 +58,8 @@ def test_the_extension_is_importable_by_the_name_vllm_is_given():
     import importlib
 
     module, name = WORKER_EXTENSION.rsplit(".", 1)
-    assert getattr(importlib.import_module(module), name) is HeapTrimWorkerExtension
-    assert getattr(HeapTrimWorkerExtension(), WORKER_TRIM_METHOD)() is None
+    assert getattr(importlib.import_module(module), name) is PoolserveWorkerExtension
+    assert getattr(PoolserveWorkerExtension(), WORKER_TRIM_METHOD)() is None
 
 
 def test_each_interval_trims_every_worker_and_records_how_long_it_took():
@@ -100,3 +100,40 @@ def test_no_engine_yet_is_skipped_not_an_error():
 
     asyncio.run(run())
     assert server._last_worker_trim == {}
+
+
+def test_a_level_1_engine_on_a_discrete_gpu_gets_the_extension_and_installs_exact_sleep_copies(caplog):
+    from vllm_bridge.worker_extension import EXACT_SLEEP_BACKUPS_METHOD
+
+    profile = load_profile("configs/gpu-on-demand.yaml")
+    profile.chat.heap_trim_interval_s = 0
+    plan = build_plan(profile)
+    config = llm_config_from_plan(profile.chat, plan.replica("chat"), [], on_demand=plan.on_demand.engines["chat"])
+    assert replica_settings(config).sleep == "level_1"
+    assert config.engine_kwargs["worker_extension_cls"] == "vllm_bridge.worker_extension.PoolserveWorkerExtension"
+
+    class Workers:
+        def __init__(self, answer: bool):
+            self.calls, self.answer = [], answer
+
+        async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+            self.calls.append(method)
+            return [self.answer]
+
+    for answer in (True, False):
+        server = server_with(Workers(answer))
+        server._llm_config = config
+        with caplog.at_level(logging.INFO, logger="poolserve.chat"):
+            caplog.clear()
+            asyncio.run(server._keep_sleep_copies_exact())
+        assert server.engine._engine_client.calls == [EXACT_SLEEP_BACKUPS_METHOD]
+        assert ("exceeds the plan" in caplog.text) is not answer
+
+    cpu = load_profile("configs/cpu-on-demand.yaml")
+    cpu_config = llm_config_from_plan(
+        cpu.chat, build_plan(cpu).replica("chat"), [], on_demand=build_plan(cpu).on_demand.engines["chat"]
+    )
+    server = server_with(Workers(True))
+    server._llm_config = cpu_config
+    asyncio.run(server._keep_sleep_copies_exact())  # a CPU engine stops instead: nothing to install
+    assert server.engine._engine_client.calls == []

@@ -1,0 +1,146 @@
+"""vllm_bridge/sleep_backups.py against a stand-in of vLLM 0.26's CuMemAllocator whose "device" allocations are
+host buffers (no GPU here): a level-1 sleep keeps each kept allocation in a page-aligned copy of its exact size,
+pinned once, and the wake copies it back byte for byte, then unpins and frees it; what sleep drops is not copied."""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+from vllm_bridge.sleep_backups import INSTALLED, HostRegisterError, install_exact_backups
+
+MIB = 2**20
+
+
+@dataclasses.dataclass
+class AllocationData:  # as vllm/device_allocator/__init__.py (0.26)
+    handle: tuple
+    tag: str
+    cpu_backup_tensor: object = None
+    is_asleep: bool = False
+
+
+class FakeCuMemAllocator:
+    """pointer_to_data and wake_up as vLLM 0.26's; its own sleep is the power-of-two pinned one never used here."""
+
+    default_tag = "default"
+
+    def __init__(self, sizes: dict[str, list[int]]):
+        self.device = []  # keeps the "device" buffers alive
+        self.pointer_to_data = {}
+        for tag, tag_sizes in sizes.items():
+            for size in tag_sizes:
+                buffer = ctypes.create_string_buffer(bytes((len(self.device) + i) % 251 for i in range(size)), size)
+                self.device.append(buffer)
+                ptr = ctypes.addressof(buffer)
+                self.pointer_to_data[ptr] = AllocationData((0, size, ptr, 0), tag)
+        self.slept_with_vllm = False
+
+    def contents(self) -> dict[int, bytes]:
+        return {ptr: ctypes.string_at(ptr, data.handle[1]) for ptr, data in self.pointer_to_data.items()}
+
+    def sleep(self, offload_tags=None):
+        self.slept_with_vllm = True
+
+    def wake_up(self, tags=None):
+        for ptr, data in self.pointer_to_data.items():
+            if tags is None or data.tag in tags:
+                data.is_asleep = False
+                if data.cpu_backup_tensor is not None:
+                    backup = data.cpu_backup_tensor
+                    ctypes.memmove(ptr, backup.data_ptr(), backup.numel() * backup.element_size())
+                    data.cpu_backup_tensor = None
+
+
+class FakeCudart:
+    def __init__(self, fail_register: bool = False):
+        self.registered: dict[int, int] = {}
+        self.calls: list[tuple] = []
+        self.fail_register = fail_register
+
+    def cudaHostRegister(self, ptr, size, flags):
+        self.calls.append(("register", ptr, size, flags))
+        if self.fail_register:
+            return 1
+        assert ptr not in self.registered, "registered twice"
+        self.registered[ptr] = size
+        return 0
+
+    def cudaHostUnregister(self, ptr):
+        self.calls.append(("unregister", ptr))
+        self.registered.pop(ptr)
+        return 0
+
+
+def _cumem(allocator: FakeCuMemAllocator):
+    released = []
+
+    def unmap_and_release(handle):  # the device memory is gone: what the wake finds is only what was copied
+        ctypes.memset(handle[2], 0, handle[1])
+        released.append(handle[2])
+
+    module = SimpleNamespace(
+        libcudart=SimpleNamespace(cudaMemcpy=lambda dst, src, n: ctypes.memmove(dst, src, n)),
+        unmap_and_release=unmap_and_release,
+        CuMemAllocator=FakeCuMemAllocator,
+    )
+    return module, released
+
+
+def test_a_level_1_sleep_keeps_exact_pinned_copies_and_the_wake_restores_and_frees_them():
+    weights = [3 * MIB + 5, 20 * MIB, 2 * MIB]  # sizes torch's pinned allocator would round to 4, 32 and 2 MiB
+    allocator = FakeCuMemAllocator({"weights": weights, "kv_cache": [4 * MIB]})
+    before = allocator.contents()
+    cumem, released = _cumem(allocator)
+    cudart = FakeCudart()
+    assert install_exact_backups(allocator, cumem, cudart)
+
+    allocator.sleep(offload_tags=("weights",))  # what vLLM's worker asks for at level 1
+    assert not allocator.slept_with_vllm
+    assert sorted(released) == sorted(allocator.pointer_to_data)  # every allocation left the device
+    backups = {ptr: d.cpu_backup_tensor for ptr, d in allocator.pointer_to_data.items() if d.tag == "weights"}
+    assert sorted(b.numel() for b in backups.values()) == sorted(weights)  # exact sizes, no power of two
+    assert all(b.data_ptr() % 4096 == 0 for b in backups.values())  # its own pages: no two share one
+    assert sorted(cudart.registered.values()) == sorted(weights)
+    assert all(d.cpu_backup_tensor is None for d in allocator.pointer_to_data.values() if d.tag == "kv_cache")
+    assert all(d.is_asleep for d in allocator.pointer_to_data.values())
+
+    allocator.wake_up(None)
+    after = allocator.contents()
+    for ptr, data in allocator.pointer_to_data.items():
+        if data.tag == "weights":
+            assert after[ptr] == before[ptr]  # byte for byte
+    assert cudart.registered == {}  # every copy unpinned
+    assert [c[0] for c in cudart.calls].count("unregister") == len(weights)
+    assert all(d.cpu_backup_tensor is None for d in allocator.pointer_to_data.values())
+
+    allocator.sleep(offload_tags=("weights",))  # and again: a second cycle pins fresh copies
+    assert sorted(cudart.registered.values()) == sorted(weights)
+    allocator.wake_up(["weights"])
+    assert cudart.registered == {} and allocator.contents() == {**after}
+
+
+def test_installing_twice_is_a_no_op_and_an_unknown_allocator_is_left_alone(caplog):
+    allocator = FakeCuMemAllocator({"weights": [MIB]})
+    cumem, _ = _cumem(allocator)
+    assert install_exact_backups(allocator, cumem, FakeCudart())
+    wrapped = allocator.sleep
+    assert install_exact_backups(allocator, cumem, FakeCudart()) and allocator.sleep is wrapped
+    other = FakeCuMemAllocator({"weights": [MIB]})
+    vllm_sleep = other.sleep
+    with caplog.at_level(logging.WARNING, logger="poolserve.sleep_backups"):
+        assert not install_exact_backups(other, SimpleNamespace(CuMemAllocator=FakeCuMemAllocator), FakeCudart())
+    assert other.sleep == vllm_sleep and not getattr(other, INSTALLED, False)
+    assert "libcudart, unmap_and_release" in caplog.text
+
+
+def test_a_copy_cuda_will_not_pin_fails_the_sleep_loudly():
+    allocator = FakeCuMemAllocator({"weights": [MIB]})
+    cumem, _ = _cumem(allocator)
+    install_exact_backups(allocator, cumem, FakeCudart(fail_register=True))
+    with pytest.raises(HostRegisterError, match="cudaHostRegister returned 1"):
+        allocator.sleep(("weights",))

@@ -1,0 +1,128 @@
+"""Level-1 sleep's host copy of the weights at their exact size, given back to the host at wake.
+
+vLLM's CuMemAllocator.sleep (vllm/device_allocator/cumem.py, 0.26) copies each weight allocation into
+`torch.empty(size, pin_memory=True)`. torch's pinned allocator rounds every request up to a power of two
+(ATen's CachingHostAllocator: `PowerOf2Ceil(size)`) and keeps the blocks cached after the wake drops the
+tensors, so an engine that slept once holds them while awake too (vllm#16663). On an H200 machine with 125 GiB
+of host memory two 27B engines, each planned at 50.1 GiB of level-1 weights, died at the second sleep
+(2026-12-07, docs/GPU.md). Installed in a Worker, sleep copies each allocation into its own anonymous mapping of
+the exact size (page-aligned, so no two share a page), pinned with cudaHostRegister for fast copies both ways;
+the wake copies it back as vLLM does, then unpins and unmaps it: the host holds the weights' bytes, as
+planned, and only while the engine sleeps.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import mmap
+from types import ModuleType
+from typing import Any
+
+logger = logging.getLogger("poolserve.sleep_backups")
+INSTALLED = "_poolserve_exact_backups"  # set on the allocator once installed: installing twice is a no-op
+# What the wrapped sleep uses of vLLM's cumem module and of its allocator (vLLM 0.26): checked before installing.
+CUMEM_NAMES = ("libcudart", "unmap_and_release", "CuMemAllocator")
+ALLOCATOR_NAMES = ("pointer_to_data", "sleep", "wake_up")
+
+
+class HostRegisterError(RuntimeError):
+    """cudaHostRegister or cudaHostUnregister returned an error."""
+
+
+def _check(result, call: str) -> None:
+    code = result[0] if isinstance(result, tuple) else result
+    if int(code) != 0:
+        raise HostRegisterError(f"{call} returned {code}")
+
+
+class PinnedHostCopy:
+    """One allocation's host copy: an anonymous mapping of its exact size (rounded to pages), pinned."""
+
+    def __init__(self, size: int, cudart: Any):
+        import torch
+
+        self._cudart = cudart
+        self._mapping = mmap.mmap(-1, size)
+        self.tensor = torch.frombuffer(self._mapping, dtype=torch.uint8, count=size)
+        self.ptr = self.tensor.data_ptr()
+        _check(cudart.cudaHostRegister(self.ptr, size, 0), "cudaHostRegister")
+
+    def free(self) -> None:
+        """Unpin and unmap: the pages go back to the host at once."""
+        _check(self._cudart.cudaHostUnregister(self.ptr), "cudaHostUnregister")
+        self.tensor = None
+        self._mapping.close()
+
+
+def install_exact_backups(allocator: Any, cumem: ModuleType, cudart: Any) -> bool:
+    """Replace `allocator`'s sleep and wrap its wake_up (a CuMemAllocator; `cumem` its module, `cudart`
+    torch.cuda.cudart()). False, and vLLM's sleep left as it is, where they are not what this was written for."""
+    if getattr(allocator, INSTALLED, False):
+        return True
+    missing = [n for n in CUMEM_NAMES if not hasattr(cumem, n)] + [
+        n for n in ALLOCATOR_NAMES if not hasattr(allocator, n)
+    ]
+    if missing:
+        logger.warning("vLLM's CuMemAllocator lacks %s: its own sleep is left as it is", ", ".join(missing))
+        return False
+    wake_up = allocator.wake_up
+    copies: dict[int, PinnedHostCopy] = {}  # device pointer -> its host copy while asleep
+
+    def sleep(offload_tags: tuple[str, ...] | str | None = None) -> None:
+        """vLLM 0.26's CuMemAllocator.sleep, with each kept allocation copied into a PinnedHostCopy."""
+        if offload_tags is None:
+            offload_tags = (cumem.CuMemAllocator.default_tag,)
+        elif isinstance(offload_tags, str):
+            offload_tags = (offload_tags,)
+        kept = dropped = 0
+        for ptr, data in allocator.pointer_to_data.items():
+            handle = data.handle
+            if data.tag in offload_tags:
+                size = handle[1]
+                copy = copies[ptr] = PinnedHostCopy(size, cudart)
+                cumem.libcudart.cudaMemcpy(copy.ptr, ptr, size)
+                data.cpu_backup_tensor = copy.tensor
+                kept += size
+            else:
+                dropped += handle[1]
+            try:
+                cumem.unmap_and_release(handle)
+            finally:
+                data.is_asleep = True
+        logger.info(
+            "asleep: %.2f GiB kept on the host at its exact size, %.2f GiB dropped", kept / 2**30, dropped / 2**30
+        )
+        gc.collect()
+        _empty_device_cache()
+
+    def wake_up_and_free_copies(tags: list[str] | None = None) -> None:
+        waking = [
+            ptr
+            for ptr, data in allocator.pointer_to_data.items()
+            if ptr in copies and (tags is None or data.tag in tags)
+        ]
+        wake_up(tags)  # vLLM's: maps each allocation again, copies its host copy back, drops its reference
+        for ptr in waking:
+            copies.pop(ptr).free()
+
+    allocator.sleep, allocator.wake_up = sleep, wake_up_and_free_copies
+    setattr(allocator, INSTALLED, True)
+    return True
+
+
+def _empty_device_cache() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def install_in_this_worker() -> bool:
+    """In a vLLM Worker on a CUDA device: exact host copies for its CuMemAllocator's level-1 sleep."""
+    import torch
+    from vllm.device_allocator import cumem
+
+    if not getattr(cumem, "cumem_available", False):
+        return False
+    return install_exact_backups(cumem.CuMemAllocator.get_instance(), cumem, torch.cuda.cudart())
