@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = float(os.environ.get("POOLSERVE_TEST_START_TIMEOUT", "900"))
 ADMIN_KEY = "test-admin-key-0123456789"
 DEMO_KEY = "ps_0123456789ab_TestDemoKeyTestDemoKeyTestDemoKeyTestDemoKey123"
+SESSION_PROFILE = "cpu-tiny.yaml"  # the session stack's profile, and every variant's base unless it names one
 
 
 def _free_port() -> int:
@@ -37,7 +38,7 @@ def write_stack_config(
     chat_overrides: dict | None = None,
     gateway_overrides: dict | None = None,
     route_prefix: str = "/",
-    base_profile: str = "cpu-tiny.yaml",
+    base_profile: str = SESSION_PROFILE,
     state_dir: Path | None = None,
 ) -> Path:
     """A profile like the embedded default (or another of configs/), with its own port and state dir (or
@@ -167,14 +168,19 @@ def _reused_stack(workdir: Path) -> Stack:
     return Stack(workdir / "serve.yaml", port, workdir / "serve.log")
 
 
+def new_stack(tmp_path_factory, name: str, base_profile: str = SESSION_PROFILE) -> Stack:
+    """A stack of its own from `base_profile`, in a fresh folder named after `name`, on a free port; not started."""
+    workdir = tmp_path_factory.mktemp(name)
+    port = _free_port()
+    return Stack(write_stack_config(workdir, port, base_profile=base_profile), port, workdir / "serve.log")
+
+
 def launch_session_stack(tmp_path_factory) -> tuple[Stack, bool]:
     """The session's stack, launched and not yet healthy, and whether this session owns it (not when
     REUSE_ENV names one already running)."""
     if os.environ.get(REUSE_ENV):
         return _reused_stack(Path(os.environ[REUSE_ENV])), False
-    workdir = tmp_path_factory.mktemp("stack")
-    port = _free_port()
-    running = Stack(write_stack_config(workdir, port), port, workdir / "serve.log")
+    running = new_stack(tmp_path_factory, "stack")
     running.launch()
     SESSION_STACKS.append(running)
     return running, True
@@ -189,9 +195,7 @@ def launch_ahead(tmp_path_factory, name: str, base_profile: str) -> Stack:
     own tests mostly wait (the on-demand engines' cold starts use about one core of the two), picked up by
     the module that uses it, which waits until healthy and stops it. The session stops any left."""
     if name not in LAUNCHED_AHEAD:
-        workdir = tmp_path_factory.mktemp(name)
-        port = _free_port()
-        running = Stack(write_stack_config(workdir, port, base_profile=base_profile), port, workdir / "serve.log")
+        running = new_stack(tmp_path_factory, name, base_profile)
         running.launch()
         LAUNCHED_AHEAD[name] = running
     return LAUNCHED_AHEAD[name]

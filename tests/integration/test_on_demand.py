@@ -21,10 +21,9 @@ from tests.integration.conftest import (
     DEMO_KEY,
     SESSION_STACKS,
     Stack,
-    _free_port,
     launch_ahead,
+    new_stack,
     used_later,
-    write_stack_config,
 )
 from tests.integration.test_embedder_variant import PROFILE as MPNET_PROFILE
 
@@ -40,9 +39,7 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 def on_demand_stack(tmp_path_factory, request):
     for session_stack in SESSION_STACKS:  # one engine pool at a time
         session_stack.stop()
-    workdir = tmp_path_factory.mktemp("on-demand")
-    port = _free_port()
-    running = Stack(write_stack_config(workdir, port, base_profile="cpu-on-demand.yaml"), port, workdir / "serve.log")
+    running = new_stack(tmp_path_factory, "on-demand", "cpu-on-demand.yaml")
     try:
         print(f"\non-demand stack healthy in {running.start():.0f}s")
         if used_later(request, "mpnet_stack"):
