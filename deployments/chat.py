@@ -237,8 +237,8 @@ class PoolserveLLMServer(LLMServer):
 
     async def _keep_sleep_copies_exact(self) -> None:
         """Level 1 (a discrete GPU): before the engine's first sleep, its Workers copy the weights to the host at
-        their exact size and free the copies at wake (vllm_bridge/sleep_backups.py), as the plan counts them; vLLM's
-        own copies round each allocation up to a power of two and stay after the wake."""
+        their exact size, pinned once and reused by every later sleep (vllm_bridge/sleep_backups.py), as the plan
+        counts them; vLLM's own copies round each allocation up to a power of two, and stay as well."""
         if replica_settings(self._llm_config).sleep != "level_1":
             return
         client = engine_client(self)

@@ -1,14 +1,15 @@
-"""Level-1 sleep's host copy of the weights at their exact size, given back to the host at wake.
+"""Level-1 sleep's host copy of the weights at their exact size, pinned once and reused by every later sleep.
 
 vLLM's CuMemAllocator.sleep (vllm/device_allocator/cumem.py, 0.26) copies each weight allocation into
 `torch.empty(size, pin_memory=True)`. torch's pinned allocator rounds every request up to a power of two
 (ATen's CachingHostAllocator: `PowerOf2Ceil(size)`) and keeps the blocks cached after the wake drops the
-tensors, so an engine that slept once holds them while awake too (vllm#16663). On an H200 machine with 125 GiB
-of host memory two 27B engines, each planned at 50.1 GiB of level-1 weights, died at the second sleep
-(2026-12-07, docs/GPU.md). Installed in a Worker, sleep copies each allocation into its own anonymous mapping of
-the exact size (page-aligned, so no two share a page), pinned with cudaHostRegister for fast copies both ways;
-the wake copies it back as vLLM does, then unpins and unmaps it: the host holds the weights' bytes, as
-planned, and only while the engine sleeps.
+tensors (vllm#16663): an engine that slept once holds about 1.5x its weights on the host from then on. On an H200
+machine with 125 GiB of host memory two 27B engines, each planned at 50.1 GiB of level-1 weights, died at the
+second sleep (2026-12-07, docs/GPU.md). Installed in a Worker, sleep copies each allocation into its own anonymous
+mapping of the exact size (page-aligned, so no two share a page), pinned with cudaHostRegister at the first sleep
+and reused by every later one, so a swap pays only the copies both ways, as with vLLM's cached blocks: the host
+holds the weights' bytes from the engine's first sleep on, which is what the plan counts for it
+(`Plan.on_demand.asleep_host_bytes_most` holds every level-1 engine's copies at once).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ logger = logging.getLogger("poolserve.sleep_backups")
 INSTALLED = "_poolserve_exact_backups"  # set on the allocator once installed: installing twice is a no-op
 # What the wrapped sleep uses of vLLM's cumem module and of its allocator (vLLM 0.26): checked before installing.
 CUMEM_NAMES = ("libcudart", "unmap_and_release", "CuMemAllocator")
-ALLOCATOR_NAMES = ("pointer_to_data", "sleep", "wake_up")
+ALLOCATOR_NAMES = ("pointer_to_data", "sleep")
 
 
 class HostRegisterError(RuntimeError):
@@ -48,6 +49,10 @@ class PinnedHostCopy:
         self.ptr = self.tensor.data_ptr()
         _check(cudart.cudaHostRegister(self.ptr, size, 0), "cudaHostRegister")
 
+    @property
+    def size(self) -> int:
+        return self.tensor.numel()
+
     def free(self) -> None:
         """Unpin and unmap: the pages go back to the host at once."""
         _check(self._cudart.cudaHostUnregister(self.ptr), "cudaHostUnregister")
@@ -56,8 +61,9 @@ class PinnedHostCopy:
 
 
 def install_exact_backups(allocator: Any, cumem: ModuleType, cudart: Any) -> bool:
-    """Replace `allocator`'s sleep and wrap its wake_up (a CuMemAllocator; `cumem` its module, `cudart`
-    torch.cuda.cudart()). False, and vLLM's sleep left as it is, where they are not what this was written for."""
+    """Replace `allocator`'s sleep (a CuMemAllocator; `cumem` its module, `cudart` torch.cuda.cudart()); its
+    wake_up, vLLM's, copies back from the same tensors. False, and vLLM's sleep left as it is, where they are not
+    what this was written for."""
     if getattr(allocator, INSTALLED, False):
         return True
     missing = [n for n in CUMEM_NAMES if not hasattr(cumem, n)] + [
@@ -66,8 +72,7 @@ def install_exact_backups(allocator: Any, cumem: ModuleType, cudart: Any) -> boo
     if missing:
         logger.warning("vLLM's CuMemAllocator lacks %s: its own sleep is left as it is", ", ".join(missing))
         return False
-    wake_up = allocator.wake_up
-    copies: dict[int, PinnedHostCopy] = {}  # device pointer -> its host copy while asleep
+    copies: dict[int, PinnedHostCopy] = {}  # device pointer -> its host copy, kept for the next sleep
 
     def sleep(offload_tags: tuple[str, ...] | str | None = None) -> None:
         """vLLM 0.26's CuMemAllocator.sleep, with each kept allocation copied into a PinnedHostCopy."""
@@ -75,12 +80,18 @@ def install_exact_backups(allocator: Any, cumem: ModuleType, cudart: Any) -> boo
             offload_tags = (cumem.CuMemAllocator.default_tag,)
         elif isinstance(offload_tags, str):
             offload_tags = (offload_tags,)
+        for gone in [ptr for ptr in copies if ptr not in allocator.pointer_to_data]:  # freed since its copy was made
+            copies.pop(gone).free()
         kept = dropped = 0
         for ptr, data in allocator.pointer_to_data.items():
             handle = data.handle
             if data.tag in offload_tags:
                 size = handle[1]
-                copy = copies[ptr] = PinnedHostCopy(size, cudart)
+                copy = copies.get(ptr)
+                if copy is None or copy.size != size:  # the first sleep (an allocation the size of no copy: anew)
+                    if copy is not None:
+                        copy.free()
+                    copy = copies[ptr] = PinnedHostCopy(size, cudart)
                 cumem.libcudart.cudaMemcpy(copy.ptr, ptr, size)
                 data.cpu_backup_tensor = copy.tensor
                 kept += size
@@ -96,17 +107,7 @@ def install_exact_backups(allocator: Any, cumem: ModuleType, cudart: Any) -> boo
         gc.collect()
         _empty_device_cache()
 
-    def wake_up_and_free_copies(tags: list[str] | None = None) -> None:
-        waking = [
-            ptr
-            for ptr, data in allocator.pointer_to_data.items()
-            if ptr in copies and (tags is None or data.tag in tags)
-        ]
-        wake_up(tags)  # vLLM's: maps each allocation again, copies its host copy back, drops its reference
-        for ptr in waking:
-            copies.pop(ptr).free()
-
-    allocator.sleep, allocator.wake_up = sleep, wake_up_and_free_copies
+    allocator.sleep = sleep  # vLLM's wake_up maps each allocation again and copies its host copy back
     setattr(allocator, INSTALLED, True)
     return True
 

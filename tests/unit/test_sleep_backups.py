@@ -1,6 +1,7 @@
 """vllm_bridge/sleep_backups.py against a stand-in of vLLM 0.26's CuMemAllocator whose "device" allocations are
 host buffers (no GPU here): a level-1 sleep keeps each kept allocation in a page-aligned copy of its exact size,
-pinned once, and the wake copies it back byte for byte, then unpins and frees it; what sleep drops is not copied."""
+pinned at the first sleep and reused by the next; the wake copies it back byte for byte; what sleep drops is not
+copied, and a copy whose allocation was freed is unpinned and unmapped."""
 
 from __future__ import annotations
 
@@ -91,7 +92,7 @@ def _cumem(allocator: FakeCuMemAllocator):
     return module, released
 
 
-def test_a_level_1_sleep_keeps_exact_pinned_copies_and_the_wake_restores_and_frees_them():
+def test_a_level_1_sleep_keeps_exact_pinned_copies_that_the_wake_restores_and_the_next_sleep_reuses():
     weights = [3 * MIB + 5, 20 * MIB, 2 * MIB]  # sizes torch's pinned allocator would round to 4, 32 and 2 MiB
     allocator = FakeCuMemAllocator({"weights": weights, "kv_cache": [4 * MIB]})
     before = allocator.contents()
@@ -109,19 +110,34 @@ def test_a_level_1_sleep_keeps_exact_pinned_copies_and_the_wake_restores_and_fre
     assert all(d.cpu_backup_tensor is None for d in allocator.pointer_to_data.values() if d.tag == "kv_cache")
     assert all(d.is_asleep for d in allocator.pointer_to_data.values())
 
-    allocator.wake_up(None)
+    allocator.wake_up(None)  # vLLM's own
     after = allocator.contents()
     for ptr, data in allocator.pointer_to_data.items():
         if data.tag == "weights":
             assert after[ptr] == before[ptr]  # byte for byte
-    assert cudart.registered == {}  # every copy unpinned
-    assert [c[0] for c in cudart.calls].count("unregister") == len(weights)
     assert all(d.cpu_backup_tensor is None for d in allocator.pointer_to_data.values())
 
-    allocator.sleep(offload_tags=("weights",))  # and again: a second cycle pins fresh copies
-    assert sorted(cudart.registered.values()) == sorted(weights)
+    registered = dict(cudart.registered)
+    ctypes.memset(next(iter(backups)), 9, 64)  # the engine wrote to a weight while awake
+    changed = allocator.contents()
+    allocator.sleep(offload_tags=("weights",))  # the next sleep copies into the same pinned pages
+    assert cudart.registered == registered and [c[0] for c in cudart.calls].count("register") == len(weights)
     allocator.wake_up(["weights"])
-    assert cudart.registered == {} and allocator.contents() == {**after}
+    assert allocator.contents() == changed  # the second copy, not the first
+
+
+def test_a_copy_whose_allocation_was_freed_is_unpinned_and_unmapped_at_the_next_sleep():
+    allocator = FakeCuMemAllocator({"weights": [MIB, 2 * MIB]})
+    cumem, _ = _cumem(allocator)
+    cudart = FakeCudart()
+    install_exact_backups(allocator, cumem, cudart)
+    allocator.sleep(("weights",))
+    allocator.wake_up(None)
+    freed = next(iter(allocator.pointer_to_data))
+    allocator.pointer_to_data.pop(freed)  # what vLLM's free callback does
+    allocator.sleep(("weights",))
+    assert sorted(cudart.registered.values()) == [2 * MIB]
+    assert [c[0] for c in cudart.calls] == ["register", "register", "unregister"]
 
 
 def test_installing_twice_is_a_no_op_and_an_unknown_allocator_is_left_alone(caplog):
