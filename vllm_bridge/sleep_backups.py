@@ -44,7 +44,8 @@ class PinnedHostCopy:
         import torch
 
         self._cudart = cudart
-        self._mapping = mmap.mmap(-1, size)
+        # private anonymous pages (mmap's default for -1 is shared memory, which a cgroup counts as shmem)
+        self._mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         self.tensor = torch.frombuffer(self._mapping, dtype=torch.uint8, count=size)
         self.ptr = self.tensor.data_ptr()
         _check(cudart.cudaHostRegister(self.ptr, size, 0), "cudaHostRegister")
