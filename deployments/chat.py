@@ -242,7 +242,11 @@ class PoolserveLLMServer(LLMServer):
         if replica_settings(self._llm_config).sleep != "level_1":
             return
         client = engine_client(self)
-        installed = await client.collective_rpc(EXACT_SLEEP_BACKUPS_METHOD, timeout=WORKER_TRIM_TIMEOUT_S)
+        try:
+            installed = await client.collective_rpc(EXACT_SLEEP_BACKUPS_METHOD, timeout=WORKER_TRIM_TIMEOUT_S)
+        except Exception:  # the engine serves on; only its sleep's host copies are vLLM's own
+            logger.exception("engine %s: installing exact sleep copies failed", self._llm_config.model_id)
+            installed = [False]
         if all(installed):
             logger.info("engine %s: level-1 sleep keeps exact host copies", self._llm_config.model_id)
         else:

@@ -129,6 +129,13 @@ def test_a_level_1_engine_on_a_discrete_gpu_gets_the_extension_and_installs_exac
         assert server.engine._engine_client.calls == [EXACT_SLEEP_BACKUPS_METHOD]
         assert ("exceeds the plan" in caplog.text) is not answer
 
+    server = server_with(FakeEngineClient(fail_after=0))  # an engine whose Workers lack the method: it still serves
+    server._llm_config = config
+    with caplog.at_level(logging.INFO, logger="poolserve.chat"):
+        caplog.clear()
+        asyncio.run(server._keep_sleep_copies_exact())
+    assert "installing exact sleep copies failed" in caplog.text and "exceeds the plan" in caplog.text
+
     cpu = load_profile("configs/cpu-on-demand.yaml")
     cpu_config = llm_config_from_plan(
         cpu.chat, build_plan(cpu).replica("chat"), [], on_demand=build_plan(cpu).on_demand.engines["chat"]
