@@ -360,15 +360,9 @@ class Probe:
 
 def resident_bytes(pids) -> int:
     """The resident bytes of these processes (RSS: pinned and mapped pages included), those still running."""
-    import psutil
+    from system.process_memory import processes_memory
 
-    total = 0
-    for pid in pids:
-        try:
-            total += psutil.Process(pid).memory_info().rss
-        except psutil.Error:  # it ended meanwhile
-            pass
-    return total
+    return processes_memory(pids)["rss_bytes"]
 
 
 def ask(client, model: str, max_tokens: int = 16) -> dict:
@@ -636,9 +630,10 @@ def run(profile_path: Path, out: Path, swaps: int, cycles: int, timeout_s: float
     over = wakes_over_budget(report["plan"]["engines"], swaps, cycles)
     on_demand_overrides = None
     if over:
-        on_demand_overrides = {"tenant_wakes_per_hour": wakes_in_run(swaps, cycles)}
-        report["tenant_wakes_per_hour_raised"] = {"engines": over, "to": wakes_in_run(swaps, cycles)}
-        log(f"tenant_wakes_per_hour of {', '.join(over)} raised to {wakes_in_run(swaps, cycles)} for this run")
+        wakes = wakes_in_run(swaps, cycles)
+        on_demand_overrides = {"tenant_wakes_per_hour": wakes}
+        report["tenant_wakes_per_hour_raised"] = {"engines": over, "to": wakes}
+        log(f"tenant_wakes_per_hour of {', '.join(over)} raised to {wakes} for this run")
     if warnings:
         report["warnings"] = warnings
         for warning in warnings:

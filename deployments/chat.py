@@ -71,8 +71,8 @@ class FirstOutputBatcher(Batcher):
         return [first_item.result()] if first_item.done() and not first_item.cancelled() else []
 
 
-WORKER_TRIM_TIMEOUT_S = 30.0
-ENGINE_STOP_TIMEOUT_S = 30.0  # EngineCore ends its Workers and exits in ~1 s; a stuck one is killed after this  # a Worker busy with one long prefill answers the RPC after it
+WORKER_RPC_TIMEOUT_S = 30.0  # a Worker busy with one long prefill answers the RPC after it
+ENGINE_STOP_TIMEOUT_S = 30.0  # EngineCore ends its Workers and exits in ~1 s; a stuck one is killed after this
 
 
 class PoolserveLLMServer(LLMServer):
@@ -165,7 +165,7 @@ class PoolserveLLMServer(LLMServer):
                 continue
             started = time.monotonic()
             try:
-                await client.collective_rpc(WORKER_TRIM_METHOD, timeout=WORKER_TRIM_TIMEOUT_S)
+                await client.collective_rpc(WORKER_TRIM_METHOD, timeout=WORKER_RPC_TIMEOUT_S)
             except Exception:  # an engine that cannot run it (or died: its health check reports that)
                 logger.warning("trimming the vLLM Workers' heap failed; not trying again", exc_info=True)
                 return
@@ -243,7 +243,7 @@ class PoolserveLLMServer(LLMServer):
             return
         client = engine_client(self)
         try:
-            installed = await client.collective_rpc(EXACT_SLEEP_BACKUPS_METHOD, timeout=WORKER_TRIM_TIMEOUT_S)
+            installed = await client.collective_rpc(EXACT_SLEEP_BACKUPS_METHOD, timeout=WORKER_RPC_TIMEOUT_S)
         except Exception:  # the engine serves on; only its sleep's host copies are vLLM's own
             logger.exception("engine %s: installing exact sleep copies failed", self._llm_config.model_id)
             installed = [False]

@@ -11,6 +11,7 @@ from planner.engine import EnginePlan
 from planner.engine_split import EngineSplit
 from planner.errors import PlanError
 from planner.graphs import compilation_config
+from planner.on_demand_plan import sleep_level
 from planner.outputs import EngineArgs
 from planner.profile import PoolSpec
 from planner.step_worker import STEP_THREADS_WORKER, StepWorkerSettings
@@ -64,9 +65,7 @@ def _finished_args(name: str, eng: EnginePlan, split: EngineSplit | None, node: 
             # vLLM frees on sleep only what it allocated through its CuMemAllocator, which it uses only with
             # enable_sleep_mode: without it sleep(level) frees nothing (deployments/chat.py sleep_engine).
             args["enable_sleep_mode"] = True
-    keeps_weights_on_host = (
-        node.spec.gpu and not node.spec.unified and eng.chat.on_demand is not None and eng.chat.on_demand.level == 1
-    )
+    keeps_weights_on_host = node.spec.gpu and eng.chat.on_demand is not None and sleep_level(eng.chat, node.spec) == 1
     if eng.chat.heap_trim_interval_s > 0 or keeps_weights_on_host:
         # the methods the replica calls (deployments/chat.py): the heap trim, the exact host copies of a level-1 sleep
         args["worker_extension_cls"] = WORKER_EXTENSION_CLS

@@ -110,6 +110,12 @@ class OnDemandPlan(BaseModel):
     )
 
 
+def sleep_level(chat: "ChatSpec", pool: "PoolSpec") -> int:
+    """The vLLM sleep level an on-demand engine on a GPU pool sleeps at: the profile's, but always 2 on unified
+    memory, where host memory is the pool and level 1 frees nothing."""
+    return 2 if pool.unified else chat.on_demand.level
+
+
 def planned_engine(
     chat: "ChatSpec", pool: "PoolSpec", device: dict[str, int], host: dict[str, int], wake_peak: int, wake_request: int
 ) -> OnDemandEngine:
@@ -119,7 +125,7 @@ def planned_engine(
         sleep, wake, held_host = "stop", "cold_start", {}
         held = {k: v for k, v in device.items() if k.startswith(KEPT_BY_A_STOPPED_CPU_ENGINE)}
     else:
-        level = 2 if pool.unified else spec.level  # unified: host memory is the pool, level 1 frees nothing
+        level = sleep_level(chat, pool)
         held = {k: v for k, v in device.items() if not k.startswith(FREED_BY_SLEEP)}
         kept = {
             f"{k} (on host, level 1)": v

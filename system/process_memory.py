@@ -44,16 +44,21 @@ def process_tree_memory(pid: int | None = None) -> dict:
     if pid is None:
         release_freed_heap()
     root = psutil.Process(pid or os.getpid())
+    return processes_memory([root.pid, *(child.pid for child in root.children(recursive=True))])
+
+
+def processes_memory(pids) -> dict:
+    """The same sums over these processes, those still running (the pids read are returned with them)."""
     totals = dict.fromkeys(_ROLLUP_FIELDS.values(), 0)
-    pids = []
-    for process in [root, *root.children(recursive=True)]:
-        parts = _rollup(process.pid)
+    read = []
+    for pid in pids:
+        parts = _rollup(pid)
         if not parts:
             continue
         for key, value in parts.items():
             totals[key] += value
-        pids.append(process.pid)
-    return {**totals, "pids": pids}
+        read.append(pid)
+    return {**totals, "pids": read}
 
 
 def _rollup(pid: int) -> dict[str, int]:
