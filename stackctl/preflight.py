@@ -121,18 +121,22 @@ def start_steps(plan: Plan) -> list[tuple[str, int, int]]:
     peaks = {a.name: a.start_peak_bytes for a in plan.admission}
     # issue 48: an on-demand engine beyond the plan's awake set starts asleep (deployments/chat.py): it holds
     # its asleep bytes (a CPU: its Serve replica, its engine not started) and no start peak until a request wakes it
-    demand = plan.on_demand
-    asleep = (
-        {}
-        if demand is None
-        else {n: e.asleep_bytes for n, e in demand.engines.items() if n not in demand.worst_awake_set}
-    )
+    asleep = started_asleep(plan)
     running, steps = plan.pool.ray_bytes + plan.pool.page_cache_bytes, []
     for replica in sorted(plan.replicas, key=lambda r: r.start_order):
         running += asleep.get(replica.name, replica.pool_bytes)
         peak = 0 if replica.name in asleep else peaks.get(replica.name, 0)
         steps.append((replica.name, running + peak, running))
     return steps
+
+
+def started_asleep(plan: Plan) -> dict[str, int]:
+    """The on-demand engines beyond the plan's awake set, which start asleep (deployments/chat.py), and the
+    bytes each holds so (a CPU: its Serve replica, its engine not started)."""
+    demand = plan.on_demand
+    if demand is None:
+        return {}
+    return {n: e.asleep_bytes for n, e in demand.engines.items() if n not in demand.worst_awake_set}
 
 
 def check(plan: Plan, live: LiveMemory, others: list[tuple[str, int]] | None = None) -> PreflightResult:
@@ -161,9 +165,13 @@ def check(plan: Plan, live: LiveMemory, others: list[tuple[str, int]] | None = N
         result.ok = False
     # vLLM's GPU start check per engine, in start order: util x MemTotal must fit MemAvailable, sampled
     # after the engines before it took their share and after its own start-up footprint exists.
+    # An engine that starts asleep is not started here: its check runs at its first wake, the others asleep.
     overhead = {a.name: a.overhead_bytes for a in plan.admission}
-    taken = 0
+    asleep, taken = started_asleep(plan), 0
     for replica in sorted(plan.replicas, key=lambda r: r.start_order):
+        if replica.name in asleep:
+            taken += asleep[replica.name]
+            continue
         if replica.kind == "chat" and plan.pool.gpu:
             requested = int((replica.vllm.gpu_memory_utilization or 0) * live.total)
             seen = live.usable - taken - overhead.get(replica.name, 0)

@@ -97,6 +97,23 @@ def test_vllm_start_check_on_memavailable_is_refused_when_short(monkeypatch):
     assert any("chat: vLLM's start check would refuse" in line and "MemAvailable" in line for line in result.lines)
 
 
+def test_vllm_start_check_skips_engines_that_start_asleep(monkeypatch):
+    """Two 27Bs on demand on the lent H100 (2026-12-07): only one is awake at start; the other's vLLM start check
+    runs at its first wake, with the first asleep, so preflight must not ask for both engines' shares at once."""
+    monkeypatch.setattr(preflight, "shm_free_bytes", lambda: 8 * GiB)
+    plan = build_plan(load_profile(ROOT / "configs" / "h100-on-demand.yaml"), 81_559 * 2**20)
+    assert plan.on_demand.worst_awake_set == ["chat"]
+    live = LiveMemory(total=int(79.65 * GiB), available=int(79.18 * GiB), free=int(79.18 * GiB), page_cache=0)
+    result = check(plan, live)
+    assert result.ok, result.lines
+    assert not any("start check would refuse" in line for line in result.lines)
+    # the engine awake at start is still checked: with too little available it is refused
+    short = LiveMemory(total=int(79.65 * GiB), available=40 * GiB, free=40 * GiB, page_cache=0)
+    lines = check(plan, short).lines
+    assert any(line.strip().startswith("chat: vLLM's start check would refuse") for line in lines)
+    assert not any("chat-qwen3.8-27b-b: vLLM's start check" in line for line in lines)
+
+
 def test_unified_gpu_pool_drops_clean_page_cache_before_the_check(monkeypatch):
     from stackctl import launcher
 
