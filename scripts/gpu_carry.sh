@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # Fills .gpustage/ with what one transfer to an offline GPU machine carries, when a transfer holds at most
-# 64 MiB with the checkout (about 12 MiB) included: docs/GPU.md "Staging a GPU machine" says why and how.
+# 64 MiB with the checkout (about 14 MiB) included: docs/GPU.md "Staging a GPU machine" says why and how.
 #
-#   bash scripts/gpu_carry.sh prepare BUNDLE_PARTS_DIR   # once: the bundle's parts (PART_MIB=50), the wheels
-#   bash scripts/gpu_carry.sh N                          # before transfer N (0-5): prints the paths to carry
+#   bash scripts/gpu_carry.sh prepare BUNDLE_PARTS_DIR   # once: the bundle's parts (PART_MIB=40), the wheels
+#   bash scripts/gpu_carry.sh N                          # before transfer N (0 to the last part): the paths to carry
 #   bash scripts/gpu_carry.sh run                        # before every later call: the models a run needs
 #
-# Transfers 0-4 carry one part each of ../shared/gpu's bundle (built with PART_MIB=50 so a part fits beside
-# the checkout); the last part (24 MiB) also the stack's own wheels that neither the bundle nor the machine's
-# image has (.whl/) and the chat models' configs and tokenizer; 5 the fp16 embedder. On the machine each runs
+# Each transfer carries one part of ../shared/gpu's bundle (built with PART_MIB=40 so a part fits beside the
+# checkout: with 50 MiB parts the checkout of 2026-12-07 no longer did); the last part also the stack's own
+# wheels that neither the bundle nor the machine's image has (.whl/) and the chat models' configs and tokenizer;
+# `run` the fp16 embedder. On the machine each runs
 #   bash .gpustage/stage_and_install.sh .gpustage && . scripts/gpu_env.sh
-# (transfer 4 also: pip install --no-index --no-deps --target /tmp/site2 .whl/*.whl). What is installed stays
-# in /tmp while the machine is held, but an ignored folder of the checkout that a call does not name in `carry`
-# was gone on the machine at the next call (2026-12-06): every run names the models again (`run`).
+# (the last part's transfer also: pip install --no-index --no-deps --target /tmp/site2 .whl/*.whl). What is
+# installed stays in /tmp while the machine is held; an ignored folder of the checkout stays too, but only while
+# the same machine is held: every run names the models again (`run`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STAGE=.gpustage
@@ -32,19 +33,20 @@ prepare)
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl "${EXTRA_WHEELS[@]}"
   grep -qx '/.gpustage/' .git/info/exclude 2>/dev/null || printf '/.gpustage/\n/.gpuparts/\n/.whl/\n' >> .git/info/exclude
   ;;
-[0-3])
+[0-9]|[0-9][0-9])
+  last=$(( $(wc -l < "$PARTS/parts.sha256") - 1 ))
+  [ "$1" -le "$last" ] || { echo "the bundle has parts 0-$last" >&2; exit 2; }
   rm -f "$STAGE"/part.*
   cp "$PARTS/part.$1" "$PARTS/parts.sha256" "$PARTS/bundle.sha256" "$PARTS/stage_and_install.sh" "$STAGE/"
-  echo '[".gpustage"]'
+  if [ "$1" -lt "$last" ]; then
+    echo '[".gpustage"]'
+  else
+    echo '[".gpustage", ".whl", "models/gpu/Qwen3.8-27B-dummy", "models/gpu/Qwen3.8-27B-4layer-dummy/config.json", "models/gpu/Qwen3.8-27B-DSpark-dummy/config.json"]'
+  fi
   ;;
-4)
-  rm -f "$STAGE"/part.*
-  cp "$PARTS/part.4" "$STAGE/"
-  echo '[".gpustage", ".whl", "models/gpu/Qwen3.8-27B-dummy", "models/gpu/Qwen3.8-27B-4layer-dummy/config.json", "models/gpu/Qwen3.8-27B-DSpark-dummy/config.json"]'
-  ;;
-5|run)
+run)
   rm -f "$STAGE"/part.*
   echo '["models/gpu/all-MiniLM-L6-v2-fp16", "models/gpu/Qwen3.8-27B-dummy", "models/gpu/Qwen3.8-27B-4layer-dummy/config.json", "models/gpu/Qwen3.8-27B-DSpark-dummy/config.json"]'
   ;;
-*) sed -n 2,13p "$0"; exit 2 ;;
+*) sed -n 2,15p "$0"; exit 2 ;;
 esac
