@@ -72,6 +72,8 @@ class FirstOutputBatcher(Batcher):
 
 
 WORKER_RPC_TIMEOUT_S = 30.0  # a Worker busy with one long prefill answers the RPC after it
+# Pinning a level-1 engine's host copies at its start: 16-18 s for a 27B's 50 GiB on the H100 (docs/GPU.md).
+PIN_HOST_COPIES_TIMEOUT_S = 300.0
 ENGINE_STOP_TIMEOUT_S = 30.0  # EngineCore ends its Workers and exits in ~1 s; a stuck one is killed after this
 
 
@@ -236,17 +238,17 @@ class PoolserveLLMServer(LLMServer):
         await self._keep_sleep_copies_exact()
 
     async def _keep_sleep_copies_exact(self) -> None:
-        """Level 1 (a discrete GPU): before the engine's first sleep, its Workers copy the weights to the host at
-        their exact size, pinned once and reused by every later sleep (vllm_bridge/sleep_backups.py), as the plan
-        counts them; vLLM's own copies round each allocation up to a power of two, and stay as well."""
+        """Level 1 (a discrete GPU): the engine's Workers keep the weights' host copies at their exact size, mapped
+        and pinned now, at its start, and reused by every sleep (vllm_bridge/sleep_backups.py), as the plan counts
+        them; vLLM's own copies round each allocation up to a power of two, and stay as well."""
         if replica_settings(self._llm_config).sleep != "level_1":
             return
         client = engine_client(self)
         try:
-            installed = await client.collective_rpc(EXACT_SLEEP_BACKUPS_METHOD, timeout=WORKER_RPC_TIMEOUT_S)
-        except Exception:  # the engine serves on; only its sleep's host copies are vLLM's own
-            logger.exception("engine %s: installing exact sleep copies failed", self._llm_config.model_id)
-            installed = [False]
+            installed = await client.collective_rpc(EXACT_SLEEP_BACKUPS_METHOD, timeout=PIN_HOST_COPIES_TIMEOUT_S)
+        except Exception:  # the engine serves on; its first sleep makes (or fails to make) the copies
+            logger.exception("engine %s: exact sleep copies not installed or not pinned", self._llm_config.model_id)
+            return
         if all(installed):
             logger.info("engine %s: level-1 sleep keeps exact host copies", self._llm_config.model_id)
         else:

