@@ -6,13 +6,13 @@ vLLM's CuMemAllocator.sleep (vllm/device_allocator/cumem.py, 0.26) copies each w
 tensors (vllm#16663): an engine that slept once holds about 1.5x its weights on the host from then on. On an H200
 machine with 125 GiB of host memory two 27B engines, each planned at 50.1 GiB of level-1 weights, died at the
 second sleep (2026-12-07, docs/GPU.md). Installed in a Worker, sleep copies each allocation into its own anonymous
-mapping of the exact size (page-aligned, so no two share a page), pinned with cudaHostRegister at the first sleep
-and reused by every later one, so a swap pays only the copies both ways, as with vLLM's cached blocks: the host
-holds the weights' bytes from the engine's first sleep on, which is what the plan counts for it
-(`Plan.on_demand.asleep_host_bytes_most` holds every level-1 engine's copies at once). The copies are mapped and
-pinned right after the engine starts (prepare_host_copies), not at its first sleep: on the H100 that first sleep took
-16-18 s for a 27B's 50.14 GiB (the pages faulted in and pinned) and made the first swap away from each engine 19 s
-against 2.4 s for every later one (2026-12-07, docs/GPU.md).
+mapping of the exact size (page-aligned, so no two share a page), pinned once with cudaHostRegister and reused by
+every sleep, so a swap pays only the copies both ways, as with vLLM's cached blocks. The copies are mapped and
+pinned right after the engine starts (prepare_host_copies), not at its first sleep: on the H100 that first sleep
+took 16-18 s for a 27B's 50.14 GiB (the pages faulted in and pinned) and made the first swap away from each engine
+19 s against 2.4 s for every later one (2026-12-07, docs/GPU.md). So the host holds the weights' bytes from the
+engine's start on, which is what the plan counts for it (`Plan.on_demand.asleep_host_bytes_most` holds every
+level-1 engine's copies at once).
 """
 
 from __future__ import annotations
