@@ -4,8 +4,8 @@ allowed (VLLM_ALLOW_INSECURE_SERIALIZATION), which stays off.
 
 - poolserve_release_heap: hand the Worker's freed heap back to the pool (system/process_memory.py
   release_freed_heap), every `heap_trim_interval_s`;
-- poolserve_exact_sleep_backups: level-1 sleep keeps the weights on the host at their exact size, pinned once
-  (vllm_bridge/sleep_backups.py), before an on-demand engine's first sleep on a GPU."""
+- poolserve_exact_sleep_backups: level-1 sleep keeps the weights on the host at their exact size, in copies mapped
+  and pinned once, at an on-demand engine's start on a GPU (vllm_bridge/sleep_backups.py)."""
 
 from __future__ import annotations
 
