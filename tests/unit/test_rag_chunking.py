@@ -1,3 +1,4 @@
+import copy
 from pathlib import Path
 
 import pytest
@@ -379,7 +380,10 @@ def test_batched_tokenizing_in_pieces_gives_the_whole_documents_spans_and_chunks
 
     monkeypatch.setattr(chunking, "PIECE_CHARS", 700)  # many pieces per document, even for the small ones
     texts = _varied_texts()
-    backend = tokenizer.backend_tokenizer
+    # the reference on a private copy: a tokenizer called with truncation or padding keeps them on its backend
+    backend = copy.deepcopy(tokenizer.backend_tokenizer)
+    backend.no_truncation()
+    backend.no_padding()
     whole = [
         np.asarray(backend.encode(t, add_special_tokens=False).offsets, dtype=np.int64).reshape(-1, 2) for t in texts
     ]
