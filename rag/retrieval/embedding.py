@@ -15,6 +15,22 @@ import numpy as np
 from rag.documents.chunking import Chunk, Chunker, fast_tokenizer_spans
 from rag.retrieval.batch_features import fast_batch_features
 
+
+def use_attention_without_shape_plans(device: str) -> bool:
+    """On a GPU, take cuDNN out of torch's attention choices for this process; True where it did.
+
+    torch (2.11 on an H100 and later) sends attention with a padding mask to cuDNN first on sm90 and newer,
+    and cuDNN builds an execution plan for each new (batch, padded length) it meets, per thread, with no
+    bound: tens to hundreds of ms each (modelscope/FunASR#3704). An ingest's batches come in many lengths,
+    so the replica paid a plan build for most of them; memory-efficient attention runs any shape at once."""
+    if not device.startswith("cuda"):
+        return False
+    import torch
+
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    return True
+
+
 # Runs one forward pass (a no-argument callable) and returns its result.
 ForwardRunner = Callable[[Callable[[], Any]], Any]
 # Entered around each forward pass of at most batch_size texts; it yields the runner of that pass. The
@@ -43,6 +59,7 @@ class SentenceTransformerEmbedder:
         self.batch_size = batch_size
         self.query_prefix = query_prefix
         self.device = device
+        use_attention_without_shape_plans(device)
         self.model = SentenceTransformer(model_path, device=device, local_files_only=True)
         self.dimension = int(self.model.get_sentence_embedding_dimension())
         self.max_seq_length = int(self.model.max_seq_length)

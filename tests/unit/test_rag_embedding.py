@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rag.retrieval.embedding import SentenceTransformerEmbedder
+from rag.retrieval.embedding import SentenceTransformerEmbedder, use_attention_without_shape_plans
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / "models" / "all-MiniLM-L6-v2"
 TEXTS = [
@@ -82,3 +82,18 @@ def test_usage_is_the_tokens_each_batch_read_counted_without_tokenizing_twice(em
     monkeypatch.setattr(embedder, "tokens_read", lambda _texts: pytest.fail("tokenized a second time"))
     assert embedder.embed(texts)["tokens"] == expected
     assert embedder.embed([])["tokens"] == 0
+
+
+def test_a_gpu_embedder_takes_cudnn_out_of_attention_and_a_cpu_one_leaves_it():
+    # The flag is process-wide and exists in CPU builds of torch too (read at every attention dispatch).
+    import torch
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        assert use_attention_without_shape_plans("cpu") is False
+        assert torch.backends.cuda.cudnn_sdp_enabled() is True
+        assert use_attention_without_shape_plans("cuda:0") is True
+        assert torch.backends.cuda.cudnn_sdp_enabled() is False
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
