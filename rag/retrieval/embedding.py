@@ -22,8 +22,8 @@ def use_attention_without_shape_plans(device: str) -> bool:
     torch 2.11 (the GPU bundle's) sends attention with a padding mask to cuDNN first on sm90 and newer, and
     cuDNN builds an execution plan for each new (batch, padded length) it meets, per thread, with no bound:
     tens to hundreds of ms each (modelscope/FunASR#3704). An ingest's batches come in many lengths, so the
-    replica paid a plan build for most of them; memory-efficient attention runs any shape at once. On an
-    H100 the replica's embed calls of 2,967 chunks took 0.70 s with it off, 4.49 s before (docs/GPU.md)."""
+    replica paid a plan build for most of them; memory-efficient attention runs any shape at once. The
+    replica's embed calls of 2,967 chunks: 0.70 s with it off on an H100, 5.33 s there before (docs/GPU.md)."""
     if not device.startswith("cuda"):
         return False
     import torch
