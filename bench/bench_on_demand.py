@@ -338,6 +338,7 @@ class Probe:
                     entry["planned_host_asleep_bytes"] = engine.get("asleep_host_bytes")
             else:
                 measured = r.get("measured_bytes")
+                entry["parts"] = pss_parts(r)  # which pages move between readings (issue 48's asleep +-2%)
             entry["measured_bytes"] = measured
             if state in ("awake", "asleep"):
                 planned = planned_for(engine, state)
@@ -356,6 +357,15 @@ class Probe:
                 "unattributed": {p: b for p, b in gpu.processes.items() if p not in self.owner},
             }
         return out
+
+
+# The parts of a replica's PSS that /status gives beside its total (system/process_memory.py).
+PSS_PARTS = ("anon_bytes", "file_bytes", "shmem_bytes")
+
+
+def pss_parts(replica: dict) -> dict[str, int | None]:
+    """A CPU replica's PSS by kind of page, from its /status entry: heap (anon), mapped files, shared memory."""
+    return {key: replica.get(key) for key in PSS_PARTS}
 
 
 def resident_bytes(pids) -> int:
@@ -506,6 +516,8 @@ class Bench:
             asleep = (slept.get("memory") or {}).get(awake, {})
             awake_now = (woke.get("memory") or {}).get(awake, {})
             cycle["asleep"], cycle["awake"] = asleep.get("measured_bytes"), awake_now.get("measured_bytes")
+            if "parts" in asleep:  # a CPU: the asleep replica's pages by kind, to see which ones move
+                cycle["asleep_parts"], cycle["awake_parts"] = asleep["parts"], awake_now.get("parts")
             cycle["asleep_check"] = asleep.get("vs_plan_at_rest") or {"within": False}
             cycle["awake_check"] = awake_now.get("vs_plan_at_rest") or {"within": False}
             pid = awake_now.get("replica_pid")

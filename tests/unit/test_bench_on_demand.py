@@ -9,6 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from bench.bench_on_demand import (
+    PSS_PARTS,
     alternation,
     attribute_new_pids,
     cold_start_section,
@@ -19,6 +20,7 @@ from bench.bench_on_demand import (
     plan_engines,
     growth_per_cycle,
     planned_for,
+    pss_parts,
     ratio_check,
     summary,
     swap_summary,
@@ -269,3 +271,9 @@ def test_resident_bytes_counts_running_processes_and_skips_ended_ones():
     me = psutil.Process(os.getpid()).memory_info().rss
     assert resident_bytes([]) == 0
     assert 0.5 * me < resident_bytes([os.getpid(), 2**22 + 12345]) < 2 * me  # the second pid runs nowhere
+
+
+def test_a_cpu_replica_s_pss_is_kept_by_kind_of_page():
+    status_entry = {"measured_bytes": 700, "anon_bytes": 400, "file_bytes": 250, "shmem_bytes": 50, "rss_bytes": 900}
+    assert pss_parts(status_entry) == {"anon_bytes": 400, "file_bytes": 250, "shmem_bytes": 50}
+    assert pss_parts({"measured_bytes": 700}) == dict.fromkeys(PSS_PARTS)
