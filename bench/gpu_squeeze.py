@@ -113,6 +113,7 @@ def _corpus(limit: int) -> list[dict]:
 
 RAW_ENCODE = """
 import asyncio, json, sys, tempfile, time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from bench.bench_ingest import Timed
 from rag.local import LocalEmbedder, LocalIndex
@@ -120,7 +121,6 @@ from rag.retrieval.embedding import SentenceTransformerEmbedder
 from rag.retrieval.pipeline import DocumentInput, PipelineSettings, RagPipeline
 from rag.store.knowledge_store import KnowledgeStore
 model, batch, chunk_tokens, overlap, device, corpus, per_request, call_chunks = json.loads(sys.argv[1])
-from concurrent.futures import ThreadPoolExecutor
 raw = SentenceTransformerEmbedder(model, batch, chunk_tokens, overlap, device)  # on a GPU: cuDNN attention off
 docs = [json.loads(line)["text"] for line in open(corpus)]
 texts = [c.text for d in docs for c in raw.chunk(d)]
