@@ -12,7 +12,8 @@
 #   bench     one cold boot of the bench profile (compiled, no drafter): answers, decode, the ingest by part
 #   ondemand  model swaps through the stack (bench/bench_on_demand.py --swaps 20): two on-demand engines of
 #             PROFILE_ON_DEMAND (default configs/gpu-on-demand.yaml; configs/h100-on-demand.yaml for two 27Bs), one
-#             awake at a time; ON_DEMAND_CYCLES=N adds N sleep/wake cycles of one engine (endurance)
+#             awake at a time; ON_DEMAND_CYCLES=N adds N sleep/wake cycles of one engine (endurance), and
+#             ON_DEMAND_SWAPS=2 leaves the device time to them (1,000 cycles: ~23 min after a ~4 min start)
 # Run it detached from a copy of the checkout, which a later call's sync of the working tree cannot touch:
 #   . scripts/gpu_env.sh; rm -rf /tmp/ck; cp -a . /tmp/ck; cd /tmp/ck
 #   STEPS="decode ingest" setsid nohup bash scripts/gpu_session.sh /tmp/out > /tmp/session.log 2>&1 < /dev/null &
@@ -51,7 +52,7 @@ for name in $steps; do
     serving0) serving gpu-serving-interval0 --chat stream_batching_interval_ms=0 ;;
     direct) serving gpu-serving-direct --chat stream_batching_interval_ms=0 --gateway direct_ingress=true ;;
     ondemand) mkdir -p "$out/ondemand"
-              python3 bench/bench_on_demand.py --profile "$on_demand_profile" --out "$out/ondemand" --swaps 20 \
+              python3 bench/bench_on_demand.py --profile "$on_demand_profile" --out "$out/ondemand" --swaps "${ON_DEMAND_SWAPS:-20}" \
                 --cycles "${ON_DEMAND_CYCLES:-0}" --timeout 560 > "$out/ondemand.log" 2>&1 ;;
     *) step "$name: no such step" ;;
   esac
