@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 
 from vllm_bridge.compat import (
@@ -20,10 +21,11 @@ from vllm_bridge.compat import (
     start_engine_client,
     use_started_client,
 )
-from system.process_memory import process_tree_memory
+from system.process_memory import process_tree_memory, release_freed_heap
 from vllm_bridge.engine_ranks import end_local_engine, engine_processes, start_rank_hosts
 from vllm_bridge.worker_extension import EXACT_SLEEP_BACKUPS_METHOD, WORKER_TRIM_METHOD
 from deployments.start_order import wait_for_predecessors
+from planner.engine_args import REPLICA_ONLY_ENV
 from planner.gpu import engine_placement
 from planner.on_demand_plan import OnDemandEngine
 from planner.outputs import ChatReplicaSettings, EngineRank
@@ -90,6 +92,9 @@ class PoolserveLLMServer(LLMServer):
         # CPU together (PoolSpec.engines_start), with nothing to wait for.
         from ray import serve
 
+        dropped = drop_replica_only_env()
+        if dropped:
+            logger.info("this replica's interpreter started with %s; its engine's processes will not", dropped)
         settings = replica_settings(self._llm_config)
         await wait_for_predecessors(
             self._llm_config.model_id,
@@ -275,6 +280,7 @@ class PoolserveLLMServer(LLMServer):
             await engine.shutdown()
         del client, engine
         release_engine_caches()  # else each stopped engine's tokenizers stay, +41 MiB a wake (vllm_bridge/compat.py)
+        release_freed_heap()  # what the stopped engine's objects freed goes back to the pool now, not at a reading
         deadline = time.monotonic() + ENGINE_STOP_TIMEOUT_S
         while engine_processes() and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
@@ -287,6 +293,12 @@ class PoolserveLLMServer(LLMServer):
         # smaps reads of the engine's process tree: in a thread, not on the loop that streams tokens
         measured = await asyncio.to_thread(process_tree_memory)
         return {**measured, "worker_heap_trim": getattr(self, "_last_worker_trim", {})}
+
+
+def drop_replica_only_env() -> dict[str, str]:
+    """Remove from this process's environment what the plan set for its interpreter alone (read at its start),
+    so that the engine processes it starts do not inherit it; returns what was removed."""
+    return {name: os.environ.pop(name) for name in REPLICA_ONLY_ENV if name in os.environ}
 
 
 # The key of experimental_configs (ray.serve.llm's free-form dict) that holds the replica's typed settings.

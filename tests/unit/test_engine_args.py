@@ -4,6 +4,7 @@ deployments/chat.py binds them as they are, and nothing edits a planned engine a
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,30 @@ def test_building_the_replicas_leaves_the_engine_plan_as_planned(name, pool, mon
         assert OVERHEAD_LINE in plan.replica("chat").breakdown and OVERHEAD_LINE not in seen[0][0].breakdown
     else:
         assert any("pipeline x" in n for n in plan.notes)  # the split's note reaches the plan
+
+
+def test_only_an_on_demand_cpu_engine_runs_its_replica_on_glibcs_malloc():
+    """A CPU engine that sleeps by stopping starts again in the same replica: its interpreter takes glibc's malloc
+    (trimmed at each stop) instead of pymalloc's arenas, which each start's tokenizer copies leave pinned."""
+    from planner.engine_args import REPLICA_ONLY_ENV, SYSTEM_MALLOC_ENV
+
+    assert SYSTEM_MALLOC_ENV in REPLICA_ONLY_ENV
+    on_demand = build_plan(load_profile(ROOT / "configs/cpu-on-demand.yaml"), 24 * GiB)
+    chats = [r for r in on_demand.replicas if r.kind == "chat"]
+    assert len(chats) == 2 and all(r.env[SYSTEM_MALLOC_ENV] == "malloc" for r in chats)
+    always_on = build_plan(load_profile(ROOT / "configs/cpu-tiny.yaml"), 24 * GiB).replica("chat")
+    assert SYSTEM_MALLOC_ENV not in always_on.env
+    gpu = build_plan(load_profile(ROOT / "configs/gpu-on-demand.yaml"), 80 * GiB)
+    assert all(SYSTEM_MALLOC_ENV not in r.env for r in gpu.replicas if r.kind == "chat")  # it sleeps in place
+
+
+def test_the_chat_replica_drops_the_replica_only_variables_before_its_engine_starts(monkeypatch):
+    """The engine's processes inherit the replica's environment; the allocator is the replica's alone."""
+    from deployments.chat import drop_replica_only_env
+    from planner.engine_args import SYSTEM_MALLOC_ENV
+
+    monkeypatch.setenv(SYSTEM_MALLOC_ENV, "malloc")
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert drop_replica_only_env() == {SYSTEM_MALLOC_ENV: "malloc"}
+    assert SYSTEM_MALLOC_ENV not in os.environ and os.environ["OMP_NUM_THREADS"] == "2"
+    assert drop_replica_only_env() == {}
