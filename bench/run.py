@@ -136,6 +136,13 @@ PARTS = (
         "the embedder's heap after real documents, per variant; alone on a quiet machine (docs/STRESS.md)",
     ),
     Part(
+        "memory",
+        "driver_heap_probe.py",
+        "[PYTHONMALLOC=malloc] PYTHONPATH=$PWD .venv/bin/python bench/driver_heap_probe.py --cycles 8",
+        "what an on-demand CPU replica's heap keeps from each engine it stopped, per allocator "
+        "(docs/results/on-demand-cpu-endurance-2026-12-06.md)",
+    ),
+    Part(
         "tools",
         "make_rag_corpus.py",
         ".venv/bin/python bench/make_rag_corpus.py",
