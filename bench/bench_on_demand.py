@@ -17,7 +17,8 @@ Recorded, each step on its own (one failure does not lose the rest):
   started until its first request, so its first wake is a fresh engine start, measured beside its later
   vLLM wake-ups; on a CPU vLLM has no sleep mode and every wake is a cold start (the result says so);
 - `--cycles N`: N sleep/wake cycles of the engine awake at start, counting failed requests, replicas Serve
-  replaced (crashes), and its memory asleep and awake each time within +-2% of the plan and of cycle 1;
+  replaced (crashes), and its memory asleep and awake each time within +-2% of the plan and of cycle 1 (on a
+  GPU NVML's bytes every cycle, /status, and with it the replica's pid, one cycle in FULL_STATUS_EVERY);
 - `poolserve down` at the end, and what is left (the stack's processes; on a GPU the device's processes).
 
     python3 bench/bench_on_demand.py --profile configs/gpu-on-demand.yaml --out DIR [--swaps 20] [--cycles N]
@@ -46,6 +47,7 @@ from bench.harness.timing import percentile  # noqa: E402
 GIB = 2**30
 MIB = 2**20
 TOLERANCE = 0.02  # endurance: memory back to its plan (and to cycle 1) within +-2% each time
+FULL_STATUS_EVERY = 25  # GPU cycles: one in 25 reads /status (pids, restarts); NVML gives the bytes every cycle
 PROMPT = "Say OK."
 # The gateway's on-demand counters (deployments/wake_coordinator.py), as Prometheus names the samples.
 WAKES, SLEEPS, WAKE_SECONDS = (
@@ -294,19 +296,30 @@ def plan_engines(plan) -> dict[str, dict]:
     return engines
 
 
+def replicas_from_states(known: dict[str, dict], engines: dict[str, dict], states: dict[str, str | None]) -> dict:
+    """The replicas as /status last gave them, each engine's state from /v1/models (`states`, by model id): what a
+    GPU reading needs between two /status calls, whose every call measures every replica's memory on the host."""
+    return {
+        name: {**replica, "engine_state": states.get(engines[name]["model_id"])} if name in engines else replica
+        for name, replica in known.items()
+    }
+
+
 class Probe:
     """Each on-demand engine's memory: NVML per process on a discrete GPU, /status's PSS on a CPU."""
 
     def __init__(self, base_url: str, admin_key: str, engines: dict[str, dict], sampler=None):
         self.base_url, self.admin_key, self.engines, self.sampler = base_url, admin_key, engines, sampler
         self.owner: dict[int, str] = {}  # GPU pid -> engine (replica name)
+        self.known: dict[str, dict] = {}  # the last /status's replicas (their pids)
 
     def status(self) -> dict:
         import httpx
 
         reply = httpx.get(f"{self.base_url}/status", headers={"Authorization": f"Bearer {self.admin_key}"}, timeout=120)
         reply.raise_for_status()
-        return {r["name"]: r for r in reply.json().get("replicas", [])}
+        self.known = {r["name"]: r for r in reply.json().get("replicas", [])}
+        return self.known
 
     def claim(self, engine: str) -> list[int]:
         """On a GPU: the processes that appeared since the last claim are `engine`'s (see attribute_new_pids)."""
@@ -319,10 +332,12 @@ class Probe:
         roles = {pid: role_of(_title(pid)) for pid in self.sampler.read().processes}
         return attribute_new_pids(self.owner, roles, engine, replica_of)
 
-    def read(self) -> dict[str, dict]:
+    def read(self, states: dict[str, str | None] | None = None) -> dict[str, dict]:
         """Each engine's state (/status's engine_state), its replica's pid and its measured bytes with the
-        plan's for that state."""
-        replicas = self.status()
+        plan's for that state. On a GPU, `states` (/v1/models') stands in for a new /status: the bytes are
+        NVML's either way, and the pids those /status gave last."""
+        light = states is not None and self.sampler is not None and self.known
+        replicas = replicas_from_states(self.known, self.engines, states) if light else self.status()
         gpu = self.sampler.read() if self.sampler is not None else None
         out = {}
         for name, engine in self.engines.items():
@@ -441,9 +456,10 @@ class Bench:
         self.woken |= set(awake)
         return {"states": states, "awake": awake, "gpu_pids_claimed": claimed}
 
-    def request(self, model: str) -> dict:
+    def request(self, model: str, light_reading: bool = False) -> dict:
         """One request to `model`, with whether it found the engine asleep, the coordinator's counters for
-        it, and on a swap each engine's memory after it (the other asleep, this one awake)."""
+        it, and on a swap each engine's memory after it (the other asleep, this one awake). `light_reading`:
+        on a GPU, the engines' states for that reading from /v1/models instead of a new /status (Probe.read)."""
         name = self.by_model[model]
         record: dict = {"model": model}
         try:
@@ -469,7 +485,7 @@ class Bench:
                 if name not in self.woken:
                     record["gpu_pids_claimed"] = self.probe.claim(name)
                 self.woken.add(name)
-                record["memory"] = self.probe.read()
+                record["memory"] = self.probe.read(self.states() if light_reading else None)
         except Exception as exc:
             record["after_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         return record
@@ -508,8 +524,11 @@ class Bench:
         replica_pid = (self.probe.read().get(awake) or {}).get("replica_pid")
         for index in range(count):
             cycle: dict = {"index": index, "requests_failed": 0}
-            slept = self.request(other_model)
-            woke = self.request(model)
+            # /status measures every replica on the host (gc, malloc_trim and smaps reads in each): on a GPU one
+            # cycle in FULL_STATUS_EVERY reads it (and so the replica's pid, for restarts), the others NVML alone
+            light = self.gpu and index % FULL_STATUS_EVERY != 0 and index != count - 1
+            slept = self.request(other_model, light_reading=light)
+            woke = self.request(model, light_reading=light)
             for key, rec in (("sleep", slept), ("wake", woke)):
                 cycle[key] = {k: rec.get(k) for k in ("ok", "swap", "ttft_s", "total_s", "wake_s", "error")}
                 cycle["requests_failed"] += 0 if rec.get("ok") else 1
@@ -520,6 +539,7 @@ class Bench:
                 cycle["asleep_parts"], cycle["awake_parts"] = asleep["parts"], awake_now.get("parts")
             cycle["asleep_check"] = asleep.get("vs_plan_at_rest") or {"within": False}
             cycle["awake_check"] = awake_now.get("vs_plan_at_rest") or {"within": False}
+            cycle["status_read"] = not light
             pid = awake_now.get("replica_pid")
             cycle["restarted"] = bool(replica_pid and pid and pid != replica_pid)
             replica_pid = pid or replica_pid

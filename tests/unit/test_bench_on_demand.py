@@ -277,3 +277,42 @@ def test_a_cpu_replica_s_pss_is_kept_by_kind_of_page():
     status_entry = {"measured_bytes": 700, "anon_bytes": 400, "file_bytes": 250, "shmem_bytes": 50, "rss_bytes": 900}
     assert pss_parts(status_entry) == {"anon_bytes": 400, "file_bytes": 250, "shmem_bytes": 50}
     assert pss_parts({"measured_bytes": 700}) == dict.fromkeys(PSS_PARTS)
+
+
+def test_a_light_gpu_reading_takes_states_from_v1_models_and_pids_from_the_last_status(monkeypatch):
+    """Between two /status calls (each measures every replica on the host) a GPU cycle reads NVML's bytes, the
+    engines' states from /v1/models and the pids /status gave last; a CPU reading always asks /status (PSS)."""
+    from types import SimpleNamespace
+
+    from bench.bench_on_demand import Probe, replicas_from_states
+
+    engines = {"chat": {"model_id": "a", "awake_bytes": 100}, "chat-b": {"model_id": "b", "awake_bytes": 100}}
+    known = {
+        "chat": {"name": "chat", "pids": [7], "engine_state": "awake"},
+        "chat-b": {"name": "chat-b", "pids": [8], "engine_state": "asleep"},
+        "embedder": {"name": "embedder", "pids": [9]},
+    }
+    swapped = replicas_from_states(known, engines, {"a": "asleep", "b": "awake"})
+    assert swapped["chat"] == {"name": "chat", "pids": [7], "engine_state": "asleep"}
+    assert swapped["chat-b"]["engine_state"] == "awake" and swapped["embedder"] == known["embedder"]
+    assert known["chat"]["engine_state"] == "awake"  # the last /status is kept as it was
+
+    sampler = SimpleNamespace(read=lambda: SimpleNamespace(processes={70: 3_000, 80: 9_000}, used=12_000, free=1))
+    probe = Probe("http://stack", "key", engines, sampler)
+    probe.owner, probe.known = {70: "chat", 80: "chat-b"}, known
+    calls = []
+    monkeypatch.setattr(probe, "status", lambda: calls.append("status") or known)
+    monkeypatch.setattr("bench.bench_on_demand.resident_bytes", lambda pids: 0)
+    monkeypatch.setattr(
+        "bench.bench_on_demand.planned_for", lambda engine, state: {"planned_bytes": 100, "planned_at_rest_bytes": 100}
+    )
+    light = probe.read({"a": "asleep", "b": "awake"})
+    assert calls == [] and light["chat"]["state"] == "asleep" and light["chat-b"]["measured_bytes"] == 9_000
+    assert light["chat"]["replica_pid"] == 7
+    probe.read()  # no states: a full reading
+    assert calls == ["status"]
+    cpu = Probe("http://stack", "key", engines, sampler=None)
+    cpu.known = known
+    monkeypatch.setattr(cpu, "status", lambda: calls.append("cpu status") or known)
+    cpu.read({"a": "asleep", "b": "awake"})
+    assert calls[-1] == "cpu status"
