@@ -432,6 +432,7 @@ class Bench:
         # max_retries 0: a failed request is a result, never retried out of sight; a wake may take minutes
         self.client = OpenAI(base_url=f"{server.base_url}/v1", api_key=server.api_key, timeout=900, max_retries=0)
         self.woken: set[str] = set()  # engines that have been awake in this run (a GPU's next wake is vLLM's)
+        self.read_after: tuple[dict, dict] | None = None  # (states, counters) after the last light request
 
     def metrics(self) -> dict:
         import httpx
@@ -458,15 +459,19 @@ class Bench:
 
     def request(self, model: str, light_reading: bool = False) -> dict:
         """One request to `model`, with whether it found the engine asleep, the coordinator's counters for
-        it, and on a swap each engine's memory after it (the other asleep, this one awake). `light_reading`:
-        on a GPU, the engines' states for that reading from /v1/models instead of a new /status (Probe.read)."""
+        it, and on a swap each engine's memory after it (the other asleep, this one awake). `light_reading` (GPU
+        cycles): the memory reading takes the states from /v1/models instead of a new /status (Probe.read), and
+        the states and counters read after one request are the next one's before (nothing runs between them)."""
         name = self.by_model[model]
         record: dict = {"model": model}
         try:
-            before_states = self.states()
-            before = self.metrics()
+            if light_reading and self.read_after is not None:
+                before_states, before = self.read_after
+            else:
+                before_states, before = self.states(), self.metrics()
         except Exception as exc:
             return {**record, "ok": False, "error": f"before: {type(exc).__name__}: {str(exc)[:300]}"}
+        self.read_after = None
         record["state_before"] = before_states.get(model)
         record["swap"] = before_states.get(model) != "awake"
         if record["swap"]:
@@ -481,11 +486,14 @@ class Bench:
             after = self.metrics()
             record["metrics_delta"] = metrics_delta(before, after)
             record["wake_s"] = record["metrics_delta"]["wake_seconds"].get(model)
+            states_after = self.states() if light_reading else None
             if record["swap"] and record["ok"]:
                 if name not in self.woken:
                     record["gpu_pids_claimed"] = self.probe.claim(name)
                 self.woken.add(name)
-                record["memory"] = self.probe.read(self.states() if light_reading else None)
+                record["memory"] = self.probe.read(states_after)
+            if light_reading:
+                self.read_after = (states_after, after)
         except Exception as exc:
             record["after_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         return record

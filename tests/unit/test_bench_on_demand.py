@@ -316,3 +316,45 @@ def test_a_light_gpu_reading_takes_states_from_v1_models_and_pids_from_the_last_
     monkeypatch.setattr(cpu, "status", lambda: calls.append("cpu status") or known)
     cpu.read({"a": "asleep", "b": "awake"})
     assert calls[-1] == "cpu status"
+
+
+def test_light_requests_reuse_the_readings_after_one_as_the_next_ones_before(monkeypatch):
+    """A GPU cycle's second request starts from the states and counters read after its first (nothing runs
+    between them), and its memory reading gets those states instead of a new /status."""
+    from types import SimpleNamespace
+
+    from bench import bench_on_demand
+
+    plan = build_plan(load_profile("configs/gpu-on-demand.yaml"))
+    server = SimpleNamespace(base_url="http://stack", api_key="key")
+    bench = bench_on_demand.Bench(server, "admin", plan, sampler=SimpleNamespace(), log=lambda _line: None)
+    names = list(bench.engines)
+    a, b = (bench.engines[n]["model_id"] for n in names)
+    awake = {"now": a}
+    calls = {"states": 0, "metrics": 0}
+
+    def states():
+        calls["states"] += 1
+        return {a: "awake" if awake["now"] == a else "asleep", b: "awake" if awake["now"] == b else "asleep"}
+
+    def metrics():
+        calls["metrics"] += 1
+        return {"wakes": {}, "sleeps": {}, "wake_seconds": {awake["now"]: float(calls["metrics"])}}
+
+    def ask(_client, model):
+        awake["now"] = model
+        return {"ttft_s": 0.1, "total_s": 0.2}
+
+    readings = []
+    monkeypatch.setattr(bench, "states", states)
+    monkeypatch.setattr(bench, "metrics", metrics)
+    monkeypatch.setattr(bench_on_demand, "ask", ask)
+    monkeypatch.setattr(bench.probe, "read", lambda given=None: readings.append(given) or {})
+    bench.woken = set(names)  # both have been awake: no first-wake claim
+    slept = bench.request(b, light_reading=True)
+    woke = bench.request(a, light_reading=True)
+    assert slept["swap"] and woke["swap"] and slept["ok"] and woke["ok"]
+    assert calls == {"states": 3, "metrics": 3}  # 4 and 4 when each request reads its own before
+    assert readings == [{a: "asleep", b: "awake"}, {a: "awake", b: "asleep"}]
+    full = bench.request(b)  # a full request reads its own before, and /status for its memory
+    assert full["swap"] and readings[-1] is None and bench.read_after is None
