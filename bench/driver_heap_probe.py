@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.harness.engine import DEFAULT_PROFILE, engine_setup  # noqa: E402
-from system.process_memory import release_freed_heap  # noqa: E402
+from system.process_memory import processes_memory, release_freed_heap  # noqa: E402
 from vllm_bridge.compat import release_engine_caches  # noqa: E402
 
 MiB = 2**20
@@ -30,13 +30,9 @@ TRACE_FROM_CYCLE = 3  # the first stops fill caches every engine refills anyway
 
 
 def own_memory() -> dict[str, float]:
-    """This process's anonymous memory and PSS, MiB (smaps_rollup)."""
-    fields = {}
-    for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
-        parts = line.split()
-        if len(parts) >= 2 and parts[0].endswith(":") and parts[1].isdigit():
-            fields[parts[0][:-1]] = int(parts[1]) * 1024
-    return {"anon_mib": round(fields.get("Anonymous", 0) / MiB, 1), "pss_mib": round(fields.get("Pss", 0) / MiB, 1)}
+    """This process's anonymous and whole PSS, MiB (smaps_rollup, as /status reads a replica)."""
+    measured = processes_memory([os.getpid()])
+    return {"anon_mib": round(measured["anon_bytes"] / MiB, 1), "pss_mib": round(measured["measured_bytes"] / MiB, 1)}
 
 
 async def one_engine(llm_kwargs: dict, index: int) -> None:
