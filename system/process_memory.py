@@ -61,6 +61,19 @@ def processes_memory(pids) -> dict:
     return {**totals, "pids": read}
 
 
+def processes_resident_bytes(pids) -> int:
+    """The resident bytes (RSS) of these processes, those still running, from /proc/<pid>/statm: constant time,
+    where smaps_rollup walks every mapped page (95 ms for 8 GiB of 4 KiB pages, such as a sleeping engine's
+    pinned host copies)."""
+    total = 0
+    for pid in pids:
+        try:
+            total += psutil.Process(pid).memory_info().rss
+        except psutil.Error:  # it ended meanwhile
+            pass
+    return total
+
+
 def _rollup(pid: int) -> dict[str, int]:
     """One process's smaps_rollup (Linux 4.14+); RSS alone where it cannot be read."""
     parts = {}

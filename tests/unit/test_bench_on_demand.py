@@ -170,8 +170,9 @@ def test_endurance_checks_memory_each_cycle_against_the_plan_and_cycle_1(
             "awake": w,
             "asleep_check": {"within": back_to_plan},
             "awake_check": {"within": True},
+            "seconds": seconds,
         }
-        for s, w in zip(asleep, awake)
+        for s, w, seconds in zip(asleep, awake, (1.3, 1.5, 1.4))
     ]
     verdict = endurance(cycles)
     assert verdict == {
@@ -183,6 +184,7 @@ def test_endurance_checks_memory_each_cycle_against_the_plan_and_cycle_1(
         "awake_back_to_cycle_1": awake_first,
         "asleep_growth_per_cycle_bytes": growth_per_cycle(asleep),
         "awake_growth_per_cycle_bytes": growth_per_cycle(awake),
+        "cycle_seconds": summary([1.3, 1.5, 1.4]),
     }
 
 
@@ -204,6 +206,7 @@ def test_endurance_counts_failed_requests_restarts_and_missing_readings():
     assert not verdict["back_to_plan_every_cycle"] and not verdict["asleep_back_to_cycle_1"]
     assert verdict["awake_back_to_cycle_1"]
     assert endurance([])["back_to_plan_every_cycle"] is False
+    assert verdict["cycle_seconds"] is None  # cycles recorded before their wall time was
 
 
 def test_a_run_with_more_wakes_than_the_tenant_may_cause_is_warned_of():

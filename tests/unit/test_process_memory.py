@@ -7,7 +7,12 @@ import sys
 
 import psutil
 
-from system.process_memory import process_tree_memory, release_freed_heap
+from system.process_memory import (
+    process_tree_memory,
+    processes_memory,
+    processes_resident_bytes,
+    release_freed_heap,
+)
 
 
 def test_tree_memory_counts_this_process_and_its_children():
@@ -22,6 +27,22 @@ def test_tree_memory_counts_this_process_and_its_children():
         assert 0 < measured["measured_bytes"] < measured["rss_bytes"]
         parts = measured["anon_bytes"] + measured["file_bytes"] + measured["shmem_bytes"]
         assert abs(parts - measured["measured_bytes"]) <= 64 * 1024 * len(measured["pids"])
+    finally:
+        child.kill()
+        child.wait(timeout=10)
+
+
+def test_resident_bytes_from_statm_equal_smaps_rss_and_skip_ended_processes():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        pids = [child.pid, 2**22 + 12345]  # the second runs nowhere
+        for _ in range(50):  # the child's interpreter may still be mapping pages: compare two quiet readings
+            first = processes_memory(pids)["rss_bytes"]
+            statm = processes_resident_bytes(pids)
+            if first == processes_memory(pids)["rss_bytes"]:
+                break
+        assert abs(statm - first) <= 256 * 1024
+        assert processes_resident_bytes([]) == 0
     finally:
         child.kill()
         child.wait(timeout=10)
