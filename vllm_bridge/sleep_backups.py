@@ -26,6 +26,7 @@ from typing import Any
 logger = logging.getLogger("poolserve.sleep_backups")
 INSTALLED = "_poolserve_exact_backups"  # set on the allocator once installed: installing twice is a no-op
 COPIES = "_poolserve_host_copies"  # on the allocator: device pointer -> its PinnedHostCopy, kept between sleeps
+HELD_REPORTED = "_poolserve_held_reported"  # set on the allocator once its first sleep said what stays on the device
 LEVEL_1_KEPT_TAGS = ("weights",)  # what vLLM's Worker.sleep(level=1) asks its allocator to keep on the host
 # What the wrapped sleep uses of vLLM's cumem module and of its allocator (vLLM 0.26): checked before installing.
 CUMEM_NAMES = ("libcudart", "unmap_and_release", "CuMemAllocator")
@@ -117,6 +118,9 @@ def install_exact_backups(allocator: Any, cumem: ModuleType, cudart: Any) -> boo
         )
         gc.collect()
         _empty_device_cache()
+        if not getattr(allocator, HELD_REPORTED, False):  # once: the snapshot lists every segment of the engine
+            setattr(allocator, HELD_REPORTED, True)
+            _log_held_outside_sleep_pool(allocator)
 
     allocator.sleep = sleep  # vLLM's wake_up maps each allocation again and copies its host copy back
     setattr(allocator, INSTALLED, True)
@@ -149,6 +153,49 @@ def prepare_host_copies(allocator: Any, cudart: Any, tags: tuple[str, ...] = LEV
             copies.pop(ptr).free()
         raise
     return sum(copies[ptr].size for ptr in made)
+
+
+def held_outside_sleep_pool(pointer_to_data: dict, segments: list[dict], largest: int = 5) -> dict:
+    """What torch's caching allocator still holds on the device that a sleep does not free: its segments
+    (torch.cuda.memory_snapshot()) that are not the sleep allocator's (`pointer_to_data`, one allocation per
+    segment), by memory pool (the default pool is (0, 0); a CUDA graph's has its own id), with the largest. An
+    engine's device memory asleep beyond these (NVML's per process) is outside torch: its CUDA context, cuBLAS,
+    NCCL, the kernels' modules."""
+    outside = [s for s in segments if s["address"] not in pointer_to_data]
+    by_pool: dict[str, int] = {}
+    for segment in outside:
+        pool = str(tuple(segment.get("segment_pool_id") or (0, 0)))
+        by_pool[pool] = by_pool.get(pool, 0) + segment["total_size"]
+    biggest = sorted(outside, key=lambda s: s["total_size"], reverse=True)[:largest]
+    return {
+        "segments": len(outside),
+        "bytes": sum(s["total_size"] for s in outside),
+        "allocated_bytes": sum(s.get("allocated_size", 0) for s in outside),
+        "by_pool": by_pool,
+        "largest": [(s["total_size"], s.get("allocated_size", 0)) for s in biggest],
+    }
+
+
+def _log_held_outside_sleep_pool(allocator: Any) -> None:
+    """Issue 48: an engine started with the stack held ~2 GiB more asleep than one woken cold (H100, 27B and its
+    4-layer cut alike); this line says whether torch holds it, and in which pool."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return
+    held = held_outside_sleep_pool(allocator.pointer_to_data, torch.cuda.memory_snapshot())
+    free, total = torch.cuda.mem_get_info()
+    logger.info(
+        "asleep, held by torch outside the sleep pool: %.3f GiB in %d segments (%.3f GiB allocated), by pool %s, "
+        "largest %s; the device's free memory %.2f of %.2f GiB",
+        held["bytes"] / 2**30,
+        held["segments"],
+        held["allocated_bytes"] / 2**30,
+        {pool: round(size / 2**30, 3) for pool, size in held["by_pool"].items()},
+        [(round(size / 2**20), round(used / 2**20)) for size, used in held["largest"]],
+        free / 2**30,
+        total / 2**30,
+    )
 
 
 def _empty_device_cache() -> None:

@@ -13,7 +13,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_bridge.sleep_backups import INSTALLED, HostRegisterError, install_exact_backups, prepare_host_copies
+from vllm_bridge.sleep_backups import (
+    INSTALLED,
+    HostRegisterError,
+    held_outside_sleep_pool,
+    install_exact_backups,
+    prepare_host_copies,
+)
 
 MIB = 2**20
 
@@ -205,3 +211,19 @@ def test_copies_that_cannot_all_be_pinned_at_the_start_are_freed_and_the_error_r
     with pytest.raises(HostRegisterError):
         prepare_host_copies(allocator, cudart)
     assert cudart.registered == {}  # the first copy unpinned and unmapped again: nothing held past the plan
+
+
+def test_what_a_sleep_leaves_on_the_device_is_torch_s_segments_outside_the_sleep_pool_by_pool():
+    sleep_pool = {0x1000: "weights", 0x2000: "kv_cache"}  # the sleep allocator's: one allocation per segment
+    segments = [
+        {"address": 0x1000, "total_size": 50 * MIB, "allocated_size": 50 * MIB, "segment_pool_id": (1, 1)},
+        {"address": 0x2000, "total_size": 20 * MIB, "allocated_size": 20 * MIB, "segment_pool_id": (1, 1)},
+        {"address": 0x3000, "total_size": 2048 * MIB, "allocated_size": 2000 * MIB, "segment_pool_id": (0, 0)},
+        {"address": 0x4000, "total_size": 8 * MIB, "allocated_size": 0, "segment_pool_id": (0, 3)},
+        {"address": 0x5000, "total_size": 2 * MIB, "allocated_size": 2 * MIB},  # older torch: no pool id
+    ]
+    held = held_outside_sleep_pool(sleep_pool, segments, largest=2)
+    assert held["segments"] == 3 and held["bytes"] == 2058 * MIB and held["allocated_bytes"] == 2002 * MIB
+    assert held["by_pool"] == {"(0, 0)": 2050 * MIB, "(0, 3)": 8 * MIB}
+    assert held["largest"] == [(2048 * MIB, 2000 * MIB), (8 * MIB, 0)]
+    assert held_outside_sleep_pool(sleep_pool, segments[:2])["bytes"] == 0
