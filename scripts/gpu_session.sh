@@ -13,7 +13,7 @@
 #   ondemand  model swaps through the stack (bench/bench_on_demand.py --swaps 20): two on-demand engines of
 #             PROFILE_ON_DEMAND (default configs/gpu-on-demand.yaml; configs/h100-on-demand.yaml for two 27Bs), one
 #             awake at a time; ON_DEMAND_CYCLES=N adds N sleep/wake cycles of one engine (endurance), and
-#             ON_DEMAND_SWAPS=2 leaves the device time to them (1.45 s a cycle on the H100)
+#             ON_DEMAND_SWAPS=2 leaves the device time to them (1.39 s a cycle on the H100, 2026-12-07)
 # Run it detached from a copy of the checkout, which a later call's sync of the working tree cannot touch:
 #   . scripts/gpu_env.sh; rm -rf /tmp/ck; cp -a . /tmp/ck; cd /tmp/ck
 #   STEPS="decode ingest" setsid nohup bash scripts/gpu_session.sh /tmp/out > /tmp/session.log 2>&1 < /dev/null &
