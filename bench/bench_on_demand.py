@@ -697,6 +697,14 @@ def run(profile_path: Path, out: Path, swaps: int, cycles: int, timeout_s: float
     workdir = Path(tempfile.mkdtemp(prefix="on-demand-"))
     report["workdir"] = str(workdir)
     state_dir = workdir / "state"
+
+    def keep_serve_log() -> None:
+        """The stack's log beside the results: after the swaps too, so a run the device time cuts short keeps each
+        engine's first sleep (what it holds outside the sleep pool)."""
+        serve_log = workdir / "serve.log"
+        if serve_log.exists():
+            shutil.copy(serve_log, out / f"on-demand-{name}-serve.log")
+
     save()
     started = time.time()
     try:
@@ -721,6 +729,7 @@ def run(profile_path: Path, out: Path, swaps: int, cycles: int, timeout_s: float
             step("memory_at_start", bench.probe.read)
             swapped = step("swaps", lambda: bench.swaps(swaps)) or {}
             report["cold_start"] = cold_start_section(swapped, discrete)
+            keep_serve_log()
             if cycles:
                 step("cycles", lambda: bench.cycles(cycles))
             step("metrics_after", bench.metrics)
@@ -743,9 +752,7 @@ def run(profile_path: Path, out: Path, swaps: int, cycles: int, timeout_s: float
             report["wake_against_copy"] = wake_against_copy(
                 report.get("cold_start", {}).get("wake_up_wake_s"), report["host_to_device_copy"]
             )
-    serve_log = workdir / "serve.log"
-    if serve_log.exists():
-        shutil.copy(serve_log, out / f"on-demand-{name}-serve.log")
+    keep_serve_log()
     report["seconds"] = round(time.time() - started, 1)
     save()
     log(f"done: {result_path}")
