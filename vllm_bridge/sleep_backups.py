@@ -120,7 +120,10 @@ def install_exact_backups(allocator: Any, cumem: ModuleType, cudart: Any) -> boo
         _empty_device_cache()
         if not getattr(allocator, HELD_REPORTED, False):  # once: the snapshot lists every segment of the engine
             setattr(allocator, HELD_REPORTED, True)
-            _log_held_outside_sleep_pool(allocator)
+            try:
+                _log_held_outside_sleep_pool(allocator)
+            except Exception:  # a diagnostic: the engine sleeps whether or not torch can describe its memory
+                logger.warning("what torch holds outside the sleep pool could not be read", exc_info=True)
 
     allocator.sleep = sleep  # vLLM's wake_up maps each allocation again and copies its host copy back
     setattr(allocator, INSTALLED, True)

@@ -227,3 +227,25 @@ def test_what_a_sleep_leaves_on_the_device_is_torch_s_segments_outside_the_sleep
     assert held["by_pool"] == {"(0, 0)": 2050 * MIB, "(0, 3)": 8 * MIB}
     assert held["largest"] == [(2048 * MIB, 2000 * MIB), (8 * MIB, 0)]
     assert held_outside_sleep_pool(sleep_pool, segments[:2])["bytes"] == 0
+
+
+def test_the_first_sleep_says_what_stays_on_the_device_once_and_sleeps_even_when_that_cannot_be_read(
+    monkeypatch, caplog
+):
+    calls = []
+
+    def unreadable(allocator):
+        calls.append(allocator)
+        raise RuntimeError("no snapshot")
+
+    monkeypatch.setattr("vllm_bridge.sleep_backups._log_held_outside_sleep_pool", unreadable)
+    allocator = FakeCuMemAllocator({"weights": [MIB], "kv_cache": [MIB]})
+    cumem, released = _cumem(allocator)
+    install_exact_backups(allocator, cumem, FakeCudart())
+    with caplog.at_level(logging.WARNING, logger="poolserve.sleep_backups"):
+        allocator.sleep(("weights",))
+    assert all(d.is_asleep for d in allocator.pointer_to_data.values()) and len(released) == 2
+    assert "could not be read" in caplog.text
+    allocator.wake_up(None)
+    allocator.sleep(("weights",))
+    assert calls == [allocator]  # the first sleep only
