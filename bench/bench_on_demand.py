@@ -60,7 +60,7 @@ WAKES, SLEEPS, WAKE_SECONDS = (
 NOT_AN_ENGINE = ("embedder", "retriever", "gateway")
 
 
-# ---- pure logic (tests/unit/test_bench_on_demand.py) ----
+# ---- pure logic (tests/unit/bench/test_bench_on_demand.py) ----
 
 
 def parse_on_demand_metrics(text: str) -> dict:
@@ -672,7 +672,7 @@ def run(profile_path: Path, out: Path, swaps: int, cycles: int, timeout_s: float
     if plan.on_demand.max_awake != 1:
         warnings.append("max_awake_on_demand is not 1: requests may not need swaps")
     # The bench is one tenant that causes every wake: its private stack lets that tenant make the run's wakes (the
-    # budget itself is tested in tests/unit/test_wake_ledger.py and test_wake_coordinator.py), and the report says so.
+    # budget itself is tested in tests/unit/planner/test_wake_ledger.py and test_wake_coordinator.py), and the report says so.
     over = wakes_over_budget(report["plan"]["engines"], swaps, cycles)
     on_demand_overrides = None
     if over:

@@ -88,7 +88,7 @@ RERANK_PROMPT = "Passage:\n{p}\n\nQuestion: {q}\n\nDoes the passage answer the q
 YES, NO = ("yes", "Yes", " yes", " Yes", "YES"), ("no", "No", " no", " No", "NO")
 
 
-# --- pure helpers (tests/unit/test_bench_rag_rewrite.py) ------------------------------------------
+# --- pure helpers (tests/unit/bench/test_bench_rag_rewrite.py) ------------------------------------------
 
 
 def word_logprob(top: dict[str, float], words: tuple[str, ...]) -> float:

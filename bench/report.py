@@ -12,7 +12,7 @@ A table is regenerated when it stands between
 where KEY is a result's name (bench/results/NAME.json) or smoke/NAME (bench/results/smoke/NAME.json), in any
 Markdown file under docs/ (today docs/BENCHMARKS.md, the current figures, and
 docs/archive/BENCHMARKS-detail-2026-12.md, their full tables; docs/GPU.md would be checked the same way if it
-had one). Text outside the markers is never touched; tests/unit/test_bench_docs.py fails when a marked table is
+had one). Text outside the markers is never touched; tests/unit/bench/test_bench_docs.py fails when a marked table is
 stale or has no result. A superseded run moves to docs/archive/BENCHMARKS-history.md as plain text, without
 markers. Plots prefer a full run's result and fall back to the smoke run's; each plot names the file it was
 drawn from.

@@ -1,7 +1,7 @@
 """The plan figures docs/PLANNER.md quotes, generated from the planner so they cannot drift.
 
 The doc marks each generated block with `<!-- figures: PROFILE -->` ... `<!-- /figures -->`;
-`python -m planner.docfigures docs/PLANNER.md` rewrites them and tests/unit/test_planner_docs.py
+`python -m planner.docfigures docs/PLANNER.md` rewrites them and tests/unit/planner/test_planner_docs.py
 checks the doc matches. CPU profiles are planned for this machine's 24 GiB.
 """
 

@@ -1,6 +1,6 @@
 """Layer 7 (upgrade compatibility): the stack restarted over the state the earlier layers wrote opens it
 with no manual step (schema versions and migrations), keys still authenticate, collections still answer
-and the index is rebuilt. tests/unit/test_upgrade_fixture.py does the same for state an older schema wrote."""
+and the index is rebuilt. tests/unit/rag/store/test_upgrade_fixture.py does the same for state an older schema wrote."""
 
 from __future__ import annotations
 
@@ -120,5 +120,5 @@ def layer7(ctx: RunContext, result: LayerResult) -> None:
         gw.close()
     result.notes.append(
         f"planted fact: {FACTS[0]!r}; state written by an older schema is opened by "
-        "tests/unit/test_upgrade_fixture.py (tests/fixtures/state-v0)"
+        "tests/unit/rag/store/test_upgrade_fixture.py (tests/fixtures/state-v0)"
     )

@@ -175,7 +175,7 @@ def _is_alnum(codes: np.ndarray) -> np.ndarray:
 def break_levels(text: str, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """break_level of every gap between neighbouring tokens at once (element i: between token i and i + 1),
     in numpy: the per-gap Python calls were a third of chunking's time. Equal to break_level everywhere
-    (tests/unit/test_rag_chunking.py checks it on every gap of real and random texts)."""
+    (tests/unit/rag/documents/test_rag_chunking.py checks it on every gap of real and random texts)."""
     if len(starts) < 2:
         return np.zeros(0, dtype=np.int8)
     codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)

@@ -2,7 +2,7 @@
 --quick --layers 1-6`, what `make stress-smoke` runs, against the session's real stack, with real tenants
 it creates through the admin API and deletes. Every layer's verdict is asserted, not only that it ran;
 layer 7 (a whole-stack restart) runs in the full `make stress` (docs/STRESS.md), and
-tests/unit/test_upgrade_fixture.py opens an older schema's state."""
+tests/unit/rag/store/test_upgrade_fixture.py opens an older schema's state."""
 
 from __future__ import annotations
 
