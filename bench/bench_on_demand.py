@@ -714,14 +714,15 @@ def run(profile_path: Path, out: Path, swaps: int, cycles: int, timeout_s: float
             report["start_to_healthy_s"] = round(time.time() - started, 1)
             log(f"healthy in {report['start_to_healthy_s']} s at {server.base_url}")
 
-            saved_at = [time.monotonic()]
+            saved_at = time.monotonic()
 
             def progress(section: str, record: dict) -> None:
                 # the whole report is written again each time (36 ms at 852 cycles): at most once in PROGRESS_SAVE_S
+                nonlocal saved_at
                 report.setdefault(f"{section}_so_far", []).append(record)
-                if time.monotonic() - saved_at[0] >= PROGRESS_SAVE_S:
+                if time.monotonic() - saved_at >= PROGRESS_SAVE_S:
                     save()
-                    saved_at[0] = time.monotonic()
+                    saved_at = time.monotonic()
 
             bench = Bench(server, admin_key, plan, sampler, log, progress)
             step("at_start", bench.start)
