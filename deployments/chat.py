@@ -19,6 +19,7 @@ from vllm_bridge.compat import (
     prepare_engine_config,
     release_engine_caches,
     start_engine_client,
+    stop_output_handler,
     use_started_client,
 )
 from system.process_memory import process_tree_memory, release_freed_heap
@@ -275,6 +276,7 @@ class PoolserveLLMServer(LLMServer):
         client = engine_client(self)
         engine, self.engine = self.engine, None  # from here health checks pass and requests find no engine
         if client is not None:
+            stop_output_handler(client)  # a planned stop logs no EngineDeadError traceback
             await asyncio.to_thread(client.shutdown, ENGINE_STOP_TIMEOUT_S)
         if engine is not None:
             await engine.shutdown()

@@ -82,6 +82,23 @@ def engine_client(server: LLMServer):
     return getattr(getattr(server, "engine", None), "_engine_client", None)
 
 
+def stop_output_handler(client) -> bool:
+    """Cancel the AsyncLLM's output task (its `output_handler`, in vLLM 0.26 and 0.32) before a planned shutdown.
+    AsyncLLM.shutdown() cancels it only after EngineCore has exited, so the task first reads the dead engine and
+    logs "AsyncLLM output_handler failed" with an EngineDeadError traceback at every sleep of a CPU engine.
+    Only with no request unfinished: the task hands the dead engine's error to every waiting stream, and a
+    stream it no longer feeds would wait forever. Call it on the loop that runs the task; returns whether it
+    cancelled one."""
+    handler = getattr(client, "output_handler", None)
+    if handler is None or handler.done():
+        return False
+    unfinished = getattr(client, "get_num_unfinished_requests", None)
+    if unfinished is None or unfinished() > 0:
+        return False
+    handler.cancel()
+    return True
+
+
 def prepare_engine_config(engine, llm_config: LLMConfig) -> tuple:
     """VLLMEngine's (engine args, frontend args, vLLM config), as its start() prepares them (2.58.1 and 2.60):
     blocking (the model's config is read), so a caller may run it in a thread."""
