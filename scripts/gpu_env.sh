@@ -5,4 +5,8 @@ for d in Qwen3.8-27B-4layer-dummy Qwen3.8-27B-DSpark-dummy; do
   [ -d models/gpu/$d ] && for f in tokenizer.json tokenizer_config.json chat_template.jinja; do
     [ -f models/gpu/$d/$f ] || cp models/gpu/Qwen3.8-27B-dummy/$f models/gpu/$d/ 2>/dev/null; done
 done
+# Kernel caches carried from an earlier GPU session in parts (scripts/gpu_cache.sh), unpacked once per machine.
+if [ -f /tmp/gpucache/gpucache.sha256 ] && [ ! -e /tmp/.gpucache-loaded ]; then
+  bash scripts/gpu_cache.sh load /tmp/gpucache && touch /tmp/.gpucache-loaded
+fi
 true
