@@ -132,15 +132,11 @@ def build_app(args: dict) -> serve.Application:
     app = make_app(plan.edge)
     ingress_cls = make_fastapi_ingress(Gateway, endpoint_map=ENDPOINTS, app=app)
     gateway = serve.deployment(ingress_cls, name="gateway").options(**_options(plan, "gateway"))
-    on_demand = {}
+    wake = None
     if plan.on_demand is not None:  # issue 48: one wake coordinator for the pool's on-demand engines
-        on_demand_models = [e.model_id for e in plan.on_demand.engines.values()]
-        on_demand = {
-            "wake": WakeCoordinator.options(**_options(plan, WAKE_COORDINATOR)).bind(
-                plan.on_demand, {m: llm_deployments[m] for m in on_demand_models}
-            ),
-            "on_demand_models": on_demand_models,
-        }
+        wake = WakeCoordinator.options(**_options(plan, WAKE_COORDINATOR)).bind(
+            plan.on_demand, {e.model_id: llm_deployments[e.model_id] for e in plan.on_demand.engines.values()}
+        )
     return gateway.bind(
         llm_deployments=llm_deployments,
         model_cards=model_cards,
@@ -148,5 +144,5 @@ def build_app(args: dict) -> serve.Application:
         retriever=retriever,
         settings=plan.gateway,
         start=_start_order(plan, "gateway", after_engines),
-        **on_demand,
+        wake=wake,
     )

@@ -30,7 +30,6 @@ class Gateway(OpenAIRoutes, KnowledgeRoutes, TenantAdminRoutes, DashboardRoutes,
         settings: GatewaySettings,
         start: StartOrder,
         wake=None,
-        on_demand_models: list[str] = (),
     ):
         from ray import serve
         from transformers import AutoTokenizer
@@ -53,7 +52,7 @@ class Gateway(OpenAIRoutes, KnowledgeRoutes, TenantAdminRoutes, DashboardRoutes,
                 tokenizer=tokenizers[engine.path], replica=engine.replica, max_model_len=engine.max_model_len
             )
         # issue 48: the pool's wake coordinator (deployments/wake_coordinator.py), None with no on-demand engine
-        self._on_demand = OnDemandGate(wake, set(on_demand_models))
+        self._on_demand = OnDemandGate(wake, {m for m, card in settings.chat_models.items() if card.on_demand})
         self._healthy_until = 0.0
         self._start_memory_history()  # the dashboard's last hour of measured memory
 

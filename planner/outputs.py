@@ -116,6 +116,10 @@ class ChatModelCard(_Output):
     path: str = Field(description="Model folder: the gateway loads its tokenizer to count prompt tokens.")
     max_model_len: int = Field(description="The engine's context: longer prompts get a 400 before the engine.")
     replica: str = Field(description="The engine's replica name in the plan.")
+    on_demand: bool = Field(
+        False,
+        description="Sleeps when idle and wakes on a request (chat.on_demand): its requests pass the wake coordinator.",
+    )
 
 
 class ContentsPlan(_Output):

@@ -854,7 +854,12 @@ def _retriever_settings(profile: Profile, dim: int) -> RetrieverSettings:
 def _gateway_settings(profile: Profile, replicas: list[ReplicaPlan]) -> GatewaySettings:
     by_name = {r.name: r for r in replicas}
     cards = {
-        spec.model_id: ChatModelCard(path=spec.model, max_model_len=by_name[name].vllm.max_model_len, replica=name)
+        spec.model_id: ChatModelCard(
+            path=spec.model,
+            max_model_len=by_name[name].vllm.max_model_len,
+            replica=name,
+            on_demand=spec.on_demand is not None,
+        )
         for name, spec in profile.chat_engines()
     }
     limits = profile.gateway.model_dump(include=set(FROM_GATEWAY_SPEC))

@@ -223,3 +223,15 @@ def test_the_wake_coordinator_is_a_planned_replica_only_where_engines_are_on_dem
     assert WAKE_COORDINATOR not in {
         r.name for r in build_plan(load_profile(ROOT / "configs" / "cpu-tiny.yaml")).replicas
     }
+
+
+def test_the_gateway_learns_which_engines_are_on_demand_from_its_typed_settings():
+    """The gateway's wake gate is built from GatewaySettings.chat_models (deployments/gateway.py), not from a
+    list handed beside the plan."""
+    on_demand = build_plan(load_profile(ROOT / "configs" / "cpu-on-demand.yaml")).gateway.chat_models
+    assert {m: card.on_demand for m, card in on_demand.items()} == {
+        "smollm2-135m-instruct": True,
+        "smollm2-135m-draft6": True,
+    }
+    always_on = build_plan(load_profile(ROOT / "configs" / "cpu-two-engines.yaml")).gateway.chat_models
+    assert not any(card.on_demand for card in always_on.values())
