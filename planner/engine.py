@@ -473,6 +473,8 @@ def _compute_and_runtime_lines(
     lines["runtime.worker"] = runtime.VLLM_WORKER_GPU if gpu else runtime.VLLM_WORKER
     if not gpu and drafter.method == "ngram":
         lines["runtime.ngram_proposer"] = runtime.CPU_NGRAM_PROPOSER
+    if not gpu and chat.on_demand is not None:  # kept by its replica, asleep too (on_demand_plan.py)
+        lines["runtime.driver_wake_residue"] = runtime.CPU_DRIVER_WAKE_RESIDUE
     lines["runtime.traffic_growth"] = runtime.VLLM_TRAFFIC_GROWTH
     if gpu:
         lines["cuda_context.worker"] = runtime.CUDA_CONTEXT
