@@ -19,11 +19,11 @@ from planner.units import GB, GiB, MB
 # A fresh clone's first start maps ~0.08 GiB more file pages (PSS file 0.29 vs 0.21 GiB); the
 # worker's runtime is planned between the two.
 VLLM_DRIVER = 680 * MB
-# ...and what a CPU on-demand engine's driver keeps of the engines it stopped and started again (vLLM's and
-# ray.serve.llm's per-engine caches, refilled at each wake): its replica grew by 26 MiB over its first ten wakes,
-# then stayed flat (asleep 663-672 MiB from cycle 10 to 100, awake +24 MiB alike; glibc's malloc, 100 cycles
-# of configs/cpu-on-demand.yaml, 2026-12-07, docs/results/on-demand-cpu-endurance-2026-12-06.md). Planned
-# awake and asleep, for on-demand CPU engines only (an always-on engine starts once).
+# ...and what a CPU on-demand engine's driver keeps of the engines it stopped and started again (per-engine
+# caches refilled at each wake, on glibc's malloc): its replica grew by 26 MiB over its first ten wakes, awake and
+# asleep alike, then stayed flat; asleep it settled at 711-712 MB, 2-4% over the driver line alone, in the
+# configs/cpu-on-demand.yaml cycles of 2026-12-07 (docs/results/on-demand-cpu-endurance-2026-12-06.md, the last
+# section). Planned awake and asleep, for on-demand CPU engines only: an always-on engine starts once.
 CPU_DRIVER_WAKE_RESIDUE = 27 * MB
 VLLM_ENGINE_CORE = 572 * MB
 VLLM_WORKER = 705 * MB
