@@ -20,11 +20,11 @@ from planner.units import GB, GiB, MB
 # worker's runtime is planned between the two.
 VLLM_DRIVER = 680 * MB
 # ...and what a CPU on-demand engine's driver keeps of the engines it stopped and started again (per-engine
-# caches refilled at each wake, on glibc's malloc): its replica grew by 26 MiB over its first ten wakes, awake and
-# asleep alike, then stayed flat; asleep it settled at 711-712 MB, 2-4% over the driver line alone, in the
-# configs/cpu-on-demand.yaml cycles of 2026-12-07 (docs/results/on-demand-cpu-endurance-2026-12-06.md, the last
-# section). Planned awake and asleep, for on-demand CPU engines only: an always-on engine starts once.
-CPU_DRIVER_WAKE_RESIDUE = 27 * MB
+# caches refilled at each wake, on glibc's malloc): its replica grew over its first wakes, awake and asleep alike,
+# then settled; asleep at 711-721 MB from cycle 56 to 100 of configs/cpu-on-demand.yaml on 2026-12-07, 5-6% over
+# the driver line alone (docs/results/on-demand-cpu-endurance-2026-12-06.md, the last section). Planned awake and
+# asleep, for on-demand CPU engines only: an always-on engine starts once.
+CPU_DRIVER_WAKE_RESIDUE = 40 * MB
 VLLM_ENGINE_CORE = 572 * MB
 VLLM_WORKER = 705 * MB
 # ...of which an ngram-speculating worker holds 220 MB more (the prompt-lookup proposer: numba's JIT and
