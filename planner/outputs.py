@@ -117,8 +117,7 @@ class ChatModelCard(_Output):
     max_model_len: int = Field(description="The engine's context: longer prompts get a 400 before the engine.")
     replica: str = Field(description="The engine's replica name in the plan.")
     on_demand: bool = Field(
-        False,
-        description="Sleeps when idle and wakes on a request (chat.on_demand): its requests pass the wake coordinator.",
+        description="Sleeps when idle and wakes on a request (chat.on_demand): its requests pass the wake coordinator."
     )
 
 

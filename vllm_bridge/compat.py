@@ -84,8 +84,9 @@ def engine_client(server: LLMServer):
 
 def stop_output_handler(client) -> bool:
     """Cancel the AsyncLLM's output task (its `output_handler`, in vLLM 0.26 and 0.32) before a planned shutdown.
-    AsyncLLM.shutdown() cancels it only after EngineCore has exited, so the task first reads the dead engine and
-    logs "AsyncLLM output_handler failed" with an EngineDeadError traceback at every sleep of a CPU engine.
+    AsyncLLM.shutdown() cancels it only after EngineCore has exited, so the task may first read the dead engine and
+    log "AsyncLLM output_handler failed" with an EngineDeadError traceback at a CPU engine's sleep (about
+    every other one: a race).
     Only with no request unfinished: the task hands the dead engine's error to every waiting stream, and a
     stream it no longer feeds would wait forever. Call it on the loop that runs the task; returns whether it
     cancelled one."""

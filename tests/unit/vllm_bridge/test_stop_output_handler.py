@@ -1,5 +1,5 @@
 """vllm_bridge.compat.stop_output_handler: before a planned engine stop the AsyncLLM's output task is cancelled
-(else it reads the dead EngineCore first and logs an EngineDeadError traceback at every CPU sleep), but never
+(else it may read the dead EngineCore first and log an EngineDeadError traceback at a CPU sleep), but never
 while a request is unfinished (that task is what hands the engine's end to waiting streams)."""
 
 from __future__ import annotations
