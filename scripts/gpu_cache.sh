@@ -3,6 +3,8 @@
 # GPU machine"). A fresh machine compiles the 27B's GDN kernels (Triton, ~115 s) and vLLM's graphs
 # (torch.compile, 36-66 s) again at every first start; both caches are keyed by the code, the model's shapes
 # and the GPU's architecture (sm90: the H100 and the H200 share them), so a start on a warm copy skips both.
+# vLLM 0.26 points TRITON_CACHE_DIR into its compile cache, one folder per model config, so that folder holds
+# the GDN kernels too (the H100, 2026-12-07: ~/.triton/cache had one kernel).
 #
 #   bash scripts/gpu_cache.sh save DIR   # on the GPU machine, at the end: the caches as parts of 8 MiB in DIR
 #   bash scripts/gpu_cache.sh load DIR   # on the GPU machine, before a start: unpack what DIR holds, if whole

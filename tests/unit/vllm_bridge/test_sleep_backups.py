@@ -218,7 +218,17 @@ def test_what_a_sleep_leaves_on_the_device_is_torch_s_segments_outside_the_sleep
     segments = [
         {"address": 0x1000, "total_size": 50 * MIB, "allocated_size": 50 * MIB, "segment_pool_id": (1, 1)},
         {"address": 0x2000, "total_size": 20 * MIB, "allocated_size": 20 * MIB, "segment_pool_id": (1, 1)},
-        {"address": 0x3000, "total_size": 2048 * MIB, "allocated_size": 2000 * MIB, "segment_pool_id": (0, 0)},
+        {
+            "address": 0x3000,
+            "total_size": 2048 * MIB,
+            "allocated_size": 2000 * MIB,
+            "segment_pool_id": (0, 0),
+            "blocks": [
+                {"size": 8 * MIB, "state": "active_allocated"},
+                {"size": 48 * MIB, "state": "inactive"},
+                {"size": 1992 * MIB, "state": "active_allocated"},
+            ],
+        },
         {"address": 0x4000, "total_size": 8 * MIB, "allocated_size": 0, "segment_pool_id": (0, 3)},
         {"address": 0x5000, "total_size": 2 * MIB, "allocated_size": 2 * MIB},  # older torch: no pool id
     ]
@@ -226,6 +236,7 @@ def test_what_a_sleep_leaves_on_the_device_is_torch_s_segments_outside_the_sleep
     assert held["segments"] == 3 and held["bytes"] == 2058 * MIB and held["allocated_bytes"] == 2002 * MIB
     assert held["by_pool"] == {"(0, 0)": 2050 * MIB, "(0, 3)": 8 * MIB}
     assert held["largest"] == [(2048 * MIB, 2000 * MIB), (8 * MIB, 0)]
+    assert held["live_in_largest"] == [1992 * MIB, 8 * MIB]  # what keeps empty_cache from giving it back
     assert held_outside_sleep_pool(sleep_pool, segments[:2])["bytes"] == 0
 
 
