@@ -36,13 +36,20 @@ prepare)
 [0-9]|[0-9][0-9])
   last=$(( $(wc -l < "$PARTS/parts.sha256") - 1 ))
   [ "$1" -le "$last" ] || { echo "the bundle has parts 0-$last" >&2; exit 2; }
+  mkdir -p "$STAGE"
   rm -f "$STAGE"/part.*
   cp "$PARTS/part.$1" "$PARTS/parts.sha256" "$PARTS/bundle.sha256" "$PARTS/stage_and_install.sh" "$STAGE/"
   if [ "$1" -lt "$last" ]; then
-    echo '[".gpustage"]'
+    carry='".gpustage"'
   else
-    echo '[".gpustage", ".whl", "models/gpu/Qwen3.8-27B-dummy", "models/gpu/Qwen3.8-27B-4layer-dummy/config.json", "models/gpu/Qwen3.8-27B-DSpark-dummy/config.json"]'
+    carry='".gpustage", ".whl", "models/gpu/Qwen3.8-27B-dummy", "models/gpu/Qwen3.8-27B-4layer-dummy/config.json", "models/gpu/Qwen3.8-27B-DSpark-dummy/config.json"'
   fi
+  # The kernel caches an earlier session saved (scripts/gpu_cache.sh), one 8 MiB part beside each bundle part;
+  # on the machine: mkdir -p /tmp/gpucache && cp .gpucacheN/* /tmp/gpucache/
+  if [ -d ".gpucache$1" ]; then
+    carry="$carry, \".gpucache$1\""
+  fi
+  echo "[$carry]"
   ;;
 run)
   rm -f "$STAGE"/part.*
