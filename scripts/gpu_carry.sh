@@ -18,6 +18,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 STAGE=.gpustage
 PARTS=.gpuparts  # every part, kept here: never carried
+# The chat models' configs and tokenizer, carried with the last part and with every later run.
+CHAT_MODELS='"models/gpu/Qwen3.8-27B-dummy", "models/gpu/Qwen3.8-27B-4layer-dummy/config.json", "models/gpu/Qwen3.8-27B-DSpark-dummy/config.json"'
 # The wheels a GPU machine needs beyond the bundle and its image (docs/GPU.md lists why each).
 EXTRA_WHEELS=(faiss-cpu==1.15.1 inscriptis==2.7.6 argon2-cffi==25.1.0 argon2-cffi-bindings==26.2.0 cffi==2.1.1
               pycparser==3.12 limits==5.8.0 deprecated==3.0.1 pypdf==7.1.1 python-docx==1.2.0 python-pptx==1.0.2
@@ -42,7 +44,7 @@ prepare)
   if [ "$1" -lt "$last" ]; then
     carry='".gpustage"'
   else
-    carry='".gpustage", ".whl", "models/gpu/Qwen3.8-27B-dummy", "models/gpu/Qwen3.8-27B-4layer-dummy/config.json", "models/gpu/Qwen3.8-27B-DSpark-dummy/config.json"'
+    carry="\".gpustage\", \".whl\", $CHAT_MODELS"
   fi
   # The kernel caches an earlier session saved (scripts/gpu_cache.sh), one 8 MiB part beside each bundle part;
   # on the machine: mkdir -p /tmp/gpucache && cp .gpucacheN/* /tmp/gpucache/
@@ -53,7 +55,7 @@ prepare)
   ;;
 run)
   rm -f "$STAGE"/part.*
-  echo '["models/gpu/all-MiniLM-L6-v2-fp16", "models/gpu/Qwen3.8-27B-dummy", "models/gpu/Qwen3.8-27B-4layer-dummy/config.json", "models/gpu/Qwen3.8-27B-DSpark-dummy/config.json"]'
+  echo "[\"models/gpu/all-MiniLM-L6-v2-fp16\", $CHAT_MODELS]"
   ;;
 *) sed -n 2,15p "$0"; exit 2 ;;
 esac
