@@ -30,7 +30,10 @@ _CITATIONS = r"(?:[ \t]?\[\d{1,3}\])*"
 _CANDIDATE = re.compile(rf"{_TERMINATOR}{_CLOSERS}{_CITATIONS}")
 _ABBREVIATIONS = frozenset({"e.g", "i.e", "etc", "vs", "cf"})
 _WORD_BEFORE = re.compile(r"([\w.]+)$")
-_LIST_MARKER = re.compile(r"(?:^|\n)[ \t]*\d{1,3}$")
+# Longer than any abbreviation: the word before a full stop is read here first, not from the text's start.
+_WORD_WINDOW = 32
+# A list number alone on its line up to the full stop (`\n?`: a "$" there matched before a final newline too).
+_LIST_MARKER = re.compile(r"[ \t]*\d{1,3}\n?")
 
 
 def _is_end(text: str, start: int, end: int, final: bool) -> bool:
@@ -42,12 +45,22 @@ def _is_end(text: str, start: int, end: int, final: bool) -> bool:
     elif not final:
         return False  # what comes next decides ("3." may become "3.5")
     if text[start] == ".":
-        before = _WORD_BEFORE.search(text, 0, start)
+        before = _word_before(text, start)
         if before and before.group(1).lower().rstrip(".") in _ABBREVIATIONS:
             return False
-        if _LIST_MARKER.search(text, 0, start):
+        # Only its own line is read: searching the whole text per full stop made a long stream quadratic.
+        if _LIST_MARKER.fullmatch(text, text.rfind("\n", 0, max(0, start - 1)) + 1, start):
             return False
     return True
+
+
+def _word_before(text: str, start: int) -> re.Match | None:
+    """The run of word characters and dots that ends at `start`, read in a window unless it fills it."""
+    window = max(0, start - _WORD_WINDOW)
+    before = _WORD_BEFORE.search(text, window, start)
+    if before and before.start() == window and window > 0:  # the run may begin before the window
+        before = _WORD_BEFORE.search(text, 0, start)
+    return before
 
 
 def sentence_ends(text: str, final: bool = True) -> list[int]:
