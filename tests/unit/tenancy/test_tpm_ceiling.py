@@ -30,6 +30,7 @@ from tests.fakes.handles import FakeHandle
 from tests.fakes.rag import DIM, FakeEmbedder, RecordingIndex, bag_of_words, paragraph_chunks
 from tests.fakes.settings import gateway_settings, unplanned_edge
 from tests.fakes.tokenizer import WordTokenizer
+from tests.unit.tenancy.tpm_child import reserve_in_turn
 
 pytestmark = pytest.mark.timeout(120)
 FROZEN = 6_000_000.0 + 1  # one second into a minute: the test's requests all share it
@@ -105,31 +106,19 @@ def test_parallel_requests_of_several_sizes_never_charge_a_minute_past_the_tpm(t
         assert charged == TPM and carried > 0, "use beyond the minute is carried, not charged to it"
 
 
-def _process_requests(db_path: str, sizes: list[int], start, results) -> None:
-    limiter = TenantLimiter(db_path, clock=lambda: FROZEN)
-    tenant = Tenant(name="shared", tpm=TPM)
-    start.wait(timeout=60)
-    admitted, too_large = [], []
-    for size in sizes:
-        admission = limiter.reserve_more(tenant, limiter.admit(tenant, 1, reserve=False).reservation, size)
-        if admission.allowed:
-            admitted.append(size)
-        elif admission.decision.reason == "request_too_large":
-            too_large.append(size)
-    results.put((admitted, too_large))
-
-
 def test_two_gateway_processes_share_one_tpm_and_refuse_the_too_large_alike(tmp_path):
     db_path = tmp_path / "limits.sqlite3"
     TenantLimiter(db_path).close()  # the file, as the first replica makes it
     ctx = multiprocessing.get_context("spawn")
     start, results = ctx.Event(), ctx.Queue()
     halves = [SIZES[0::2] * 2, SIZES[1::2] * 2]
-    workers = [ctx.Process(target=_process_requests, args=(str(db_path), half, start, results)) for half in halves]
+    workers = [
+        ctx.Process(target=reserve_in_turn, args=(str(db_path), half, TPM, FROZEN, start, results)) for half in halves
+    ]
     for worker in workers:
         worker.start()
     start.set()
-    # each spawned child imports this module (the gateway, Ray Serve): over a minute on a loaded 2-core host
+    # bounded for a loaded 2-core host: each spawned child imports tpm_child.py, the limiter only
     answers = [results.get(timeout=180) for _ in workers]
     for worker in workers:
         worker.join(timeout=60)
