@@ -32,6 +32,13 @@ class AllocationData:  # as vllm/device_allocator/__init__.py (0.26)
     is_asleep: bool = False
 
 
+def _pattern(first: int, size: int) -> bytes:
+    """`size` bytes counting up mod 251 from `first`: each allocation's own contents (built whole, not per byte)."""
+    cycle = bytes(range(251))
+    start = first % 251
+    return ((cycle[start:] + cycle[:start]) * (size // 251 + 1))[:size]
+
+
 class FakeCuMemAllocator:
     """pointer_to_data and wake_up as vLLM 0.26's; its own sleep is the power-of-two pinned one never used here."""
 
@@ -42,7 +49,7 @@ class FakeCuMemAllocator:
         self.pointer_to_data = {}
         for tag, tag_sizes in sizes.items():
             for size in tag_sizes:
-                buffer = ctypes.create_string_buffer(bytes((len(self.device) + i) % 251 for i in range(size)), size)
+                buffer = ctypes.create_string_buffer(_pattern(len(self.device), size), size)
                 self.device.append(buffer)
                 ptr = ctypes.addressof(buffer)
                 self.pointer_to_data[ptr] = AllocationData((0, size, ptr, 0), tag)
