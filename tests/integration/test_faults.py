@@ -44,7 +44,8 @@ def _stack_process(stack, fragment: str) -> psutil.Process:
 
 
 def _wait_until_healthy(stack, started: float) -> float:
-    time.sleep(3)  # past the gateway's 2 s health cache: the answer below is about the replicas now
+    # 3 s after the kill, past the gateway's 2 s health cache: the answer below is about the replicas now
+    time.sleep(max(0.0, started + 3 - time.monotonic()))
     statuses = set()
     while time.monotonic() - started < RECOVERY_TIMEOUT_S:
         try:
