@@ -72,7 +72,7 @@ def test_make_serve_on_a_fresh_clone_answers_rag(tmp_path, request):
                 healthy = False
             if healthy:
                 break
-            time.sleep(5)
+            time.sleep(1)
         assert healthy, f"make serve never became healthy; see {tmp_path / 'make-serve.log'}"
         key_file = clone / "var" / "demo-api-key"
         assert oct(key_file.stat().st_mode & 0o777) == "0o600"

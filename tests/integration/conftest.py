@@ -87,6 +87,7 @@ class Stack:
         self.url = self.origin + route_prefix.rstrip("/")
         self.process: subprocess.Popen | None = None
         self.launched_at = 0.0
+        self.stopped = False  # by stop(), since its last launch: another stop() has nothing to end
         self.state_dir = Path(yaml.safe_load((config_path.parent / "profile.yaml").read_text())["state_dir"])
         self.pool_bytes = pool_size_for(config_path.parent / "profile.yaml")
 
@@ -113,6 +114,7 @@ class Stack:
         if demo_key:
             env["POOLSERVE_DEMO_KEY"] = DEMO_KEY
         self.launched_at = time.monotonic()
+        self.stopped = False
         log = open(self.log_path, "ab")
         # The same path as `make serve`: plan, `ray start` sized by the plan, `serve run`.
         # Inside a real memory pool (a cgroup) sized from the plan, as `make serve POOL=...` runs it.
@@ -136,10 +138,14 @@ class Stack:
                     return time.monotonic() - self.launched_at
             except httpx.HTTPError:
                 pass
-            time.sleep(2)
+            time.sleep(0.5)  # a start takes a minute or more; a coarser poll only adds to it
         raise TimeoutError(f"stack not healthy after {START_TIMEOUT_S}s; see {self.log_path}")
 
     def stop(self) -> None:
+        """End this stack's processes; once done, a second call (one pool at a time: each later module, then the
+        session's end) returns at once instead of searching every process again."""
+        if self.stopped:
+            return
         if self.process and self.process.poll() is None:
             try:
                 os.killpg(self.process.pid, signal.SIGTERM)  # the launcher stops `serve run`, then its processes
@@ -149,6 +155,7 @@ class Stack:
         # Whatever is left of this stack (and only this stack: found by its marker) is ended here.
         subprocess.run(["bash", str(ROOT / "scripts" / "stop.sh"), str(self.config_path)], timeout=120, check=False)
         self.process = None
+        self.stopped = True
 
     def restart(self, demo_key: bool = True) -> float:
         self.stop()
