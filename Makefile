@@ -13,9 +13,9 @@ PROFILE ?= $(or $(POOLSERVE_PROFILE),configs/cpu-tiny.yaml)
 # `make serve POOL=11GiB` runs the whole stack inside a memory cgroup of that size (root).
 POOL ?=
 
-.PHONY: setup setup-browser install bytecode models models-mpnet serve stop lint test test-fast test-unit test-integration test-cluster plan bench clean
+.PHONY: setup setup-browser install models models-mpnet serve stop lint test test-fast test-unit test-integration test-cluster plan bench clean
 
-setup: install models bytecode
+setup: install models
 
 install: $(STAMP)
 
@@ -37,13 +37,6 @@ $(STAMP): pyproject.toml
 	# Whatever fails to compile (a few test files in newer syntax) is never imported: quiet, and not an error.
 	$(PY) -c "import compileall, sysconfig; compileall.compile_dir(sysconfig.get_path('purelib'), quiet=2, workers=0)"
 	touch $(STAMP)
-
-# This checkout's own packages byte-compiled too (install compiles only site-packages): with PYTHONDONTWRITEBYTECODE
-# set, every replica, engine process and CLI run compiled them again (a session stack's start and its first
-# module: 141 s of CPU, 131 s with them). Under a second; compileall skips what is current, so it runs every time.
-PACKAGES := $(patsubst %/__init__.py,%,$(wildcard */__init__.py))
-bytecode: $(STAMP)
-	$(PY) -m compileall -q -j 0 $(PACKAGES)
 
 # Headless chromium and its driver from Debian, for the dashboard test (tests/integration/test_dashboard.py).
 # Needs root (apt); .ci/run runs it. Nothing is downloaded from anywhere else.
