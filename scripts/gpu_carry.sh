@@ -31,7 +31,8 @@ EXTRA_WHEELS=(faiss-cpu==1.15.1 inscriptis==2.7.6 argon2-cffi==25.1.0 argon2-cff
 
 # Bytes that travel with every transfer: tracked files and untracked ones git does not ignore.
 checkout_bytes() {
-  git ls-files -z --cached --others --exclude-standard | xargs -0 -r stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}'
+  { git ls-files -z --cached --others --exclude-standard 2>/dev/null || true; } | xargs -0 -r stat -c %s 2>/dev/null |
+    awk '{s += $1} END {print s + 0}' || true  # a tracked file deleted here counts nothing
 }
 bytes_of() { { find "$@" -type f -printf '%s\n' 2>/dev/null || true; } | awk '{s += $1} END {print s + 0}'; }
 as_json() { printf '%s\n' "$@" | python3 -c 'import json, sys; print(json.dumps(sys.stdin.read().split()))'; }
@@ -55,13 +56,14 @@ prepare)
   paths=("$STAGE")
   [ "$1" -eq 0 ] && paths+=("${CHAT_MODEL_PATHS[@]}")
   [ "$1" -eq "$last" ] && paths+=(.whl)
-  total=$(( $(checkout_bytes) + $(bytes_of "${paths[@]}") ))
+  checkout=$(checkout_bytes)
+  total=$(( checkout + $(bytes_of "${paths[@]}") ))
   [ "$total" -le $LIMIT ] || { echo "transfer $1 would be $total bytes, over $LIMIT: build smaller parts" >&2; exit 2; }
   # The kernel caches an earlier session saved (scripts/gpu_cache.sh), one 8 MiB part beside each bundle part
   # where it fits (on the machine gpu_env.sh keeps it in /tmp/gpucache); the 17.5 MB
   # checkout of 2026-12-08 left no room beside a 40 MiB part, and then `caches` carries them on their own.
   if [ -d ".gpucache$1" ]; then
-    if [ $(( $(checkout_bytes) + $(bytes_of "${paths[@]}" ".gpucache$1") )) -le $LIMIT ]; then
+    if [ $(( total + $(bytes_of ".gpucache$1") )) -le $LIMIT ]; then
       paths+=(".gpucache$1")
     else
       echo "the cache part .gpucache$1 does not fit beside this part: carry the caches with \`$0 caches\`" >&2
