@@ -124,6 +124,9 @@ def _three_engine_config(workdir, state_dir) -> tuple:
     return config, port
 
 
+LOG_FORWARD_WAIT_S = 30
+
+
 def _engine_configs(log: str) -> dict[str, str]:
     """vLLM's engine-config line of each served model name in a serve log: model_id -> line."""
     configs = {}
@@ -219,7 +222,13 @@ def test_data_revocations_and_deletions_survive_a_restart(
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])
 def test_speculative_stack_matches_greedy_output(spec_stack, baseline, method, demo):
     assert _answers(spec_stack.url, demo, MODEL_IDS[method]) == baseline
-    configs = _engine_configs(spec_stack.log_path.read_text(errors="replace"))
+    # Ray forwards a worker's lines to the serve log late (the 2026-12-08 CI read it before the ngram engine's came)
+    deadline = time.monotonic() + LOG_FORWARD_WAIT_S
+    while True:
+        configs = _engine_configs(spec_stack.log_path.read_text(errors="replace"))
+        if {MODEL_IDS["none"], MODEL_IDS[method]} <= configs.keys() or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert "speculative_config=None" in configs.get(MODEL_IDS["none"], ""), configs
     assert f"method='{method}'" in configs.get(MODEL_IDS[method], ""), configs
 
